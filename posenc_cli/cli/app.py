@@ -1,0 +1,81 @@
+"""The Typer app, consoles and conventions shared by every command.
+
+Conventions: positional arguments with `=` are Hydra-style overrides, those without are paths or names;
+`--config-dir DIR` adds a user's config directory to the search path. A `UserError` anywhere below a command
+becomes one red line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from posenc_cli.errors import UserError
+
+app = typer.Typer(
+    name="posenc",
+    help="Train small causal LMs that differ only in positional scheme, then test them beyond their training length.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+    add_completion=True,
+)
+
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ConfigDirOption = Annotated[
+    str | None,
+    typer.Option("--config-dir", help="Extra config directory (your own groups and sweep files).", metavar="DIR"),
+]
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print one clear line on stderr and return the `typer.Exit` to raise."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    return typer.Exit(code)
+
+
+def handles_errors(func: F) -> F:
+    """Turn `UserError` (and Ctrl-C outside training) into one line and an exit code; keep bugs as tracebacks."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except UserError as e:
+            raise fail(_escape(str(e)).replace("\n", " ")) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted", code=130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def split_args(args: list[str] | None) -> tuple[list[str], list[str]]:
+    """Split positional arguments into (names or paths, overrides): an override contains `=`."""
+    names, overrides = [], []
+    for a in args or []:
+        (overrides if "=" in a else names).append(a)
+    return names, overrides
+
+
+def not_available(command: str, issue: str) -> None:
+    """Commands that a later capability fills: say so plainly and exit 2."""
+    raise fail(f"'posenc {command}' is not available yet in this version (planned: {issue}).")
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()

@@ -1,0 +1,15 @@
+"""`posenc bench`: not implemented yet."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from posenc_cli.cli.app import app, not_available
+
+
+@app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_command(args: Annotated[list[str] | None, typer.Argument(help="Paths and overrides.")] = None) -> None:
+    """Speed benchmarks. Not available yet."""
+    not_available("bench", "performance and scale")

@@ -1,0 +1,15 @@
+"""`posenc export`: not implemented yet."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from posenc_cli.cli.app import app, not_available
+
+
+@app.command("export", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def export_command(args: Annotated[list[str] | None, typer.Argument(help="Paths and overrides.")] = None) -> None:
+    """Export a run to transformers. Not available yet."""
+    not_available("export", "ecosystem")

@@ -1,0 +1,15 @@
+"""`posenc extend`: not implemented yet."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from posenc_cli.cli.app import app, not_available
+
+
+@app.command("extend", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def extend_command(args: Annotated[list[str] | None, typer.Argument(help="Paths and overrides.")] = None) -> None:
+    """RoPE frequency scaling of a checkpoint. Not available yet."""
+    not_available("extend", "posenc extend --yarn")

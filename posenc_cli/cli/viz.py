@@ -1,0 +1,15 @@
+"""`posenc viz`: not implemented yet."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from posenc_cli.cli.app import app, not_available
+
+
+@app.command("viz", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def viz_command(args: Annotated[list[str] | None, typer.Argument(help="Paths and overrides.")] = None) -> None:
+    """Pictures of encodings and attention. Not available yet."""
+    not_available("viz", "posenc viz")

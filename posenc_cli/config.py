@@ -1,0 +1,341 @@
+"""Typed configuration: one dataclass per config group, validation, and (de)serialisation.
+
+Hydra composes YAML into a plain dict (see `hydra_bridge`); `config_from_dict` turns that dict into these
+dataclasses, rejecting unknown keys, wrong types and out-of-range values with one line that names the key. The same
+function rebuilds the config saved in a run directory, so evaluation and extension never need Hydra. Model code only
+ever sees these dataclasses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from posenc_cli.errors import ConfigError
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Decoder-only transformer sizes (`model=tiny|small|base`)."""
+
+    d_model: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    mlp_ratio: int = 4
+    bias: bool = True
+    dropout: float = 0.0
+    init_std: float = 0.02
+
+    def validate(self) -> None:
+        _positive(self, "model", "d_model", "n_layer", "n_head", "mlp_ratio")
+        if self.d_model % self.n_head:
+            raise ConfigError(f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}")
+        if (self.d_model // self.n_head) % 2:
+            raise ConfigError(f"head dim d_model/n_head={self.d_model // self.n_head} must be even")
+        _probability(self, "model", "dropout")
+        if self.init_std <= 0:
+            raise ConfigError("model.init_std must be > 0")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+@dataclass(kw_only=True)
+class PosConfig:
+    """Base of every scheme's options; `name` selects the scheme in the registry."""
+
+    name: str = "nope"
+
+    def validate(self) -> None:
+        """Range checks of a scheme's own options (subclasses extend)."""
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Where text comes from (`data=stdlib|text|hf`) and how it is split and cached."""
+
+    source: Literal["stdlib", "text", "hf"] = "stdlib"
+    paths: list[str] = field(default_factory=list)
+    val_paths: list[str] = field(default_factory=list)
+    val_fraction: float = 0.02
+    name: str | None = None
+    config: str | None = None
+    split: str = "train"
+    val_split: str | None = None
+    text_column: str = "text"
+    cache_dir: str | None = None
+
+    def validate(self) -> None:
+        _probability(self, "data", "val_fraction")
+        if self.source == "text" and not self.paths:
+            raise ConfigError("data=text needs data.paths=[FILE_OR_DIR_OR_GLOB,...]")
+        if self.source == "hf" and not self.name:
+            raise ConfigError("data=hf needs data.name=<hub dataset name>")
+
+
+@dataclass(kw_only=True)
+class TokenizerConfig:
+    kind: Literal["byte", "bpe"] = "byte"
+    vocab_size: int = 1024
+
+    def validate(self) -> None:
+        _positive(self, "tokenizer", "vocab_size")
+        if self.kind == "bpe" and self.vocab_size < 260:
+            raise ConfigError("tokenizer.vocab_size must be >= 260 for bpe (256 bytes + specials)")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    seq_len: int = 128
+    batch_size: int = 16
+    grad_accum: int = 1
+    steps: int = 400
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 40
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    precision: Literal["fp32", "bf16", "auto"] = "auto"
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    threads: int = 0
+    seed: int = 0
+    log_every: int = 25
+    eval_every: int = 100
+    eval_batches: int = 8
+    save_every: int = 200
+    logger: Literal["none", "tensorboard", "wandb", "mlflow"] = "none"
+
+    def validate(self) -> None:
+        _positive(self, "train", "seq_len", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches")
+        _positive(self, "train", "save_every")
+        _non_negative(self, "train", "steps", "warmup_steps", "threads", "weight_decay", "grad_clip")
+        if self.lr <= 0:
+            raise ConfigError("train.lr must be > 0")
+        _probability(self, "train", "min_lr_ratio", "beta1", "beta2")
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    """Defaults of `posenc eval-extrapolate` (flags mirror these fields)."""
+
+    lengths: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0, 8.0, 16.0])
+    abs_lengths: list[int] | None = None
+    protocol: Literal["nonoverlap", "sliding"] = "nonoverlap"
+    stride: int | None = None
+    tokens: int = 16384
+    batch_tokens: int = 16384
+    dtype: Literal["auto", "fp32", "bf16"] = "auto"
+    force: bool = False
+
+    def validate(self) -> None:
+        _positive(self, "eval", "tokens", "batch_tokens")
+        if any(x <= 0 for x in self.lengths):
+            raise ConfigError("eval.lengths must all be > 0")
+        if self.abs_lengths is not None and any(x < 2 for x in self.abs_lengths):
+            raise ConfigError("eval.abs_lengths must all be >= 2")
+        if self.stride is not None and self.stride < 1:
+            raise ConfigError("eval.stride must be >= 1")
+
+
+@dataclass(kw_only=True)
+class ExtendConfig:
+    """Defaults of `posenc extend` (flags mirror these fields)."""
+
+    method: Literal["linear", "ntk", "dynamic", "yarn", "llama3"] = "yarn"
+    factor: float = 4.0
+    original_length: int | None = None
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    truncate: bool = True
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    finetune_steps: int = 0
+    finetune_seq_len: int | None = None
+    finetune_lr: float = 3e-4
+    finetune_warmup: int = 5
+
+    def validate(self) -> None:
+        if self.factor <= 1:
+            raise ConfigError(f"extend.factor must be > 1, got {self.factor}")
+        _non_negative(self, "extend", "finetune_steps", "finetune_warmup")
+        if self.original_length is not None and self.original_length < 2:
+            raise ConfigError("extend.original_length must be >= 2")
+
+
+@dataclass(kw_only=True)
+class Config:
+    """The root config of a run; `config.yaml` in every run directory is this, resolved."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    pos: PosConfig = field(default_factory=PosConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    extend: ExtendConfig = field(default_factory=ExtendConfig)
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).validate()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Building dataclasses from plain dicts, with one-line errors naming the key.
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """Validate a plain (resolved) dict and build a `Config`; raises `ConfigError` naming the bad key."""
+    from posenc_cli.positional import config_class  # local import: the registry imports this module
+
+    if not isinstance(raw, dict):
+        raise ConfigError("config must be a mapping")
+    raw = dict(raw)
+    pos_raw = raw.get("pos", {}) or {}
+    if not isinstance(pos_raw, dict):
+        raise ConfigError("pos must be a mapping with a 'name'")
+    pos_cls = config_class(str(pos_raw.get("name", "nope")))
+    raw["pos"] = build_dataclass(pos_cls, pos_raw, "pos")
+    cfg = build_dataclass(Config, raw, "")
+    cfg.validate()
+    return cfg
+
+
+def build_dataclass(cls: type, raw: Any, prefix: str) -> Any:
+    """Build dataclass `cls` from `raw`, checking keys and types recursively."""
+    if dataclasses.is_dataclass(raw) and isinstance(raw, cls):
+        return raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        valid = ", ".join(sorted(fields))
+        raise ConfigError(f"unknown config key '{_join(prefix, unknown[0])}' (valid keys: {valid})")
+    kwargs = {name: _coerce(hints[name], value, _join(prefix, name)) for name, value in raw.items()}
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(arg, value, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: invalid value {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(str, args))}")
+        return value
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if tp is PosConfig:  # already built by config_from_dict with the scheme's own class
+            return value
+        return build_dataclass(tp, value, key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    if tp is Any:
+        return value
+    raise TypeError(f"unsupported config type {tp!r} for {key}")  # a bug in a schema, not a user error
+
+
+def unknown_key_message(dotted: str) -> str:
+    """One line for an unknown dotted key, listing the valid keys at that level of the schema."""
+    cls: Any = Config
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        if part not in hints or not dataclasses.is_dataclass(hints[part]):
+            return f"unknown config key '{dotted}'"
+        cls = hints[part]
+    valid = sorted(f.name for f in dataclasses.fields(cls))
+    return f"unknown config key '{dotted}' (valid keys: {', '.join(valid)})"
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _positive(obj: Any, group: str, *names: str) -> None:
+    for n in names:
+        if getattr(obj, n) < 1:
+            raise ConfigError(f"{group}.{n} must be >= 1, got {getattr(obj, n)}")
+
+
+def _non_negative(obj: Any, group: str, *names: str) -> None:
+    for n in names:
+        if getattr(obj, n) < 0:
+            raise ConfigError(f"{group}.{n} must be >= 0, got {getattr(obj, n)}")
+
+
+def _probability(obj: Any, group: str, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if not 0.0 <= v <= 1.0:
+            raise ConfigError(f"{group}.{n} must be in [0, 1], got {v}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Serialisation.
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain nested dict (YAML/JSON-safe) of a config."""
+    return dataclasses.asdict(cfg)
+
+
+def config_to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+def load_config_file(path: Path) -> Config:
+    """Read a resolved `config.yaml` (safe YAML only) and validate it."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError as e:
+        raise ConfigError(f"config file not found: {path}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
+    try:
+        return config_from_dict(raw)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from e
+
+
+def replace(cfg: Any, **changes: Any) -> Any:
+    """`dataclasses.replace`, re-exported for readability at call sites."""
+    return dataclasses.replace(cfg, **changes)

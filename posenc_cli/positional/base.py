@@ -1,0 +1,103 @@
+"""The hooks through which a positional scheme plugs into the model.
+
+A scheme can (a) add to the token embeddings, (b) rotate queries and keys, (c) add a bias to the attention scores.
+Each hook defaults to doing nothing, so a scheme overrides only what it uses. One scheme instance serves the whole
+model: `prepare` runs once per forward and returns the content-independent tables (rotation angles, ...) that every
+layer then reuses. Tables that depend only on shapes are kept in non-persistent buffers or recomputed, so a
+checkpoint holds only learned parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+from posenc_cli.config import ModelConfig, PosConfig
+from posenc_cli.errors import LengthBeyondScheme
+
+Hook = Literal["embed", "rotate", "bias"]
+
+
+@dataclass
+class PositionContext:
+    """What one forward pass shares between layers.
+
+    positions: (T,) int64 absolute positions of the tokens in this forward.
+    tables: scheme-owned tensors computed once by `prepare` (e.g. cos/sin tables), read by every layer.
+    """
+
+    positions: Tensor
+    tables: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.positions.shape[0])
+
+
+class PositionalScheme(nn.Module):
+    """Base class of all schemes. Subclasses set the class attributes and override one to three hooks."""
+
+    name: ClassVar[str]
+    config_cls: ClassVar[type[PosConfig]] = PosConfig
+    hooks: ClassVar[tuple[Hook, ...]] = ()
+    extrapolates: ClassVar[bool] = True
+    paper: ClassVar[str] = ""
+
+    def __init__(self, cfg: PosConfig, model: ModelConfig, train_length: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.n_head = model.n_head
+        self.n_layer = model.n_layer
+        self.head_dim = model.head_dim
+        self.d_model = model.d_model
+        self.train_length = train_length
+
+    # -- limits --------------------------------------------------------------------------------------------------
+    @property
+    def max_length(self) -> int | None:
+        """Longest sequence this scheme can serve; None means unlimited."""
+        return None
+
+    def check_length(self, length: int) -> None:
+        """Raise `LengthBeyondScheme` when `length` positions cannot be served."""
+        limit = self.max_length
+        if limit is not None and length > limit:
+            raise LengthBeyondScheme(self.name, limit, length)
+
+    @property
+    def has_bias(self) -> bool:
+        return "bias" in self.hooks
+
+    # -- hooks ---------------------------------------------------------------------------------------------------
+    def prepare(self, ctx: PositionContext) -> None:
+        """Fill `ctx.tables` once per forward (default: nothing to precompute)."""
+
+    def embed(self, x: Tensor, ctx: PositionContext) -> Tensor:
+        """Hook (a): x (B, T, D) token embeddings -> (B, T, D)."""
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, ctx: PositionContext) -> tuple[Tensor, Tensor]:
+        """Hook (b): q, k (B, H, T, hd) -> rotated q, k of the same shapes."""
+        return q, k
+
+    def bias(
+        self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext
+    ) -> Tensor | None:
+        """Hook (c): additive attention-score bias.
+
+        q: (B, H, Tq, hd) queries of one chunk, k: (B, H, Tk, hd) keys, q_pos: (Tq,), k_pos: (Tk,) positions.
+        Returns a tensor broadcastable to (B, H, Tq, Tk), or None. The causal mask is applied by the model.
+        """
+        return None
+
+
+def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """(Tq,), (Tk,) -> (Tq, Tk) distances i - j (non-negative where causal attention looks)."""
+    return q_pos[:, None] - k_pos[None, :]
+
+
+def default_device_dtype(ref: Tensor) -> dict[str, Any]:
+    return {"device": ref.device, "dtype": torch.float32}
