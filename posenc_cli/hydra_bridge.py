@@ -5,6 +5,7 @@ Everything else receives the plain `Config` dataclasses built by `config.config_
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,9 @@ def register_schemes() -> None:
 
     store = ConfigStore.instance()
     for name, cls in registry().items():
-        store.store(group="pos", name=name, node=cls.config_cls(name=name))
+        # Stored as a plain mapping: OmegaConf's structured configs cannot type `Literal` fields; posenc's own
+        # schema check (`config_from_dict`) validates types and keys after composition.
+        store.store(group="pos", name=name, node=dataclasses.asdict(cls.config_cls(name=name)))
 
 
 def searchpath_override(user_dir: Path | None) -> list[str]:
@@ -95,3 +98,115 @@ def one_line(exc: BaseException) -> str:
     if options:
         text += f" (available: {', '.join(options)})"
     return text
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Multirun (sweeps): expansion in posenc's own code for --dry-run, and Hydra's launcher for the real thing.
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, str, list[str] | None]]:
+    """[(key, input line, swept values or None)] for each override, using Hydra's own override grammar."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(overrides)
+    except HydraException as e:
+        raise ConfigError(one_line(e)) from e
+    out = []
+    for o in parsed:
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else None
+        out.append((o.key_or_group, o.input_line or "", values))
+    return out
+
+
+def job_name(lines: list[str]) -> str:
+    """Hydra's `override_dirname` for a job's swept overrides: sorted `key=value` lines joined by commas."""
+    return ",".join(sorted(lines))
+
+
+def launch_multirun(
+    task_overrides: list[str],
+    *,
+    stage_dir: Path,
+    exclude_keys: list[str],
+    launcher_overrides: list[str],
+    user_config_dir: Path | None = None,
+) -> None:
+    """Run one sweep stage through Hydra's multirun, so any installed launcher plugin works unchanged.
+
+    Each job's directory is `stage_dir/<override_dirname>` (swept keys only), and the job runs `hydra_task`.
+    """
+    from hydra._internal.utils import _run_hydra, get_args_parser
+
+    register_schemes()
+    hydra_overrides = [
+        f"hydra.sweep.dir={quote_value(str(stage_dir))}",
+        "hydra.sweep.subdir=${hydra.job.override_dirname}",
+        f"hydra.job.config.override_dirname.exclude_keys=[{','.join(exclude_keys)}]",
+        "hydra.output_subdir=null",
+        "hydra/job_logging=none",
+        "hydra/hydra_logging=none",
+        "hydra.job.chdir=False",
+        *searchpath_override(user_config_dir),
+        *launcher_overrides,
+    ]
+    parser = get_args_parser()
+    args = parser.parse_args(["--multirun", *task_overrides, *hydra_overrides])
+    try:
+        _run_hydra(
+            args=args,
+            args_parser=parser,
+            task_function=hydra_task,
+            config_path=str(config_dir()),
+            config_name=ROOT_CONFIG,
+        )
+    except SystemExit as e:  # Hydra reports its own errors and exits; keep control in posenc
+        if e.code not in (0, None):
+            raise ConfigError(f"Hydra could not run stage {stage_dir.name} (see the message above)") from e
+
+
+_LAUNCHER_PLUGINS = {
+    "joblib": "hydra_plugins.hydra_joblib_launcher",
+    "submitit_local": "hydra_plugins.hydra_submitit_launcher",
+    "submitit_slurm": "hydra_plugins.hydra_submitit_launcher",
+}
+
+
+def check_launcher(launcher_overrides: list[str]) -> None:
+    """A clear message when a launcher plugin is asked for but not installed."""
+    import importlib.util
+
+    for line in launcher_overrides:
+        key, _, value = line.lstrip("+").partition("=")
+        plugin = _LAUNCHER_PLUGINS.get(value) if key == "hydra/launcher" else None
+        if plugin is not None and importlib.util.find_spec(plugin) is None:
+            raise ConfigError(f"hydra/launcher={value} needs Hydra's launcher plugins: pip install 'posenc[launchers]'")
+
+
+def hydra_task(cfg: Any) -> Any:
+    """The module-level task function that launchers pickle: plain dict + job facts to `sweep.run_job`."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from posenc_cli.sweep import JobInfo, run_job
+
+    hc = HydraConfig.get()
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(raw, dict)
+    n_jobs = OmegaConf.select(hc, "launcher.n_jobs", default=None)
+    info = JobInfo(
+        output_dir=Path(hc.runtime.output_dir),
+        name=str(hc.job.override_dirname),
+        parallel_jobs=int(n_jobs) if n_jobs is not None else 1,
+    )
+    return run_job(raw, info)
+
+
+def quote_value(value: str) -> str:
+    """Quote a value for Hydra's override grammar when it holds characters the grammar treats specially."""
+    if re.fullmatch(r"[\w./\-]+", value):
+        return value
+    escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"

@@ -1,21 +1,105 @@
-"""`posenc sweep`: not implemented yet."""
+"""`posenc sweep` (config-driven multiruns) and `posenc compare` (tables and plots from directories on disk)."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
-from posenc_cli.cli.app import app, not_available
+from posenc_cli.cli.app import ConfigDirOption, app, console, handles_errors, split_args
+from posenc_cli.errors import UserError
 
-
-@app.command("sweep", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def sweep_command(args: Annotated[list[str] | None, typer.Argument(help="Paths and overrides.")] = None) -> None:
-    """Config-driven sweeps. Not available yet."""
-    not_available("sweep", "sweeps and comparison tables")
+_EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@app.command("compare", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def compare_command(args: Annotated[list[str] | None, typer.Argument(help="Run or sweep directories.")] = None) -> None:
-    """Comparison table and plots from directories on disk. Not available yet."""
-    not_available("compare", "sweeps and comparison tables")
+@app.command("sweep", context_settings=_EXTRA)
+@handles_errors
+def sweep_command(
+    args: Annotated[list[str] | None, typer.Argument(help="[NAME] [OVERRIDES...]; NAME defaults to extrapolation.")] = (
+        None
+    ),
+    out: Annotated[Path | None, typer.Option("--out", help="Sweep directory (re-use it to resume).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and list the jobs; run nothing.")] = False,
+    config_dir: ConfigDirOption = None,
+) -> None:
+    """Run a sweep file from configs/sweep/ through Hydra's multirun, then print the comparison table.
+
+    Example: [bold]posenc sweep extrapolation train.steps=200 pos=rope,alibi[/]. Parallel:
+    [bold]hydra/launcher=joblib hydra.launcher.n_jobs=2[/]; Slurm: [bold]hydra/launcher=submitit_slurm[/].
+    """
+    from posenc_cli.compare import comparison_outputs, gather
+    from posenc_cli.hydra_bridge import config_dir as packaged_config_dir
+    from posenc_cli.sweep import find_sweep_file, load_sweep_spec, plan_sweep, run_sweep, validate_plan
+
+    names, overrides = split_args(args)
+    if len(names) > 1:
+        raise UserError(f"one sweep name expected, got {', '.join(names)} (overrides need '=')")
+    name = names[0] if names else "extrapolation"
+    user_dir = Path(config_dir) if config_dir else None
+    launcher = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
+    task = [o for o in overrides if o not in launcher]
+    roots = [p for p in (user_dir, packaged_config_dir()) if p is not None]
+    spec = load_sweep_spec(find_sweep_file(name, roots))
+    if dry_run:
+        plans = plan_sweep(spec, task)
+        validate_plan(plans, user_dir)
+        _print_plan(spec.name, plans, out)
+        return
+    sweep_dir = out or Path("outputs") / "sweeps" / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.name}"
+    console.print(f"[bold]sweep[/] {spec.name} → {sweep_dir}", highlight=False)
+    start = time.perf_counter()
+    run_sweep(
+        spec,
+        task,
+        sweep_dir,
+        launcher_overrides=launcher,
+        user_config_dir=user_dir,
+        on_event=lambda kind, text: console.print(f"[cyan]{kind}[/] {text}", highlight=False),
+    )
+    console.print(f"sweep finished in {time.perf_counter() - start:.0f} s", highlight=False)
+    records = gather([sweep_dir])
+    failed = comparison_outputs(records, sweep_dir, console=console)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _print_plan(name: str, plans: list, out: Path | None) -> None:
+    total = sum(len(p.jobs) for p in plans)
+    console.print(f"[bold]{name}[/]: {total} job(s) in {len(plans)} stage(s); dry run, nothing was started")
+    for plan in plans:
+        table = Table(title=f"stage {plan.stage.name} ({plan.stage.action})", title_justify="left")
+        table.add_column("job")
+        table.add_column("label")
+        table.add_column("parent")
+        table.add_column("overrides")
+        for job in plan.jobs:
+            table.add_row(job.name, job.label, job.parent or "", " ".join(job.overrides))
+        if not plan.jobs:
+            table.add_row("(none)", "", plan.stage.parent or "", "no parent run matches")
+        console.print(table)
+
+
+@app.command("compare", context_settings=_EXTRA)
+@handles_errors
+def compare_command(
+    paths: Annotated[list[Path], typer.Argument(help="Run or sweep directories.")],
+    metric: Annotated[str, typer.Option("--metric", help="ppl, bpb or nll.")] = "ppl",
+    baseline: Annotated[str | None, typer.Option("--baseline", help="Label or run dir to divide by.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, csv, json or markdown.")] = "table",
+    out: Annotated[Path | None, typer.Option("--out", help="Also write results.csv/json and plots here.")] = None,
+) -> None:
+    """Comparison table (and plots with --out) from run or sweep directories already on disk.
+
+    Example: [bold]posenc compare outputs/sweeps/*-extrapolation --metric bpb --format markdown[/]
+    """
+    from posenc_cli.compare import gather, render
+
+    if metric not in ("ppl", "bpb", "nll"):
+        raise UserError(f"--metric must be ppl, bpb or nll, got {metric}")
+    if fmt not in ("table", "csv", "json", "markdown"):
+        raise UserError(f"--format must be table, csv, json or markdown, got {fmt}")
+    records = gather(paths)
+    render(records, metric=metric, baseline=baseline, fmt=fmt, out=out, console=console)

@@ -1,0 +1,437 @@
+"""Config-driven sweeps: sweep files, their expansion into jobs, the per-job function, and result gathering.
+
+A sweep file (`configs/sweep/NAME.yaml`, or `sweep/NAME.yaml` in a user's `--config-dir`) declares global overrides
+and one or more stages. Each stage is one Hydra multirun (see `hydra_bridge.launch_multirun`): stage `train` jobs
+train and evaluate a run; `extend` jobs derive a run from an earlier stage's run (RoPE scaling, optional
+fine-tune) and evaluate it. Job directories are `<sweep dir>/<stage>/<swept key=value,...>/`, so a job's identity
+is stable across re-runs and a re-run skips or resumes each job in place.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from posenc_cli.errors import ConfigError
+from posenc_cli.fsutil import atomic_write_json
+
+FAILED_FILE = "failed.json"
+PLAN_FILE = "sweep.json"
+INTERNAL_KEY = "posenc_job"
+
+
+@dataclass(kw_only=True)
+class StageSpec:
+    name: str
+    action: Literal["train", "extend"] = "train"
+    params: dict[str, str] = field(default_factory=dict)
+    overrides: list[str] = field(default_factory=list)
+    parent: str | None = None
+    label: str | None = None
+
+
+@dataclass(kw_only=True)
+class SweepSpec:
+    name: str
+    path: Path
+    overrides: list[str] = field(default_factory=list)
+    stages: list[StageSpec] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Job:
+    """One job of a stage: its directory name is Hydra's override_dirname of `swept` (sorted key=value lines)."""
+
+    stage: str
+    action: str
+    name: str
+    swept: list[str]
+    overrides: list[str]
+    label: str
+    parent: str | None = None
+
+    def dir(self, sweep_dir: Path) -> Path:
+        base = stage_dir(sweep_dir, self.stage, self.parent_group)
+        return base / self.name if self.swept else base
+
+    @property
+    def parent_group(self) -> str | None:
+        return None if self.parent is None else self.parent.split("/", 1)[1]
+
+
+@dataclass
+class JobInfo:
+    """Facts about the running job that only the launcher knows (passed by `hydra_bridge.hydra_task`)."""
+
+    output_dir: Path
+    name: str
+    parallel_jobs: int = 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sweep files.
+
+
+def find_sweep_file(name: str, config_dirs: list[Path]) -> Path:
+    """`configs/sweep/NAME.yaml`, looked up in the user's config dir first."""
+    for root in config_dirs:
+        candidate = root / "sweep" / f"{name}.yaml"
+        if candidate.is_file():
+            return candidate
+    available = sorted({p.stem for root in config_dirs for p in (root / "sweep").glob("*.yaml")})
+    raise ConfigError(f"no sweep file named '{name}' (available: {', '.join(available) or 'none'})")
+
+
+def load_sweep_spec(path: Path) -> SweepSpec:
+    """Parse a sweep file (safe YAML) and check its shape."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
+    if not isinstance(raw, dict) or not isinstance(raw.get("stages"), list) or not raw["stages"]:
+        raise ConfigError(f"{path}: a sweep file needs a non-empty 'stages' list")
+    unknown = set(raw) - {"overrides", "stages", "description"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown sweep key '{sorted(unknown)[0]}' (valid: description, overrides, stages)")
+    stages = []
+    for i, st in enumerate(raw["stages"]):
+        if not isinstance(st, dict) or "name" not in st:
+            raise ConfigError(f"{path}: stage {i} needs a 'name'")
+        bad = set(st) - {"name", "action", "params", "overrides", "parent", "label"}
+        if bad:
+            raise ConfigError(f"{path}: stage '{st['name']}' has unknown key '{sorted(bad)[0]}'")
+        action = st.get("action", "train")
+        if action not in ("train", "extend"):
+            raise ConfigError(f"{path}: stage '{st['name']}': action must be train or extend, got {action!r}")
+        if action == "extend" and not st.get("parent"):
+            raise ConfigError(f"{path}: extend stage '{st['name']}' needs parent: <stage>/<key=value,...>")
+        params = {str(k): _param_str(v) for k, v in (st.get("params") or {}).items()}
+        stages.append(
+            StageSpec(
+                name=str(st["name"]),
+                action=action,
+                params=params,
+                overrides=[str(o) for o in st.get("overrides") or []],
+                parent=st.get("parent"),
+                label=st.get("label"),
+            )
+        )
+    names = [s.name for s in stages]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{path}: stage names must be unique")
+    return SweepSpec(
+        name=Path(path).stem, path=Path(path), overrides=[str(o) for o in raw.get("overrides") or []], stages=stages
+    )
+
+
+def _param_str(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Expansion into jobs (posenc's own code, used by --dry-run and to find results afterwards).
+
+
+def stage_dir(sweep_dir: Path, stage: str, parent_group: str | None = None) -> Path:
+    base = Path(sweep_dir) / stage
+    return base if parent_group is None else base / parent_group
+
+
+@dataclass(kw_only=True)
+class StagePlan:
+    """A stage expanded: its fixed and swept overrides, and its jobs (one group per parent run)."""
+
+    stage: StageSpec
+    fixed: dict[str, str]
+    swept: dict[str, list[str]]
+    jobs: list[Job]
+
+
+def plan_sweep(spec: SweepSpec, user_overrides: list[str]) -> list[StagePlan]:
+    """Expand every stage into its jobs: the cartesian product of swept values, as Hydra's basic sweeper does.
+
+    Precedence: sweep-file globals < stage overrides < stage params < the user's command-line overrides. A user's
+    comma list sweeps the stages whose params name that key (or the first stage if none does).
+    """
+    from posenc_cli.hydra_bridge import job_name, parse_overrides
+
+    user = parse_overrides(user_overrides)
+    stage_keys = [set(st.params) for st in spec.stages]
+    plans: list[StagePlan] = []
+    for index, st in enumerate(spec.stages):
+        fixed: dict[str, str] = {}
+        swept: dict[str, list[str]] = {}
+        stage_params = [f"{k}={v}" for k, v in st.params.items()]
+        for key, line, values in parse_overrides([*spec.overrides, *st.overrides, *stage_params]):
+            _assign(fixed, swept, key, line, values)
+        for key, line, values in user:
+            in_some_stage = any(key in keys for keys in stage_keys)
+            if values is None or key in st.params or (not in_some_stage and index == 0):
+                _assign(fixed, swept, key, line, values)
+        combos = list(itertools.product(*[[f"{k}={v}" for v in vals] for k, vals in swept.items()])) or [()]
+        jobs = []
+        for parent in _parents(st, spec, plans):
+            for combo in combos:
+                lines = list(combo)
+                jobs.append(
+                    Job(
+                        stage=st.name,
+                        action=st.action,
+                        name=job_name(lines) if lines else "default",
+                        swept=lines,
+                        overrides=[*fixed.values(), *lines],
+                        label=_label(st, lines, parent, fixed),
+                        parent=None if parent is None else f"{parent.stage}/{parent.name}",
+                    )
+                )
+        plans.append(StagePlan(stage=st, fixed=fixed, swept=swept, jobs=jobs))
+    return plans
+
+
+def _assign(fixed: dict[str, str], swept: dict[str, list[str]], key: str, line: str, values: list[str] | None) -> None:
+    """A later override of a key replaces an earlier one, swept or not."""
+    fixed.pop(key, None)
+    swept.pop(key, None)
+    if values is None:
+        fixed[key] = line
+    else:
+        swept[key] = values
+
+
+def _parents(st: StageSpec, spec: SweepSpec, plans: list[StagePlan]) -> list[Job | None]:
+    if st.action != "extend":
+        return [None]
+    assert st.parent is not None
+    stage_name, _, match = st.parent.partition("/")
+    if not match:  # "pos=rope" alone means: in the first stage
+        stage_name, match = spec.stages[0].name, stage_name
+    earlier = {plan.stage.name: plan.jobs for plan in plans}
+    if stage_name not in earlier:
+        raise ConfigError(f"stage '{st.name}': parent stage '{stage_name}' is not an earlier stage")
+    wanted = {p.strip() for p in match.split(",") if p.strip()}
+    return [job for job in earlier[stage_name] if wanted <= set(job.overrides)]
+
+
+def _label(st: StageSpec, lines: list[str], parent: Job | None, fixed: dict[str, str]) -> str:
+    """Row label: the swept values (a scheme by its name alone), seeds left out so they can be averaged."""
+    values = {line.split("=", 1)[0].lstrip("+~"): line.split("=", 1)[1] for line in lines}
+    seedless = [ln for ln in lines if not ln.split("=", 1)[0].endswith("seed")]
+    if st.label:
+        try:
+            return st.label.format(parent=parent.label if parent else "", **_dotted(values))
+        except (KeyError, IndexError) as e:
+            raise ConfigError(f"stage '{st.name}': label template names unknown key {e}") from e
+    parts = [ln.split("=", 1)[1] if ln.startswith("pos=") else ln.rsplit(".", 1)[-1] for ln in seedless]
+    fallback = fixed["pos"].split("=", 1)[1] if "pos" in fixed and st.action == "train" else st.name
+    own = ", ".join(parts) or fallback
+    return own if parent is None else f"{parent.label} → {st.name} {own}"
+
+
+def _dotted(values: dict[str, str]) -> dict[str, Any]:
+    """`{"extend.factor": "4"}` -> usable as `{extend.factor}` in str.format (nested namespaces)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        head, *rest = key.split(".")
+        if not rest:
+            out[head] = value
+        else:
+            out.setdefault(head, _Namespace())
+            node = out[head]
+            for part in rest[:-1]:
+                node = node.__dict__.setdefault(part, _Namespace())
+            setattr(node, rest[-1], value)
+    return out
+
+
+class _Namespace:
+    def __getattr__(self, name: str) -> str:  # a missing attribute in a label template reads as empty
+        return ""
+
+
+def validate_plan(plans: list[StagePlan], user_config_dir: Path | None) -> None:
+    """Compose and validate every job's config (a bad override fails here, before anything runs)."""
+    from posenc_cli.hydra_bridge import compose_config
+
+    for plan in plans:
+        for job in plan.jobs:
+            try:
+                compose_config(job.overrides, user_config_dir)
+            except ConfigError as e:
+                raise ConfigError(f"job {job.stage}/{job.name}: {e}") from e
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Running a sweep (parent process).
+
+
+def run_sweep(
+    spec: SweepSpec,
+    user_overrides: list[str],
+    sweep_dir: Path,
+    *,
+    launcher_overrides: list[str] | None = None,
+    user_config_dir: Path | None = None,
+    on_event: Callable[[str, str], None] | None = None,
+) -> list[StagePlan]:
+    """Validate every job, then run each stage (one Hydra multirun per parent group); returns the plan.
+
+    Jobs whose results already exist are skipped; interrupted ones resume in their own directory.
+    """
+    from posenc_cli.hydra_bridge import check_launcher, launch_multirun
+
+    say = on_event or (lambda kind, text: None)
+    launcher_overrides = launcher_overrides or []
+    check_launcher(launcher_overrides)
+    plans = plan_sweep(spec, user_overrides)
+    validate_plan(plans, user_config_dir)
+    sweep_dir = Path(sweep_dir).resolve()
+    write_plan(spec, user_overrides, sweep_dir, plans)
+    for plan in plans:
+        groups: dict[str | None, list[Job]] = {}
+        for job in plan.jobs:
+            groups.setdefault(job.parent, []).append(job)
+        if not groups:
+            say("skip", f"stage {plan.stage.name}: no parent run matches '{plan.stage.parent}'")
+        for parent, jobs in groups.items():
+            title = f"stage {plan.stage.name}" + (f" from {parent}" if parent else "")
+            todo = [j for j in jobs if job_status(j.dir(sweep_dir)) != "done"]
+            if not todo:
+                say("skip", f"{title}: all {len(jobs)} job(s) already done")
+                continue
+            internal = [f"+{INTERNAL_KEY}.action={plan.stage.action}"]
+            if parent is not None:
+                parent_dir = sweep_dir / parent
+                if job_status(parent_dir) != "done":
+                    for job in jobs:
+                        _record_failure(job.dir(sweep_dir), job.name, f"parent run {parent} did not finish")
+                    say("fail", f"{title}: parent run did not finish; {len(jobs)} job(s) marked failed")
+                    continue
+                internal.append(f"+{INTERNAL_KEY}.parent_dir={_hydra_quote(str(parent_dir))}")
+            say("stage", f"{title}: {len(todo)} of {len(jobs)} job(s) to run")
+            swept = [f"{key}={','.join(values)}" for key, values in plan.swept.items()]
+            exclude = [*plan.fixed, f"{INTERNAL_KEY}.action", f"{INTERNAL_KEY}.parent_dir"]
+            launch_multirun(
+                [*plan.fixed.values(), *swept, *internal],
+                stage_dir=jobs[0].dir(sweep_dir) if not plan.swept else jobs[0].dir(sweep_dir).parent,
+                exclude_keys=exclude,
+                launcher_overrides=launcher_overrides,
+                user_config_dir=user_config_dir,
+            )
+    return plans
+
+
+def _hydra_quote(value: str) -> str:
+    from posenc_cli.hydra_bridge import quote_value
+
+    return quote_value(value)
+
+
+def write_plan(spec: SweepSpec, user_overrides: list[str], sweep_dir: Path, plans: list[StagePlan]) -> None:
+    """`sweep.json`: what ran and how each job is labelled, so `compare` can rebuild the table from disk."""
+    record = {
+        "schema_version": 1,
+        "sweep": spec.name,
+        "file": str(spec.path),
+        "overrides": user_overrides,
+        "jobs": [
+            {
+                "stage": job.stage,
+                "name": job.name,
+                "dir": str(job.dir(sweep_dir).relative_to(sweep_dir)),
+                "label": job.label,
+                "parent": job.parent,
+                "swept": job.swept,
+            }
+            for plan in plans
+            for job in plan.jobs
+        ],
+    }
+    atomic_write_json(sweep_dir / PLAN_FILE, record)
+
+
+def read_plan(sweep_dir: Path) -> dict[str, Any] | None:
+    path = Path(sweep_dir) / PLAN_FILE
+    if not path.is_file():
+        return None
+    try:
+        plan = json.loads(path.read_text())
+    except ValueError as e:
+        raise ConfigError(f"{path}: not valid JSON") from e
+    return plan if isinstance(plan, dict) and "jobs" in plan else None
+
+
+def _record_failure(job_dir: Path, name: str, message: str) -> None:
+    atomic_write_json(job_dir / FAILED_FILE, {"error": message, "traceback": "", "job": name})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The job function (runs in the launcher's process: locally, in a joblib worker or on a Slurm node).
+
+
+def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
+    """Train or extend, then evaluate; record a failure in the job directory instead of raising."""
+    from posenc_cli.config import config_from_dict, replace
+
+    job = raw.pop(INTERNAL_KEY, {}) or {}
+    job_dir = info.output_dir
+    (job_dir / FAILED_FILE).unlink(missing_ok=True)
+    try:
+        cfg = config_from_dict(raw)
+        if cfg.train.threads == 0 and info.parallel_jobs != 1:
+            jobs = info.parallel_jobs if info.parallel_jobs > 0 else (os.cpu_count() or 1)
+            cfg = replace(cfg, train=replace(cfg.train, threads=max(1, (os.cpu_count() or 1) // jobs)))
+        if job.get("action", "train") == "train":
+            _train_job(cfg, job_dir)
+        else:
+            _extend_job(cfg, job_dir, Path(job["parent_dir"]))
+        _evaluate_job(cfg, job_dir)
+        return {"status": "ok", "dir": str(job_dir)}
+    except Exception as e:  # one failed job must not hide the others' results
+        record = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(), "job": info.name}
+        atomic_write_json(job_dir / FAILED_FILE, record)
+        return {"status": "failed", "dir": str(job_dir), "error": record["error"]}
+
+
+def _train_job(cfg: Any, job_dir: Path) -> None:
+    from posenc_cli.checkpoint import is_run_dir
+    from posenc_cli.train import train
+
+    train(cfg, job_dir, resume=is_run_dir(job_dir))
+
+
+def _extend_job(cfg: Any, job_dir: Path, parent_dir: Path) -> None:
+    from posenc_cli.extend import extend_run
+
+    extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads)
+
+
+def _evaluate_job(cfg: Any, job_dir: Path) -> None:
+    from posenc_cli.evaluate import evaluate_run_dir
+
+    evaluate_run_dir(job_dir, cfg.eval, threads=cfg.train.threads)
+
+
+def job_status(job_dir: Path) -> str:
+    """'failed', 'done' (evaluation results exist), 'partial' (started) or 'pending'."""
+    if (job_dir / FAILED_FILE).is_file():
+        return "failed"
+    if (job_dir / "eval" / "extrapolate.json").is_file():
+        return "done"
+    return "partial" if job_dir.is_dir() and any(job_dir.iterdir()) else "pending"
+
+
+def read_failure(job_dir: Path) -> str:
+    try:
+        return str(json.loads((job_dir / FAILED_FILE).read_text()).get("error", "unknown error"))
+    except (OSError, ValueError):
+        return "unknown error"

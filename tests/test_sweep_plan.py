@@ -1,0 +1,97 @@
+"""Sweep files expand into the jobs Hydra's basic sweeper would run, named by their swept overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from posenc_cli.errors import ConfigError
+from posenc_cli.hydra_bridge import config_dir
+from posenc_cli.sweep import find_sweep_file, load_sweep_spec, plan_sweep, validate_plan
+
+
+def write(tmp_path: Path, text: str, name: str = "mine") -> Path:
+    (tmp_path / "sweep").mkdir(exist_ok=True)
+    path = tmp_path / "sweep" / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+TWO_STAGES = """
+overrides: [model=tiny, train.steps=5]
+stages:
+  - name: train
+    params: {pos: "rope,alibi", train.seed: "0,1"}
+  - name: extend
+    action: extend
+    parent: train/pos=rope
+    params: {extend.factor: "2,4"}
+    label: "{parent} → x{extend.factor}"
+"""
+
+
+def test_cartesian_product_and_names(tmp_path: Path) -> None:
+    plans = plan_sweep(load_sweep_spec(write(tmp_path, TWO_STAGES)), [])
+    train, extend = plans
+    assert sorted(j.name for j in train.jobs) == sorted(
+        f"pos={p},train.seed={s}" for p in ("rope", "alibi") for s in (0, 1)
+    )
+    # Seeds are left out of labels so the table can average over them.
+    assert {j.label for j in train.jobs} == {"rope", "alibi"}
+    # The extend stage runs once per matching parent (two rope seeds) and factor.
+    assert len(extend.jobs) == 4
+    assert {j.parent for j in extend.jobs} == {"train/pos=rope,train.seed=0", "train/pos=rope,train.seed=1"}
+    job = extend.jobs[0]
+    assert job.dir(Path("S")) == Path("S/extend") / job.parent.split("/", 1)[1] / job.name
+    assert job.label.startswith("rope → x")
+
+
+def test_user_overrides_replace_or_extend_the_sweep(tmp_path: Path) -> None:
+    spec = load_sweep_spec(write(tmp_path, TWO_STAGES))
+    train, extend = plan_sweep(spec, ["pos=alibi,nope", "train.steps=9"])
+    assert sorted({j.name.split(",")[0] for j in train.jobs}) == ["pos=alibi", "pos=nope"]
+    assert all("train.steps=9" in j.overrides and "train.steps=5" not in j.overrides for j in train.jobs)
+    assert extend.jobs == []  # no rope run left to extend
+    # A swept key the file does not sweep goes to the first stage.
+    train, _ = plan_sweep(spec, ["model=tiny,small"])
+    assert len(train.jobs) == 8
+
+
+def test_shipped_sweeps_expand_and_validate() -> None:
+    root = config_dir()
+    counts = {}
+    for name in ("extrapolation", "seeds", "rope_scaling", "sizes"):
+        path = find_sweep_file(name, [root])
+        assert path.read_text().startswith(f"# posenc sweep {name}")
+        plans = plan_sweep(load_sweep_spec(path), [])
+        validate_plan(plans, None)
+        counts[name] = [len(p.jobs) for p in plans]
+    assert counts == {"extrapolation": [5, 2], "seeds": [15], "rope_scaling": [1, 15], "sizes": [10]}
+
+
+def test_bad_override_is_rejected_before_anything_runs(tmp_path: Path) -> None:
+    plans = plan_sweep(load_sweep_spec(write(tmp_path, TWO_STAGES)), ["model.n_layr=3"])
+    with pytest.raises(ConfigError, match="unknown config key 'model.n_layr'"):
+        validate_plan(plans, None)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("stages: []", "non-empty 'stages'"),
+        ("stages: [{action: train}]", "needs a 'name'"),
+        ("stages: [{name: a, action: fly}]", "action must be train or extend"),
+        ("stages: [{name: a, action: extend}]", "needs parent"),
+        ("stages: [{name: a, colour: red}]", "unknown key 'colour'"),
+        ("stages: [{name: a}]\nwhatever: 1", "unknown sweep key 'whatever'"),
+    ],
+)
+def test_malformed_sweep_files(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_sweep_spec(write(tmp_path, text))
+
+
+def test_unknown_sweep_name_lists_the_available_ones(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no sweep file named 'nope'.*extrapolation"):
+        find_sweep_file("nope", [tmp_path, config_dir()])
