@@ -1,15 +1,80 @@
-"""`posenc data`: not implemented yet."""
+"""`posenc data`: prepare the token cache of the configured corpus and summarise it."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from posenc_cli.cli.app import app, not_available
+from posenc_cli.cli.app import ConfigDirOption, app, console, err_console, handles_errors, split_args
+from posenc_cli.errors import ConfigError
 
 
 @app.command("data", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def data_command(args: Annotated[list[str] | None, typer.Argument(help="Paths and overrides.")] = None) -> None:
-    """Prepare and summarise the token cache. Not available yet."""
-    not_available("data", "foundation data pipeline")
+@handles_errors
+def data_command(
+    args: Annotated[list[str] | None, typer.Argument(help="Overrides, e.g. data=text data.paths=\\[notes/].")] = None,
+    config_dir: ConfigDirOption = None,
+) -> None:
+    """Prepare and summarise the token cache. Example: posenc data data=text data.paths=\\[notes/] tokenizer=bpe"""
+    from posenc_cli.data import load_corpus
+    from posenc_cli.hydra_bridge import compose_config
+
+    names, overrides = split_args(args)
+    if names:
+        hint = f"for a corpus use data=text data.paths=[{names[0]}]"
+        raise ConfigError(f"posenc data takes only KEY=VALUE overrides, got '{names[0]}' ({hint})")
+    cfg = compose_config(overrides, Path(config_dir) if config_dir else None)
+    with Progress(
+        TextColumn("{task.description:<18}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
+    ) as bar:
+        tasks: dict[str, TaskID] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        corpus = load_corpus(cfg.data, cfg.tokenizer, progress=progress)
+    console.print(summary_table(corpus.info))
+
+
+def _splits(values: dict[str, int]) -> str:
+    return f"{values['train']:,} train / {values['val']:,} val"
+
+
+def summary_table(info: dict[str, Any]) -> Table:
+    """One row per fact of a prepared corpus (`Corpus.info`)."""
+    table = Table(title="posenc data", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    source = info["source"]
+    if source == "stdlib":
+        table.add_row("source", f"stdlib: Python {info['python_version']} at {info['root']}")
+    elif source == "text":
+        table.add_row("source", f"text: {', '.join(info['paths'])}")
+    else:
+        config = f" ({info['config']})" if info.get("config") else ""
+        table.add_row("source", f"hf: {info['name']}{config}, split {info['split']}")
+    if "files" in info:
+        table.add_row("files", f"{info['files']:,}")
+    table.add_row("documents", _splits(info["documents"]))
+    table.add_row("bytes", _splits(info["bytes"]))
+    table.add_row("tokens", _splits(info["tokens"]))
+    table.add_row("split", info["split_method"])
+    table.add_row("fingerprint", info["fingerprint"])
+    table.add_row("tokenizer", f"{info['tokenizer']} (vocab {info['vocab_size']}, {info['tokenizer_fingerprint']})")
+    table.add_row("cache", f"{info['cache_path']} ({info['dtype']})")
+    table.add_row("time", f"{info['seconds']:.2f} s")
+    reused = "yes: reused, nothing tokenized" if info["reused"] else "no: tokenized and written now"
+    table.add_row("cache reused", reused)
+    return table

@@ -1,0 +1,210 @@
+"""Tokenizers: raw UTF-8 bytes plus an end-of-document token, or byte-level BPE trained with HF `tokenizers`.
+
+Both turn text into integer ids without a Python loop over tokens (bytes: `np.frombuffer`; BPE: the Rust
+`encode_batch_fast`). `token_bytes[i]` is the number of UTF-8 bytes token `i` stands for (0 for end-of-document),
+so bits-per-byte = sum(loss) / (ln 2 * sum(token_bytes[targets])) for any tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from posenc_cli.config import TokenizerConfig
+from posenc_cli.errors import CheckpointError, DataError
+from posenc_cli.fsutil import atomic_write_text
+
+EOD_TOKEN = "<|endoftext|>"
+TOKENIZER_FILE = "tokenizer.json"
+BYTE_VOCAB_SIZE = 257  # 256 byte values + end-of-document
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """Storage dtype of token ids: uint16 when every id fits, else int32."""
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.int32)
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+class Tokenizer:
+    """Common interface; `ByteTokenizer` and `BPETokenizer` implement it."""
+
+    kind: str
+    vocab_size: int
+    eod_id: int
+    token_bytes: np.ndarray  # (V,) int64: UTF-8 bytes per token id, 0 for end-of-document
+    fingerprint: str
+
+    @property
+    def dtype(self) -> np.dtype:
+        return token_dtype(self.vocab_size)
+
+    def encode(self, text: str) -> np.ndarray:
+        """Ids of `text` (no end-of-document added), int64 of shape (n,)."""
+        raise NotImplementedError
+
+    def encode_documents(self, texts: Sequence[str]) -> np.ndarray:
+        """Ids of every document each followed by `eod_id`, concatenated: shape (sum n_i + len(texts),)."""
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        """Text of `ids`; end-of-document renders as `<|endoftext|>`, broken UTF-8 as U+FFFD."""
+        raise NotImplementedError
+
+    def save(self, run_dir: Path) -> None:
+        """Write what `load_tokenizer(cfg, run_dir)` needs into `run_dir` (nothing for bytes)."""
+
+    def describe(self) -> str:
+        return f"{self.kind} (vocab {self.vocab_size})"
+
+
+class ByteTokenizer(Tokenizer):
+    """Ids 0..255 are UTF-8 bytes, 256 is end-of-document."""
+
+    kind = "byte"
+    vocab_size = BYTE_VOCAB_SIZE
+    eod_id = 256
+
+    def __init__(self) -> None:
+        self.token_bytes = np.ones(BYTE_VOCAB_SIZE, dtype=np.int64)
+        self.token_bytes[self.eod_id] = 0
+        self.fingerprint = _short_hash("posenc-byte-tokenizer-v1")
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
+
+    def encode_documents(self, texts: Sequence[str]) -> np.ndarray:
+        raw = [t.encode("utf-8") for t in texts]
+        lengths = np.fromiter((len(r) for r in raw), dtype=np.int64, count=len(raw))  # (D,)
+        ends = np.cumsum(lengths + 1) - 1  # (D,) position of each document's end-of-document token
+        out = np.empty(int(lengths.sum()) + len(raw), dtype=self.dtype)
+        is_byte = np.ones(out.size, dtype=bool)
+        is_byte[ends] = False
+        out[is_byte] = np.frombuffer(b"".join(raw), dtype=np.uint8)
+        out[ends] = self.eod_id
+        return out
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64).ravel()
+        if arr.size and (arr.min() < 0 or arr.max() > self.eod_id):
+            raise ValueError(f"byte token ids must be in [0, {self.eod_id}]")
+        pieces = np.split(arr, np.flatnonzero(arr == self.eod_id))  # each piece after the first starts with eod
+        texts = [pieces[0].astype(np.uint8).tobytes().decode("utf-8", errors="replace")]
+        texts += [p[1:].astype(np.uint8).tobytes().decode("utf-8", errors="replace") for p in pieces[1:]]
+        return EOD_TOKEN.join(texts)
+
+
+class BPETokenizer(Tokenizer):
+    """Byte-level BPE (GPT-2 style pre-tokenisation) from HF `tokenizers`, with `<|endoftext|>` as its only special.
+
+    Text that happens to contain the string `<|endoftext|>` is encoded as ordinary bytes, so only the pipeline can
+    place an end-of-document token.
+    """
+
+    kind = "bpe"
+
+    def __init__(self, hf_tokenizer: object, source: str = "tokenizer") -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        if not isinstance(hf_tokenizer, HFTokenizer):
+            raise TypeError("BPETokenizer wraps a tokenizers.Tokenizer")
+        self._hf = hf_tokenizer
+        self._hf.encode_special_tokens = True  # literal "<|endoftext|>" in text is just text
+        eod = self._hf.token_to_id(EOD_TOKEN)
+        if eod is None:
+            raise CheckpointError(f"{source}: the BPE tokenizer has no {EOD_TOKEN} token")
+        self.eod_id = int(eod)
+        self.vocab_size = int(self._hf.get_vocab_size(with_added_tokens=True))
+        self.token_bytes = self._count_token_bytes(source)
+        self.fingerprint = _short_hash(self._hf.to_str())
+
+    def _count_token_bytes(self, source: str) -> np.ndarray:
+        """In byte-level BPE every character of a token string stands for exactly one byte (GPT-2's byte map)."""
+        from tokenizers import pre_tokenizers
+
+        alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+        special = set(self._hf.get_added_tokens_decoder())
+        out = np.zeros(self.vocab_size, dtype=np.int64)
+        for token, idx in self._hf.get_vocab(with_added_tokens=True).items():  # a loop over the vocabulary, once
+            if idx in special:
+                continue
+            if not set(token) <= alphabet:
+                raise CheckpointError(f"{source}: token {token!r} is not byte-level BPE")
+            out[idx] = len(token)
+        return out
+
+    @classmethod
+    def from_file(cls, path: Path) -> BPETokenizer:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            hf = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the Rust loader raises plain Exception on bad JSON
+            raise CheckpointError(f"{path}: not a readable tokenizer file ({str(e).splitlines()[0]})") from e
+        return cls(hf, source=str(path))
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._hf.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+
+    def encode_documents(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.empty(0, dtype=self.dtype)
+        encodings = self._hf.encode_batch_fast(list(texts), add_special_tokens=False)  # parallel, in Rust
+        eod = np.array([self.eod_id], dtype=self.dtype)
+        parts: list[np.ndarray] = []
+        for enc in encodings:  # one step per document, not per token
+            parts.append(np.asarray(enc.ids, dtype=self.dtype))
+            parts.append(eod)
+        return np.concatenate(parts)
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64).ravel()
+        return self._hf.decode(arr.tolist(), skip_special_tokens=False)
+
+    def to_json(self) -> str:
+        return self._hf.to_str()
+
+    def save(self, run_dir: Path) -> None:
+        atomic_write_text(Path(run_dir) / TOKENIZER_FILE, self._hf.to_str())
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
+    """Train byte-level BPE with at most `vocab_size` ids (256 bytes + `<|endoftext|>` + merges).
+
+    The vocabulary is smaller when the text offers fewer merges with a count of at least 2.
+    """
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    hf.train_from_iterator(texts, trainer=trainer)
+    return BPETokenizer(hf, source="trained tokenizer")
+
+
+def load_tokenizer(cfg: TokenizerConfig, run_dir: Path | None = None) -> Tokenizer:
+    """The byte tokenizer, or a run's BPE tokenizer from `run_dir/tokenizer.json`.
+
+    A BPE tokenizer is trained from a corpus by `data.load_corpus`; without a run directory there is none to load.
+    """
+    if cfg.kind == "byte":
+        return ByteTokenizer()
+    if run_dir is None:
+        raise DataError("tokenizer=bpe is trained from the corpus: prepare it with load_corpus or give a run directory")
+    path = Path(run_dir) / TOKENIZER_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (a run trained with tokenizer=bpe keeps its tokenizer there)")
+    return BPETokenizer.from_file(path)

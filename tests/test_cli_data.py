@@ -1,0 +1,80 @@
+"""`posenc data` through Typer's test runner: summary, cache reuse, one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import posenc_cli.data as data_mod
+from posenc_cli.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def corpus_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "corpus"
+    root.mkdir()
+    for i in range(12):
+        (root / f"doc{i}.txt").write_text(f"document {i} with ünïcode\n" * (i + 1))
+    return root
+
+
+def test_data_command_prepares_then_reuses(corpus_dir: Path, tmp_path: Path) -> None:
+    args = ["data", "data=text", f"data.paths=[{corpus_dir}]", "data.val_fraction=0.25"]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    for word in ("documents", "tokens", "fingerprint", "byte (vocab 257", "cache", "no: tokenized"):
+        assert word in first.output
+    assert "12 train" not in first.output  # some documents went to validation
+    assert len(list((tmp_path / "cache" / "tokens").glob("*/manifest.json"))) == 1  # POSENC_CACHE_DIR honoured
+    second = runner.invoke(app, args)
+    assert second.exit_code == 0, second.output
+    assert "yes: reused" in second.output
+
+
+def test_data_command_reuse_skips_tokenization(corpus_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["data", "data=text", f"data.paths=[{corpus_dir}]"]
+    assert runner.invoke(app, args).exit_code == 0
+
+    def fail(*a: object) -> None:
+        raise AssertionError("tokenized again")
+
+    monkeypatch.setattr(data_mod, "tokenize", fail)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "reused" in result.output
+
+
+def test_data_command_bpe(corpus_dir: Path) -> None:
+    result = runner.invoke(
+        app, ["data", "data=text", f"data.paths=[{corpus_dir}]", "tokenizer=bpe", "tokenizer.vocab_size=300"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "bpe (vocab" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["data.bogus=1"], "unknown config key 'data.bogus'"),
+        (["data.val_fraction=2"], "data.val_fraction must be in [0, 1]"),
+        (["some/path"], "takes only KEY=VALUE overrides"),
+        (["data=text"], "data=text needs data.paths"),
+    ],
+)
+def test_data_command_user_errors(args: list[str], message: str, corpus_dir: Path) -> None:
+    result = runner.invoke(app, ["data", *args])
+    assert result.exit_code == 2
+    assert message in result.output.replace("\n", " ")
+    assert "Traceback" not in result.output
+
+
+def test_data_command_missing_path(tmp_path: Path, corpus_dir: Path) -> None:
+    missing = tmp_path / "nope.txt"
+    result = runner.invoke(app, ["data", "data=text", f"data.paths=[{missing}]"])
+    assert result.exit_code == 2
+    assert "not found" in result.output and "nope.txt" in result.output
