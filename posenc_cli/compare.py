@@ -9,8 +9,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
-import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,31 +34,6 @@ class RunRecord:
     train_length: int | None = None
     base_length: int | None = None
     entries: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass(kw_only=True)
-class Cell:
-    values: list[float]
-    na_reason: str = ""
-
-    @property
-    def mean(self) -> float | None:
-        return statistics.fmean(self.values) if self.values else None
-
-    @property
-    def std(self) -> float | None:
-        return statistics.stdev(self.values) if len(self.values) > 1 else None
-
-
-@dataclass(kw_only=True)
-class Row:
-    label: str
-    runs: int
-    failed: int
-    cells: dict[float, Cell]
-    base_length: int | None
-    train_length: int | None = None
-    scheme: str = ""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -139,44 +112,6 @@ def select_entries(record: RunRecord, protocol: tuple[str, int | None]) -> dict[
     return chosen
 
 
-def aggregate(records: list[RunRecord], metric: str = "ppl") -> tuple[list[Row], tuple[str, int | None]]:
-    """Rows grouped by label (mean ± std over seeds), in first-seen order, and the protocol they use."""
-    protocol = dominant_protocol(records)
-    rows: dict[str, Row] = {}
-    for r in records:
-        row = rows.setdefault(
-            r.label, Row(label=r.label, runs=0, failed=0, cells={}, base_length=r.base_length, scheme=r.scheme)
-        )
-        row.base_length = row.base_length or r.base_length
-        row.train_length = row.train_length or r.train_length
-        row.scheme = row.scheme or r.scheme
-        if r.status != "ok":
-            row.failed += r.status == "failed"
-            continue
-        row.runs += 1
-        for multiple, e in select_entries(r, protocol).items():
-            cell = row.cells.setdefault(multiple, Cell(values=[]))
-            if e.get("status") == "ok" and e.get(metric) is not None and math.isfinite(float(e[metric])):
-                cell.values.append(float(e[metric]))
-            else:
-                cell.na_reason = str(e.get("reason") or "n/a")
-    return list(rows.values()), protocol
-
-
-def multiples(rows: list[Row]) -> list[float]:
-    return sorted({m for row in rows for m in row.cells})
-
-
-def growth(row: Row) -> float | None:
-    """metric at the longest multiple with a value / metric at 1x (the extrapolation ratio)."""
-    at_one = row.cells.get(1.0)
-    if at_one is None or at_one.mean is None:
-        return None
-    ok = [m for m, c in row.cells.items() if c.mean is not None]
-    longest = max(ok)
-    return None if longest == 1.0 else row.cells[longest].mean / at_one.mean  # type: ignore[operator]
-
-
 def records_to_json(records: list[RunRecord]) -> list[dict[str, Any]]:
     """One record per run and length: labels plus the entry fields (failed jobs get one record with the error)."""
     protocol = dominant_protocol(records)
@@ -211,55 +146,127 @@ def to_csv(rows_json: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def to_markdown(rows: list[Row], metric: str, baseline: Row | None = None) -> str:
-    cols = multiples(rows)
-    head = "| run | " + " | ".join(f"{m:g}×" for m in cols) + " | max/1× |"
-    lines = [head, "|" + "---|" * (len(cols) + 2)]
-    for row in rows:
-        cells = [format_cell(row, m, metric, baseline) for m in cols]
-        g = growth(row)
-        lines.append(f"| {row.label} | " + " | ".join(cells) + f" | {'' if g is None else f'{g:.2f}'} |")
-    return "\n".join(lines) + "\n"
+def to_results(records: list[RunRecord]) -> list[dict[str, Any]]:
+    """Records as eval-extrapolate result docs (one protocol), labelled for the report and plot functions.
+
+    A job that failed or has no results becomes an entry-less row marked in its label, so it shows in the table.
+    """
+    protocol = dominant_protocol(records)
+    out = []
+    for r in records:
+        label = r.label if r.status == "ok" else f"{r.label} [{r.status}]"
+        entries = [e for _, e in sorted(select_entries(r, protocol).items())] if r.status == "ok" else []
+        out.append(
+            {
+                "run": label,
+                "label": label,
+                "scheme": r.scheme,
+                "train_length": r.train_length,
+                "base_length": r.base_length,
+                "entries": entries,
+            }
+        )
+    return out
 
 
-def format_cell(row: Row, multiple: float, metric: str, baseline: Row | None = None) -> str:
-    cell = row.cells.get(multiple)
-    if row.runs == 0 and row.failed:
-        return "failed"
-    if cell is None:
-        return ""
-    if cell.mean is None:
-        return "n/a"
-    value, std = cell.mean, cell.std
+def comparison(
+    records: list[RunRecord], *, metric: str = "ppl", baseline: str | None = None
+) -> tuple[list[Any], list[Any], str]:
+    """(columns, rows, title) of the comparison table: one row per label, mean ± std over its runs (seeds)."""
+    from posenc_cli.report import describe_lengths, describe_protocol, extrapolation_rows
+
+    results = to_results(records)
+    columns, rows = extrapolation_rows(
+        results, metric=metric, label=lambda r: r["label"], aggregate_by=lambda r: r["label"], ratio=True
+    )
     if baseline is not None:
-        ref = baseline.cells.get(multiple)
-        if ref is None or ref.mean is None:
-            return "n/a"
-        value, std = value / ref.mean, None if std is None else std / ref.mean
-    digits = 3 if metric != "ppl" or baseline is not None else 2
-    return f"{value:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
+        ref = _baseline_row(rows, records, baseline)
+        ref_means = {key: cell.mean for key, cell in ref.cells.items()}
+        for row in rows:
+            for key, cell in row.cells.items():
+                if key == "ratio":
+                    continue
+                base = ref_means.get(key)
+                cell.values = [v / base for v in cell.values] if base else []
+    measured = [r for r in results if r["entries"]]
+    what = {"ppl": "Perplexity", "bpb": "Bits per byte", "nll": "Mean NLL (nats)"}[metric]
+    title = f"{what}{' relative to ' + baseline if baseline else ''} by evaluation length"
+    if measured:
+        title += f" · {describe_protocol(measured)} · base length {describe_lengths(measured, 'base_length')} tokens"
+    return columns, rows, title
 
 
-def find_baseline(rows: list[Row], records: list[RunRecord], baseline: str | None) -> Row | None:
-    if baseline is None:
-        return None
-    for row in rows:
-        if row.label == baseline:
-            return row
+def _baseline_row(rows: list[Any], records: list[RunRecord], baseline: str) -> Any:
+    by_label = {row.label: row for row in rows}
+    if baseline in by_label:
+        return by_label[baseline]
     target = Path(baseline).resolve()
     for r in records:
-        if r.run_dir.resolve() == target:
-            return next(row for row in rows if row.label == r.label)
+        if r.run_dir.resolve() == target and r.label in by_label:
+            return by_label[r.label]
     raise UserError(f"--baseline {baseline} matches no row label or run directory")
 
 
-def write_json_csv(records: list[RunRecord], out_dir: Path) -> tuple[Path, Path]:
+def to_markdown(columns: list[Any], rows: list[Any]) -> str:
+    from posenc_cli.report import fmt_cell
+
+    header = "| run | " + " | ".join(c.header.replace("\n", " ") for c in columns) + " |"
+    lines = [header, "|---" * (len(columns) + 1) + "|"]
+    for row in rows:
+        cells = [fmt_cell(row.cells[c.key]) if c.key in row.cells else "" for c in columns]
+        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(records: list[RunRecord], out_dir: Path) -> list[Path]:
+    """results.json, results.csv, extrapolation.png and per_position.png in `out_dir`."""
+    from posenc_cli.plots import per_position_figure, ppl_vs_length_figure, save_figure
+
+    out_dir = Path(out_dir)
     rows_json = records_to_json(records)
-    json_path, csv_path = Path(out_dir) / "results.json", Path(out_dir) / "results.csv"
-    atomic_write_json(json_path, rows_json)
-    atomic_write_text(csv_path, to_csv(rows_json))
-    return json_path, csv_path
+    paths = [out_dir / "results.json", out_dir / "results.csv"]
+    atomic_write_json(paths[0], rows_json)
+    atomic_write_text(paths[1], to_csv(rows_json))
+    measured = [r for r in to_results(records) if r["entries"]]
+    if measured:
+        paths.append(save_figure(ppl_vs_length_figure(measured), out_dir / "extrapolation.png"))
+        paths.append(save_figure(per_position_figure(measured), out_dir / "per_position.png"))
+    return paths
 
 
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2)
+def render(
+    records: list[RunRecord],
+    *,
+    metric: str = "ppl",
+    baseline: str | None = None,
+    fmt: str = "table",
+    out: Path | None = None,
+    console: Any,
+) -> None:
+    """Print the comparison in `fmt` (table, csv, json, markdown); with `out`, also write the files there."""
+    from posenc_cli.report import render_table
+
+    if fmt == "json":
+        console.print_json(json.dumps(records_to_json(records)))
+    elif fmt == "csv":
+        console.print(to_csv(records_to_json(records)), end="", markup=False, highlight=False)
+    else:
+        columns, rows, title = comparison(records, metric=metric, baseline=baseline)
+        if fmt == "markdown":
+            console.print(f"**{title}**\n\n" + to_markdown(columns, rows), markup=False, highlight=False)
+        else:
+            console.print(render_table(columns, rows, title=title, caption=_failures(records)))
+    if out is not None:
+        for path in write_outputs(records, out):
+            console.print(f"wrote {path}", highlight=False)
+
+
+def _failures(records: list[RunRecord]) -> str | None:
+    lines = [f"{r.label} [{r.status}]: {r.error}" for r in records if r.status != "ok"]
+    return "\n".join(lines) or None
+
+
+def comparison_outputs(records: list[RunRecord], sweep_dir: Path, *, console: Any) -> int:
+    """The end of a sweep: table, files in the sweep directory; returns the number of failed jobs."""
+    render(records, out=sweep_dir, console=console)
+    return sum(r.status == "failed" for r in records)

@@ -133,17 +133,19 @@ def launch_multirun(
     exclude_keys: list[str],
     launcher_overrides: list[str],
     user_config_dir: Path | None = None,
+    subdir: str | None = None,
 ) -> None:
     """Run one sweep stage through Hydra's multirun, so any installed launcher plugin works unchanged.
 
-    Each job's directory is `stage_dir/<override_dirname>` (swept keys only), and the job runs `hydra_task`.
+    Each job's directory is `stage_dir/<override_dirname>` (swept keys only; `subdir` when nothing is swept), and
+    the job runs `hydra_task`.
     """
     from hydra._internal.utils import _run_hydra, get_args_parser
 
     register_schemes()
     hydra_overrides = [
         f"hydra.sweep.dir={quote_value(str(stage_dir))}",
-        "hydra.sweep.subdir=${hydra.job.override_dirname}",
+        f"hydra.sweep.subdir={subdir or '${hydra.job.override_dirname}'}",
         f"hydra.job.config.override_dirname.exclude_keys=[{','.join(exclude_keys)}]",
         "hydra.output_subdir=null",
         "hydra/job_logging=none",

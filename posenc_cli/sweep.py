@@ -26,6 +26,7 @@ from posenc_cli.fsutil import atomic_write_json
 FAILED_FILE = "failed.json"
 PLAN_FILE = "sweep.json"
 INTERNAL_KEY = "posenc_job"
+DEFAULT_JOB = "default"  # the directory of the one job of a stage that sweeps nothing
 
 
 @dataclass(kw_only=True)
@@ -59,8 +60,7 @@ class Job:
     parent: str | None = None
 
     def dir(self, sweep_dir: Path) -> Path:
-        base = stage_dir(sweep_dir, self.stage, self.parent_group)
-        return base / self.name if self.swept else base
+        return stage_dir(sweep_dir, self.stage, self.parent_group) / self.name
 
     @property
     def parent_group(self) -> str | None:
@@ -187,7 +187,7 @@ def plan_sweep(spec: SweepSpec, user_overrides: list[str]) -> list[StagePlan]:
                     Job(
                         stage=st.name,
                         action=st.action,
-                        name=job_name(lines) if lines else "default",
+                        name=job_name(lines) if lines else DEFAULT_JOB,
                         swept=lines,
                         overrides=[*fixed.values(), *lines],
                         label=_label(st, lines, parent, fixed),
@@ -317,12 +317,13 @@ def run_sweep(
                     say("fail", f"{title}: parent run did not finish; {len(jobs)} job(s) marked failed")
                     continue
                 internal.append(f"+{INTERNAL_KEY}.parent_dir={_hydra_quote(str(parent_dir))}")
-            say("stage", f"{title}: {len(todo)} of {len(jobs)} job(s) to run")
+            say("run", f"{title}: {len(todo)} of {len(jobs)} job(s) to run")
             swept = [f"{key}={','.join(values)}" for key, values in plan.swept.items()]
             exclude = [*plan.fixed, f"{INTERNAL_KEY}.action", f"{INTERNAL_KEY}.parent_dir"]
             launch_multirun(
                 [*plan.fixed.values(), *swept, *internal],
-                stage_dir=jobs[0].dir(sweep_dir) if not plan.swept else jobs[0].dir(sweep_dir).parent,
+                stage_dir=jobs[0].dir(sweep_dir).parent,
+                subdir=None if plan.swept else DEFAULT_JOB,
                 exclude_keys=exclude,
                 launcher_overrides=launcher_overrides,
                 user_config_dir=user_config_dir,
@@ -384,6 +385,7 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
 
     job = raw.pop(INTERNAL_KEY, {}) or {}
     job_dir = info.output_dir
+    print(f"== job {job_dir} ==", flush=True)  # the job's own log (a file under Slurm)
     (job_dir / FAILED_FILE).unlink(missing_ok=True)
     try:
         cfg = config_from_dict(raw)
@@ -402,17 +404,28 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
         return {"status": "failed", "dir": str(job_dir), "error": record["error"]}
 
 
+def _job_display(cfg: Any) -> Any:
+    """Plain log lines (jobs may run in worker processes or on cluster nodes, where logs are files)."""
+    from rich.console import Console
+
+    from posenc_cli.progress import TrainDisplay
+
+    return TrainDisplay(Console(soft_wrap=True), live=False, log_every=cfg.train.log_every)
+
+
 def _train_job(cfg: Any, job_dir: Path) -> None:
     from posenc_cli.checkpoint import is_run_dir
     from posenc_cli.train import train
 
-    train(cfg, job_dir, resume=is_run_dir(job_dir))
+    with _job_display(cfg) as display:
+        train(cfg, job_dir, resume=is_run_dir(job_dir), callback=display)
 
 
 def _extend_job(cfg: Any, job_dir: Path, parent_dir: Path) -> None:
     from posenc_cli.extend import extend_run
 
-    extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads)
+    with _job_display(cfg) as display:
+        extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads, callback=display)
 
 
 def _evaluate_job(cfg: Any, job_dir: Path) -> None:

@@ -1,0 +1,158 @@
+"""End-to-end sweeps with a micro model: basic, joblib and submitit launchers, two stages, re-runs, failures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from posenc_cli.cli import app
+
+runner = CliRunner()
+
+MICRO_MODEL = (
+    "d_model: 32\nn_layer: 2\nn_head: 2\nnorm: layernorm\nmlp_ratio: 2\nbias: true\ndropout: 0.0\ninit_std: 0.02\n"
+)
+COMMON = (
+    "[model=micro, data=text, 'data.paths=[corpus]', train.steps=4, train.warmup_steps=1, train.seq_len=16, "
+    "train.batch_size=4, train.eval_every=2, train.eval_batches=2, train.save_every=4, train.log_every=2, "
+    "train.precision=fp32, train.threads=1, eval.tokens=256, 'eval.lengths=[1,2,4]']"
+)
+TWO_STAGES = f"""# posenc sweep two --config-dir DIR
+overrides: {COMMON}
+stages:
+  - name: train
+    params: {{pos: "rope,alibi"}}
+  - name: extend
+    action: extend
+    parent: train/pos=rope
+    overrides: [extend.method=yarn, extend.factor=2]
+    label: "rope → yarn x2"
+"""
+ONE_STAGE = f"""# posenc sweep one --config-dir DIR
+overrides: {COMMON}
+stages:
+  - name: train
+    params: {{pos: "nope,alibi"}}
+"""
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sweep")
+    (root / "corpus").mkdir()
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda"]
+    for i in range(6):
+        text = " ".join(words[(i * 7 + j * j) % len(words)] for j in range(600))
+        (root / "corpus" / f"doc{i}.txt").write_text(text)
+    cfg = root / "cfg"
+    (cfg / "model").mkdir(parents=True)
+    (cfg / "sweep").mkdir()
+    (cfg / "model" / "micro.yaml").write_text(MICRO_MODEL)
+    (cfg / "sweep" / "two.yaml").write_text(TWO_STAGES)
+    (cfg / "sweep" / "one.yaml").write_text(ONE_STAGE)
+    return root
+
+
+def sweep(workspace: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str]:
+    monkeypatch.chdir(workspace)
+    result = runner.invoke(app, ["sweep", *args, "--config-dir", str(workspace / "cfg")], terminal_width=200)
+    return result.exit_code, result.output
+
+
+@pytest.fixture(scope="module")
+def two_stage(workspace: Path) -> tuple[Path, str]:
+    with pytest.MonkeyPatch.context() as mp:
+        code, output = sweep(workspace, mp, "two", "--out", "two")
+    assert code == 0, output
+    return workspace / "two", output
+
+
+def test_two_stage_sweep_trains_once_and_extends_the_rope_run(two_stage: tuple[Path, str]) -> None:
+    out, output = two_stage
+    for job in ("train/pos=rope", "train/pos=alibi", "extend/pos=rope/default"):
+        assert (out / job / "eval" / "extrapolate.json").is_file(), job
+    meta = json.loads((out / "extend/pos=rope/default/meta.json").read_text())
+    assert Path(meta["parent"]).resolve() == (out / "train/pos=rope").resolve()
+    # Outputs of the comparison, in the sweep directory.
+    for name in ("results.csv", "results.json", "extrapolation.png", "per_position.png", "sweep.json"):
+        assert (out / name).stat().st_size > 0, name
+    records = json.loads((out / "results.json").read_text())
+    assert {r["label"] for r in records} == {"rope", "alibi", "rope → yarn x2"}
+    assert {r["multiple"] for r in records} == {1.0, 2.0, 4.0}
+    assert all(r["status"] == "ok" and r["ppl"] > 1 for r in records)
+    assert "rope → yarn x2" in output and "4× / 1×" in output
+
+
+def test_rerun_skips_finished_jobs(two_stage: tuple[Path, str], workspace: Path, monkeypatch) -> None:
+    out, _ = two_stage
+    before = (out / "train/pos=rope/model.safetensors").stat().st_mtime_ns
+    code, output = sweep(workspace, monkeypatch, "two", "--out", "two")
+    assert code == 0, output
+    assert "all 2 job(s) already done" in output and "all 1 job(s) already done" in output
+    assert (out / "train/pos=rope/model.safetensors").stat().st_mtime_ns == before
+
+
+def test_compare_renders_from_directories(two_stage: tuple[Path, str], tmp_path: Path) -> None:
+    out, _ = two_stage
+    result = runner.invoke(app, ["compare", str(out), "--format", "markdown", "--metric", "bpb"])
+    assert result.exit_code == 0, result.output
+    assert "| rope → yarn x2 |" in result.output and "Bits per byte" in result.output
+    result = runner.invoke(app, ["compare", str(out / "train"), "--baseline", str(out / "train/pos=alibi")])
+    assert result.exit_code == 0, result.output
+    assert "1.000" in result.output
+    result = runner.invoke(app, ["compare", str(out), "--format", "csv", "--out", str(tmp_path)])
+    assert result.exit_code == 0
+    assert result.output.startswith("label,stage,job")
+    assert (tmp_path / "extrapolation.png").is_file()
+    result = runner.invoke(app, ["compare", str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "does not exist" in result.output
+
+
+def test_dry_run_runs_nothing_and_rejects_bad_overrides(workspace: Path, monkeypatch) -> None:
+    code, output = sweep(workspace, monkeypatch, "two", "--out", "dry", "--dry-run")
+    assert code == 0, output
+    assert "pos=alibi" in output and "dry run" in output
+    assert not (workspace / "dry").exists()
+    code, output = sweep(workspace, monkeypatch, "two", "model.n_layr=3", "--dry-run")
+    assert code == 2
+    assert "unknown config key 'model.n_layr'" in output and "Traceback" not in output
+    code, output = sweep(workspace, monkeypatch, "two", "model.n_layr=3", "--out", "bad")
+    assert code == 2 and not (workspace / "bad").exists()
+
+
+def test_failing_job_is_reported_and_others_survive(workspace: Path, monkeypatch) -> None:
+    code, output = sweep(workspace, monkeypatch, "one", "pos=alibi", "data.paths=[corpus],[missing]", "--out", "fail")
+    assert code == 1
+    out = workspace / "fail"
+    failed = json.loads((out / "train/data.paths=[missing]/failed.json").read_text())
+    assert "missing" in failed["error"]
+    assert (out / "train/data.paths=[corpus]/eval/extrapolate.json").is_file()
+    assert "[failed]" in output
+
+
+def test_joblib_launcher_runs_jobs_in_parallel_processes(workspace: Path, monkeypatch) -> None:
+    code, output = sweep(
+        workspace, monkeypatch, "one", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "--out", "joblib"
+    )
+    assert code == 0, output
+    for job in ("pos=nope", "pos=alibi"):
+        assert (workspace / "joblib/train" / job / "eval/extrapolate.json").is_file()
+
+
+@pytest.mark.slow
+def test_submitit_local_launcher(workspace: Path, monkeypatch) -> None:
+    code, output = sweep(
+        workspace,
+        monkeypatch,
+        "one",
+        "pos=alibi",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.timeout_min=5",
+        "--out",
+        "submitit",
+    )
+    assert code == 0, output
+    assert (workspace / "submitit/train/default/eval/extrapolate.json").is_file()
