@@ -1,0 +1,579 @@
+"""Perplexity at and beyond the training length (`posenc eval-extrapolate`).
+
+Two protocols (see the ALiBi paper, Press et al. 2022, §4 and App. B, and HF's perplexity guide):
+
+- nonoverlap: the held-out token stream is cut into windows of L tokens; every token of every window is scored.
+- sliding (stride S): windows of L tokens advance by S; only the last S tokens of each window are scored, so every
+  scored token sees at least L - S tokens of context. S = L is exactly the non-overlapping protocol.
+
+Metrics are token-weighted: ppl = exp(total NLL / scored tokens), bits per byte = total NLL / (ln 2 · UTF-8 bytes of
+the scored tokens). Windows are always taken from the start of the validation stream, so every run with the same
+tokenizer scores exactly the same tokens (paired numbers), and for the non-overlapping protocol every length scores
+the same stretch of text.
+
+Results live in `eval/extrapolate.json` inside each run directory (schema in `new_results_doc`); a new measurement
+replaces the entry with the same key (`entry_key`) and keeps the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc_cli import __version__
+from posenc_cli.config import DataConfig, EvalConfig, build_dataclass
+from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
+from posenc_cli.fsutil import atomic_write_json
+
+if TYPE_CHECKING:
+    from posenc_cli.checkpoint import LoadedRun
+    from posenc_cli.data import Corpus
+
+SCHEMA_VERSION = 1
+RESULTS_FILE = Path("eval") / "extrapolate.json"
+Protocol = Literal["nonoverlap", "sliding"]
+Progress = Callable[[str, int, int], None]  # (description, done, total)
+
+__all__ = [
+    "RESULTS_FILE",
+    "SCHEMA_VERSION",
+    "CorpusCache",
+    "data_config_with_overrides",
+    "entry_key",
+    "evaluate_model",
+    "evaluate_paths",
+    "evaluate_run",
+    "evaluate_run_dir",
+    "find_runs",
+    "load_results",
+    "merge_entry",
+    "pick_entries",
+    "plan_lengths",
+    "plan_windows",
+    "resolve_dtype",
+    "resolve_stride",
+    "results_path",
+    "save_results",
+]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pure planning: which lengths, which windows.
+
+
+def plan_lengths(cfg: EvalConfig, base_length: int) -> list[tuple[int, float]]:
+    """(length, multiple of `base_length`) pairs in increasing length, duplicates dropped."""
+    if cfg.abs_lengths is not None:
+        pairs = [(int(n), int(n) / base_length) for n in cfg.abs_lengths]
+    else:
+        pairs = [(max(1, round(m * base_length)), float(m)) for m in cfg.lengths]
+    seen: dict[int, float] = {}
+    for length, multiple in pairs:
+        seen.setdefault(length, round(multiple, 6))
+    return sorted(seen.items())
+
+
+def resolve_stride(protocol: Protocol, stride: int | None, length: int) -> int:
+    """Scored tokens per window: L for nonoverlap; `stride` (default L/2, at most L) for sliding."""
+    if protocol == "nonoverlap":
+        return length
+    if stride is None:
+        return max(1, length // 2)
+    return max(1, min(int(stride), length))
+
+
+def plan_windows(n_stream: int, length: int, stride: int, n_tokens: int) -> np.ndarray:
+    """Start offsets of the evaluation windows, (n_windows,) int64.
+
+    A window at s reads inputs s..s+L-1 and predicts s+1..s+L, so it needs s + L + 1 <= n_stream. Windows advance
+    by `stride` and each scores `stride` tokens; enough windows are taken to score at least `n_tokens` tokens
+    (rounded up to whole windows), or as many as the stream holds. Empty when not even one window fits.
+    """
+    if n_stream < length + 1:
+        return np.zeros(0, dtype=np.int64)
+    available = (n_stream - length - 1) // stride + 1
+    wanted = max(1, math.ceil(n_tokens / stride))
+    return np.arange(min(available, wanted), dtype=np.int64) * stride
+
+
+def resolve_dtype(dtype: str, meta: dict[str, Any], device: torch.device | None = None) -> str:
+    """'auto' -> 'bf16' when the run trained in bf16 (meta precision), else 'fp32'.
+
+    Exception: on a CPU without fast bf16 matmuls (see `device.cpu_has_fast_bf16`; emulated bf16 can be tens of
+    times slower) 'auto' evaluates a bf16-trained run in fp32. The entry records the dtype actually used.
+    """
+    if dtype == "auto":
+        if str(meta.get("precision", "fp32")) != "bf16":
+            return "fp32"
+        if device is not None and device.type == "cpu":
+            from posenc_cli.device import cpu_has_fast_bf16
+
+            return "bf16" if cpu_has_fast_bf16() else "fp32"
+        return "bf16"
+    if dtype not in ("fp32", "bf16"):
+        raise ConfigError(f"--dtype must be auto, fp32 or bf16, got {dtype!r}")
+    return dtype
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The measurement itself.
+
+
+def evaluate_model(
+    model: nn.Module,
+    tokens: np.ndarray,
+    token_bytes: np.ndarray | None,
+    *,
+    length: int,
+    protocol: Protocol = "nonoverlap",
+    stride: int | None = None,
+    n_tokens: int = 16384,
+    batch_tokens: int = 16384,
+    dtype: str = "fp32",
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Score `model` ((B, T) int64 -> (B, T, V) logits) on windows of `tokens` (1-D ids).
+
+    Returns {"tokens", "windows", "stride", "nll", "ppl", "bpb", "bytes", "per_position"}; `per_position[i]` is the
+    mean NLL at window position L - S + i (all L positions for nonoverlap). Raises `LengthBeyondScheme` when the
+    model cannot serve `length` (checked before any forward when the model exposes `scheme.max_length`) and
+    ValueError when the stream is shorter than one window.
+    """
+    S = resolve_stride(protocol, stride, length)
+    starts = plan_windows(len(tokens), length, S, n_tokens)
+    if len(starts) == 0:
+        raise ValueError(f"the stream has {len(tokens)} tokens; one window of {length} needs {length + 1}")
+    scheme = getattr(model, "scheme", None)
+    limit = getattr(scheme, "max_length", None)
+    if limit is not None and length > limit:
+        raise LengthBeyondScheme(getattr(scheme, "name", type(scheme).__name__), limit, length)
+
+    device = torch.device(device)
+    use_bf16 = dtype == "bf16"
+    per_batch = max(1, batch_tokens // length)
+    offsets = np.arange(length + 1, dtype=np.int64)
+    pos_sum = torch.zeros(S, dtype=torch.float64)
+    n_bytes = 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for i in range(0, len(starts), per_batch):
+                idx = starts[i : i + per_batch, None] + offsets  # (B, L+1) stream positions
+                window = np.asarray(tokens[idx], dtype=np.int64)  # (B, L+1)
+                batch = torch.from_numpy(window).to(device)
+                x, y = batch[:, :-1], batch[:, -S:]  # (B, L) inputs, (B, S) scored targets
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                    logits = model(x)  # (B, L, V)
+                scored = logits[:, -S:, :].float()  # (B, S, V): log-softmax in fp32
+                loss = F.cross_entropy(scored.reshape(-1, scored.size(-1)), y.reshape(-1), reduction="none")
+                pos_sum += loss.view(-1, S).double().sum(0).cpu()
+                if token_bytes is not None:
+                    n_bytes += int(np.asarray(token_bytes)[window[:, -S:]].sum())
+                if progress is not None:
+                    progress(f"L={length}", min(i + per_batch, len(starts)), len(starts))
+    finally:
+        model.train(was_training)
+
+    n_windows = len(starts)
+    scored_tokens = n_windows * S
+    total = float(pos_sum.sum())
+    nll = total / scored_tokens
+    return {
+        "tokens": scored_tokens,
+        "windows": n_windows,
+        "stride": S,
+        "nll": nll,
+        "ppl": math.exp(nll) if nll < 700 else math.inf,
+        "bpb": total / (math.log(2) * n_bytes) if n_bytes > 0 else None,
+        "bytes": n_bytes,
+        "per_position": (pos_sum / n_windows).tolist(),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Results file: eval/extrapolate.json.
+
+
+def results_path(run_dir: Path | str) -> Path:
+    return Path(run_dir) / RESULTS_FILE
+
+
+def new_results_doc(run: str, scheme: str, train_length: int, base_length: int) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run": run,
+        "scheme": scheme,
+        "train_length": train_length,
+        "base_length": base_length,
+        "entries": [],
+    }
+
+
+def load_results(run_dir: Path | str, *, missing_ok: bool = False) -> dict[str, Any] | None:
+    """The stored `eval/extrapolate.json` of a run; None when absent and `missing_ok`, else CheckpointError."""
+    path = results_path(run_dir)
+    if not path.is_file():
+        if missing_ok:
+            return None
+        raise CheckpointError(f"{path} does not exist; run `posenc eval-extrapolate {run_dir}` first")
+    try:
+        doc = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e}); delete it to start again") from e
+    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
+        raise CheckpointError(f"{path} is not an eval-extrapolate results file (no 'entries' list)")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise CheckpointError(f"{path}: schema_version {doc.get('schema_version')!r} is not {SCHEMA_VERSION}")
+    return doc
+
+
+def save_results(run_dir: Path | str, doc: dict[str, Any]) -> Path:
+    path = results_path(run_dir)
+    atomic_write_json(path, doc)
+    return path
+
+
+def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """Two entries measure the same thing when these agree."""
+    data = entry.get("data") or {}
+    return (
+        entry["protocol"],
+        entry["stride"],
+        entry["length"],
+        entry["tokens"],
+        entry["dtype"],
+        data.get("fingerprint"),
+    )
+
+
+def merge_entry(doc: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """Replace the entry with the same key (in place, keeping its position) or append; returns `doc`."""
+    key = entry_key(entry)
+    entries = doc["entries"]
+    for i, old in enumerate(entries):
+        if entry_key(old) == key:
+            entries[i] = entry
+            return doc
+    entries.append(entry)
+    return doc
+
+
+def pick_entries(
+    doc: dict[str, Any],
+    *,
+    protocol: Protocol = "nonoverlap",
+    stride: int | None = None,
+    dtype: str | None = None,
+    data_fingerprint: str | None = None,
+) -> list[dict[str, Any]]:
+    """One entry per length (the most recent) matching the filters, by increasing length.
+
+    `stride` None matches any stride of a sliding protocol; for compare/sweep code reading stored results.
+    """
+    best: dict[int, dict[str, Any]] = {}
+    for e in doc["entries"]:
+        if e["protocol"] != protocol or (stride is not None and e["stride"] != stride):
+            continue
+        if dtype is not None and e["dtype"] != dtype:
+            continue
+        if data_fingerprint is not None and (e.get("data") or {}).get("fingerprint") != data_fingerprint:
+            continue
+        if e["length"] not in best or str(e.get("created", "")) >= str(best[e["length"]].get("created", "")):
+            best[e["length"]] = e
+    return [best[k] for k in sorted(best)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Runs and data.
+
+
+def _is_run_dir(path: Path) -> bool:
+    meta = path / "meta.json"
+    if not meta.is_file():
+        return False
+    try:
+        return json.loads(meta.read_text()).get("kind") == "posenc-run"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def find_runs(paths: Iterable[Path | str]) -> list[Path]:
+    """Run directories named by `paths`: each is a run, or a directory searched recursively for runs."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise CheckpointError(f"{path}: no such directory")
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: not a directory (expected a run or sweep directory)")
+        if _is_run_dir(path):
+            found.append(path)
+            continue
+        below = sorted(p.parent for p in path.rglob("meta.json") if _is_run_dir(p.parent))
+        if not below:
+            raise CheckpointError(f"{path}: not a run directory and contains none (no meta.json of kind posenc-run)")
+        found.extend(below)
+    unique: dict[Path, Path] = {}
+    for p in found:
+        unique.setdefault(p.resolve(), p)
+    return list(unique.values())
+
+
+def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> DataConfig:
+    """Compose only the data group: `data=NAME` starts from configs/data/NAME.yaml, `data.KEY=VALUE` sets keys.
+
+    Without `data=NAME` the run's own data config is the starting point. Values use OmegaConf's dotlist grammar
+    (lists as `[a,b]`, `null`, numbers).
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    raw: dict[str, Any] = dataclasses.asdict(base)
+    dotted: list[str] = []
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key == "data":
+            raw = _data_group_defaults(o.split("=", 1)[1])
+        elif key.startswith("data."):
+            dotted.append(o.lstrip("+~"))
+        else:
+            raise ConfigError(
+                f"'{o}': eval-extrapolate takes only data overrides (data=NAME, data.KEY=VALUE); "
+                "model, tokenizer and positions come from each run"
+            )
+    if dotted:
+        try:
+            parsed = OmegaConf.to_container(OmegaConf.from_dotlist(dotted), resolve=True)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"bad data override: {str(e).splitlines()[0]}") from e
+        assert isinstance(parsed, dict)
+        raw.update(parsed.get("data", {}))
+    cfg = build_dataclass(DataConfig, raw, "data")
+    cfg.validate()
+    return cfg
+
+
+def _data_group_defaults(name: str) -> dict[str, Any]:
+    import yaml
+
+    from posenc_cli.hydra_bridge import config_dir
+
+    group = config_dir() / "data"
+    path = group / f"{name}.yaml"
+    if not path.is_file():
+        options = ", ".join(sorted(p.stem for p in group.glob("*.yaml")))
+        raise ConfigError(f"data={name} is not a data config (available: {options})")
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def data_name(cfg: DataConfig) -> str:
+    """Short human name of a data config, stored with each entry."""
+    if cfg.source == "hf":
+        return f"hf:{cfg.name}" + (f"/{cfg.config}" if cfg.config else "")
+    if cfg.source == "text":
+        names = [Path(p).name or p for p in (cfg.val_paths or cfg.paths)]
+        return "text:" + ",".join(names)
+    return cfg.source
+
+
+class CorpusCache:
+    """Loads each (data config, tokenizer) corpus once per command, so five runs share one validation stream."""
+
+    def __init__(self) -> None:
+        self._corpora: dict[tuple[str, str], Corpus] = {}
+
+    def get(self, data: DataConfig, run: LoadedRun, progress: Callable[[str, int, int], None] | None = None) -> Corpus:
+        from posenc_cli.data import load_corpus
+
+        key = (json.dumps(dataclasses.asdict(data), sort_keys=True), str(run.tokenizer.fingerprint))
+        if key not in self._corpora:
+            self._corpora[key] = load_corpus(data, run.config.tokenizer, tokenizer=run.tokenizer, progress=progress)
+        return self._corpora[key]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Evaluating runs.
+
+
+def evaluate_run(
+    run: LoadedRun,
+    cfg: EvalConfig,
+    *,
+    data: DataConfig | None = None,
+    corpus: Corpus | None = None,
+    corpora: CorpusCache | None = None,
+    device: str | torch.device | None = None,
+    force: bool | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Measure (or reuse) every length of `cfg` for a loaded run and store the entries in its results file.
+
+    Scores the run's own validation split unless `data` (another data config, tokenized with the run's tokenizer)
+    or a ready `corpus` is given. Returns the results doc restricted to this call's entries, in length order, plus
+    "path" and "reused" (how many entries came from the file without a forward).
+    """
+    cfg.validate()
+    force = cfg.force if force is None else force
+    device = torch.device(device) if device is not None else next(run.model.parameters()).device
+    meta = run.meta
+    train_length = int(meta.get("train_length") or run.config.train.seq_len)
+    base_length = int(meta.get("base_length") or train_length)
+    scheme = str(run.config.pos.name)
+    dtype = resolve_dtype(cfg.dtype, meta, device)
+
+    data_cfg = data if data is not None else run.config.data
+    if corpus is None:
+        corpus = (corpora or CorpusCache()).get(data_cfg, run)
+    stream = corpus.val
+    fingerprint = str(corpus.info.get("fingerprint") or "")
+    data_info = {"name": data_name(data_cfg), "fingerprint": fingerprint}
+
+    # --force recomputes this call's cells but still keeps the other stored entries
+    doc = load_results(run.path, missing_ok=True) or new_results_doc(run.path.name, scheme, train_length, base_length)
+    doc.update(run=run.path.name, scheme=scheme, train_length=train_length, base_length=base_length)
+    stored = {entry_key(e): e for e in doc["entries"]}
+
+    selected: list[dict[str, Any]] = []
+    reused = 0
+    for length, multiple in plan_lengths(cfg, base_length):
+        stride = resolve_stride(cfg.protocol, cfg.stride, length)
+        n_windows = len(plan_windows(len(stream), length, stride, cfg.tokens))
+        entry = _base_entry(cfg.protocol, stride, length, multiple, n_windows * stride, dtype, data_info)
+        if not force and entry_key(entry) in stored:
+            selected.append(stored[entry_key(entry)])
+            reused += 1
+            continue
+        if n_windows == 0:
+            entry.update(reason=f"validation split has {len(stream)} tokens; one window needs {length + 1}")
+        else:
+            try:
+                result = evaluate_model(
+                    run.model,
+                    stream,
+                    run.tokenizer.token_bytes,
+                    length=length,
+                    protocol=cfg.protocol,
+                    stride=stride,
+                    n_tokens=cfg.tokens,
+                    batch_tokens=cfg.batch_tokens,
+                    dtype=dtype,
+                    device=device,
+                    progress=progress,
+                )
+            except LengthBeyondScheme as e:  # same reason text at every length, so tables can group it
+                entry.update(reason=f"scheme '{e.scheme}' supports at most {e.limit} positions")
+            else:
+                _fill_ok(entry, result)
+        merge_entry(doc, entry)
+        save_results(run.path, doc)  # after every cell: a kill loses at most the cell in progress
+        selected.append(entry)
+
+    out = {k: v for k, v in doc.items() if k != "entries"}
+    out.update(path=str(run.path), reused=reused, entries=selected)
+    return out
+
+
+def _base_entry(
+    protocol: str, stride: int, length: int, multiple: float, tokens: int, dtype: str, data: dict[str, str]
+) -> dict[str, Any]:
+    return {
+        "protocol": protocol,
+        "stride": stride if protocol == "sliding" else None,
+        "length": length,
+        "multiple": multiple,
+        "tokens": tokens,
+        "dtype": dtype,
+        "data": dict(data),
+        "status": "n/a",
+        "reason": None,
+        "ppl": None,
+        "nll": None,
+        "bpb": None,
+        "per_position": [],
+        "posenc_version": __version__,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _fill_ok(entry: dict[str, Any], result: dict[str, Any]) -> None:
+    nll = result["nll"]
+    if not math.isfinite(nll) or not math.isfinite(result["ppl"]):
+        entry.update(reason=f"non-finite loss (mean NLL {nll})", nll=nll if math.isfinite(nll) else None)
+        return
+    entry.update(
+        status="ok",
+        tokens=result["tokens"],
+        ppl=result["ppl"],
+        nll=nll,
+        bpb=result["bpb"],
+        per_position=[round(v, 6) for v in result["per_position"]],
+    )
+
+
+def evaluate_run_dir(
+    run_dir: Path | str,
+    cfg: EvalConfig,
+    *,
+    data_overrides: Sequence[str] = (),
+    device: str | torch.device = "auto",
+    threads: int = 0,
+    force: bool | None = None,
+    progress: Progress | None = None,
+    corpora: CorpusCache | None = None,
+) -> dict[str, Any]:
+    """Load one run directory and `evaluate_run` it (data overrides compose only the data group)."""
+    from posenc_cli.checkpoint import load_run
+    from posenc_cli.device import resolve_device
+    from posenc_cli.device import threads as use_threads
+
+    device = resolve_device(device)
+    with use_threads(threads):
+        run = load_run(run_dir, device=device)
+        data = data_config_with_overrides(run.config.data, data_overrides) if data_overrides else None
+        return evaluate_run(run, cfg, data=data, corpora=corpora, device=device, force=force, progress=progress)
+
+
+def evaluate_paths(
+    paths: Sequence[Path | str],
+    cfg: EvalConfig,
+    *,
+    data_overrides: Sequence[str] = (),
+    device: str | torch.device = "auto",
+    threads: int = 0,
+    force: bool | None = None,
+    progress: Progress | None = None,
+    on_run: Callable[[Path, int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Find the runs below `paths` and evaluate each in turn (one model in memory at a time)."""
+    cfg.validate()
+    runs = find_runs(paths)
+    corpora = CorpusCache()
+    results = []
+    for i, path in enumerate(runs):
+        if on_run is not None:
+            on_run(path, i, len(runs))
+        results.append(
+            evaluate_run_dir(
+                path,
+                cfg,
+                data_overrides=data_overrides,
+                device=device,
+                threads=threads,
+                force=force,
+                progress=progress,
+                corpora=corpora,
+            )
+        )
+    return results

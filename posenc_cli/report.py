@@ -1,0 +1,263 @@
+"""Rich tables of evaluation results (`eval-extrapolate`, later `compare` and sweeps).
+
+The generic part is `render_table`: columns × rows of `Cell`s, where a cell holds one value per member (a run, or
+the seeds of a sweep group) and renders as `mean` or `mean ± std`; the best mean per column is bold and empty
+cells are a dimmed "n/a". `extrapolation_rows` turns eval-extrapolate results (the docs returned by
+`evaluate.evaluate_run` or read by `evaluate.load_results`) into such rows, optionally aggregating several runs
+into one row and grouping rows into sections.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rich.table import Table
+from rich.text import Text
+
+Result = dict[str, Any]  # one run: {"run", "scheme", "train_length", "base_length", "entries": [...], ...}
+
+
+@dataclass(frozen=True)
+class Column:
+    key: Any
+    header: str
+    best: Literal["min", "max"] | None = "min"
+
+
+@dataclass
+class Cell:
+    """Values of one (row, column), one per member; empty means n/a (`reason` says why)."""
+
+    values: list[float] = field(default_factory=list)
+    reason: str | None = None
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.values) if self.values else None
+
+    @property
+    def std(self) -> float | None:
+        return statistics.stdev(self.values) if len(self.values) > 1 else None
+
+
+@dataclass
+class TableRow:
+    label: str
+    cells: dict[Any, Cell]
+    group: str | None = None
+    members: int = 1
+
+
+def fmt_number(value: float) -> str:
+    """Perplexities span 1.5 to 10⁵: keep about four significant digits without scientific notation below 10⁶."""
+    a = abs(value)
+    if a >= 1e6:
+        return f"{value:.3g}"
+    if a >= 1000:
+        return f"{value:,.0f}"
+    if a >= 100:
+        return f"{value:.1f}"
+    if a >= 10:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def fmt_cell(cell: Cell) -> str:
+    if cell.mean is None:
+        return "n/a"
+    text = fmt_number(cell.mean)
+    return f"{text} ± {fmt_number(cell.std)}" if cell.std is not None else text
+
+
+def render_table(
+    columns: Sequence[Column],
+    rows: Sequence[TableRow],
+    *,
+    title: str | None = None,
+    caption: str | None = None,
+    label_header: str = "run",
+) -> Table:
+    """A rich table: rows × columns, best mean per column bold, n/a dimmed, a section per row group."""
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left", header_style="bold")
+    table.add_column(label_header, overflow="fold")  # long run names wrap; numbers never do
+    for col in columns:
+        width = max([len(fmt_cell(r.cells.get(col.key, Cell()))) for r in rows] + [3])
+        table.add_column(col.header, justify="right", no_wrap=True, min_width=width)
+    best: dict[Any, float] = {}
+    for col in columns:
+        means = [m for r in rows if (m := _mean(r, col.key)) is not None]
+        if col.best and len(means) > 1:
+            best[col.key] = min(means) if col.best == "min" else max(means)
+    previous_group: str | None = None
+    for i, row in enumerate(rows):
+        if i and row.group != previous_group:
+            table.add_section()
+        previous_group = row.group
+        label = Text(row.label)
+        if row.members > 1:
+            label.append(f" (n={row.members})", style="dim")
+        rendered: list[Text | str] = [label]
+        for col in columns:
+            cell = row.cells.get(col.key, Cell())
+            if cell.mean is None:
+                rendered.append(Text("n/a", style="dim"))
+            else:
+                style = "bold" if col.key in best and cell.mean == best[col.key] else ""
+                rendered.append(Text(fmt_cell(cell), style=style))
+        table.add_row(*rendered)
+    return table
+
+
+def _mean(row: TableRow, key: Any) -> float | None:
+    cell = row.cells.get(key)
+    return cell.mean if cell is not None else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# eval-extrapolate results -> rows
+
+
+def run_label(result: Result) -> str:
+    """Run directory name plus scheme, e.g. `rope-0 (rope)` (kept as is when `run` already ends so)."""
+    run, suffix = str(result["run"]), f" ({result['scheme']})"
+    return run if run.endswith(suffix) else run + suffix
+
+
+def column_key(entry: dict[str, Any], by: Literal["multiple", "length"]) -> float | int:
+    return float(entry["multiple"]) if by == "multiple" else int(entry["length"])
+
+
+def fmt_multiple(m: float) -> str:
+    return f"{m:g}×"
+
+
+def ratio_value(result: Result, by: Literal["multiple", "length"], last_key: Any) -> tuple[float | None, str | None]:
+    """ppl at the last column / ppl at 1× (the run's base length); None with a reason when either is missing."""
+    entries = result["entries"]
+    at_one = next((e for e in entries if e["length"] == result["base_length"]), None)
+    at_max = next((e for e in entries if column_key(e, by) == last_key), None)
+    if at_one is None or at_one.get("ppl") is None:
+        return None, "no measurement at 1×"
+    if at_max is None or at_max.get("ppl") is None:
+        return None, (at_max or {}).get("reason") or "no measurement at the longest length"
+    return at_max["ppl"] / at_one["ppl"], None
+
+
+def extrapolation_rows(
+    results: Sequence[Result],
+    *,
+    by: Literal["multiple", "length"] = "multiple",
+    metric: str = "ppl",
+    label: Callable[[Result], str] = run_label,
+    aggregate_by: Callable[[Result], str] | None = None,
+    group_by: Callable[[Result], str] | None = None,
+    ratio: bool = True,
+) -> tuple[list[Column], list[TableRow]]:
+    """Columns (one per length, plus the ratio) and rows (one per run, or per `aggregate_by` key with mean ± std).
+
+    Each result must hold at most one entry per length (one protocol/stride/data: `evaluate_run`'s output, or
+    `evaluate.pick_entries` of a stored doc). Rows keep the order of first appearance; with `group_by` they are
+    ordered by group (stable) and the table draws a section per group.
+    """
+    keys = sorted({column_key(e, by) for r in results for e in r["entries"]})
+    bases = {r["base_length"] for r in results}
+    columns = [Column(k, _header(k, by, bases)) for k in keys]
+    last = keys[-1] if keys else None
+
+    rows: dict[str, TableRow] = {}
+    for r in results:
+        name = aggregate_by(r) if aggregate_by else label(r)
+        row = rows.get(name)
+        if row is None:
+            row = rows[name] = TableRow(name, {}, group=group_by(r) if group_by else None, members=0)
+        row.members += 1
+        if len({column_key(e, by) for e in r["entries"]}) != len(r["entries"]):
+            raise ValueError(f"{r['run']}: several entries per length; select one protocol (evaluate.pick_entries)")
+        for e in r["entries"]:
+            cell = row.cells.setdefault(column_key(e, by), Cell())
+            if e.get("status") == "ok" and e.get(metric) is not None:
+                cell.values.append(float(e[metric]))
+            else:
+                cell.reason = cell.reason or e.get("reason")
+        if ratio and last is not None:
+            value, reason = ratio_value(r, by, last)
+            cell = row.cells.setdefault("ratio", Cell())
+            if value is None:
+                cell.reason = cell.reason or reason
+            else:
+                cell.values.append(value)
+    if ratio and last is not None:
+        last_name = fmt_multiple(last) if by == "multiple" else str(last)
+        columns.append(Column("ratio", f"{last_name} / 1×", best=None))
+    ordered = list(rows.values())
+    if group_by:
+        order = {g: i for i, g in enumerate(dict.fromkeys(r.group for r in ordered))}
+        ordered.sort(key=lambda r: order[r.group])
+    for row in ordered:  # a member without any value leaves n/a, not a partial mean
+        for cell in row.cells.values():
+            if cell.values and len(cell.values) < row.members:
+                cell.values, cell.reason = [], cell.reason or "missing for some members"
+    return columns, ordered
+
+
+def _header(key: float | int, by: str, bases: set[int]) -> str:
+    if by == "length":
+        return str(key)
+    if len(bases) == 1:
+        return f"{fmt_multiple(float(key))}\n{round(float(key) * next(iter(bases)))}"
+    return fmt_multiple(float(key))
+
+
+def describe_protocol(results: Sequence[Result]) -> str:
+    """'nonoverlap' or 'sliding, stride L/2' / 'stride 64', from the entries themselves."""
+    entries = [e for r in results for e in r["entries"]]
+    protocols = sorted({e["protocol"] for e in entries})
+    if protocols != ["sliding"]:
+        return " + ".join(protocols) or "no entries"
+    strides = {e["stride"] for e in entries}
+    if all(e["stride"] == max(1, e["length"] // 2) for e in entries):
+        return "sliding, stride L/2"
+    if len(strides) == 1:
+        return f"sliding, stride {next(iter(strides))}"
+    return f"sliding, stride min({max(strides)}, L)"
+
+
+def describe_lengths(results: Sequence[Result], key: str = "train_length") -> str:
+    values = sorted({int(r[key]) for r in results})
+    return "/".join(map(str, values))
+
+
+def extrapolation_table(
+    results: Sequence[Result],
+    *,
+    by: Literal["multiple", "length"] = "multiple",
+    title: str | None = None,
+    aggregate_by: Callable[[Result], str] | None = None,
+    group_by: Callable[[Result], str] | None = None,
+) -> Table:
+    """The eval-extrapolate table: perplexity per run and length, titled with protocol and training length."""
+    columns, rows = extrapolation_rows(results, by=by, aggregate_by=aggregate_by, group_by=group_by)
+    if title is None:
+        title = (
+            f"Perplexity by evaluation length · {describe_protocol(results)} · "
+            f"trained at {describe_lengths(results)} tokens"
+        )
+    return render_table(columns, rows, title=title, caption=extrapolation_caption(results, by), label_header="run")
+
+
+def extrapolation_caption(results: Sequence[Result], by: str) -> str:
+    tokens = sorted({e["tokens"] for r in results for e in r["entries"] if e.get("status") == "ok"})
+    budget = f"{tokens[0]:,}" if len(tokens) == 1 else f"{tokens[0]:,}–{tokens[-1]:,}" if tokens else "0"
+    cols = "columns: multiples of each run's base length (tokens below)" if by == "multiple" else "columns: tokens"
+    lines = [f"Token-weighted perplexity over {budget} scored tokens per length; {cols}; bold = best per column."]
+    for r in results:
+        reasons: dict[str, list[str]] = {}
+        for e in r["entries"]:
+            if e.get("status") != "ok":
+                reasons.setdefault(e.get("reason") or "not measured", []).append(str(e["length"]))
+        for reason, lengths in reasons.items():
+            lines.append(f"n/a for {run_label(r)} at {', '.join(lengths)}: {reason}")
+    return "\n".join(lines)

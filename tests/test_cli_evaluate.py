@@ -1,0 +1,177 @@
+"""`posenc eval-extrapolate` end to end on tiny trained runs: table, files, n/a, reuse, data overrides, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from posenc_cli import evaluate as ev
+from posenc_cli.cli import app
+from posenc_cli.config import Config, DataConfig, ModelConfig, TrainConfig
+from posenc_cli.positional import config_class
+
+runner = CliRunner()
+SCHEMES = ("alibi", "learned", "rope")
+
+
+def corpus_text(n: int, offset: int = 0) -> str:
+    lines = (f"Entry {i}: {i * 7 % 13} apples and {i % 5} pears went to market.\n" for i in range(offset, offset + n))
+    return "".join(lines)
+
+
+@pytest.fixture(scope="session")
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sweep-like directory with three tiny runs (seq_len 16, 10 steps) trained on a small text corpus."""
+    from posenc_cli.train import train
+
+    root = tmp_path_factory.mktemp("eval-runs")
+    corpus = root / "corpus.txt"
+    corpus.write_text(corpus_text(1500))
+    for scheme in SCHEMES:
+        cfg = Config(
+            model=ModelConfig(d_model=32, n_layer=2, n_head=2),
+            pos=config_class(scheme)(name=scheme),
+            data=DataConfig(source="text", paths=[str(corpus)], val_fraction=0.1),
+            train=TrainConfig(
+                seq_len=16,
+                batch_size=4,
+                steps=10,
+                warmup_steps=2,
+                eval_every=10,
+                eval_batches=1,
+                save_every=10,
+                log_every=5,
+                precision="fp32",
+                device="cpu",
+                threads=1,
+            ),
+        )
+        train(cfg, root / "sweep" / scheme)
+    return root
+
+
+def invoke(*args: object) -> object:
+    return runner.invoke(app, ["eval-extrapolate", *map(str, args)], terminal_width=200)
+
+
+def test_table_json_plots_and_na(runs_root: Path, tmp_path: Path) -> None:
+    plot, out_json = tmp_path / "p" / "ppl.png", tmp_path / "all.json"
+    result = invoke(runs_root / "sweep", "--lengths", "0.5,1,2", "--tokens", 64, "--plot", plot, "--json", out_json)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "nonoverlap" in out and "trained at 16 tokens" in out
+    for scheme in SCHEMES:
+        assert f"{scheme} ({scheme})" in out
+    assert "n/a" in out and "supports at most 16 positions" in out
+    assert plot.stat().st_size > 0 and (tmp_path / "p" / "ppl_per_position.png").stat().st_size > 0
+
+    combined = json.loads(out_json.read_text())
+    assert [r["scheme"] for r in combined["runs"]] == list(SCHEMES)
+    for run in combined["runs"]:
+        stored = ev.load_results(run["path"])
+        assert stored["train_length"] == stored["base_length"] == 16
+        cells = [e for e in stored["entries"] if e["tokens"] in (64, 72)]
+        assert sorted(e["length"] for e in cells) == [8, 16, 32]
+        learned = run["scheme"] == "learned"
+        assert [e["status"] for e in run["entries"]] == ["ok", "ok", "n/a" if learned else "ok"]
+        ok = [e for e in run["entries"] if e["status"] == "ok"]
+        assert all(e["ppl"] > 1 and e["bpb"] > 0 and len(e["per_position"]) == e["length"] for e in ok)
+
+
+def test_runs_are_paired_and_match_own_validation_split(runs_root: Path) -> None:
+    """Every run scores the same tokens of its own validation split (same tokenizer, same corpus)."""
+    from posenc_cli.checkpoint import load_run
+    from posenc_cli.config import EvalConfig
+    from posenc_cli.data import load_corpus
+
+    cfg = EvalConfig(abs_lengths=[16], tokens=48)
+    results = ev.evaluate_paths([runs_root / "sweep"], cfg, device="cpu")
+    fingerprints = {r["entries"][0]["data"]["fingerprint"] for r in results}
+    assert len(fingerprints) == 1 and all(r["entries"][0]["tokens"] == 48 for r in results)
+    run = load_run(runs_root / "sweep" / "rope")
+    val = load_corpus(run.config.data, run.config.tokenizer, tokenizer=run.tokenizer).val
+    direct = ev.evaluate_model(run.model, val, run.tokenizer.token_bytes, length=16, n_tokens=48)
+    assert results[2]["entries"][0]["nll"] == pytest.approx(direct["nll"], rel=1e-6)
+
+
+def test_reuse_without_force_does_no_forward(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = runs_root / "sweep" / "rope"
+    assert invoke(run, "--lengths", "1,2", "--tokens", 80).exit_code == 0
+    monkeypatch.setattr(ev, "evaluate_model", lambda *a, **k: pytest.fail("forward without --force"))
+    result = invoke(run, "--lengths", "1,2", "--tokens", 80)
+    assert result.exit_code == 0, result.output
+    assert "2 of 2 cells reused" in result.output
+    calls = []
+    monkeypatch.setattr(ev, "evaluate_model", lambda *a, **k: calls.append(k["length"]) or _fake_result(k))
+    assert invoke(run, "--lengths", "1,2", "--tokens", 80, "--force").exit_code == 0
+    assert calls == [16, 32]
+
+
+def _fake_result(kwargs: dict) -> dict:
+    n = kwargs["length"]
+    return {"tokens": 80, "windows": 5, "stride": n, "nll": 1.0, "ppl": 2.718, "bpb": 1.4, "bytes": 80,
+            "per_position": [1.0] * n}  # fmt: skip
+
+
+def test_sliding_protocol(runs_root: Path, tmp_path: Path) -> None:
+    out_json = tmp_path / "s.json"
+    result = invoke(runs_root / "sweep" / "alibi", "--protocol", "sliding", "--abs-lengths", "32", "--tokens", 64,
+                    "--json", out_json)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "sliding, stride L/2" in result.output
+    (entry,) = json.loads(out_json.read_text())["runs"][0]["entries"]
+    assert entry["protocol"] == "sliding" and entry["stride"] == 16 and len(entry["per_position"]) == 16
+
+
+def test_data_override_scores_another_corpus(runs_root: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.txt"
+    other.write_text(corpus_text(600, offset=5000).upper())
+    out_json = tmp_path / "o.json"
+    run = runs_root / "sweep" / "rope"
+    assert invoke(run, "--lengths", "1", "--tokens", 96).exit_code == 0
+    result = invoke(run, "data=text", f"data.paths=[{other}]", "--lengths", "1", "--tokens", 96, "--json", out_json)
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(out_json.read_text())["runs"][0]["entries"]
+    assert entry["data"]["name"] == "text:other.txt"
+    stored = [e for e in ev.load_results(run)["entries"] if e["length"] == 16 and e["tokens"] == 96]
+    assert len({e["data"]["fingerprint"] for e in stored}) == 2  # both kept, told apart by fingerprint
+    assert entry["ppl"] != pytest.approx(next(e for e in stored if e is not entry)["ppl"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["{missing}"], "no such directory"),
+        (["{empty}"], "not a run directory and contains none"),
+        (["{file}"], "not a directory"),
+        ([], "at least one run directory"),
+        (["{run}", "--stride", "4"], "--protocol sliding only"),
+        (["{run}", "--protocol", "diagonal"], "nonoverlap, sliding"),
+        (["{run}", "--lengths", "1,two"], "comma-separated"),
+        (["{run}", "--lengths", "1", "--abs-lengths", "16"], "not both"),
+        (["{run}", "--lenghts", "1"], "unknown option --lenghts"),
+        (["{run}", "model=tiny"], "only data overrides"),
+        (["{run}", "--tokens", "0"], "eval.tokens must be >= 1"),
+    ],
+)
+def test_errors_exit_2(runs_root: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "f.txt").write_text("x")
+    names = {
+        "missing": tmp_path / "missing",
+        "empty": tmp_path / "empty",
+        "file": tmp_path / "f.txt",
+        "run": runs_root / "sweep" / "rope",
+    }
+    result = invoke(*[a.format(**names) for a in args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_passkey_stub_unchanged() -> None:
+    result = runner.invoke(app, ["eval-passkey"])
+    assert result.exit_code == 2 and "not available yet" in result.output

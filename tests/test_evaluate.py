@@ -1,0 +1,366 @@
+"""Perplexity vs length: numerics against hand-computed cross-entropy, protocols, results file semantics."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from posenc_cli import evaluate as ev
+from posenc_cli.config import Config, DataConfig, EvalConfig, ModelConfig, TrainConfig
+from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
+from posenc_cli.model import GPT
+from posenc_cli.positional import config_class
+
+V = 257  # byte vocabulary + end-of-document
+TRAIN_LEN = 16
+
+
+def tiny_model(scheme: str = "nope", seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    mcfg = ModelConfig(d_model=32, n_layer=2, n_head=2, init_std=0.2)
+    return GPT(mcfg, config_class(scheme)(name=scheme), V, TRAIN_LEN).eval()
+
+
+def byte_stream(n: int, seed: int = 0) -> np.ndarray:
+    text = "".join(f"line {i}: the quick brown fox {i * 7 % 13} jumps.\n" for i in range(n))
+    ids = np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int32)
+    return ids[:n]
+
+
+BYTE_TOKEN_BYTES = np.array([1] * 256 + [0], dtype=np.int64)  # eod (256) has no bytes
+
+
+def hand_nll(model: torch.nn.Module, tokens: np.ndarray, starts: list[int], length: int, scored: int) -> list[float]:
+    """Reference: one window at a time, F.cross_entropy on the last `scored` targets, as a flat list of NLLs."""
+    out: list[float] = []
+    with torch.no_grad():
+        for s in starts:
+            x = torch.tensor(tokens[s : s + length], dtype=torch.long)[None]
+            y = torch.tensor(tokens[s + 1 : s + length + 1], dtype=torch.long)
+            logits = model(x)[0]
+            out += F.cross_entropy(logits[-scored:], y[-scored:], reduction="none").tolist()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Planning
+
+
+def test_plan_windows_budget_and_availability() -> None:
+    assert ev.plan_windows(1000, 16, 16, 64).tolist() == [0, 16, 32, 48]
+    assert ev.plan_windows(1000, 16, 16, 65).tolist() == [0, 16, 32, 48, 64]  # rounded up to whole windows
+    # stream of 50 tokens: windows need s + 17 <= 50 -> s in {0, 16, 32}
+    assert ev.plan_windows(50, 16, 16, 10_000).tolist() == [0, 16, 32]
+    assert ev.plan_windows(16, 16, 16, 100).size == 0  # one window needs 17 tokens
+    assert ev.plan_windows(17, 16, 16, 100).tolist() == [0]
+    assert ev.plan_windows(1000, 16, 4, 10).tolist() == [0, 4, 8]  # sliding: 3 windows x 4 scored >= 10
+
+
+def test_plan_lengths_multiples_and_absolute() -> None:
+    cfg = EvalConfig(lengths=[0.5, 1, 2, 2.0])
+    assert ev.plan_lengths(cfg, 16) == [(8, 0.5), (16, 1.0), (32, 2.0)]
+    cfg = EvalConfig(abs_lengths=[64, 8])
+    assert ev.plan_lengths(cfg, 16) == [(8, 0.5), (64, 4.0)]
+
+
+def test_resolve_stride_and_dtype() -> None:
+    assert ev.resolve_stride("nonoverlap", 3, 32) == 32
+    assert ev.resolve_stride("sliding", None, 32) == 16
+    assert ev.resolve_stride("sliding", 100, 32) == 32
+    assert ev.resolve_dtype("auto", {"precision": "bf16"}) == "bf16"
+    assert ev.resolve_dtype("auto", {"precision": "fp32"}) == "fp32"
+    assert ev.resolve_dtype("auto", {}) == "fp32"
+    assert ev.resolve_dtype("fp32", {"precision": "bf16"}) == "fp32"
+    assert ev.resolve_dtype("bf16", {"precision": "fp32"}, torch.device("cpu")) == "bf16"  # explicit wins
+
+
+def test_auto_dtype_avoids_emulated_bf16_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import posenc_cli.device as device
+
+    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: False)
+    assert ev.resolve_dtype("auto", {"precision": "bf16"}, torch.device("cpu")) == "fp32"
+    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: True)
+    assert ev.resolve_dtype("auto", {"precision": "bf16"}, torch.device("cpu")) == "bf16"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Numerics
+
+
+@pytest.mark.parametrize("scheme", ["nope", "alibi"])
+def test_ppl_is_exp_of_hand_computed_cross_entropy(scheme: str) -> None:
+    model = tiny_model(scheme)
+    tokens = byte_stream(400)
+    L = 24
+    res = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=L, n_tokens=100, batch_tokens=50)
+    starts = [0, 24, 48, 72, 96]  # ceil(100 / 24) = 5 windows
+    ref = hand_nll(model, tokens, starts, L, L)
+    assert res["tokens"] == len(ref) == 5 * L
+    assert res["nll"] == pytest.approx(float(np.mean(ref)), rel=1e-5)
+    assert res["ppl"] == pytest.approx(math.exp(np.mean(ref)), rel=1e-5)
+
+
+def test_sliding_reference_and_stride_equal_length_is_nonoverlap() -> None:
+    model = tiny_model("nope")
+    tokens = byte_stream(300)
+    L = 20
+    slide = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=L, protocol="sliding", stride=5, n_tokens=30)
+    ref = hand_nll(model, tokens, [0, 5, 10, 15, 20, 25], L, 5)
+    assert slide["tokens"] == 30 and len(slide["per_position"]) == 5
+    assert slide["nll"] == pytest.approx(float(np.mean(ref)), rel=1e-5)
+
+    kwargs = {"length": L, "n_tokens": 60, "batch_tokens": 40}
+    a = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, protocol="nonoverlap", **kwargs)
+    b = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, protocol="sliding", stride=L, **kwargs)
+    assert a["tokens"] == b["tokens"] == 60
+    assert a["nll"] == pytest.approx(b["nll"], rel=1e-6)
+    np.testing.assert_allclose(a["per_position"], b["per_position"], rtol=1e-6)
+
+
+def test_per_position_averages_back_and_matches_reference() -> None:
+    model = tiny_model("nope")
+    tokens = byte_stream(500)
+    L = 16
+    res = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=L, n_tokens=160, batch_tokens=48)
+    assert len(res["per_position"]) == L
+    assert float(np.mean(res["per_position"])) == pytest.approx(res["nll"], rel=1e-9)
+    ref = np.array(hand_nll(model, tokens, list(range(0, 160, 16)), L, L)).reshape(10, L).mean(0)
+    np.testing.assert_allclose(res["per_position"], ref, rtol=1e-5)
+
+
+def test_batching_does_not_change_numbers() -> None:
+    model = tiny_model("alibi")
+    tokens = byte_stream(600)
+    a = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=32, n_tokens=256, batch_tokens=32)
+    b = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=32, n_tokens=256, batch_tokens=10_000)
+    assert a["nll"] == pytest.approx(b["nll"], rel=1e-6)
+
+
+def test_bits_per_byte_byte_tokenizer_with_eod() -> None:
+    model = tiny_model("nope")
+    tokens = byte_stream(200).copy()
+    tokens[[30, 31, 77]] = 256  # end-of-document tokens carry no bytes
+    L = 16
+    res = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=L, n_tokens=96)
+    targets = tokens[1 : 96 + 1]
+    text_bytes = len(bytes(int(t) for t in targets if t < 256))
+    assert res["bytes"] == text_bytes == 96 - 3
+    total = sum(hand_nll(model, tokens, list(range(0, 96, 16)), L, L))
+    assert res["bpb"] == pytest.approx(total / (math.log(2) * text_bytes), rel=1e-5)
+
+
+def test_bits_per_byte_multibyte_tokens() -> None:
+    """A tokenizer whose tokens have different byte lengths: bpb divides by the scored tokens' bytes."""
+    model = tiny_model("nope")
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, V, size=300).astype(np.int64)
+    token_bytes = rng.integers(0, 6, size=V).astype(np.int64)
+    res = ev.evaluate_model(model, tokens, token_bytes, length=16, protocol="sliding", stride=4, n_tokens=40)
+    scored = np.concatenate([tokens[s + 1 + 12 : s + 17] for s in range(0, 40, 4)])
+    assert res["bytes"] == int(token_bytes[scored].sum())
+    assert res["bpb"] == pytest.approx(res["nll"] * res["tokens"] / (math.log(2) * res["bytes"]), rel=1e-12)
+
+
+def test_bf16_close_to_fp32() -> None:
+    model = tiny_model("nope")
+    tokens = byte_stream(300)
+    a = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=16, n_tokens=64, dtype="fp32")
+    b = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=16, n_tokens=64, dtype="bf16")
+    assert b["nll"] == pytest.approx(a["nll"], rel=0.05)
+
+
+def test_learned_beyond_table_raises_before_any_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model("learned")
+    monkeypatch.setattr(model, "forward", lambda *a, **k: pytest.fail("no forward expected"))
+    with pytest.raises(LengthBeyondScheme):
+        ev.evaluate_model(model, byte_stream(300), BYTE_TOKEN_BYTES, length=TRAIN_LEN * 2, n_tokens=64)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# evaluate_run and the results file (a loaded run stand-in: no checkpoint or data module needed)
+
+
+def fake_run(tmp_path: Path, scheme: str = "nope", name: str = "run-a", precision: str = "fp32") -> SimpleNamespace:
+    path = tmp_path / name
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "meta.json").write_text(json.dumps({"kind": "posenc-run", "train_length": TRAIN_LEN}))
+    cfg = Config(
+        model=ModelConfig(d_model=32, n_layer=2, n_head=2),
+        pos=config_class(scheme)(name=scheme),
+        train=TrainConfig(seq_len=TRAIN_LEN),
+    )
+    tok = SimpleNamespace(token_bytes=BYTE_TOKEN_BYTES, fingerprint="byte")
+    meta = {"kind": "posenc-run", "train_length": TRAIN_LEN, "base_length": TRAIN_LEN, "precision": precision}
+    return SimpleNamespace(path=path, model=tiny_model(scheme), config=cfg, meta=meta, tokenizer=tok)
+
+
+def fake_corpus(n: int = 2000, fingerprint: str = "fp-1") -> SimpleNamespace:
+    return SimpleNamespace(val=byte_stream(n), info={"fingerprint": fingerprint})
+
+
+def test_evaluate_run_writes_schema_and_na_for_learned(tmp_path: Path) -> None:
+    run = fake_run(tmp_path, "learned")
+    cfg = EvalConfig(lengths=[0.5, 1, 2], tokens=64)
+    out = ev.evaluate_run(run, cfg, corpus=fake_corpus())
+    doc = ev.load_results(run.path)
+    assert set(doc) == {"schema_version", "run", "scheme", "train_length", "base_length", "entries"}
+    assert doc["schema_version"] == 1 and doc["scheme"] == "learned" and doc["run"] == "run-a"
+    keys = {"protocol", "stride", "length", "multiple", "tokens", "dtype", "data", "status", "reason", "ppl", "nll"}
+    keys |= {"bpb", "per_position", "posenc_version", "created"}
+    assert all(set(e) == keys for e in doc["entries"])
+    by_len = {e["length"]: e for e in out["entries"]}
+    assert [by_len[n]["status"] for n in (8, 16, 32)] == ["ok", "ok", "n/a"]
+    assert "at most 16 positions" in by_len[32]["reason"] and by_len[32]["ppl"] is None
+    assert by_len[16]["stride"] is None and by_len[16]["tokens"] == 64 and by_len[16]["multiple"] == 1.0
+    assert by_len[16]["data"] == {"name": "stdlib", "fingerprint": "fp-1"}
+    assert by_len[16]["dtype"] == "fp32"
+
+
+def test_split_shorter_than_window_is_na_with_reason(tmp_path: Path) -> None:
+    run = fake_run(tmp_path)
+    out = ev.evaluate_run(run, EvalConfig(abs_lengths=[8, 64], tokens=32), corpus=fake_corpus(40))
+    short = out["entries"][1]
+    assert short["status"] == "n/a" and short["tokens"] == 0 and "40 tokens" in short["reason"]
+    # too short for the budget: uses what exists and records the actual count (40 tokens -> 4 windows of 8)
+    assert out["entries"][0]["status"] == "ok" and out["entries"][0]["tokens"] == 32
+    out = ev.evaluate_run(run, EvalConfig(abs_lengths=[8], tokens=1000), corpus=fake_corpus(40))
+    assert out["entries"][0]["tokens"] == 32  # (40 - 9) // 8 + 1 = 4 windows
+
+
+def test_results_merge_replace_and_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = fake_run(tmp_path)
+    corpus = fake_corpus()
+    ev.evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=64), corpus=corpus)
+    ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=128), corpus=corpus)  # other budget: a new entry
+    ev.evaluate_run(run, EvalConfig(lengths=[1], protocol="sliding", tokens=64), corpus=corpus)
+    doc = ev.load_results(run.path)
+    assert [(e["protocol"], e["length"], e["tokens"]) for e in doc["entries"]] == [
+        ("nonoverlap", 16, 64),
+        ("nonoverlap", 32, 64),
+        ("nonoverlap", 16, 128),
+        ("sliding", 16, 64),
+    ]
+    assert doc["entries"][3]["stride"] == 8
+
+    # same options again: no forward at all, entries reused
+    monkeypatch.setattr(ev, "evaluate_model", lambda *a, **k: pytest.fail("forward without --force"))
+    out = ev.evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=64), corpus=corpus)
+    assert out["reused"] == 2 and [e["length"] for e in out["entries"]] == [16, 32]
+    monkeypatch.undo()
+
+    # --force recomputes and replaces in place; other data is a different key
+    before = json.loads(ev.results_path(run.path).read_text())
+    out = ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64, force=True), corpus=corpus)
+    assert out["reused"] == 0
+    after = ev.load_results(run.path)
+    assert len(after["entries"]) == 4 and after["entries"][0]["nll"] == pytest.approx(before["entries"][0]["nll"])
+    ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus(fingerprint="fp-2"))
+    assert len(ev.load_results(run.path)["entries"]) == 5
+
+
+def test_merge_entry_keys() -> None:
+    base = {"protocol": "nonoverlap", "stride": None, "length": 8, "tokens": 64, "dtype": "fp32"}
+    doc = {"entries": [{**base, "data": {"fingerprint": "a"}, "ppl": 1.0}]}
+    ev.merge_entry(doc, {**base, "data": {"fingerprint": "a"}, "ppl": 2.0})
+    assert [e["ppl"] for e in doc["entries"]] == [2.0]
+    ev.merge_entry(doc, {**base, "dtype": "bf16", "data": {"fingerprint": "a"}, "ppl": 3.0})
+    ev.merge_entry(doc, {**base, "data": {"fingerprint": "b"}, "ppl": 4.0})
+    assert [e["ppl"] for e in doc["entries"]] == [2.0, 3.0, 4.0]
+
+
+def test_pick_entries_latest_per_length() -> None:
+    def e(length: int, created: str, protocol: str = "nonoverlap") -> dict:
+        return {"protocol": protocol, "stride": None, "length": length, "dtype": "fp32", "created": created}
+
+    doc = {"entries": [e(8, "2024-01-01"), e(8, "2024-02-01"), e(16, "2024-01-01"), e(8, "2025", "sliding")]}
+    picked = ev.pick_entries(doc)
+    assert [(x["length"], x["created"]) for x in picked] == [(8, "2024-02-01"), (16, "2024-01-01")]
+
+
+def test_load_results_errors(tmp_path: Path) -> None:
+    assert ev.load_results(tmp_path, missing_ok=True) is None
+    with pytest.raises(CheckpointError, match="does not exist"):
+        ev.load_results(tmp_path)
+    ev.results_path(tmp_path).parent.mkdir()
+    ev.results_path(tmp_path).write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        ev.load_results(tmp_path)
+
+
+def test_bf16_auto_from_meta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import posenc_cli.device as device
+
+    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: True)
+    run = fake_run(tmp_path, precision="bf16")
+    out = ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=32), corpus=fake_corpus())
+    assert out["entries"][0]["dtype"] == "bf16" and out["entries"][0]["status"] == "ok"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Runs and data overrides
+
+
+def test_find_runs(tmp_path: Path) -> None:
+    for name in ("sweep/b", "sweep/a", "sweep/nested/c"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "meta.json").write_text(json.dumps({"kind": "posenc-run"}))
+    (tmp_path / "sweep/other").mkdir()
+    (tmp_path / "sweep/other/meta.json").write_text(json.dumps({"kind": "something-else"}))
+    runs = ev.find_runs([tmp_path / "sweep"])
+    assert [p.relative_to(tmp_path).as_posix() for p in runs] == ["sweep/a", "sweep/b", "sweep/nested/c"]
+    assert ev.find_runs([tmp_path / "sweep/a", tmp_path / "sweep/a"]) == [tmp_path / "sweep/a"]
+    with pytest.raises(CheckpointError, match="no such directory"):
+        ev.find_runs([tmp_path / "missing"])
+    with pytest.raises(CheckpointError, match="contains none"):
+        ev.find_runs([tmp_path / "sweep/other"])
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(CheckpointError, match="not a directory"):
+        ev.find_runs([tmp_path / "file.txt"])
+
+
+def test_data_overrides() -> None:
+    base = DataConfig(source="stdlib", val_fraction=0.05)
+    cfg = ev.data_config_with_overrides(base, ["data=text", "data.paths=[a.txt,b/]"])
+    assert cfg.source == "text" and cfg.paths == ["a.txt", "b/"] and cfg.val_fraction == 0.02  # group defaults
+    cfg = ev.data_config_with_overrides(base, ["data.val_fraction=0.1"])
+    assert cfg.source == "stdlib" and cfg.val_fraction == 0.1
+    with pytest.raises(ConfigError, match="data.nope"):
+        ev.data_config_with_overrides(base, ["data.nope=1"])
+    with pytest.raises(ConfigError, match="only data overrides"):
+        ev.data_config_with_overrides(base, ["model=tiny"])
+    with pytest.raises(ConfigError, match="available"):
+        ev.data_config_with_overrides(base, ["data=bogus"])
+    with pytest.raises(ConfigError, match="data.paths"):
+        ev.data_config_with_overrides(base, ["data=text"])
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+def test_bits_per_byte_real_tokenizers(kind: str) -> None:
+    """bpb divides by the UTF-8 bytes of exactly the scored text: decode the scored span and count its bytes."""
+    from posenc_cli.tokenizer import ByteTokenizer, train_bpe
+
+    text = "".join(f"The cat number {i} sat on mat {i % 7}; naïve café ünïcode. " for i in range(200))
+    tok = ByteTokenizer() if kind == "byte" else train_bpe([text], vocab_size=320)
+    tokens = tok.encode(text)
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(d_model=32, n_layer=2, n_head=2), config_class("nope")(name="nope"), tok.vocab_size, 16)
+    L, n = 16, 160
+    res = ev.evaluate_model(model.eval(), tokens, tok.token_bytes, length=L, n_tokens=n)
+    assert res["tokens"] == n
+    if kind == "byte":  # a byte span may cut a character in two: count raw bytes of the text
+        n_bytes = len(text.encode("utf-8")[1 : n + 1])
+    else:
+        scored_text = tok.decode(tokens[1 : n + 1])
+        assert "\ufffd" not in scored_text  # this span starts and ends on character boundaries
+        n_bytes = len(scored_text.encode("utf-8"))
+        assert n_bytes > 2 * n  # merges: many more bytes than tokens
+    assert res["bytes"] == n_bytes
+    total = sum(hand_nll(model, tokens, list(range(0, n, L)), L, L))
+    assert res["bpb"] == pytest.approx(total / (math.log(2) * n_bytes), rel=1e-5)

@@ -1,0 +1,132 @@
+"""Rich tables: values, best-per-column bold, n/a, ratio column, aggregation (mean ± std) and groups."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from posenc_cli import report
+
+
+def entry(length: int, ppl: float | None, base: int = 16, reason: str | None = None, **kw: Any) -> dict[str, Any]:
+    return {
+        "protocol": kw.get("protocol", "nonoverlap"),
+        "stride": kw.get("stride"),
+        "length": length,
+        "multiple": length / base,
+        "tokens": 256,
+        "dtype": "fp32",
+        "data": {"name": "stdlib", "fingerprint": "x"},
+        "status": "ok" if ppl is not None else "n/a",
+        "reason": reason,
+        "ppl": ppl,
+        "nll": None,
+        "bpb": None,
+        "per_position": [],
+    }
+
+
+def result(run: str, scheme: str, ppls: dict[int, float | None], base: int = 16, **kw: Any) -> dict[str, Any]:
+    entries = [entry(n, p, base, None if p else f"{scheme} cannot serve {n}", **kw) for n, p in ppls.items()]
+    return {"run": run, "scheme": scheme, "train_length": base, "base_length": base, "entries": entries}
+
+
+RESULTS = [
+    result("r0", "rope", {8: 12.0, 16: 10.0, 32: 30.0}),
+    result("r1", "alibi", {8: 13.0, 16: 9.5, 32: 9.0}),
+    result("r2", "learned", {8: 11.0, 16: 10.5, 32: None}),
+]
+
+
+def render(table: Any, width: int = 160) -> str:
+    console = Console(width=width, record=True, force_terminal=True, color_system="standard")
+    console.print(table)
+    return console.export_text(styles=True)
+
+
+def test_fmt_number() -> None:
+    assert report.fmt_number(3.14159) == "3.142"
+    assert report.fmt_number(12.345) == "12.35"
+    assert report.fmt_number(123.45) == "123.5"
+    assert report.fmt_number(12345.6) == "12,346"
+    assert report.fmt_number(2.5e7) == "2.5e+07"
+
+
+def test_rows_columns_and_ratio() -> None:
+    columns, rows = report.extrapolation_rows(RESULTS)
+    assert [c.key for c in columns] == [0.5, 1.0, 2.0, "ratio"]
+    assert columns[0].header == "0.5×\n8" and columns[-1].header == "2× / 1×"
+    assert [r.label for r in rows] == ["r0 (rope)", "r1 (alibi)", "r2 (learned)"]
+    assert rows[0].cells[2.0].mean == 30.0
+    assert rows[0].cells["ratio"].mean == pytest.approx(3.0)
+    assert rows[1].cells["ratio"].mean == pytest.approx(9.0 / 9.5)
+    assert rows[2].cells[2.0].mean is None and rows[2].cells[2.0].reason == "learned cannot serve 32"
+    assert rows[2].cells["ratio"].mean is None
+
+
+def test_table_bold_best_dim_na_and_title() -> None:
+    table = report.extrapolation_table(RESULTS)
+    assert "nonoverlap" in str(table.title) and "trained at 16 tokens" in str(table.title)
+    text = render(table)
+    assert "\x1b[1m9.000\x1b[0m" in text  # best at 2× (alibi) is bold
+    assert "\x1b[1m11.00\x1b[0m" in text  # best at 0.5× (learned)
+    assert "\x1b[1m30.00" not in text
+    assert re.search(r"\x1b\[2m\s*n/a\x1b\[0m", text)  # dimmed n/a
+    assert "learned cannot serve 32" in str(table.caption)
+    plain = render(table).replace("\x1b", "")
+    assert "r2 (learned)" in plain
+
+
+def test_sliding_title_and_abs_length_columns() -> None:
+    res = [result("r0", "rope", {8: 5.0, 16: 4.0}, protocol="sliding")]
+    for e in res[0]["entries"]:
+        e["stride"] = e["length"] // 2
+    assert report.describe_protocol(res) == "sliding, stride L/2"
+    for e in res[0]["entries"]:
+        e["stride"] = 4
+    assert report.describe_protocol(res) == "sliding, stride 4"
+    columns, rows = report.extrapolation_rows(res, by="length")
+    assert [c.header for c in columns] == ["8", "16", "16 / 1×"]
+    assert rows[0].cells["ratio"].mean == pytest.approx(1.0)
+
+
+def test_aggregate_mean_std_groups_and_partial_na() -> None:
+    seeds = [
+        result("rope-s0", "rope", {16: 10.0, 32: 20.0}),
+        result("rope-s1", "rope", {16: 12.0, 32: 22.0}),
+        result("alibi-s0", "alibi", {16: 9.0, 32: None}),
+        result("alibi-s1", "alibi", {16: 11.0, 32: 15.0}),
+    ]
+    columns, rows = report.extrapolation_rows(seeds, aggregate_by=lambda r: r["scheme"], group_by=lambda r: r["scheme"])
+    rope, alibi = rows
+    assert rope.members == 2 and rope.cells[1.0].values == [10.0, 12.0]
+    assert rope.cells[1.0].std == pytest.approx(statistics.stdev([10.0, 12.0]))
+    assert report.fmt_cell(rope.cells[1.0]) == "11.00 ± 1.414"
+    assert rope.cells["ratio"].mean == pytest.approx((2.0 + 22 / 12) / 2)  # mean of per-run ratios
+    assert alibi.cells[2.0].mean is None  # one seed missing: n/a rather than a one-seed mean
+    table = report.render_table(columns, rows, title="t", label_header="scheme")
+    assert table.rows[0].end_section  # one section per group
+    assert "(n=2)" in render(table)
+
+
+def test_multiple_base_lengths_drop_token_counts_in_headers() -> None:
+    res = [result("a", "rope", {16: 3.0}, base=16), result("b", "rope", {32: 4.0}, base=32)]
+    columns, _ = report.extrapolation_rows(res)
+    assert columns[0].header == "1×"
+    assert report.describe_lengths(res) == "16/32"
+
+
+def test_several_entries_per_length_rejected() -> None:
+    doubled = result("r0", "rope", {16: 3.0})
+    doubled["entries"].append(entry(16, 4.0, protocol="sliding", stride=8))
+    with pytest.raises(ValueError, match="pick_entries"):
+        report.extrapolation_rows([doubled])
+
+
+def test_run_label() -> None:
+    assert report.run_label({"run": "r0", "scheme": "rope"}) == "r0 (rope)"
+    assert report.run_label({"run": "r0 (rope)", "scheme": "rope"}) == "r0 (rope)"
