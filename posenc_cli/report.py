@@ -9,6 +9,7 @@ into one row and grouping rows into sections.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -121,9 +122,11 @@ def _mean(row: TableRow, key: Any) -> float | None:
 
 
 def run_label(result: Result) -> str:
-    """Run directory name plus scheme, e.g. `rope-0 (rope)` (kept as is when `run` already ends so)."""
-    run, suffix = str(result["run"]), f" ({result['scheme']})"
-    return run if run.endswith(suffix) else run + suffix
+    """Run directory name plus scheme, e.g. `rope-0 (rope)`; kept as is when it already names the scheme."""
+    run, scheme = str(result["run"]), str(result["scheme"])
+    if not scheme or run.endswith(f" ({scheme})") or re.match(rf"{re.escape(scheme)}\b", run):
+        return run
+    return f"{run} ({scheme})"
 
 
 def column_key(entry: dict[str, Any], by: Literal["multiple", "length"]) -> float | int:

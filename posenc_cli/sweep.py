@@ -431,7 +431,7 @@ def _extend_job(cfg: Any, job_dir: Path, parent_dir: Path) -> None:
 def _evaluate_job(cfg: Any, job_dir: Path) -> None:
     from posenc_cli.evaluate import evaluate_run_dir
 
-    evaluate_run_dir(job_dir, cfg.eval, threads=cfg.train.threads)
+    evaluate_run_dir(job_dir, cfg.eval, device=cfg.train.device, threads=cfg.train.threads)
 
 
 def job_status(job_dir: Path) -> str:
