@@ -1,15 +1,223 @@
-"""`posenc extend`: not implemented yet."""
+"""`posenc extend`: RoPE frequency scaling of a checkpoint into a new run directory (+ optional short fine-tune)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
+from rich.table import Table
 
-from posenc_cli.cli.app import app, not_available
+from posenc_cli.cli.app import app, console, err_console, handles_errors, stdout_is_terminal
+from posenc_cli.config import ExtendConfig
+from posenc_cli.errors import ConfigError
+
+if TYPE_CHECKING:
+    from posenc_cli.extend import ExtendResult
+
+_D = ExtendConfig()  # flag defaults = configs/extend/default.yaml = ExtendConfig's defaults
+_SHORTHANDS = ("linear", "ntk", "dynamic", "yarn", "llama3")
+_EPILOG = (
+    "Examples:  posenc extend outputs/runs/rope --yarn --factor 4 --eval   "
+    "|   posenc extend outputs/runs/rope --yarn --factor 4 --finetune-steps 60 --out outputs/runs/rope-yarn-ft   "
+    "|   posenc extend RUN --llama3 --factor 8 --low-freq-factor 1 --high-freq-factor 4"
+)
 
 
-@app.command("extend", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def extend_command(args: Annotated[list[str] | None, typer.Argument(help="Paths and overrides.")] = None) -> None:
-    """RoPE frequency scaling of a checkpoint. Not available yet."""
-    not_available("extend", "posenc extend --yarn")
+def _flag(name: str) -> Any:
+    return typer.Option(f"--{name}", help=f"Shorthand for --method {name}.", rich_help_panel="Method")
+
+
+@app.command("extend", epilog=_EPILOG)
+@handles_errors
+def extend_command(
+    run_dir: Annotated[Path, typer.Argument(help="The RoPE run directory to extend (never modified).")],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", metavar="DIR", help="New run directory (default: <RUN_DIR>-<method>x<factor> next to it)."
+        ),
+    ] = None,
+    yarn: Annotated[bool, _flag("yarn")] = False,
+    linear: Annotated[bool, _flag("linear")] = False,
+    ntk: Annotated[bool, _flag("ntk")] = False,
+    dynamic: Annotated[bool, _flag("dynamic")] = False,
+    llama3: Annotated[bool, _flag("llama3")] = False,
+    method: Annotated[
+        str | None,
+        typer.Option(
+            "--method",
+            metavar="M",
+            help=f"linear|ntk|dynamic|yarn|llama3 (default {_D.method}).",
+            rich_help_panel="Method",
+        ),
+    ] = None,
+    factor: Annotated[float, typer.Option("--factor", help="Scale factor s (> 1).")] = _D.factor,
+    original_length: Annotated[
+        int | None,
+        typer.Option(
+            "--original-length", metavar="L", help="Original length L (default: the checkpoint's training length)."
+        ),
+    ] = _D.original_length,
+    beta_fast: Annotated[
+        float, typer.Option("--beta-fast", help="YaRN: β_fast.", rich_help_panel="YaRN")
+    ] = _D.beta_fast,
+    beta_slow: Annotated[
+        float, typer.Option("--beta-slow", help="YaRN: β_slow.", rich_help_panel="YaRN")
+    ] = _D.beta_slow,
+    attention_factor: Annotated[
+        float | None,
+        typer.Option(
+            "--attention-factor",
+            metavar="F",
+            help="YaRN: factor on cos and sin (default 0.1·ln s + 1).",
+            rich_help_panel="YaRN",
+        ),
+    ] = _D.attention_factor,
+    truncate: Annotated[
+        bool,
+        typer.Option(
+            "--truncate/--no-truncate", help="YaRN: round the ramp's ends to whole pairs.", rich_help_panel="YaRN"
+        ),
+    ] = _D.truncate,
+    low_freq_factor: Annotated[
+        float, typer.Option("--low-freq-factor", help="llama3: low-frequency factor.", rich_help_panel="llama3")
+    ] = _D.low_freq_factor,
+    high_freq_factor: Annotated[
+        float, typer.Option("--high-freq-factor", help="llama3: high-frequency factor.", rich_help_panel="llama3")
+    ] = _D.high_freq_factor,
+    finetune_steps: Annotated[
+        int,
+        typer.Option(
+            "--finetune-steps", metavar="N", help="Fine-tune the scaled model N steps.", rich_help_panel="Fine-tune"
+        ),
+    ] = _D.finetune_steps,
+    finetune_seq_len: Annotated[
+        int | None,
+        typer.Option(
+            "--finetune-seq-len", metavar="L'", help="Fine-tune length (default s·L).", rich_help_panel="Fine-tune"
+        ),
+    ] = _D.finetune_seq_len,
+    finetune_lr: Annotated[
+        float, typer.Option("--finetune-lr", metavar="LR", help="Fine-tune peak lr.", rich_help_panel="Fine-tune")
+    ] = _D.finetune_lr,
+    finetune_warmup: Annotated[
+        int,
+        typer.Option("--finetune-warmup", metavar="N", help="Fine-tune warm-up steps.", rich_help_panel="Fine-tune"),
+    ] = _D.finetune_warmup,
+    evaluate: Annotated[
+        bool, typer.Option("--eval", help="Run eval-extrapolate (default lengths) on parent and child, side by side.")
+    ] = False,
+    threads: Annotated[int, typer.Option("--threads", metavar="N", help="CPU threads (0: torch's default).")] = 0,
+) -> None:
+    """Scale a RoPE checkpoint's frequencies (linear, NTK, dynamic NTK, YaRN, Llama 3) into a new run directory.
+
+    The new run's config records the scaling, its weights are the parent's (unchanged, unless fine-tuned), and its
+    metadata names the parent; `posenc eval-extrapolate` works on it as on any run. Re-running the same command is
+    a no-op, or resumes an interrupted fine-tune. `dynamic` rescales per sequence length at run time (also while
+    fine-tuning).
+    """
+    from posenc_cli.extend import default_out_dir, extend_run
+
+    chosen = [name for name, on in zip(_SHORTHANDS, (linear, ntk, dynamic, yarn, llama3), strict=True) if on]
+    if method is not None:
+        chosen.append(method)
+    if len(set(chosen)) > 1:
+        raise ConfigError(f"give one scaling method, got {', '.join(chosen)}")
+    ext = ExtendConfig(
+        method=chosen[0] if chosen else _D.method,  # type: ignore[arg-type]  # validated by extend_run
+        factor=factor,
+        original_length=original_length,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        attention_factor=attention_factor,
+        truncate=truncate,
+        low_freq_factor=low_freq_factor,
+        high_freq_factor=high_freq_factor,
+        finetune_steps=finetune_steps,
+        finetune_seq_len=finetune_seq_len,
+        finetune_lr=finetune_lr,
+        finetune_warmup=finetune_warmup,
+    )
+    from posenc_cli.extend import validate_extend
+
+    validate_extend(ext)  # before naming the default directory after the method
+    out_dir = out if out is not None else default_out_dir(run_dir, ext)
+
+    if ext.finetune_steps > 0:
+        from posenc_cli.progress import TrainDisplay
+
+        with TrainDisplay(console, live=stdout_is_terminal(), log_every=1) as display:
+            result = extend_run(run_dir, out_dir, ext, threads=threads, callback=display)
+    else:
+        result = extend_run(run_dir, out_dir, ext, threads=threads)
+    console.print(summary_table(result))
+    if result.status == "interrupted":
+        from posenc_cli.progress import interrupted_message
+
+        assert result.finetune is not None
+        err_console.print(f"[yellow]{escape(interrupted_message(result.finetune))}[/]", highlight=False)
+        raise typer.Exit(128 + (result.finetune.signal or 2))
+    if evaluate:
+        _evaluate_both(result, threads)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rendering.
+
+
+def summary_table(r: ExtendResult) -> Table:
+    """Before/after: scaling, attention factor, frequency pairs, longest wavelength, lengths, directories."""
+    pairs = r.rotary_dim // 2
+    at = " (at s·L tokens; it rescales per sequence length)" if r.method == "dynamic" else ""
+    title = {
+        "created": "extended",
+        "finetuned": "extended and fine-tuned",
+        "already_complete": "already extended (nothing to do)",
+        "interrupted": "extended; fine-tune interrupted",
+    }[r.status]
+    t = Table(title=f"posenc extend · {title}", title_justify="left", header_style="bold")
+    t.add_column("", style="bold", no_wrap=True)
+    plain = r.parent_scaling == "none"
+    t.add_column("before (parent)" if plain else "before (plain RoPE; parent scaling replaced)")
+    t.add_column("after (child)")
+    t.add_row("run", escape(str(r.parent_dir)), escape(str(r.out_dir)))
+    t.add_row("scaling", r.parent_scaling, f"{r.method} ×{r.factor:g} (original length L = {r.original_length})")
+    logits = f"; logits ×{r.attention_factor**2:.4f}" if r.attention_factor != 1.0 else ""
+    t.add_row("attention factor", "1", f"{r.attention_factor:.4f} on cos and sin{logits}")
+    t.add_row(
+        f"frequency pairs (d = {r.rotary_dim}, base {r.base:g})",
+        f"{pairs} keep",
+        f"{r.regions['keep']} keep · {r.regions['blend']} blended · {r.regions['interpolate']} interpolated{at}",
+    )
+    before, after = r.longest_wavelength
+    t.add_row("longest wavelength", f"{_tokens(before)} tokens", f"{_tokens(after)} tokens{at}")
+    t.add_row("training length", str(r.parent_train_length), str(r.train_length))
+    t.add_row("base length (1×)", str(r.base_length), str(r.base_length))
+    if r.finetune is not None:
+        f = r.finetune
+        val = f"val loss {f.val_loss:.4f}" if f.val_loss is not None and math.isfinite(f.val_loss) else "no val loss"
+        t.add_row("fine-tune", "", f"step {f.step}/{f.steps} at {r.train_length} tokens · {val}")
+    else:
+        t.add_row("weights", "", "copied unchanged")
+    return t
+
+
+def _tokens(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def _evaluate_both(result: ExtendResult, threads: int) -> None:
+    from posenc_cli.config import EvalConfig
+    from posenc_cli.evaluate import CorpusCache, evaluate_run_dir
+    from posenc_cli.report import extrapolation_table
+
+    cfg = EvalConfig()
+    corpora = CorpusCache()
+    docs = []
+    for path in (result.parent_dir, result.out_dir):
+        with console.status(f"evaluating {escape(str(path))} ...", spinner="dots"):
+            docs.append(evaluate_run_dir(path, cfg, threads=threads, corpora=corpora))
+    console.print(extrapolation_table(docs))

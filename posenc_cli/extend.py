@@ -1,0 +1,356 @@
+"""RoPE context extension of a checkpoint (`posenc extend`): frequency scaling plus an optional short fine-tune.
+
+`extend_run` never modifies the source run. It writes a new run directory whose `config.yaml` records the scaling
+under `pos.scaling` (method, factor, original length L and the method's parameters, all explicit), so `load_run` of
+it builds the scaled model and `posenc eval-extrapolate` works on it unchanged. Without fine-tuning the weights file
+is copied byte for byte (its sha256 stays the parent's); with `finetune_steps > 0` the scaled model is trained
+further at L' (default factor·L) by `train.train`, which brings progress events, checkpoints and resume.
+
+Metadata: `parent` = the parent run's absolute path, `base_length` = the parent's (the root run's training length),
+`train_length` = the parent's (no fine-tune) or L', and `extend` = the settings record that makes a re-run
+idempotent. Maths and defaults: `positional/scaling.py` and ../shared/reference/rope-scaling.md. YaRN's attention
+factor multiplies both cos and sin (logits scale by its square), as in `transformers`. `dynamic` rescales per
+sequence length at run time (plain RoPE up to L), also while fine-tuning at L'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from posenc_cli import __version__
+from posenc_cli.config import Config, ExtendConfig, replace
+from posenc_cli.errors import CheckpointError, ConfigError
+
+if typing.TYPE_CHECKING:
+    from posenc_cli.checkpoint import LoadedRun
+    from posenc_cli.positional.scaling import RopeScalingConfig
+    from posenc_cli.train import TrainResult
+
+__all__ = [
+    "EXTEND_METHODS",
+    "ExtendResult",
+    "child_config",
+    "default_out_dir",
+    "extend_run",
+    "extension_record",
+    "finetune_length",
+    "resolve_scaling",
+    "validate_extend",
+]
+
+EXTEND_METHODS: tuple[str, ...] = typing.get_args(typing.get_type_hints(ExtendConfig)["method"])
+# Leftovers of a fine-tune killed before its first checkpoint; an out dir holding only these counts as empty.
+_LEFTOVERS = frozenset({".lock", ".pending", "metrics.jsonl"})
+# Keys of the `extend` record that must match for a re-run to reuse (or resume) an existing child.
+_IDENTITY_KEYS = ("method", "scaling", "finetune", "parent_weights_sha256")
+
+Status = Literal["created", "finetuned", "already_complete", "interrupted"]
+
+
+@dataclass
+class ExtendResult:
+    """What `extend_run` did, plus the before/after numbers of the summary."""
+
+    parent_dir: Path
+    out_dir: Path
+    status: Status
+    method: str
+    factor: float
+    original_length: int
+    attention_factor: float  # multiplies cos and sin (yarn; 1 for the others)
+    rotary_dim: int
+    base: float
+    regions: dict[str, int]  # frequency pairs that keep / blend / interpolate (`scaling.frequency_regions`)
+    longest_wavelength: tuple[float, float]  # tokens, (before, after); dynamic: after = at factor·L tokens
+    parent_scaling: str  # "none", or the parent's own scaling when it was already extended
+    parent_train_length: int
+    base_length: int
+    train_length: int
+    finetune: TrainResult | None = None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pure pieces.
+
+
+def validate_extend(ext: ExtendConfig) -> None:
+    """One-line `ConfigError` for an unknown method, factor <= 1 or a bad fine-tune setting."""
+    if ext.method not in EXTEND_METHODS:
+        raise ConfigError(f"unknown scaling method '{ext.method}' (available: {', '.join(EXTEND_METHODS)})")
+    ext.validate()
+    if ext.finetune_seq_len is not None and ext.finetune_seq_len < 2:
+        raise ConfigError(f"extend.finetune_seq_len must be >= 2, got {ext.finetune_seq_len}")
+    if ext.finetune_steps > 0 and not ext.finetune_lr > 0:
+        raise ConfigError(f"extend.finetune_lr must be > 0, got {ext.finetune_lr}")
+
+
+def parent_train_length(cfg: Config, meta: dict[str, Any]) -> int:
+    """The checkpoint's training length (meta `train_length`; a fine-tuned child's is its L')."""
+    return int(meta.get("train_length") or cfg.train.seq_len)
+
+
+def resolve_scaling(ext: ExtendConfig, parent_cfg: Config, parent_meta: dict[str, Any]) -> RopeScalingConfig:
+    """The child's `pos.scaling`: L = --original-length or the checkpoint's training length, always explicit.
+
+    Explicit because a fine-tuned child trains at L' (its `train.seq_len`), and RoPE would otherwise take L' as L.
+    """
+    from posenc_cli.positional.scaling import RopeScalingConfig
+
+    return RopeScalingConfig(
+        method=ext.method,  # type: ignore[arg-type]
+        factor=float(ext.factor),
+        original_length=ext.original_length or parent_train_length(parent_cfg, parent_meta),
+        beta_fast=ext.beta_fast,
+        beta_slow=ext.beta_slow,
+        attention_factor=ext.attention_factor,
+        truncate=ext.truncate,
+        low_freq_factor=ext.low_freq_factor,
+        high_freq_factor=ext.high_freq_factor,
+    )
+
+
+def finetune_length(ext: ExtendConfig, original_length: int) -> int:
+    """L' = --finetune-seq-len, or round(factor · L)."""
+    return int(ext.finetune_seq_len) if ext.finetune_seq_len is not None else round(ext.factor * original_length)
+
+
+def child_config(parent_cfg: Config, scaling: RopeScalingConfig, ext: ExtendConfig, threads: int = 0) -> Config:
+    """The parent's config with `pos.scaling` set; with a fine-tune, `train` becomes the short run at L'.
+
+    `threads` (the fine-tune's `train.threads`) is a runtime setting; without a fine-tune `train` is the parent's.
+    Same data, tokenizer, batch size, precision and seed; steps = N, lr = finetune_lr, warm-up = finetune_warmup
+    (the YaRN recipe scaled down: a short warm-up and a small learning rate).
+    """
+    pos = replace(parent_cfg.pos, scaling=scaling)
+    train = parent_cfg.train
+    if ext.finetune_steps > 0:
+        assert scaling.original_length is not None
+        train = replace(
+            train,
+            threads=threads,
+            seq_len=finetune_length(ext, scaling.original_length),
+            steps=ext.finetune_steps,
+            lr=ext.finetune_lr,
+            warmup_steps=min(ext.finetune_warmup, ext.finetune_steps),
+        )
+    return replace(parent_cfg, pos=pos, train=train, extend=ext)
+
+
+def extension_record(
+    scaling: RopeScalingConfig, ext: ExtendConfig, parent_sha: str, parent_length: int
+) -> dict[str, Any]:
+    """meta.json `extend`: the settings that identify the extension (`_IDENTITY_KEYS`) plus provenance."""
+    assert scaling.original_length is not None
+    finetune = None
+    if ext.finetune_steps > 0:
+        finetune = {
+            "steps": ext.finetune_steps,
+            "seq_len": finetune_length(ext, scaling.original_length),
+            "lr": ext.finetune_lr,
+            "warmup": ext.finetune_warmup,
+        }
+    return {
+        "method": scaling.method,
+        "scaling": dataclasses.asdict(scaling),
+        "finetune": finetune,
+        "parent_weights_sha256": parent_sha,
+        "parent_train_length": parent_length,
+        "posenc_version": __version__,
+    }
+
+
+def default_out_dir(parent_dir: Path | str, ext: ExtendConfig) -> Path:
+    """`<parent>-<method>x<factor>` next to the parent (plus `-ft<N>` with a fine-tune)."""
+    parent = Path(parent_dir).resolve()
+    name = f"{parent.name}-{ext.method}x{ext.factor:g}"
+    if ext.finetune_steps > 0:
+        name += f"-ft{ext.finetune_steps}"
+    return parent.with_name(name)
+
+
+def describe_scaling(scaling: Any) -> str:
+    """'none' or e.g. 'yarn x4 (L=128)'."""
+    if scaling is None or scaling.method == "none":
+        return "none"
+    return f"{scaling.method} x{scaling.factor:g} (L={scaling.original_length})"
+
+
+def _frequency_numbers(
+    scaling: RopeScalingConfig, rotary: int, base: float
+) -> tuple[float, dict[str, int], tuple[float, float]]:
+    """(attention factor, regions, longest wavelength before/after); raises ConfigError for bad parameters."""
+    from posenc_cli.positional.scaling import frequency_regions, scaled_inv_freq
+
+    assert scaling.original_length is not None
+    L = scaling.original_length
+    params = {
+        "beta_fast": scaling.beta_fast,
+        "beta_slow": scaling.beta_slow,
+        "attention_factor": scaling.attention_factor,
+        "truncate": scaling.truncate,
+        "low_freq_factor": scaling.low_freq_factor,
+        "high_freq_factor": scaling.high_freq_factor,
+    }
+    before, _ = scaled_inv_freq("none", rotary, base, 1.0, L)
+    seq_len = round(scaling.factor * L) if scaling.method == "dynamic" else None
+    after, attention = scaled_inv_freq(scaling.method, rotary, base, scaling.factor, L, seq_len, **params)
+    regions = frequency_regions(scaling.method, rotary, base, scaling.factor, L, **params)
+    wavelengths = (2 * math.pi / float(before.min()), 2 * math.pi / float(after.min()))
+    return float(attention), regions, wavelengths
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The out directory: absent, empty, an earlier attempt at the same extension, or something else.
+
+
+def _existing_child(out_dir: Path) -> dict[str, Any] | None:
+    """meta.json of a posenc run in `out_dir`; None when absent or empty; ConfigError when it holds other files."""
+    from posenc_cli.checkpoint import is_run_dir, read_meta
+
+    if not out_dir.exists():
+        return None
+    if not out_dir.is_dir():
+        raise ConfigError(f"output directory {out_dir} exists and is not a directory")
+    if is_run_dir(out_dir):
+        return read_meta(out_dir)
+    names = {p.name for p in out_dir.iterdir()}
+    if names - _LEFTOVERS:
+        raise ConfigError(f"output directory {out_dir} exists and is not empty; choose another --out")
+    return None
+
+
+def _check_same_extension(out_dir: Path, meta: dict[str, Any], record: dict[str, Any]) -> None:
+    old = meta.get("extend")
+    if not isinstance(old, dict):
+        raise ConfigError(
+            f"output directory {out_dir} already holds a run that is not an extension; choose another --out"
+        )
+    diffs = [k for k in _IDENTITY_KEYS if old.get(k) != record[k]]
+    if diffs:
+        what = "parent weights" if diffs == ["parent_weights_sha256"] else ", ".join(diffs)
+        raise ConfigError(
+            f"output directory {out_dir} already holds a different extension (other {what}); choose another --out"
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The entry point.
+
+
+def extend_run(
+    parent_dir: Path | str,
+    out_dir: Path | str,
+    ext: ExtendConfig,
+    *,
+    threads: int = 0,
+    callback: Callable[[dict[str, Any]], None] | None = None,
+    resume: bool = False,
+) -> ExtendResult:
+    """Write the RoPE-scaled child of run `parent_dir` into `out_dir` (fine-tuning it when `ext.finetune_steps`).
+
+    Idempotent: when `out_dir` already holds this extension of these parent weights, a complete child is returned
+    as is (status "already_complete") and an interrupted fine-tune is resumed. `out_dir` may exist if empty.
+    Refused with a one-line `UserError`, before anything is written: an unknown method, factor <= 1, a parent that
+    is not a verified posenc run or not RoPE, and an `out_dir` that is the parent or holds anything else.
+    `resume=True` additionally requires `out_dir` to hold the extension already. `callback` receives `train()`'s
+    events during a fine-tune; `threads` sets the fine-tune's `train.threads` (0 = torch's default).
+    """
+    from posenc_cli.checkpoint import MODEL_FILE, load_run
+    from posenc_cli.device import threads as use_threads
+    from posenc_cli.positional.rope import rotary_dim
+
+    validate_extend(ext)
+    parent_path, out = Path(parent_dir), Path(out_dir)
+    if out.exists() and out.resolve() == parent_path.resolve():
+        raise ConfigError(f"the output directory is the parent run {parent_path}; extend never modifies its source")
+    with use_threads(threads):
+        parent = load_run(parent_path)
+    cfg = parent.config
+    if cfg.pos.name != "rope":
+        raise ConfigError(
+            f"{parent_path} uses pos={cfg.pos.name}; frequency scaling (extend) applies only to RoPE checkpoints"
+        )
+    scaling = resolve_scaling(ext, cfg, parent.meta)
+    rotary = rotary_dim(cfg.model.head_dim, cfg.pos.rotary_fraction)  # type: ignore[attr-defined]
+    attention, regions, wavelengths = _frequency_numbers(scaling, rotary, cfg.pos.base)  # type: ignore[attr-defined]
+    parent_length = parent_train_length(cfg, parent.meta)
+    base_length = int(parent.meta.get("base_length") or parent_length)
+    record = extension_record(scaling, ext, str(parent.meta["files"][MODEL_FILE]), parent_length)
+    child_cfg = child_config(cfg, scaling, ext, threads)
+
+    existing = _existing_child(out)
+    if existing is not None:
+        _check_same_extension(out, existing, record)
+    elif resume:
+        raise CheckpointError(f"{out} holds no extension to resume")
+
+    result = ExtendResult(
+        parent_dir=parent_path,
+        out_dir=out,
+        status="created",
+        method=scaling.method,
+        factor=scaling.factor,
+        original_length=int(scaling.original_length or parent_length),
+        attention_factor=attention,
+        rotary_dim=rotary,
+        base=float(cfg.pos.base),  # type: ignore[attr-defined]
+        regions=regions,
+        longest_wavelength=wavelengths,
+        parent_scaling=describe_scaling(getattr(cfg.pos, "scaling", None)),
+        parent_train_length=parent_length,
+        base_length=base_length,
+        train_length=child_cfg.train.seq_len if ext.finetune_steps > 0 else parent_length,
+    )
+    extra = {"parent": str(parent_path.resolve()), "base_length": base_length, "extend": record}
+    if ext.finetune_steps > 0:
+        from posenc_cli.train import train
+
+        res = train(child_cfg, out, init_from=parent_path, meta_extra=extra, callback=callback)
+        result.finetune = res
+        if res.stopped_reason == "complete":
+            result.status = "finetuned"
+        elif res.stopped_reason == "already_complete":
+            result.status = "already_complete"
+        else:
+            result.status = "interrupted"
+        return result
+    if existing is not None:
+        result.status = "already_complete"
+        return result
+    _write_scaled_copy(parent, out, child_cfg, extra, parent_length)
+    return result
+
+
+def _write_scaled_copy(
+    parent: LoadedRun, out: Path, child_cfg: Config, extra: dict[str, Any], train_length: int
+) -> None:
+    """Commit config + byte-identical weights (+ tokenizer file) + meta as one checkpoint (see checkpoint.py)."""
+    from posenc_cli.checkpoint import CONFIG_FILE, MODEL_FILE, commit_checkpoint, read_verified
+    from posenc_cli.config import config_to_yaml
+
+    files = {
+        MODEL_FILE: read_verified(parent.path, parent.meta, MODEL_FILE),  # checked against the parent's sha256
+        CONFIG_FILE: config_to_yaml(child_cfg).encode(),
+    }
+    if "tokenizer.json" in parent.meta["files"]:
+        files["tokenizer.json"] = read_verified(parent.path, parent.meta, "tokenizer.json")
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    meta = {k: v for k, v in parent.meta.items() if k not in ("files", "extra_keys")}
+    meta.update(
+        status="complete",
+        train_length=train_length,
+        val_loss=None,  # not measured with the new frequencies; eval-extrapolate measures it
+        best_val_loss=None,
+        created=now,
+        updated=now,
+        **extra,
+    )
+    meta["extra_keys"] = sorted(extra)
+    commit_checkpoint(out, files, meta)

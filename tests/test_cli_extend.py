@@ -1,0 +1,105 @@
+"""`posenc extend` through Typer's CliRunner: summary, default output directory, refusals with exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from train_utils import tiny_config, write_corpus
+from typer.testing import CliRunner
+
+from posenc_cli.checkpoint import load_run
+from posenc_cli.cli import app
+from posenc_cli.train import train
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cli-extend")
+    corpus = write_corpus(root)
+    out = {}
+    for pos, steps in (("rope", 6), ("alibi", 2)):
+        out[pos] = root / pos
+        train(tiny_config(corpus, pos=pos, steps=steps), out[pos])
+    return out
+
+
+def invoke(*args: str):
+    return runner.invoke(app, ["extend", *args], env={"COLUMNS": "200"})
+
+
+def test_yarn_extension_prints_the_before_after_summary(runs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "child"
+    result = invoke(str(runs["rope"]), "--yarn", "--factor", "4", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "1 keep · 0 blended · 7 interpolated" in text  # d = 16, L = 16: only pair 0 keeps its frequency
+    assert "1.1386" in text  # 0.1·ln 4 + 1
+    assert "copied unchanged" in text
+    child = load_run(out)
+    assert child.config.pos.scaling.method == "yarn"  # type: ignore[attr-defined]
+    again = invoke(str(runs["rope"]), "--yarn", "--factor", "4", "--out", str(out))
+    assert again.exit_code == 0 and "nothing to do" in again.output
+
+
+def test_default_out_and_method_flag(runs: dict[str, Path]) -> None:
+    result = invoke(str(runs["rope"]), "--method", "linear", "--factor", "2")
+    assert result.exit_code == 0, result.output
+    child = runs["rope"].with_name("rope-linearx2")
+    meta = json.loads((child / "meta.json").read_text())
+    assert meta["parent"] == str(runs["rope"].resolve())
+    assert load_run(child).config.pos.scaling.factor == 2.0  # type: ignore[attr-defined]
+
+
+def test_eval_prints_parent_and_child_side_by_side(runs: dict[str, Path], tmp_path: Path) -> None:
+    result = invoke(str(runs["rope"]), "--ntk", "--factor", "2", "--out", str(tmp_path / "ntk"), "--eval")
+    assert result.exit_code == 0, result.output
+    assert "Perplexity by evaluation length" in result.output
+    rows = [line.split("│")[1].split()[0] for line in result.output.splitlines() if line.startswith("│ ")]
+    assert {"rope", "ntk"} <= set(rows)  # one row per run: the parent and the child
+
+
+def test_finetune_from_the_cli(runs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "ft"
+    args = ["--dynamic", "--factor", "2", "--finetune-steps", "2", "--finetune-warmup", "1", "--threads", "1"]
+    result = invoke(str(runs["rope"]), *args, "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "step 2/2 at 32 tokens" in result.output
+    assert json.loads((out / "meta.json").read_text())["train_length"] == 32
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--yarn"], "pos=alibi; frequency scaling"),
+        (["--factor", "1"], "factor must be > 1"),
+        (["--method", "longrope"], "unknown scaling method 'longrope'"),
+        (["--yarn", "--linear"], "give one scaling method"),
+    ],
+)
+def test_refusals_exit_2_and_write_nothing(
+    runs: dict[str, Path], tmp_path: Path, args: list[str], message: str
+) -> None:
+    run = runs["alibi"] if "alibi" in message else runs["rope"]
+    out = tmp_path / "child"
+    result = invoke(str(run), *args, "--out", str(out))
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert not out.exists()
+
+
+def test_non_empty_out_dir_exits_2(runs: dict[str, Path], tmp_path: Path) -> None:
+    (tmp_path / "keep.txt").write_text("x")
+    result = invoke(str(runs["rope"]), "--yarn", "--out", str(tmp_path))
+    assert result.exit_code == 2
+    assert "not empty" in result.output
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_help_shows_an_example() -> None:
+    result = runner.invoke(app, ["extend", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "posenc extend outputs/runs/rope --yarn --factor 4" in result.output
