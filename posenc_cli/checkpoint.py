@@ -1,0 +1,398 @@
+"""Run directories: atomic checkpoints, verified loading, and the resume state.
+
+Layout of a run directory::
+
+    model.safetensors   weights (fp32; tied embeddings stored once, as safetensors' `save_model` does)
+    state.safetensors   resume state, tensors: optimizer moments/steps, RNG states (torch, cuda, numpy, sampler)
+    state.json          resume state, scalars: step, tokens, optimizer param groups, python RNG, schedule
+    config.yaml         the resolved config (`config_from_dict` rebuilds it without Hydra)
+    tokenizer.json      only for non-byte tokenizers
+    meta.json           kind, step, status, versions, data fingerprint, sha256 of every file above, ...
+    metrics.jsonl       one JSON object per logged step (append-only; cut back to the checkpoint step on resume)
+
+Consistency. A checkpoint is a *set* of files that must match each other (meta.json holds their checksums), and
+no filesystem renames several files at once. So a save is a small journal: every file of step k is written and
+fsynced into `.pending/`, then `.pending/meta.json` is written last: that write is the commit point. Then the files
+are renamed into the run directory one by one, meta.json last, and `.pending/` is removed. Readers see the
+*committed view*: while `.pending/meta.json` exists, files still in `.pending/` override those in the run directory,
+so a kill at any moment leaves either the complete old checkpoint (before the commit) or the complete new one
+(after it). An uncommitted `.pending/` is ignored and deleted by the next save; a committed one is finished by it.
+
+Loading never unpickles: weights and tensors are safetensors, the rest JSON/YAML, and every file's sha256 is checked
+against meta.json before it is parsed; keys, shapes, dtypes and finiteness of the weights are checked too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from posenc_cli.config import Config, config_from_dict
+from posenc_cli.errors import CheckpointError, UserError
+from posenc_cli.fsutil import atomic_write_bytes, atomic_write_json
+
+KIND = "posenc-run"
+SCHEMA_VERSION = 1
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "state.safetensors"
+STATE_JSON = "state.json"
+CONFIG_FILE = "config.yaml"
+META_FILE = "meta.json"
+METRICS_FILE = "metrics.jsonl"
+PENDING = ".pending"
+
+
+@dataclass
+class LoadedRun:
+    path: Path
+    model: nn.Module  # posenc_cli.model.GPT
+    config: Config
+    meta: dict[str, Any]
+    tokenizer: Any  # posenc_cli.data.Tokenizer
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Writing: the journal described in the module docstring.
+
+
+def commit_checkpoint(run_dir: Path, files: dict[str, bytes], meta: dict[str, Any]) -> dict[str, Any]:
+    """Atomically replace the run's checkpoint by `files` + `meta` (meta gains `files`: sha256 per file)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recover(run_dir)
+    pending = run_dir / PENDING
+    pending.mkdir()
+    for name, data in files.items():
+        atomic_write_bytes(pending / name, data)
+    meta = {**meta, "files": {name: sha256_bytes(data) for name, data in sorted(files.items())}}
+    atomic_write_json(pending / META_FILE, meta)  # the commit point
+    _apply_pending(run_dir)
+    return meta
+
+
+def recover(run_dir: Path) -> None:
+    """Finish a committed `.pending/` (kill during the renames) or drop an uncommitted one (kill while writing)."""
+    pending = Path(run_dir) / PENDING
+    if (pending / META_FILE).is_file():
+        _apply_pending(Path(run_dir))
+    elif pending.exists():
+        shutil.rmtree(pending, ignore_errors=True)
+
+
+def _apply_pending(run_dir: Path) -> None:
+    pending = run_dir / PENDING
+    for path in sorted(pending.iterdir()):
+        if path.name != META_FILE and not path.name.startswith("."):
+            os.replace(path, run_dir / path.name)
+    fsync_dir(run_dir)
+    os.replace(pending / META_FILE, run_dir / META_FILE)
+    fsync_dir(run_dir)
+    shutil.rmtree(pending, ignore_errors=True)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make renames in `directory` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def model_file_bytes(model: nn.Module) -> bytes:
+    """safetensors bytes of `model`'s fp32 state dict, tied tensors stored once (as `save_model` does)."""
+    import safetensors.torch
+
+    state = model.state_dict()
+    tensors: dict[str, Tensor] = {}
+    removed: dict[str, str] = {}
+    for group in tied_groups(state):
+        keep = sorted(group)[0]
+        tensors[keep] = state[keep].detach().to("cpu").contiguous()
+        removed.update({name: keep for name in group if name != keep})
+    return safetensors.torch.save(tensors, metadata={"format": "pt", **removed})
+
+
+def tied_groups(state: dict[str, Tensor]) -> list[list[str]]:
+    """Names of state-dict entries grouped by the storage they share (tied weights share one group)."""
+    groups: dict[Any, list[str]] = defaultdict(list)
+    for name, t in state.items():
+        if t.numel() == 0:
+            groups[("empty", name)].append(name)
+            continue
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+        groups[key].append(name)
+    return list(groups.values())
+
+
+def tokenizer_files(tokenizer: Any) -> dict[str, bytes]:
+    """The files `tokenizer.save(dir)` writes (none for the byte tokenizer), as bytes for `commit_checkpoint`."""
+    with tempfile.TemporaryDirectory(prefix="posenc-tok-") as tmp:
+        tokenizer.save(Path(tmp))
+        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading the committed view.
+
+
+def committed_file(run_dir: Path, name: str) -> Path:
+    """Where file `name` of the committed checkpoint lives (`.pending/` while a commit is being applied)."""
+    pending = Path(run_dir) / PENDING
+    if (pending / META_FILE).is_file() and (pending / name).is_file():
+        return pending / name
+    return Path(run_dir) / name
+
+
+def is_run_dir(path: Path | str) -> bool:
+    """True when `path` holds a committed posenc run (meta.json of kind posenc-run); checksums are not checked."""
+    try:
+        read_meta(Path(path))
+    except (UserError, OSError):
+        return False
+    return True
+
+
+def read_meta(run_dir: Path) -> dict[str, Any]:
+    """meta.json of the committed checkpoint; `CheckpointError` when `run_dir` is not a posenc run."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise CheckpointError(f"run directory {run_dir} does not exist")
+    path = committed_file(run_dir, META_FILE)
+    if not run_dir.is_dir() or not path.is_file() or run_dir.name == PENDING:
+        raise CheckpointError(f"{run_dir} is not a posenc run directory (no {META_FILE})")
+    try:
+        meta = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable or corrupt ({type(e).__name__})") from e
+    if not isinstance(meta, dict) or meta.get("kind") != KIND:
+        raise CheckpointError(f"{run_dir} is not a posenc run directory ({META_FILE} is not of kind {KIND})")
+    version = meta.get("schema_version")
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise CheckpointError(
+            f"{path}: schema_version {version!r} is not supported by this posenc (max {SCHEMA_VERSION})"
+        )
+    if not isinstance(meta.get("files"), dict) or not isinstance(meta.get("step"), int):
+        raise CheckpointError(f"{path}: incomplete (no step or file checksums)")
+    return meta
+
+
+def read_verified(run_dir: Path, meta: dict[str, Any], name: str) -> bytes:
+    """Bytes of committed file `name`, after checking its sha256 against meta.json."""
+    path = committed_file(run_dir, name)
+    expected = meta["files"].get(name)
+    if expected is None:
+        raise CheckpointError(f"{path}: not listed in {META_FILE}")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{path}: missing") from e
+    except OSError as e:
+        raise CheckpointError(f"{path}: unreadable ({e.strerror})") from e
+    if sha256_bytes(data) != expected:
+        raise CheckpointError(f"{path}: checksum mismatch (truncated, corrupt or modified since it was saved)")
+    return data
+
+
+def read_config(run_dir: Path, meta: dict[str, Any]) -> Config:
+    import yaml
+
+    path = committed_file(run_dir, CONFIG_FILE)
+    data = read_verified(run_dir, meta, CONFIG_FILE)
+    try:
+        return config_from_dict(yaml.safe_load(data.decode("utf-8")))
+    except (UserError, yaml.YAMLError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: invalid config ({str(e).splitlines()[0]})") from e
+
+
+def load_tensors(run_dir: Path, meta: dict[str, Any], name: str) -> dict[str, Tensor]:
+    """Verified safetensors file -> CPU tensors (no code path: safetensors is a JSON header plus raw bytes)."""
+    import safetensors.torch
+
+    data = read_verified(run_dir, meta, name)
+    try:
+        return safetensors.torch.load(data)
+    except Exception as e:  # SafetensorError, ValueError, ... from a corrupt or hostile file
+        raise CheckpointError(f"{committed_file(run_dir, name)}: not a valid safetensors file ({e})") from e
+
+
+def load_weights_into(model: nn.Module, tensors: dict[str, Tensor], path: Path) -> None:
+    """Check names, shapes, dtypes and finiteness of `tensors` against `model`, then load them."""
+    expected = model.state_dict()
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"{path}: unexpected tensor '{unexpected[0]}' (checkpoint of a different model?)")
+    full: dict[str, Tensor] = {}
+    for group in tied_groups(expected):
+        present = [n for n in group if n in tensors]
+        if not present:
+            raise CheckpointError(f"{path}: missing tensor '{group[0]}'")
+        src = tensors[present[0]]
+        ref = expected[group[0]]
+        if tuple(src.shape) != tuple(ref.shape) or src.dtype != ref.dtype:
+            got, want = f"{src.dtype} {tuple(src.shape)}", f"{ref.dtype} {tuple(ref.shape)}"
+            raise CheckpointError(f"{path}: tensor '{present[0]}' is {got}, expected {want}")
+        if src.is_floating_point() and not bool(torch.isfinite(src).all()):
+            raise CheckpointError(f"{path}: tensor '{present[0]}' has non-finite values")
+        full.update({n: src for n in group})
+    model.load_state_dict(full, strict=True)
+
+
+def load_run(path: Path | str, device: str | torch.device = "cpu") -> LoadedRun:
+    """Model, config, metadata and tokenizer of a run directory, with every file verified.
+
+    Raises `CheckpointError` naming the file when anything is missing, truncated, corrupt or tampered with. A
+    trainer committing a new checkpoint while we read can make one attempt inconsistent; we then read again.
+    """
+    run_dir = Path(path)
+    for _attempt in range(3):
+        meta = read_meta(run_dir)
+        try:
+            return _load_run_once(run_dir, meta, device)
+        except CheckpointError:
+            with contextlib.suppress(UserError, OSError):
+                if read_meta(run_dir) != meta:
+                    continue  # a new checkpoint was committed meanwhile
+            raise
+    raise CheckpointError(f"{run_dir}: checkpoint kept changing while being read")
+
+
+def _load_run_once(run_dir: Path, meta: dict[str, Any], device: str | torch.device) -> LoadedRun:
+    from posenc_cli.data import load_tokenizer
+    from posenc_cli.model import build_model
+
+    for name in sorted(meta["files"]):  # every file, resume state included, must match its checksum
+        if name not in (MODEL_FILE, CONFIG_FILE):
+            read_verified(run_dir, meta, name)
+    cfg = read_config(run_dir, meta)
+    tok_dir = committed_file(run_dir, "tokenizer.json").parent
+    try:
+        tokenizer = load_tokenizer(cfg.tokenizer, tok_dir)
+    except UserError as e:
+        raise CheckpointError(f"{run_dir}: tokenizer could not be loaded ({e})") from e
+    expected_fp = (meta.get("tokenizer") or {}).get("fingerprint")
+    if expected_fp is not None and tokenizer.fingerprint != expected_fp:
+        raise CheckpointError(f"{tok_dir / 'tokenizer.json'}: tokenizer fingerprint differs from {META_FILE}")
+    tensors = load_tensors(run_dir, meta, MODEL_FILE)
+    model = build_model(cfg, tokenizer.vocab_size)
+    load_weights_into(model, tensors, committed_file(run_dir, MODEL_FILE))
+    model.to(device)
+    model.eval()
+    return LoadedRun(path=run_dir, model=model, config=cfg, meta=meta, tokenizer=tokenizer)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resume state: optimizer + RNG as safetensors tensors plus JSON scalars (never a pickle).
+
+
+def pack_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    state = optimizer.state_dict()
+    tensors: dict[str, Tensor] = {}
+    extra: dict[str, dict[str, Any]] = {}
+    for pid, entries in state["state"].items():
+        for key, value in entries.items():
+            if isinstance(value, Tensor):
+                tensors[f"optim.{pid}.{key}"] = value.detach().to("cpu").contiguous()
+            else:
+                extra.setdefault(str(pid), {})[key] = value
+    return tensors, {"param_groups": state["param_groups"], "extra": extra}
+
+
+def unpack_optimizer(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor], info: dict[str, Any], path: Path
+) -> None:
+    current = optimizer.state_dict()["param_groups"]
+    groups = info.get("param_groups")
+    if not isinstance(groups, list) or [g.get("params") for g in groups] != [g["params"] for g in current]:
+        raise CheckpointError(f"{path}: optimizer state does not match this model's parameters")
+    state: dict[int, dict[str, Any]] = defaultdict(dict)
+    for name, t in tensors.items():
+        if name.startswith("optim."):
+            _, pid, key = name.split(".", 2)
+            state[int(pid)][key] = t
+    for pid, entries in (info.get("extra") or {}).items():
+        state[int(pid)].update(entries)
+    for g in groups:
+        if isinstance(g.get("betas"), list):
+            g["betas"] = tuple(g["betas"])
+    try:
+        optimizer.load_state_dict({"state": dict(state), "param_groups": groups})
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: optimizer state could not be restored ({e})") from e
+
+
+def capture_rng(sampler: torch.Generator) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """RNG states of python, numpy, torch (CPU and CUDA) and the batch sampler."""
+    tensors = {"rng.torch": torch.get_rng_state(), "rng.sampler": sampler.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = s
+    np_state = np.random.get_state(legacy=True)
+    assert isinstance(np_state, tuple)
+    tensors["rng.numpy"] = torch.from_numpy(np_state[1].astype(np.int64))
+    py_version, py_state, py_gauss = random.getstate()
+    info = {
+        "python": [py_version, list(py_state), py_gauss],
+        "numpy": {"name": np_state[0], "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "gauss": np_state[4]},
+    }
+    return tensors, info
+
+
+def restore_rng(
+    tensors: dict[str, Tensor], info: dict[str, Any], sampler: torch.Generator, *, sampler_too: bool = True
+) -> None:
+    version, state, gauss = info["python"]
+    random.setstate((version, tuple(state), gauss))
+    n = info["numpy"]
+    keys = tensors["rng.numpy"].numpy().astype(np.uint32)
+    np.random.set_state((n["name"], keys, n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(tensors["rng.torch"])
+    cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+    if sampler_too:
+        sampler.set_state(tensors["rng.sampler"])
+
+
+def state_file_bytes(tensors: dict[str, Tensor]) -> bytes:
+    import safetensors.torch
+
+    return safetensors.torch.save(tensors, metadata={"format": "pt"})
+
+
+def read_state(run_dir: Path, meta: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The verified resume state: (tensors, scalars)."""
+    tensors = load_tensors(run_dir, meta, STATE_FILE)
+    path = committed_file(run_dir, STATE_JSON)
+    try:
+        info = json.loads(read_verified(run_dir, meta, STATE_JSON))
+    except ValueError as e:
+        raise CheckpointError(f"{path}: not valid JSON") from e
+    required = ("step", "tokens", "optimizer", "rng")
+    if not isinstance(info, dict) or any(k not in info for k in required):
+        raise CheckpointError(f"{path}: incomplete resume state")
+    missing = [k for k in ("rng.torch", "rng.sampler", "rng.numpy") if k not in tensors]
+    if missing:
+        raise CheckpointError(f"{committed_file(run_dir, STATE_FILE)}: missing tensor '{missing[0]}'")
+    return tensors, info

@@ -1,0 +1,652 @@
+"""Training: AdamW with warm-up + cosine decay, gradient accumulation and clipping, bf16 autocast, periodic
+validation, atomic checkpoints, exact resume, graceful SIGTERM/SIGINT and non-finite guards.
+
+`train()` never prints: it reports through `callback(event)` with dicts whose "event" is one of
+  data        {stage, done, total}                 while the corpus is read/tokenized
+  start       {run_dir, step, steps, resumed, device, precision, threads, n_params, tokens_per_step}
+  step        {step, steps, loss, lr, grad_norm, tokens, tokens_per_s (session mean), interval_tokens_per_s
+               (since the last logged step), elapsed_s, logged}                             after every update
+  eval        {step, val_loss}
+  checkpoint  {step, status}
+  end         {result}
+The CLI renders them (rich progress bar on a terminal, plain lines otherwise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posenc_cli import __version__
+from posenc_cli.checkpoint import (
+    CONFIG_FILE,
+    KIND,
+    META_FILE,
+    METRICS_FILE,
+    MODEL_FILE,
+    PENDING,
+    SCHEMA_VERSION,
+    STATE_FILE,
+    STATE_JSON,
+    capture_rng,
+    commit_checkpoint,
+    committed_file,
+    load_run,
+    load_tensors,
+    load_weights_into,
+    model_file_bytes,
+    pack_optimizer,
+    read_config,
+    read_meta,
+    read_state,
+    read_verified,
+    recover,
+    restore_rng,
+    state_file_bytes,
+    tokenizer_files,
+    unpack_optimizer,
+)
+from posenc_cli.config import Config, config_to_dict, config_to_yaml
+from posenc_cli.device import autocast, resolve_device, resolve_precision, threads
+from posenc_cli.errors import CheckpointError, ConfigError, DataError, UserError
+from posenc_cli.metrics import MetricsLog, read_metrics
+from posenc_cli.optim import build_optimizer, lr_at
+
+Callback = Callable[[dict[str, Any]], None]
+
+NAN_ENV = "POSENC_DEBUG_NAN_AT_STEP"  # test hook: make the loss of this (1-based) step NaN
+# Keys that may differ when a run is continued: they change speed or logging, not what is learned.
+RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger", "eval.", "extend.")
+_OWN_FILES = (MODEL_FILE, STATE_FILE, STATE_JSON, CONFIG_FILE, META_FILE, "tokenizer.json")
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    steps: int
+    tokens: int
+    train_loss: float | None
+    val_loss: float | None
+    val_ppl: float | None
+    best_val_loss: float | None
+    tokens_per_s: float
+    wall_time_s: float
+    precision: str
+    device: str
+    stopped_reason: Literal["complete", "already_complete", "interrupted"]
+    signal: int | None = None
+
+
+class TrainingDiverged(UserError):
+    """A non-finite loss or gradient norm: training stopped before the optimizer step."""
+
+    def __init__(self, step: int, what: str, value: float, run_dir: Path, last_good: int) -> None:
+        self.step = step
+        self.last_good = last_good
+        super().__init__(
+            f"non-finite {what} ({value}) at step {step}; stopped before the optimizer step. "
+            f"The last good checkpoint (step {last_good}) is in {run_dir}"
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pure pieces: config comparison, run names, validation windows.
+
+
+def config_diff(old: Config, new: Config) -> list[str]:
+    """'key: old -> new' for every setting that changes what a run learns (runtime-only keys excluded)."""
+    a, b = _flatten(config_to_dict(old)), _flatten(config_to_dict(new))
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key, "<unset>") != b.get(key, "<unset>") and not key.startswith(RUNTIME_KEYS):
+            diffs.append(f"{key}: {a.get(key, '<unset>')!r} -> {b.get(key, '<unset>')!r}")
+    return diffs
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def model_preset_name(cfg: Config) -> str:
+    """'tiny'/'small'/'base' when the sizes match a preset in configs/model, else e.g. 'd96l3'."""
+    import yaml
+
+    from posenc_cli.hydra_bridge import config_dir
+
+    m = cfg.model
+    with contextlib.suppress(UserError, OSError):
+        for path in sorted((config_dir() / "model").glob("*.yaml")):
+            preset = yaml.safe_load(path.read_text()) or {}
+            if (preset.get("d_model"), preset.get("n_layer"), preset.get("n_head")) == (m.d_model, m.n_layer, m.n_head):
+                return path.stem
+    return f"d{m.d_model}l{m.n_layer}"
+
+
+def default_run_dir(cfg: Config, root: Path = Path("outputs/runs")) -> Path:
+    """outputs/runs/<timestamp>-<pos>-<model>, with a numeric suffix if that name is taken."""
+    base = f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{cfg.pos.name}-{model_preset_name(cfg)}"
+    path, n = root / base, 2
+    while path.exists():
+        path, n = root / f"{base}-{n}", n + 1
+    return path
+
+
+def eval_windows(val: np.ndarray, batch_size: int, seq_len: int, n_batches: int) -> Tensor:
+    """Fixed, evenly spaced validation windows: (n_batches, B, seq_len + 1) int64."""
+    span = seq_len + 1
+    if len(val) < span:
+        raise DataError(f"the validation split has {len(val)} tokens; train.seq_len={seq_len} needs at least {span}")
+    starts = np.linspace(0, len(val) - span, n_batches * batch_size).astype(np.int64)
+    idx = starts[:, None] + np.arange(span)[None, :]  # (n·B, T+1)
+    windows = torch.from_numpy(np.asarray(val[idx], dtype=np.int64))
+    return windows.view(n_batches, batch_size, span)
+
+
+@torch.no_grad()
+def evaluate_loss(model: nn.Module, windows: Tensor, device: torch.device, precision: str) -> float:
+    """Mean next-token cross-entropy (nats/token) over the fixed validation windows."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), device=device)
+    for batch in windows:
+        batch = batch.to(device)
+        with autocast(device, precision):  # type: ignore[arg-type]
+            logits = model(batch[:, :-1])
+        total += F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+    model.train(was_training)
+    return float(total) / len(windows)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Signals: finish the current step, save, return.
+
+
+class _Interrupts:
+    """SIGINT/SIGTERM set a flag the loop checks after each step; a second signal interrupts at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+        self._old.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            self.__exit__()
+            raise KeyboardInterrupt
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _run_lock(run_dir: Path) -> Iterator[None]:
+    """One trainer per run directory (advisory lock; skipped where fcntl does not exist)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(run_dir / ".lock", "a") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            raise CheckpointError(f"{run_dir} is being trained by another process") from e
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The entry point.
+
+
+def train(
+    cfg: Config,
+    out_dir: Path,
+    *,
+    resume: bool = False,
+    force_config: bool = False,
+    init_from: Path | None = None,
+    meta_extra: dict[str, Any] | None = None,
+    callback: Callback | None = None,
+) -> TrainResult:
+    """Train `cfg` into run directory `out_dir`, continuing it if it already holds a run.
+
+    `resume=True` requires an existing run. An existing run with a different config is refused unless
+    `force_config`. A run already at `cfg.train.steps` returns at once (`stopped_reason="already_complete"`).
+    `init_from`: start from another run's weights (fine-tuning); `meta_extra`: extra meta.json keys, e.g.
+    {"parent": ..., "base_length": ...}.
+    """
+    cfg.validate()
+    run_dir = Path(out_dir)
+    emit: Callback = callback or (lambda event: None)
+    meta = _existing_meta(run_dir)
+    if meta is None and resume:
+        raise CheckpointError(f"{run_dir} is not a posenc run directory (nothing to resume)")
+    if meta is not None:
+        diffs = config_diff(read_config(run_dir, meta), cfg)
+        if diffs and not force_config:
+            shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+            raise ConfigError(
+                f"{run_dir} was trained with a different config ({shown}); use the same overrides to continue it, "
+                "or pass --force-config to continue with the new config"
+            )
+        if int(meta["step"]) >= cfg.train.steps:
+            return _result_from_meta(run_dir, meta)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with _run_lock(run_dir), threads(cfg.train.threads) as n_threads:
+        return _Trainer(cfg, run_dir, meta, force_config, init_from, meta_extra, emit, n_threads).run()
+
+
+def _existing_meta(run_dir: Path) -> dict[str, Any] | None:
+    """The committed meta.json of `run_dir`, None for a new run; refuses a directory holding foreign files."""
+    if not run_dir.exists():
+        return None
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir} exists and is not a directory")
+    with contextlib.suppress(CheckpointError):
+        if (run_dir / META_FILE).exists() or (run_dir / PENDING / META_FILE).exists():
+            return read_meta(run_dir)
+    if (run_dir / META_FILE).exists():
+        read_meta(run_dir)  # raises the precise error (corrupt meta, wrong kind, ...)
+    foreign = [n for n in _OWN_FILES if (run_dir / n).exists()]
+    if foreign:
+        raise CheckpointError(f"{run_dir} is not a posenc run directory but holds {foreign[0]}; choose another --out")
+    return None
+
+
+def _result_from_meta(run_dir: Path, meta: dict[str, Any]) -> TrainResult:
+    val = meta.get("val_loss")
+    return TrainResult(
+        run_dir=run_dir,
+        step=int(meta["step"]),
+        steps=int(meta.get("steps", meta["step"])),
+        tokens=int(meta.get("tokens", 0)),
+        train_loss=meta.get("train_loss"),
+        val_loss=val,
+        val_ppl=math.exp(val) if val is not None and val < 700 else None,
+        best_val_loss=meta.get("best_val_loss"),
+        tokens_per_s=float(meta.get("tokens_per_s") or 0.0),
+        wall_time_s=float(meta.get("wall_time_s") or 0.0),
+        precision=str(meta.get("precision")),
+        device=str(meta.get("device")),
+        stopped_reason="already_complete",
+    )
+
+
+def _restore_sampler(tensors: dict[str, Tensor], info: dict[str, Any], sampler: torch.Generator) -> None:
+    """Restore all RNG states, the batch sampler's included (tests monkeypatch this to prove it matters)."""
+    restore_rng(tensors, info, sampler, sampler_too=True)
+
+
+class _Trainer:
+    """One training session of a run directory (fresh or resumed); `run()` is the loop."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        meta: dict[str, Any] | None,
+        force_config: bool,
+        init_from: Path | None,
+        meta_extra: dict[str, Any] | None,
+        emit: Callback,
+        n_threads: int,
+    ) -> None:
+        from posenc_cli.data import load_corpus, load_tokenizer
+        from posenc_cli.model import build_model
+
+        self.cfg, self.tc, self.run_dir, self.emit, self.n_threads = cfg, cfg.train, run_dir, emit, n_threads
+        self.resumed = meta is not None
+        self.device = resolve_device(cfg.train.device)
+        self.precision = resolve_precision(cfg.train.precision, self.device)
+        if meta is not None:
+            recover(run_dir)
+            meta = read_meta(run_dir)
+        self.prev_meta = meta or {}
+        extra_keys = self.prev_meta.get("extra_keys", [])
+        self.meta_extra = {k: self.prev_meta[k] for k in extra_keys if k in self.prev_meta} | (meta_extra or {})
+
+        tokenizer, parent = None, None
+        if meta is not None:
+            if "tokenizer.json" in meta["files"]:
+                read_verified(run_dir, meta, "tokenizer.json")
+            tokenizer = load_tokenizer(cfg.tokenizer, committed_file(run_dir, "tokenizer.json").parent)
+        elif init_from is not None:
+            parent = load_run(init_from)
+            tokenizer = parent.tokenizer
+            inherited = {"parent": str(init_from), "base_length": parent.meta.get("base_length")}
+            self.meta_extra = inherited | self.meta_extra
+
+        def progress(stage: str, done: int, total: int) -> None:
+            emit({"event": "data", "stage": stage, "done": done, "total": total})
+
+        self.corpus = load_corpus(cfg.data, cfg.tokenizer, tokenizer=tokenizer, progress=progress)
+        self.tokenizer = self.corpus.tokenizer
+        self.data_info = json.loads(json.dumps(self.corpus.info, default=str))
+        if meta is not None:
+            self._check_same_data(meta, force_config)
+        self.tok_files = tokenizer_files(self.tokenizer)
+
+        seed = cfg.train.seed
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        self.model = build_model(cfg, self.tokenizer.vocab_size)
+        if parent is not None:
+            try:
+                self.model.load_state_dict(parent.model.state_dict(), strict=True)
+            except RuntimeError as e:
+                raise CheckpointError(f"{init_from}: weights do not fit this config ({str(e).splitlines()[0]})") from e
+        self.sampler = torch.Generator().manual_seed(seed + 1)
+        self.step, self.tokens, self.elapsed_before = 0, 0, 0.0
+        self.best_val: float | None = None
+        self.train_loss: float | None = None
+        self.val_loss: float | None = None
+        self.metrics = MetricsLog(run_dir / METRICS_FILE)
+        if meta is not None:
+            load_weights_into(self.model, load_tensors(run_dir, meta, MODEL_FILE), committed_file(run_dir, MODEL_FILE))
+        self.model.to(self.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.model, cfg.train)
+        if meta is not None:
+            self._restore(meta)
+        else:
+            self.metrics.path.unlink(missing_ok=True)  # leftovers of a run killed before its first checkpoint
+        self.windows = eval_windows(self.corpus.val, self.tc.batch_size, self.tc.seq_len, self.tc.eval_batches)
+        self.windows = self.windows.to(self.device)
+        self.saved: tuple[int, str] | None = (self.step, str(meta["status"])) if meta is not None else None
+
+    def _check_same_data(self, meta: dict[str, Any], force_config: bool) -> None:
+        old = (meta.get("data") or {}).get("fingerprint")
+        new = self.data_info.get("fingerprint")
+        if old is not None and new is not None and old != new and not force_config:
+            raise ConfigError(
+                f"the corpus changed since {self.run_dir} was started (data fingerprint {old} -> {new}); "
+                "pass --force-config to continue on the new data"
+            )
+
+    def _restore(self, meta: dict[str, Any]) -> None:
+        tensors, info = read_state(self.run_dir, meta)
+        unpack_optimizer(self.optimizer, tensors, info["optimizer"], committed_file(self.run_dir, STATE_JSON))
+        self.step, self.tokens = int(info["step"]), int(info["tokens"])
+        self.elapsed_before = float(info.get("elapsed_s", 0.0))
+        self.best_val, self.train_loss = info.get("best_val_loss"), info.get("train_loss")
+        self.val_loss = info.get("val_loss")
+        self.metrics.truncate_after(self.step)
+        _restore_sampler(tensors, info["rng"], self.sampler)  # last: nothing may draw random numbers after this
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        tc, steps = self.tc, self.tc.steps
+        tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len
+        nan_at = int(os.environ.get(NAN_ENV, "0") or 0)
+        self.session_start = time.perf_counter()
+        self.train_time, self.session_tokens = 0.0, 0
+        log_t, log_tokens = 0.0, 0
+        if self.saved is None:
+            self._save("running")
+        self.emit(
+            {
+                "event": "start",
+                "run_dir": self.run_dir,
+                "step": self.step,
+                "steps": steps,
+                "resumed": self.resumed,
+                "device": str(self.device),
+                "precision": self.precision,
+                "threads": self.n_threads,
+                "n_params": sum(p.numel() for p in self.params),
+                "tokens_per_step": tokens_per_step,
+            }
+        )
+        V = self.tokenizer.vocab_size
+        self.model.train()
+        with _Interrupts() as interrupts:
+            while self.step < steps and interrupts.signum is None:
+                lr = lr_at(self.step, tc)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                t0 = time.perf_counter()
+                loss_sum = torch.zeros((), device=self.device)
+                for _ in range(tc.grad_accum):
+                    x, y = self._batch()
+                    with autocast(self.device, self.precision):
+                        logits = self.model(x)  # (B, T, V)
+                    loss = F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
+                    if nan_at == self.step + 1:
+                        loss = loss * float("nan")
+                    (loss / tc.grad_accum).backward()
+                    loss_sum += loss.detach()
+                gnorm = self._clip()
+                loss_val, gnorm_val = torch.stack([loss_sum / tc.grad_accum, gnorm.float()]).tolist()  # one sync
+                if not math.isfinite(loss_val) or not math.isfinite(gnorm_val):
+                    what, value = ("loss", loss_val) if not math.isfinite(loss_val) else ("gradient norm", gnorm_val)
+                    self.metrics.close()
+                    last = self.saved[0] if self.saved else 0
+                    raise TrainingDiverged(self.step + 1, what, value, self.run_dir, last)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                self.tokens += tokens_per_step
+                self.session_tokens += tokens_per_step
+                dt = time.perf_counter() - t0
+                self.train_time += dt
+                log_t, log_tokens = log_t + dt, log_tokens + tokens_per_step
+                self.train_loss = loss_val
+                val = None
+                if self.step % tc.eval_every == 0 or self.step == steps:
+                    val = self._evaluate()
+                logged = self.step % tc.log_every == 0 or self.step == steps or val is not None
+                tps = self.session_tokens / max(self.train_time, 1e-9)
+                interval_tps = log_tokens / max(log_t, 1e-9)
+                if logged:
+                    self.metrics.append(
+                        {
+                            "step": self.step,
+                            "tokens": self.tokens,
+                            "train_loss": loss_val,
+                            "val_loss": val,
+                            "lr": lr,
+                            "grad_norm": gnorm_val,
+                            "tokens_per_s": interval_tps,
+                            "wall_time_s": self._elapsed(),
+                        }
+                    )
+                    log_t, log_tokens = 0.0, 0
+                self.emit(
+                    {
+                        "event": "step",
+                        "step": self.step,
+                        "steps": steps,
+                        "loss": loss_val,
+                        "lr": lr,
+                        "grad_norm": gnorm_val,
+                        "tokens": self.tokens,
+                        "tokens_per_s": tps,
+                        "interval_tokens_per_s": interval_tps,
+                        "elapsed_s": self._elapsed(),
+                        "logged": logged,
+                    }
+                )
+                if self.step == steps:
+                    self._save("complete")
+                elif self.step % tc.save_every == 0 or interrupts.signum is not None:
+                    self._save("interrupted" if interrupts.signum is not None else "running")
+            signum = interrupts.signum
+        if signum is not None and self.step < steps:
+            if self.saved != (self.step, "interrupted"):
+                self._save("interrupted")
+            return self._finish("interrupted", signum)
+        if self.saved != (self.step, "complete"):  # e.g. steps=0, or resumed at exactly the final step
+            if self.val_loss is None or self.step % tc.eval_every != 0:
+                self._evaluate()
+            self._save("complete")
+        return self._finish("complete", None)
+
+    def _batch(self) -> tuple[Tensor, Tensor]:
+        from posenc_cli.data import sample_batch
+
+        x, y = sample_batch(self.corpus.train, self.tc.batch_size, self.tc.seq_len, self.sampler)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def _clip(self) -> Tensor:
+        if self.tc.grad_clip > 0:
+            return torch.nn.utils.clip_grad_norm_(self.params, self.tc.grad_clip)
+        return torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+
+    def _evaluate(self) -> float:
+        val = evaluate_loss(self.model, self.windows, self.device, self.precision)
+        self.val_loss = val
+        if math.isfinite(val) and (self.best_val is None or val < self.best_val):
+            self.best_val = val
+        self.emit({"event": "eval", "step": self.step, "val_loss": val})
+        return val
+
+    def _elapsed(self) -> float:
+        return self.elapsed_before + (time.perf_counter() - self.session_start)
+
+    # -- saving --------------------------------------------------------------------------------------------------
+    def _save(self, status: str) -> None:
+        if not all(bool(torch.isfinite(p).all()) for p in self.params):
+            raise TrainingDiverged(self.step, "weights", float("nan"), self.run_dir, self.saved[0] if self.saved else 0)
+        self.metrics.flush(durable=True)
+        opt_tensors, opt_info = pack_optimizer(self.optimizer)
+        rng_tensors, rng_info = capture_rng(self.sampler)
+        state = {
+            "step": self.step,
+            "tokens": self.tokens,
+            "best_val_loss": self.best_val,
+            "train_loss": self.train_loss,
+            "val_loss": self.val_loss,
+            "elapsed_s": self._elapsed(),
+            "scheduler": {"name": "warmup_cosine", "step": self.step},
+            "optimizer": opt_info,
+            "rng": rng_info,
+        }
+        files = {
+            MODEL_FILE: model_file_bytes(self.model),
+            STATE_FILE: state_file_bytes({**opt_tensors, **rng_tensors}),
+            STATE_JSON: json.dumps(state).encode(),
+            CONFIG_FILE: config_to_yaml(self.cfg).encode(),
+            **self.tok_files,
+        }
+        commit_checkpoint(self.run_dir, files, self._meta(status))
+        self.saved = (self.step, status)
+        self.emit({"event": "checkpoint", "step": self.step, "status": status})
+
+    def _meta(self, status: str) -> dict[str, Any]:
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        tps = self.session_tokens / self.train_time if self.train_time else None
+        meta = {
+            "kind": KIND,
+            "schema_version": SCHEMA_VERSION,
+            "status": status,
+            "step": self.step,
+            "steps": self.tc.steps,
+            "tokens": self.tokens,
+            "train_loss": self.train_loss,
+            "val_loss": self.val_loss,
+            "best_val_loss": self.best_val,
+            "seed": self.tc.seed,
+            "pos": self.cfg.pos.name,
+            "model": model_preset_name(self.cfg),
+            "n_params": sum(p.numel() for p in self.params),
+            "train_length": self.tc.seq_len,
+            "base_length": self.tc.seq_len,
+            "parent": None,
+            "precision": self.precision,
+            "device": str(self.device),
+            "threads": self.n_threads,
+            "tokens_per_s": tps if tps is not None else self.prev_meta.get("tokens_per_s"),
+            "wall_time_s": self._elapsed(),
+            "created": self.prev_meta.get("created", now),
+            "updated": now,
+            "versions": {
+                "posenc": __version__,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "numpy": np.__version__,
+            },
+            "data": self.data_info,
+            "tokenizer": {
+                "kind": self.tokenizer.kind,
+                "vocab_size": self.tokenizer.vocab_size,
+                "fingerprint": self.tokenizer.fingerprint,
+            },
+        }
+        meta.update(self.meta_extra)
+        meta["extra_keys"] = sorted(self.meta_extra)
+        return meta
+
+    def _finish(self, reason: Literal["complete", "interrupted"], signum: int | None) -> TrainResult:
+        self.metrics.close()
+        result = TrainResult(
+            run_dir=self.run_dir,
+            step=self.step,
+            steps=self.tc.steps,
+            tokens=self.tokens,
+            train_loss=self.train_loss,
+            val_loss=self.val_loss,
+            val_ppl=math.exp(self.val_loss) if self.val_loss is not None and self.val_loss < 700 else None,
+            best_val_loss=self.best_val,
+            tokens_per_s=self.session_tokens / self.train_time if self.train_time else 0.0,
+            wall_time_s=self._elapsed(),
+            precision=self.precision,
+            device=str(self.device),
+            stopped_reason=reason,
+            signal=signum,
+        )
+        self.emit({"event": "end", "result": result})
+        return result
+
+
+def read_run_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The metrics.jsonl records of a run (convenience for reports and tests)."""
+    return read_metrics(Path(run_dir) / METRICS_FILE)
+
+
+__all__ = [
+    "TrainResult",
+    "TrainingDiverged",
+    "config_diff",
+    "default_run_dir",
+    "eval_windows",
+    "evaluate_loss",
+    "model_preset_name",
+    "read_run_metrics",
+    "train",
+]
