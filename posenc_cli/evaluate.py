@@ -299,18 +299,10 @@ def pick_entries(
 # Runs and data.
 
 
-def _is_run_dir(path: Path) -> bool:
-    meta = path / "meta.json"
-    if not meta.is_file():
-        return False
-    try:
-        return json.loads(meta.read_text()).get("kind") == "posenc-run"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def find_runs(paths: Iterable[Path | str]) -> list[Path]:
     """Run directories named by `paths`: each is a run, or a directory searched recursively for runs."""
+    from posenc_cli.checkpoint import is_run_dir
+
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -318,10 +310,15 @@ def find_runs(paths: Iterable[Path | str]) -> list[Path]:
             raise CheckpointError(f"{path}: no such directory")
         if not path.is_dir():
             raise CheckpointError(f"{path}: not a directory (expected a run or sweep directory)")
-        if _is_run_dir(path):
+        if is_run_dir(path):
             found.append(path)
             continue
-        below = sorted(p.parent for p in path.rglob("meta.json") if _is_run_dir(p.parent))
+        # Hidden directories (a checkpoint's `.pending/` mid-save) are not runs.
+        below = sorted(
+            p.parent
+            for p in path.rglob("meta.json")
+            if not any(part.startswith(".") for part in p.relative_to(path).parts) and is_run_dir(p.parent)
+        )
         if not below:
             raise CheckpointError(f"{path}: not a run directory and contains none (no meta.json of kind posenc-run)")
         found.extend(below)
