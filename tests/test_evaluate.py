@@ -310,7 +310,11 @@ def test_bf16_auto_from_meta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_find_runs(tmp_path: Path) -> None:
     for name in ("sweep/b", "sweep/a", "sweep/nested/c"):
         (tmp_path / name).mkdir(parents=True)
-        (tmp_path / name / "meta.json").write_text(json.dumps({"kind": "posenc-run"}))
+        meta = {"kind": "posenc-run", "schema_version": 1, "files": {}, "step": 0}
+        (tmp_path / name / "meta.json").write_text(json.dumps(meta))
+    # A checkpoint being written holds a `.pending/meta.json`: not a run of its own.
+    (tmp_path / "sweep/a/.pending").mkdir()
+    (tmp_path / "sweep/a/.pending/meta.json").write_text(json.dumps(meta))
     (tmp_path / "sweep/other").mkdir()
     (tmp_path / "sweep/other/meta.json").write_text(json.dumps({"kind": "something-else"}))
     runs = ev.find_runs([tmp_path / "sweep"])
