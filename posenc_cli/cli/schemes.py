@@ -1,15 +1,46 @@
-"""`posenc schemes`: not implemented yet."""
+"""`posenc schemes`: the registered positional schemes, one row each (new scheme files appear automatically)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from rich.table import Table
 
-import typer
-
-from posenc_cli.cli.app import app, not_available
+from posenc_cli.cli.app import app, console, handles_errors
 
 
-@app.command("schemes", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def schemes_command(args: Annotated[list[str] | None, typer.Argument(help="Paths and overrides.")] = None) -> None:
-    """List the registered positional schemes. Not available yet."""
-    not_available("schemes", "model and core schemes")
+def scheme_rows() -> list[dict[str, str]]:
+    """One dict per registered scheme: name, hooks, learned parameters, extrapolates, paper."""
+    from posenc_cli.config import ModelConfig
+    from posenc_cli.positional import registry
+
+    rows = []
+    for name, cls in registry().items():
+        try:  # instantiate at the default sizes to see whether the scheme owns parameters
+            scheme = cls(cls.config_cls(name=name), ModelConfig(), 128)
+            learned = "yes" if any(True for _ in scheme.parameters()) else "no"
+        except Exception:
+            learned = "?"
+        rows.append(
+            {
+                "name": name,
+                "hooks": ", ".join(cls.hooks) or "none",
+                "learned": learned,
+                "extrapolates": "yes" if cls.extrapolates else "no",
+                "paper": cls.paper,
+            }
+        )
+    return rows
+
+
+@app.command("schemes")
+@handles_errors
+def schemes_command() -> None:
+    """List the registered positional schemes: hooks used, learned parameters, extrapolation, reference paper."""
+    table = Table(title="Positional schemes (select with pos=<name>)")
+    table.add_column("name", style="bold cyan", no_wrap=True)
+    table.add_column("hooks")
+    table.add_column("learned")
+    table.add_column("extrapolates")
+    table.add_column("paper", overflow="fold")
+    for row in scheme_rows():
+        table.add_row(row["name"], row["hooks"], row["learned"], row["extrapolates"], row["paper"])
+    console.print(table)

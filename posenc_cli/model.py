@@ -1,0 +1,118 @@
+"""Decoder-only transformer (GPT-2 shape, pre-norm) whose only positional information comes from a scheme's hooks.
+
+The model never names a scheme: one `PositionalScheme` instance is built from the config, `prepare`d once per
+forward, and then asked to (a) add to the token embeddings, (b) rotate q and k in every layer, (c) bias attention
+scores (see `posenc_cli.attention`). Schemes that do not use a hook inherit a no-op.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from posenc_cli.attention import CausalSelfAttention
+from posenc_cli.config import Config, ModelConfig, PosConfig
+from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """LayerNorm (with a bias when `cfg.bias`) or RMSNorm over d_model."""
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=1e-5)
+    return nn.LayerNorm(cfg.d_model, eps=1e-5, bias=cfg.bias)
+
+
+class MLP(nn.Module):
+    """d_model -> mlp_ratio·d_model -> GELU -> d_model (`proj` is a residual projection)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hidden = cfg.mlp_ratio * cfg.d_model
+        self.fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
+        self.act = nn.GELU()
+        self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.proj(self.act(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.norm1 = make_norm(cfg)
+        self.attn = CausalSelfAttention(cfg, layer)
+        self.norm2 = make_norm(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, scheme: PositionalScheme, ctx: PositionContext, causal: bool = True) -> Tensor:
+        x = x + self.attn(self.norm1(x), scheme, ctx, causal)
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    """Causal LM: idx (B, T) -> logits (B, T, V), with tied input/output embeddings."""
+
+    def __init__(self, model: ModelConfig, pos: PosConfig, vocab_size: int, train_length: int) -> None:
+        super().__init__()
+        self.config = model
+        self.pos_config = pos
+        self.vocab_size = vocab_size
+        self.train_length = train_length
+        self.scheme: PositionalScheme = build_scheme(pos, model, train_length)
+        self.wte = nn.Embedding(vocab_size, model.d_model)
+        self.drop = nn.Dropout(model.dropout)
+        self.blocks = nn.ModuleList(Block(model, i) for i in range(model.n_layer))
+        self.norm_f = make_norm(model)
+        self.lm_head = nn.Linear(model.d_model, vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """N(0, init_std) for linear/embedding weights, zero biases; residual projections get init_std/√(2·n_layer)
+        (GPT-2). The scheme's own parameters keep the scheme's initialisation."""
+        std = self.config.init_std
+        for module in [self.wte, *self.blocks, self.norm_f]:
+            for m in module.modules():
+                if isinstance(m, nn.Linear | nn.Embedding):
+                    nn.init.normal_(m.weight, mean=0.0, std=std)
+                if isinstance(m, nn.Linear) and m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        resid_std = std / math.sqrt(2 * self.config.n_layer)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.proj.weight, mean=0.0, std=resid_std)
+            nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=resid_std)
+
+    def num_parameters(self, include_embedding: bool = True) -> int:
+        """Parameter count (tied weights counted once)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n if include_embedding else n - self.wte.weight.numel()
+
+    def context(self, idx: Tensor) -> PositionContext:
+        """Check the length and build the per-forward position context (positions 0..T−1, scheme tables)."""
+        T = idx.shape[1]
+        self.scheme.check_length(T)
+        ctx = PositionContext(positions=torch.arange(T, device=idx.device))
+        self.scheme.prepare(ctx)
+        return ctx
+
+    def embed(self, idx: Tensor, ctx: PositionContext) -> Tensor:
+        """Token embeddings plus the scheme's embedding hook: (B, T) -> (B, T, D)."""
+        return self.drop(self.scheme.embed(self.wte(idx), ctx))
+
+    def forward(self, idx: Tensor, *, causal: bool = True) -> Tensor:
+        """idx (B, T) int64 -> logits (B, T, V). `causal=False` drops the mask (analysis/tests only)."""
+        ctx = self.context(idx)
+        x = self.embed(idx, ctx)  # (B, T, D)
+        for block in self.blocks:
+            x = block(x, self.scheme, ctx, causal)
+        return self.lm_head(self.norm_f(x))  # (B, T, V)
+
+
+def build_model(cfg: Config, vocab_size: int) -> GPT:
+    """The model of a run: sizes from `cfg.model`, scheme from `cfg.pos`, training length `cfg.train.seq_len`."""
+    return GPT(cfg.model, cfg.pos, vocab_size, cfg.train.seq_len)

@@ -1,0 +1,61 @@
+"""ALiBi: a per-head linear penalty on attention scores, score_ij += −m_h·(i − j) (Press et al. 2022, §3).
+
+Slopes are fairseq's `get_slopes` (the paper's reference code), including its rule for head counts that are not
+powers of two. The bias is a pure function of i − j and the head, so nothing is learned or stored in checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posenc_cli.config import PosConfig
+from posenc_cli.positional import register
+from posenc_cli.positional.base import PositionalScheme, PositionContext, relative_distance
+
+
+@dataclass(kw_only=True)
+class AlibiConfig(PosConfig):
+    name: str = "alibi"
+
+
+def _power_of_two_slopes(n: int) -> list[float]:
+    """Geometric sequence start^(h+1), start = 2^(−8/n), h = 0..n−1."""
+    return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+
+
+def alibi_slopes(n_head: int) -> Tensor:
+    """(n_head,) fp32 slopes m_h. Non-powers of two: slopes(c) then every other slope of slopes(2c), c = 2^⌊log2 H⌋."""
+    if n_head < 1:
+        raise ValueError(f"n_head must be >= 1, got {n_head}")
+    c = 2 ** math.floor(math.log2(n_head))
+    slopes = _power_of_two_slopes(c)
+    if c < n_head:
+        slopes += _power_of_two_slopes(2 * c)[0::2][: n_head - c]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(slopes: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """slopes (H,), q_pos (Tq,), k_pos (Tk,) -> (1, H, Tq, Tk) fp32 bias −m_h·(i − j)."""
+    dist = relative_distance(q_pos, k_pos).to(torch.float32)  # (Tq, Tk)
+    return (-slopes[:, None, None] * dist[None]).unsqueeze(0)  # (1, H, Tq, Tk)
+
+
+@register
+class ALiBi(PositionalScheme):
+    name = "alibi"
+    config_cls = AlibiConfig
+    hooks = ("bias",)
+    paper = "Press et al. 2022, arXiv:2108.12409"
+
+    def prepare(self, ctx: PositionContext) -> None:
+        # Built per forward (H floats) rather than kept as a buffer, so `model.to(bfloat16)` cannot round the slopes.
+        ctx.tables["alibi_slopes"] = alibi_slopes(self.n_head).to(ctx.positions.device)
+
+    def bias(
+        self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext
+    ) -> Tensor | None:
+        return alibi_bias(ctx.tables["alibi_slopes"], q_pos, k_pos)

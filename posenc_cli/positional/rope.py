@@ -1,0 +1,133 @@
+"""RoPE: rotate each (q, k) pair of dimensions by an angle proportional to the position (Su et al. 2021, §3.4).
+
+θ_k = base^(−2k/d), k = 0..d/2−1, with d the rotary dimension (the first round(rotary_fraction·hd) dims of a head;
+the rest pass through). Pair k at position p is rotated by p·θ_k, so ⟨R(m)q, R(n)k⟩ depends only on m − n (Eq. 16).
+Two layouts pair the dimensions differently and are equivalent up to a fixed permutation of the q/k rows:
+- `rotate_half` (GPT-NeoX, HF Llama): pairs (x_k, x_{k+d/2});
+- `interleaved` (GPT-J, Meta Llama, x-transformers): pairs (x_2k, x_2k+1).
+cos/sin tables are built once per forward in fp32 (also under autocast). With `scaling.method != none` the inverse
+frequencies come from `scaling.scaled_inv_freq`, and cos and sin are both multiplied by its attention factor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from posenc_cli.config import ModelConfig, PosConfig
+from posenc_cli.errors import ConfigError
+from posenc_cli.positional import register
+from posenc_cli.positional.base import PositionalScheme, PositionContext
+from posenc_cli.positional.scaling import RopeScalingConfig, scaled_inv_freq
+
+Layout = Literal["rotate_half", "interleaved"]
+
+
+@dataclass(kw_only=True)
+class RopeConfig(PosConfig):
+    name: str = "rope"
+    base: float = 10000.0
+    layout: Layout = "rotate_half"
+    rotary_fraction: float = 1.0
+    scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+
+    def validate(self) -> None:
+        if self.base <= 1:
+            raise ConfigError(f"pos.base must be > 1, got {self.base}")
+        if not 0.0 < self.rotary_fraction <= 1.0:
+            raise ConfigError(f"pos.rotary_fraction must be in (0, 1], got {self.rotary_fraction}")
+        if self.scaling.method != "none" and self.scaling.factor < 1.0:
+            raise ConfigError(f"pos.scaling.factor must be >= 1, got {self.scaling.factor}")
+
+
+def rotary_dim(head_dim: int, fraction: float) -> int:
+    """Number of rotated dims per head, round(fraction·hd); raises `ConfigError` unless even and positive."""
+    d = round(fraction * head_dim)
+    if d < 2 or d % 2:
+        raise ConfigError(
+            f"pos.rotary_fraction={fraction} gives {d} rotary dims of head dim {head_dim}; it must be even and >= 2"
+        )
+    return d
+
+
+def rope_inv_freq(dim: int, base: float = 10000.0) -> Tensor:
+    """(dim/2,) fp32 inverse frequencies θ_k = base^(−2k/dim)."""
+    k = torch.arange(0, dim, 2, dtype=torch.float64)
+    return (1.0 / base ** (k / dim)).to(torch.float32)
+
+
+def rope_cos_sin(positions: Tensor, inv_freq: Tensor, layout: Layout) -> tuple[Tensor, Tensor]:
+    """positions (T,), inv_freq (d/2,) -> cos, sin (T, d) fp32, laid out to match `layout`'s pairing."""
+    angles = positions.to(torch.float32)[:, None] * inv_freq.to(positions.device, torch.float32)[None, :]  # (T, d/2)
+    # rotate_half: (θ_0..θ_{d/2-1}, θ_0..θ_{d/2-1}); interleaved: (θ_0, θ_0, θ_1, θ_1, ...)
+    paired = torch.cat([angles, angles], dim=-1) if layout == "rotate_half" else angles.repeat_interleave(2, dim=-1)
+    return paired.cos(), paired.sin()  # (T, d)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x_1, x_2) halves -> (−x_2, x_1): the 90° rotation of every pair (x_k, x_{k+d/2})."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def rotate_interleaved(x: Tensor) -> Tensor:
+    """(x_0, x_1, x_2, x_3, ...) -> (−x_1, x_0, −x_3, x_2, ...): the 90° rotation of every pair (x_2k, x_2k+1)."""
+    pairs = x.unflatten(-1, (-1, 2))  # (..., d/2, 2)
+    return torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout) -> Tensor:
+    """x (..., T, hd) with cos, sin (T, d), d ≤ hd: rotate the first d dims (in fp32), pass the rest through."""
+    d = cos.shape[-1]
+    xr, xp = x[..., :d].float(), x[..., d:]
+    rot = rotate_half(xr) if layout == "rotate_half" else rotate_interleaved(xr)
+    out = (xr * cos + rot * sin).to(x.dtype)
+    return out if xp.shape[-1] == 0 else torch.cat([out, xp], dim=-1)
+
+
+@register
+class RoPE(PositionalScheme):
+    name = "rope"
+    config_cls = RopeConfig
+    hooks = ("rotate",)
+    paper = "Su et al. 2021, arXiv:2104.09864"
+
+    def __init__(self, cfg: RopeConfig, model: ModelConfig, train_length: int) -> None:
+        super().__init__(cfg, model, train_length)
+        self.layout: Layout = cfg.layout
+        self.rotary_dim = rotary_dim(model.head_dim, cfg.rotary_fraction)
+
+    def frequencies(self, seq_len: int) -> tuple[Tensor, float]:
+        """(inv_freq (d/2,), attention factor) for a forward of `seq_len` tokens (scaling may depend on it)."""
+        s = self.cfg.scaling
+        if s.method == "none":  # recomputed per forward (d/2 floats): never rounded by `model.to(bfloat16)`
+            return rope_inv_freq(self.rotary_dim, self.cfg.base), 1.0
+        inv_freq, attn = scaled_inv_freq(
+            s.method,
+            self.rotary_dim,
+            self.cfg.base,
+            s.factor,
+            s.original_length or self.train_length,
+            seq_len=seq_len,
+            beta_fast=s.beta_fast,
+            beta_slow=s.beta_slow,
+            attention_factor=s.attention_factor,
+            truncate=s.truncate,
+            low_freq_factor=s.low_freq_factor,
+            high_freq_factor=s.high_freq_factor,
+        )
+        return inv_freq, float(attn)
+
+    def prepare(self, ctx: PositionContext) -> None:
+        inv_freq, attn = self.frequencies(ctx.seq_len)
+        cos, sin = rope_cos_sin(ctx.positions, inv_freq, self.layout)
+        if attn != 1.0:
+            cos, sin = cos * attn, sin * attn
+        ctx.tables["rope_cos"], ctx.tables["rope_sin"] = cos, sin
+
+    def rotate(self, q: Tensor, k: Tensor, ctx: PositionContext) -> tuple[Tensor, Tensor]:
+        cos, sin = ctx.tables["rope_cos"], ctx.tables["rope_sin"]
+        return apply_rope(q, cos, sin, self.layout), apply_rope(k, cos, sin, self.layout)

@@ -1,0 +1,176 @@
+"""Attention: the chunked bias path equals the unchunked one and a naive softmax reference; memory stays bounded."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import Tensor
+
+from posenc_cli.attention import attend, bias_chunk_size, fold_causal_mask
+from posenc_cli.config import ModelConfig, PosConfig
+from posenc_cli.model import GPT
+from posenc_cli.positional import PositionalScheme, PositionContext
+from posenc_cli.positional.alibi import AlibiConfig, alibi_slopes
+from posenc_cli.positional.nope import NoPE, NopeConfig
+
+
+class TableBias(PositionalScheme):
+    """Test-only (unregistered) scheme: an arbitrary learned (H, Tmax, Tmax) bias indexed by positions."""
+
+    name = "table-bias-test"
+    hooks = ("bias",)
+
+    def __init__(self, model: ModelConfig, t_max: int) -> None:
+        super().__init__(PosConfig(name=self.name), model, t_max)
+        self.table = torch.nn.Parameter(torch.randn(model.n_head, t_max, t_max))
+
+    def bias(self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext) -> Tensor:
+        return self.table[:, q_pos][:, :, k_pos]  # (H, Tq, Tk)
+
+
+def naive_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, causal: bool = True) -> Tensor:
+    """softmax(q·kᵀ/√d + bias + causal mask)·v, in float64, written out."""
+    q, k, v, bias = q.double(), k.double(), v.double(), bias.double()
+    T = q.shape[-2]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias
+    if causal:
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def qkv(B: int = 2, H: int = 4, T: int = 23, d: int = 8, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, H, T, d, generator=g) for _ in range(3))  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 22, 23, None])
+@pytest.mark.parametrize("causal", [True, False])
+def test_chunked_bias_equals_naive_reference(chunk: int | None, causal: bool) -> None:
+    torch.manual_seed(0)
+    mc = ModelConfig(d_model=32, n_head=4)
+    scheme = TableBias(mc, 23)
+    q, k, v = qkv()
+    ctx = PositionContext(positions=torch.arange(23))
+    with torch.no_grad():
+        out = attend(q, k, v, scheme, 0, ctx, causal=causal, chunk_size=chunk)
+        ref = naive_attention(q, k, v, scheme.table, causal)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_alibi_attention_equals_naive_with_explicit_bias() -> None:
+    from posenc_cli.positional.alibi import ALiBi
+
+    H, T = 6, 31
+    scheme = ALiBi(AlibiConfig(), ModelConfig(d_model=48, n_head=H), 16)
+    q, k, v = qkv(H=H, T=T)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    bias = -alibi_slopes(H)[:, None, None] * (i - j)  # written from the paper: −m·(i − j)
+    ctx = PositionContext(positions=torch.arange(T))
+    scheme.prepare(ctx)
+    for chunk in (4, None):
+        out = attend(q, k, v, scheme, 0, ctx, chunk_size=chunk)
+        torch.testing.assert_close(out.double(), naive_attention(q, k, v, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_chunked_gradients_equal_unchunked() -> None:
+    torch.manual_seed(0)
+    scheme = TableBias(ModelConfig(d_model=32, n_head=4), 23)
+    ctx = PositionContext(positions=torch.arange(23))
+    grads = []
+    for chunk in (5, None):
+        q, k, v = (t.requires_grad_() for t in qkv())
+        scheme.zero_grad()
+        attend(q, k, v, scheme, 0, ctx, chunk_size=chunk).square().sum().backward()
+        grads.append([q.grad, k.grad, v.grad, scheme.table.grad.clone()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_no_bias_path_equals_naive() -> None:
+    scheme = NoPE(NopeConfig(), ModelConfig(d_model=32, n_head=4), 16)
+    q, k, v = qkv()
+    ctx = PositionContext(positions=torch.arange(23))
+    zero = torch.zeros(23, 23)
+    for causal in (True, False):
+        out = attend(q, k, v, scheme, 0, ctx, causal=causal)
+        torch.testing.assert_close(out.double(), naive_attention(q, k, v, zero, causal), rtol=1e-5, atol=1e-5)
+
+
+def test_model_chunked_equals_unchunked() -> None:
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(d_model=32, n_layer=2, n_head=4), AlibiConfig(), 64, 16).eval()
+    idx = torch.randint(0, 64, (2, 40))
+    full = model(idx)
+    for block in model.blocks:
+        block.attn.chunk_size = 3
+    torch.testing.assert_close(model(idx), full, rtol=1e-5, atol=1e-5)
+
+
+def test_fold_causal_mask_dtype_and_values() -> None:
+    pos = torch.arange(4)
+    mask = fold_causal_mask(torch.ones(2, 4, 4), pos, pos, torch.bfloat16, causal=True)
+    assert mask.dtype == torch.bfloat16 and mask.shape == (1, 2, 4, 4)
+    assert torch.isinf(mask[0, 0]).equal(torch.ones(4, 4, dtype=torch.bool).triu(1))
+    # A chunk of queries 2..3 against keys 0..3: only key 3 is in the future of query 2.
+    mask = fold_causal_mask(None, pos[2:], pos, torch.float32, causal=True)
+    assert torch.isinf(mask[0, 0]).tolist() == [[False, False, False, True], [False, False, False, False]]
+
+
+def test_bias_under_bf16_autocast_matches_q_dtype() -> None:
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(d_model=32, n_layer=2, n_head=4), AlibiConfig(), 64, 16)
+    idx = torch.randint(0, 64, (2, 40))
+    ref = model(idx)
+    for block in model.blocks:
+        block.attn.chunk_size = 7
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(idx)
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max() < 0.05 * ref.abs().max() + 0.02
+
+
+def test_chunk_size_budget() -> None:
+    assert bias_chunk_size(1, 8, 8192, budget=64 * 2**20) == 256  # 256·8192·8·4 bytes = 64 MiB
+    assert bias_chunk_size(1, 8, 128) >= 128  # short sequences: one chunk
+    assert bias_chunk_size(64, 64, 10**6, budget=1) == 1
+
+
+PEAK_SCRIPT = textwrap.dedent(
+    """
+    import sys, torch
+    torch.set_num_threads(1)
+    from posenc_cli.config import ModelConfig
+    from posenc_cli.model import GPT
+    from posenc_cli.positional.alibi import AlibiConfig
+
+    def peak_mib():  # VmHWM: this address space's peak (ru_maxrss would inherit the parent's size across exec)
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+
+    T = int(sys.argv[1])
+    model = GPT(ModelConfig(d_model=64, n_layer=1, n_head=8), AlibiConfig(), 64, 128).eval()
+    idx = torch.randint(0, 64, (1, T))
+    with torch.inference_mode():
+        model(idx[:, :64])  # warm up allocator and kernels
+        before = peak_mib()
+        model(idx)
+        after = peak_mib()
+    print(before, after - before)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmHWM from /proc/self/status")
+def test_long_alibi_forward_stays_memory_bounded() -> None:
+    """T = 4096, H = 8: a full fp32 (H, T, T) bias alone is 512 MiB; the chunked path must stay far below that."""
+    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, "4096"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    before_mib, growth_mib = map(float, out.stdout.split()[-2:])
+    assert before_mib < 1024  # the child's own peak, not inherited from pytest
+    assert growth_mib < 350, f"peak RSS grew by {growth_mib:.0f} MiB"

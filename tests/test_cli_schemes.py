@@ -1,0 +1,45 @@
+"""`posenc schemes`: lists every registered scheme, including ones added later."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+import posenc_cli.positional as positional
+from posenc_cli.cli import app
+from posenc_cli.cli.schemes import scheme_rows
+from posenc_cli.positional import PositionalScheme
+
+
+def run() -> str:
+    result = CliRunner().invoke(app, ["schemes"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_lists_the_core_schemes() -> None:
+    out = run()
+    for name in ("nope", "sinusoidal", "learned", "rope", "alibi"):
+        assert name in out
+    assert "arXiv:2108.12409" in out  # ALiBi's paper
+
+
+def test_rows_describe_hooks_parameters_and_extrapolation() -> None:
+    rows = {r["name"]: r for r in scheme_rows()}
+    assert rows["learned"]["learned"] == "yes" and rows["learned"]["extrapolates"] == "no"
+    assert rows["alibi"]["hooks"] == "bias" and rows["alibi"]["learned"] == "no"
+    assert rows["rope"]["hooks"] == "rotate"
+    assert rows["sinusoidal"]["hooks"] == "embed" and rows["sinusoidal"]["extrapolates"] == "yes"
+    assert rows["nope"]["hooks"] == "none"
+
+
+def test_new_schemes_appear_automatically(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Dummy(PositionalScheme):
+        name = "dummy-scheme-xyz"
+        hooks = ("bias",)
+        paper = "Nobody 2099"
+
+    positional.registry()  # load the real schemes first
+    monkeypatch.setitem(positional._REGISTRY, Dummy.name, Dummy)
+    out = run()
+    assert "dummy-scheme-xyz" in out and "Nobody 2099" in out

@@ -1,0 +1,146 @@
+"""GPT: hooks-only positional information, causality, initialisation, tied weights, every scheme trains/extrapolates."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import posenc_cli.attention
+import posenc_cli.model
+from posenc_cli.config import Config, ModelConfig, TrainConfig
+from posenc_cli.errors import LengthBeyondScheme
+from posenc_cli.model import GPT, build_model
+from posenc_cli.positional import config_class, registry
+
+CORE = ["alibi", "learned", "nope", "rope", "sinusoidal"]
+TINY = ModelConfig(d_model=32, n_layer=2, n_head=2)
+
+
+def make(name: str, mc: ModelConfig = TINY, vocab: int = 48, train_length: int = 16, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(mc, config_class(name)(), vocab, train_length)
+
+
+def test_core_schemes_registered() -> None:
+    assert set(CORE) <= set(registry())
+
+
+@pytest.mark.parametrize("module", [posenc_cli.model, posenc_cli.attention])
+def test_model_code_names_no_scheme(module: object) -> None:
+    source = Path(module.__file__).read_text().lower()  # type: ignore[attr-defined]
+    for name in registry():
+        assert not re.search(rf"\b{re.escape(name.lower())}\b", source), f"'{name}' appears in {module}"
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_future_tokens_do_not_change_past_logits(name: str) -> None:
+    model = make(name).eval()
+    idx = torch.randint(0, 48, (2, 16))
+    changed = idx.clone()
+    changed[:, 10:] = (changed[:, 10:] + 1) % 48
+    a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :10], b[:, :10])
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_runs_at_four_times_training_length(name: str) -> None:
+    model = make(name, train_length=16).eval()
+    idx = torch.randint(0, 48, (1, 64))
+    if name == "learned" or not model.scheme.extrapolates:
+        with pytest.raises(LengthBeyondScheme):
+            model(idx)
+        return
+    with torch.no_grad():
+        logits = model(idx)
+    assert logits.shape == (1, 64, 48) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_trains_on_a_fixed_batch(name: str) -> None:
+    model = make(name, seed=1)
+    g = torch.Generator().manual_seed(0)
+    data = torch.randint(0, 48, (4, 17), generator=g)
+    x, y = data[:, :-1], data[:, 1:]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(20):
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(math.log(48), rel=0.05)  # small init: uniform predictions
+    assert losses[-1] < 0.7 * losses[0]
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_bf16_autocast_forward(name: str) -> None:
+    model = make(name)
+    idx = torch.randint(0, 48, (2, 16))
+    ref = model(idx)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(idx)
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max() < 0.05
+
+
+def test_tied_embeddings_and_parameter_count() -> None:
+    model = make("nope")
+    assert model.lm_head.weight is model.wte.weight
+    d, L, V, m = 32, 2, 48, 4
+    per_block = (3 * d * d + 3 * d) + (d * d + d) + (2 * m * d * d + m * d + d) + 2 * (2 * d)
+    assert model.num_parameters() == V * d + L * per_block + 2 * d
+    assert model.num_parameters(include_embedding=False) == L * per_block + 2 * d
+
+
+def test_initialisation() -> None:
+    mc = ModelConfig(d_model=256, n_layer=8, n_head=4, init_std=0.02)
+    model = make("nope", mc=mc, vocab=512)
+    assert abs(model.wte.weight.std().item() - 0.02) < 1e-3
+    assert abs(model.blocks[0].attn.qkv.weight.std().item() - 0.02) < 1e-3
+    resid = 0.02 / math.sqrt(2 * 8)
+    assert abs(model.blocks[3].attn.proj.weight.std().item() - resid) < 2e-4
+    assert abs(model.blocks[3].mlp.proj.weight.std().item() - resid) < 2e-4
+    assert torch.all(model.blocks[0].attn.qkv.bias == 0)
+
+
+def test_rmsnorm_and_no_bias_variant() -> None:
+    mc = ModelConfig(d_model=32, n_layer=2, n_head=2, norm="rmsnorm", bias=False)
+    model = make("rope", mc=mc)
+    assert isinstance(model.norm_f, torch.nn.RMSNorm)
+    assert all(not n.endswith(".bias") for n, _ in model.named_parameters())
+    assert model(torch.randint(0, 48, (1, 8))).shape == (1, 8, 48)
+
+
+def test_dropout_only_in_training_mode() -> None:
+    mc = ModelConfig(d_model=32, n_layer=2, n_head=2, dropout=0.5)
+    model = make("alibi", mc=mc)
+    idx = torch.randint(0, 48, (2, 16))
+    assert not torch.allclose(model(idx), model(idx))
+    model.eval()
+    torch.testing.assert_close(model(idx), model(idx))
+
+
+def test_qkv_heads_exposes_hooked_q_and_k() -> None:
+    model = make("rope").eval()
+    idx = torch.randint(0, 48, (1, 12))
+    ctx = model.context(idx)
+    attn = model.blocks[0].attn
+    x = model.blocks[0].norm1(model.embed(idx, ctx))
+    q, k, v = attn.qkv_heads(x, model.scheme, ctx)
+    assert q.shape == k.shape == v.shape == (1, 2, 12, 16)
+    raw_q = attn.qkv(x)[..., :32].view(1, 12, 2, 16).transpose(1, 2)
+    torch.testing.assert_close(q[:, :, 0], raw_q[:, :, 0])  # position 0 is not rotated
+    assert not torch.allclose(q[:, :, 1:], raw_q[:, :, 1:])
+
+
+def test_build_model_uses_run_config() -> None:
+    cfg = Config(model=TINY, pos=config_class("learned")(), train=TrainConfig(seq_len=24))
+    model = build_model(cfg, vocab_size=30)
+    assert model.scheme.max_length == 24 and model.wte.weight.shape == (30, 32)
