@@ -7,6 +7,8 @@ import os
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Rich sizes its consoles from COLUMNS when stdout is not a terminal (CI, xdist workers): keep tables unwrapped.
+os.environ["COLUMNS"] = "200"
 
 
 def pytest_configure(config: pytest.Config) -> None:
