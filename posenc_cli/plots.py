@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 
 from posenc_cli.fsutil import atomic_path
 from posenc_cli.report import describe_lengths, describe_protocol, run_label
@@ -82,7 +82,11 @@ def ppl_vs_length_figure(results: Sequence[Result], *, title: str | None = None)
     plain = FuncFormatter(lambda v, _: f"{v:g}")  # 104, 1.5, 2000 rather than 1.04×10²
     ax.yaxis.set_major_formatter(plain)
     lo, hi = ax.get_ylim()
-    ax.yaxis.set_minor_formatter(plain if hi / lo < 20 else NullFormatter())  # narrow range: label minor ticks
+    if hi / lo < 20:  # narrow range: evenly spaced round numbers, all labelled (log minor ticks leave gaps)
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=8, steps=[1, 2, 2.5, 5, 10]))
+        ax.yaxis.set_minor_locator(NullLocator())
+    else:
+        ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("evaluation length (tokens, log₂ scale)")
     ax.set_ylabel("perplexity (log scale)")
     ax.grid(True, which="both", alpha=0.3)
