@@ -51,3 +51,22 @@ def test_unfinished_commands_say_so_and_exit_2() -> None:
         assert result.exit_code == 2
         assert "not available yet" in result.output
         assert "Traceback" not in result.output
+
+
+BAD_OVERRIDES = [
+    ("model.n_layer=abc", "model.n_layer: expected an integer"),
+    ("model.n_layr=4", "unknown config key 'model.n_layr'"),
+    ("+model.n_layr=4", "unknown config key 'model.n_layr'"),
+    ("model.n_head=3", "model.n_head=3 does not divide model.d_model=128"),
+    ("data=nonexistent", "Could not find 'data/nonexistent'"),
+]
+
+
+def test_bad_overrides_exit_2_with_one_line_on_every_config_command() -> None:
+    for command in (["train", "--cfg", "job"], ["train"], ["data"], ["sweep", "--dry-run"]):
+        for override, message in BAD_OVERRIDES:
+            result = runner.invoke(app, [*command, override])
+            assert result.exit_code == 2, (command, override, result.output)
+            assert message in result.stderr, (command, override, result.stderr)
+            assert len(result.stderr.strip().splitlines()) == 1
+            assert "Traceback" not in result.output
