@@ -1,15 +1,157 @@
-"""`posenc viz`: not implemented yet."""
+"""`posenc viz encoding|attention|compare`: pictures of positional encodings and of what trained models attend to."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
+from rich.table import Table
 
-from posenc_cli.cli.app import app, not_available
+from posenc_cli.cli.app import ConfigDirOption, app, console, handles_errors, split_args
+from posenc_cli.errors import ConfigError
+
+viz_app = typer.Typer(
+    name="viz",
+    help="Pictures of encodings (from the schemes' own hooks) and of trained models' attention.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+)
+app.add_typer(viz_app, name="viz")
+
+DEFAULT_DIR = Path("outputs/viz")
+
+OutOption = Annotated[Path | None, typer.Option("--out", metavar="PNG", help="Figure file.", show_default=False)]
+DeviceOption = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")]
+WindowsOption = Annotated[int, typer.Option("--windows", min=1, help="Held-out validation windows per length.")]
+
+_ENCODING_EXAMPLES = """
+[bold]Examples[/]
+
+  posenc viz encoding pos=sinusoidal
+  posenc viz encoding pos=alibi model=small --out alibi.png
+  posenc viz encoding pos=rope --length 512
+  posenc viz encoding outputs/runs/learned   [dim](the trained scheme of a run)[/]
+"""
+
+_ATTENTION_EXAMPLES = """
+[bold]Examples[/]
+
+  posenc viz attention outputs/runs/rope
+  posenc viz attention outputs/runs/alibi --layer 0 --head all --length 1024 --out alibi-attn.png
+"""
 
 
-@app.command("viz", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def viz_command(args: Annotated[list[str] | None, typer.Argument(help="Paths and overrides.")] = None) -> None:
-    """Pictures of encodings and attention. Not available yet."""
-    not_available("viz", "posenc viz")
+@viz_app.command(
+    "encoding", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, epilog=_ENCODING_EXAMPLES
+)
+@handles_errors
+def encoding_command(
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Config overrides (pos=alibi model=small ...), or one run directory to draw its trained scheme.",
+            metavar="[OVERRIDES | RUN_DIR]",
+            show_default=False,
+        ),
+    ] = None,
+    out: OutOption = None,
+    length: Annotated[
+        int | None, typer.Option("--length", metavar="N", help="Positions drawn (default: the training length).")
+    ] = None,
+    head: Annotated[int, typer.Option("--head", metavar="H", help="Head of the rotation and (i, j) bias panels.")] = 0,
+    layer: Annotated[int, typer.Option("--layer", metavar="K", help="Layer whose bias is drawn.")] = 0,
+    config_dir: ConfigDirOption = None,
+) -> None:
+    """Draw what a scheme's hooks do: added embeddings, rotation angles, or score biases (also a grid here)."""
+    from posenc_cli.plots import save_figure
+    from posenc_cli.viz import encoding_figure, terminal_grids
+    from posenc_cli.viz_data import encoding_data, seeded_scheme
+
+    # Sweep job directories are named like `pos=rope`: an existing path is a run directory, not an override.
+    paths = [a for a in args or [] if Path(a).exists()]
+    names, overrides = split_args([a for a in args or [] if a not in paths])
+    names = paths + names
+    if len(names) > 1:
+        raise ConfigError(f"give at most one run directory, got {len(names)}: {' '.join(names)}")
+    if names:
+        if overrides:
+            raise ConfigError("overrides apply to composed configs, not to a run directory: give one or the other")
+        from posenc_cli.checkpoint import load_run
+
+        run = load_run(names[0])
+        scheme = run.model.scheme
+        source = f"trained run {run.path.name}, step {run.meta['step']}"
+        seed = run.config.train.seed
+    else:
+        from posenc_cli.hydra_bridge import compose_config
+
+        cfg = compose_config(overrides, Path(config_dir) if config_dir else None)
+        scheme = seeded_scheme(cfg)
+        source, seed = None, cfg.train.seed
+    n = length if length is not None else scheme.train_length
+    data = encoding_data(scheme, n, source=source, head=head, layer=layer, seed=seed)
+    for grid in terminal_grids(data):
+        console.print(grid)
+    path = save_figure(encoding_figure(data), out or DEFAULT_DIR / f"encoding-{data.scheme}.png")
+    console.print(f"wrote {escape(str(path))}", highlight=False)
+
+
+@viz_app.command("attention", epilog=_ATTENTION_EXAMPLES)
+@handles_errors
+def attention_command(
+    run_dir: Annotated[Path, typer.Argument(help="A trained run directory.", show_default=False)],
+    length: Annotated[
+        int | None,
+        typer.Option("--length", metavar="L", help="The longer length (default 4 × the training length)."),
+    ] = None,
+    layer: Annotated[str, typer.Option("--layer", metavar="K|all", help="Layer(s) of the maps.")] = "all",
+    head: Annotated[
+        str, typer.Option("--head", metavar="H|all|mean", help="Head(s) of the maps; mean averages the heads.")
+    ] = "mean",
+    windows: WindowsOption = 4,
+    out: OutOption = None,
+    device: DeviceOption = "auto",
+) -> None:
+    """Attention maps at the training length and a longer one, side by side, and attention mass by distance."""
+    from posenc_cli.checkpoint import load_run
+    from posenc_cli.device import resolve_device
+    from posenc_cli.plots import save_figure
+    from posenc_cli.viz import attention_figure
+    from posenc_cli.viz_data import attention_report
+
+    run = load_run(run_dir, device=resolve_device(device))
+    report = attention_report(run, length=length, layer=layer, head=head, windows=windows)
+    path = save_figure(attention_figure(report), out or Path(run_dir) / "viz" / "attention.png")
+    table = Table(title=f"Mean attended distance (tokens) · {escape(report.run)} · trained at {report.train_length}")
+    table.add_column("layer", justify="right")
+    for panel in report.panels:
+        table.add_column(f"L = {panel.length} ({panel.multiple:g}×)", justify="right")
+    distances = [p.mean_distance() if p.status == "ok" else None for p in report.panels]
+    for k in range(report.n_layer):
+        table.add_row(str(k), *("n/a" if d is None else f"{d[k]:.1f}" for d in distances))
+    console.print(table)
+    console.print(f"wrote {escape(str(path))}", highlight=False)
+
+
+@viz_app.command("compare")
+@handles_errors
+def compare_command(
+    paths: Annotated[
+        list[Path], typer.Argument(help="Run directories or sweep directories (searched for runs).", show_default=False)
+    ],
+    multiple: Annotated[float, typer.Option("--multiple", help="Longer length as a multiple of each run's.")] = 4.0,
+    windows: WindowsOption = 4,
+    out: OutOption = None,
+    device: DeviceOption = "auto",
+) -> None:
+    """One small panel per run: attention mass by distance at 1× and at --multiple × the training length."""
+    from posenc_cli.viz import write_attention_comparison
+
+    if multiple <= 0:
+        raise ConfigError(f"--multiple must be > 0, got {multiple}")
+    path = write_attention_comparison(
+        paths, out or DEFAULT_DIR / "attention-compare.png", multiple=multiple, windows=windows, device=device
+    )
+    console.print(f"wrote {escape(str(path))}", highlight=False)
