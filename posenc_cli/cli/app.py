@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -59,10 +60,13 @@ def handles_errors(func: F) -> F:
 
 
 def split_args(args: list[str] | None) -> tuple[list[str], list[str]]:
-    """Split positional arguments into (names or paths, overrides): an override contains `=`."""
+    """Split positional arguments into (names or paths, overrides): an override contains `=`.
+
+    An existing path counts as a path even with `=` in it (sweep job directories are named `pos=rope`).
+    """
     names, overrides = [], []
     for a in args or []:
-        (overrides if "=" in a else names).append(a)
+        (overrides if "=" in a and not Path(a).exists() else names).append(a)
     return names, overrides
 
 
