@@ -1,15 +1,73 @@
-"""`posenc export`: not implemented yet."""
+"""`posenc export`: write a run as a `transformers` model directory (GPT-2 for learned, GPT-NeoX for RoPE runs)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
-from posenc_cli.cli.app import app, not_available
+from posenc_cli.cli.app import app, console, handles_errors
+
+_EPILOG = (
+    "Examples:  posenc export outputs/runs/rope --to hf --out exported/rope   "
+    "|   posenc export outputs/runs/rope-yarnx4 --out exported/rope-yarn   "
+    "|   then in Python: AutoModelForCausalLM.from_pretrained('exported/rope')"
+)
 
 
-@app.command("export", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def export_command(args: Annotated[list[str] | None, typer.Argument(help="Paths and overrides.")] = None) -> None:
-    """Export a run to transformers. Not available yet."""
-    not_available("export", "ecosystem")
+@app.command("export", epilog=_EPILOG)
+@handles_errors
+def export_command(
+    run_dir: Annotated[Path, typer.Argument(help="The run directory to export (never modified).")],
+    out: Annotated[
+        Path, typer.Option("--out", metavar="DIR", help="New directory for the model (must not exist or be empty).")
+    ],
+    to: Annotated[str, typer.Option("--to", metavar="FORMAT", help="Target format: hf (transformers).")] = "hf",
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify/--no-verify", help="Reload the export with transformers and compare its logits with posenc's."
+        ),
+    ] = True,
+) -> None:
+    """Export a run to transformers: `learned` runs as GPT-2, `rope` runs (plain or extended) as GPT-NeoX.
+
+    The directory holds config.json, model.safetensors and a tokenizer, and loads with
+    AutoModelForCausalLM.from_pretrained(DIR) and AutoTokenizer.from_pretrained(DIR), no remote code. Other
+    schemes, and model.norm=rmsnorm, have no matching transformers architecture and are refused (exit 2).
+    """
+    from posenc_cli.export import export_run
+
+    quiet_transformers()
+    r = export_run(run_dir, out, to=to, verify=verify)
+    rope = f", rope {r.rope_type}" if r.rope_type else ""
+    if r.rope_scaling:
+        original = r.rope_scaling.get("original_max_position_embeddings")
+        rope += f" ×{r.rope_scaling['factor']:g}" + (f" of L={original}" if original else "")
+    limit = f", up to {r.max_length} positions" if r.max_length else ""
+    console.print(
+        f"exported {escape(str(r.run_dir))} ({r.scheme}, step {r.step}) -> {escape(str(r.out_dir))} as "
+        f"{r.architecture}{rope}{limit}; tokenizer: {r.tokenizer}",
+        highlight=False,
+    )
+    if r.max_abs_diff is not None:
+        console.print(
+            f"verified: max |Δlogit| {r.max_abs_diff:.2e} vs posenc on {r.verify_tokens} random tokens", highlight=False
+        )
+    console.print(
+        f"load it: AutoModelForCausalLM.from_pretrained({str(r.out_dir)!r}), AutoTokenizer.from_pretrained(...)",
+        highlight=False,
+        markup=False,
+    )
+
+
+def quiet_transformers() -> None:
+    """No progress bars or advisory warnings from transformers while exporting (errors still raise)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # export_run raises the clear error
+        return
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
