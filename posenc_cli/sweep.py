@@ -308,7 +308,10 @@ def run_sweep(
             if not todo:
                 say("skip", f"{title}: all {len(jobs)} job(s) already done")
                 continue
-            internal = [f"+{INTERNAL_KEY}.action={plan.stage.action}"]
+            internal = [
+                f"+{INTERNAL_KEY}.action={plan.stage.action}",
+                f"+{INTERNAL_KEY}.sweep_dir={_hydra_quote(str(sweep_dir))}",
+            ]
             if parent is not None:
                 parent_dir = sweep_dir / parent
                 if job_status(parent_dir) != "done":
@@ -319,7 +322,7 @@ def run_sweep(
                 internal.append(f"+{INTERNAL_KEY}.parent_dir={_hydra_quote(str(parent_dir))}")
             say("run", f"{title}: {len(todo)} of {len(jobs)} job(s) to run")
             swept = [f"{key}={','.join(values)}" for key, values in plan.swept.items()]
-            exclude = [*plan.fixed, f"{INTERNAL_KEY}.action", f"{INTERNAL_KEY}.parent_dir"]
+            exclude = [*plan.fixed, *(f"{INTERNAL_KEY}.{key}" for key in ("action", "sweep_dir", "parent_dir"))]
             launch_multirun(
                 [*plan.fixed.values(), *swept, *internal],
                 stage_dir=jobs[0].dir(sweep_dir).parent,
@@ -392,10 +395,11 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
         if cfg.train.threads == 0 and info.parallel_jobs != 1:
             jobs = info.parallel_jobs if info.parallel_jobs > 0 else (os.cpu_count() or 1)
             cfg = replace(cfg, train=replace(cfg.train, threads=max(1, (os.cpu_count() or 1) // jobs)))
+        sweep_dir = Path(job["sweep_dir"]) if job.get("sweep_dir") else None
         if job.get("action", "train") == "train":
-            _train_job(cfg, job_dir)
+            _train_job(cfg, job_dir, sweep_dir)
         else:
-            _extend_job(cfg, job_dir, Path(job["parent_dir"]))
+            _extend_job(cfg, job_dir, Path(job["parent_dir"]), sweep_dir)
         _evaluate_job(cfg, job_dir)
         return {"status": "ok", "dir": str(job_dir)}
     except Exception as e:  # one failed job must not hide the others' results
@@ -413,19 +417,28 @@ def _job_display(cfg: Any) -> Any:
     return TrainDisplay(Console(soft_wrap=True), live=False, log_every=cfg.train.log_every)
 
 
-def _train_job(cfg: Any, job_dir: Path) -> None:
+def _tracked(display: Any, cfg: Any, job_dir: Path, sweep_dir: Path | None) -> Any:
+    """Each job is its own tracker run, grouped by its sweep."""
+    from posenc_cli.trackers import tracked
+
+    if sweep_dir is None:
+        return tracked(display, cfg, job_dir)
+    return tracked(display, cfg, job_dir, group=sweep_dir.name, store=sweep_dir)
+
+
+def _train_job(cfg: Any, job_dir: Path, sweep_dir: Path | None) -> None:
     from posenc_cli.checkpoint import is_run_dir
     from posenc_cli.train import train
 
-    with _job_display(cfg) as display:
-        train(cfg, job_dir, resume=is_run_dir(job_dir), callback=display)
+    with _job_display(cfg) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
+        train(cfg, job_dir, resume=is_run_dir(job_dir), callback=callback)
 
 
-def _extend_job(cfg: Any, job_dir: Path, parent_dir: Path) -> None:
+def _extend_job(cfg: Any, job_dir: Path, parent_dir: Path, sweep_dir: Path | None) -> None:
     from posenc_cli.extend import extend_run
 
-    with _job_display(cfg) as display:
-        extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads, callback=display)
+    with _job_display(cfg) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
+        extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads, callback=callback)
 
 
 def _evaluate_job(cfg: Any, job_dir: Path) -> None:

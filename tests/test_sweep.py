@@ -156,3 +156,11 @@ def test_submitit_local_launcher(workspace: Path, monkeypatch) -> None:
     )
     assert code == 0, output
     assert (workspace / "submitit/train/default/eval/extrapolate.json").is_file()
+
+
+def test_jobs_log_to_the_configured_tracker(workspace: Path, monkeypatch) -> None:
+    pytest.importorskip("tensorboard")
+    code, output = sweep(workspace, monkeypatch, "one", "pos=alibi", "train.logger=tensorboard", "--out", "tb")
+    assert code == 0, output
+    events = list((workspace / "tb/train/default").rglob("events.out.tfevents.*"))
+    assert events, "the job wrote no TensorBoard event file"
