@@ -1,0 +1,76 @@
+"""Sandwich: a parameter-free bias from the dot products of sinusoidal embeddings (Chi et al. 2023, "Dissecting
+Transformer Length Extrapolation via the Lens of Receptive Field Analysis", §5).
+
+bias_h(i, j) = (Σ_{k=1}^{d'/2} cos((i − j) / 10000^(2k/d')) − d'/2) / (h'·8/H),  h' = h + 1 = 1..H,
+
+i.e. PE(i)·PE(j) − PE(i)·PE(i) for sinusoids of dimension d', scaled per head like ALiBi's slopes. Note k runs from 1,
+as in NeMo's `SandwichRelativePositionEmbedding`, and d' defaults to the model's hidden size (NeMo passes
+`hidden_size`). The bias is 0 at distance 0 and negative elsewhere; it depends on |i − j| only, so one (N, H) table
+per forward (N = the span of positions) serves every layer and chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posenc_cli.config import ModelConfig, PosConfig
+from posenc_cli.errors import ConfigError
+from posenc_cli.positional import register
+from posenc_cli.positional.base import PositionalScheme, PositionContext, relative_distance
+from posenc_cli.positional.t5 import distance_span, lookup_by_distance
+
+
+@dataclass(kw_only=True)
+class SandwichConfig(PosConfig):
+    name: str = "sandwich"
+    dim: int | None = None  # d'; None: model.d_model
+    base: float = 10000.0
+
+    def validate(self) -> None:
+        if self.dim is not None and (self.dim < 2 or self.dim % 2):
+            raise ConfigError(f"pos.dim must be even and >= 2, got {self.dim}")
+        if self.base <= 1:
+            raise ConfigError(f"pos.base must be > 1, got {self.base}")
+
+
+def sandwich_profile(distances: Tensor, dim: int, base: float = 10000.0) -> Tensor:
+    """distances (N,) -> (N,) fp32 Σ_{k=1}^{dim/2} cos(Δ / base^(2k/dim)) − dim/2."""
+    k = torch.arange(1, dim // 2 + 1, dtype=torch.float64)
+    freq = (base ** (-2.0 * k / dim)).to(torch.float32).to(distances.device)  # (dim/2,)
+    angles = distances.to(torch.float32)[:, None] * freq[None, :]  # (N, dim/2)
+    return angles.cos().sum(-1) - dim / 2
+
+
+def sandwich_head_scales(n_head: int) -> Tensor:
+    """(H,) fp32 divisors h'·8/H, h' = 1..H."""
+    return torch.arange(1, n_head + 1, dtype=torch.float32) * 8.0 / n_head
+
+
+def sandwich_table(distances: Tensor, dim: int, n_head: int, base: float = 10000.0) -> Tensor:
+    """distances (N,) -> (N, H) fp32 bias per distance and head: profile / (h'·8/H)."""
+    scales = sandwich_head_scales(n_head).to(distances.device)
+    return sandwich_profile(distances, dim, base)[:, None] / scales[None, :]
+
+
+@register
+class Sandwich(PositionalScheme):
+    name = "sandwich"
+    config_cls = SandwichConfig
+    hooks = ("bias",)
+    paper = "Chi et al. 2023, arXiv:2212.10356"
+    bias_shared_across_layers = True  # a function of positions only, the same in every layer
+
+    def __init__(self, cfg: SandwichConfig, model: ModelConfig, train_length: int) -> None:
+        super().__init__(cfg, model, train_length)
+        self.dim = cfg.dim if cfg.dim is not None else model.d_model
+
+    def prepare(self, ctx: PositionContext) -> None:
+        ctx.tables["sandwich"] = sandwich_table(distance_span(ctx.positions), self.dim, self.n_head, self.cfg.base)
+
+    def bias(
+        self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext
+    ) -> Tensor | None:
+        return lookup_by_distance(ctx.tables["sandwich"], relative_distance(q_pos, k_pos).abs())
