@@ -33,7 +33,7 @@ SCHEME_COLOURS: dict[str, str] = {
     "fire": "#8C564B",
     "kerple": "#9467BD",
     "cope": "#BCBD22",
-    "sandwich": "#1B9E77",
+    "sandwich": "#332288",
 }
 _FALLBACK = ("#17BECF", "#7F7F7F", "#AEC7E8", "#FF9896", "#98DF8A", "#C5B0D5", "#C49C94", "#F7B6D2")
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
