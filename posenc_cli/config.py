@@ -60,9 +60,14 @@ class PosConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    """Where text comes from (`data=stdlib|text|hf`) and how it is split and cached."""
+    """Where text comes from (`data=stdlib|text|hf|passkey`) and how it is split and cached.
 
-    source: Literal["stdlib", "text", "hf"] = "stdlib"
+    `passkey_*` configure `data=passkey` (synthetic retrieval episodes, see `posenc_cli.passkey`): the number of
+    episodes (both splits; `val_fraction` of them go to validation), their length range in characters (= byte
+    tokens; raised to the shortest possible episode), the digits of each key, and the generator's seed.
+    """
+
+    source: Literal["stdlib", "text", "hf", "passkey"] = "stdlib"
     paths: list[str] = field(default_factory=list)
     val_paths: list[str] = field(default_factory=list)
     val_fraction: float = 0.02
@@ -72,9 +77,22 @@ class DataConfig:
     val_split: str | None = None
     text_column: str = "text"
     cache_dir: str | None = None
+    passkey_episodes: int = 8000
+    passkey_min_len: int = 0
+    passkey_max_len: int = 128
+    passkey_digits: int = 5
+    passkey_seed: int = 0
 
     def validate(self) -> None:
         _probability(self, "data", "val_fraction")
+        _positive(self, "data", "passkey_episodes", "passkey_digits")
+        _non_negative(self, "data", "passkey_min_len", "passkey_seed")
+        if self.passkey_max_len < self.passkey_min_len:
+            raise ConfigError(
+                f"data.passkey_max_len={self.passkey_max_len} is below data.passkey_min_len={self.passkey_min_len}"
+            )
+        if self.passkey_digits > 18:
+            raise ConfigError(f"data.passkey_digits must be <= 18, got {self.passkey_digits}")
         if self.source == "text" and not self.paths:
             raise ConfigError("data=text needs data.paths=[FILE_OR_DIR_OR_GLOB,...]")
         if self.source == "hf" and not self.name:

@@ -1,12 +1,13 @@
 """Corpora, the on-disk token cache, and batching.
 
-Three sources behind `load_corpus`, each yielding documents that are joined with an end-of-document token:
+Four sources behind `load_corpus`, each yielding documents that are joined with an end-of-document token:
 - `data=stdlib` (default): the running Python's standard-library `.py` files, in sorted relative-path order; no
   download. A file goes to validation when sha256(relative path) maps below `data.val_fraction`.
 - `data=text data.paths=[...]`: files, directories and globs read by the `datasets` `text` builder, one document per
   file; validation by a hash of the document's content, or the files in `data.val_paths`.
 - `data=hf data.name=...`: `datasets.load_dataset(name, config, split=...)`, one document per row of
   `data.text_column`; validation from `data.val_split` or by content hash.
+- `data=passkey`: synthetic passkey-retrieval episodes generated from `data.passkey_seed` (`posenc_cli.passkey`).
 
 Each split is tokenized once into a flat array of ids, stored as raw `uint16`/`int32` under
 `<cache>/tokens/<key>/` with key = hash(source fingerprint, tokenizer fingerprint), and memory-mapped afterwards.
@@ -489,11 +490,26 @@ def _hf_source(data: DataConfig, progress: ProgressFn | None) -> _Source:
     return _Source(fingerprint=_digest("hf", FORMAT_VERSION, parts), info=info, documents=documents)
 
 
+def _passkey_source(data: DataConfig) -> _Source:
+    """data=passkey: seeded synthetic retrieval episodes (`posenc_cli.passkey`), one document each."""
+    from posenc_cli.passkey import corpus_documents, corpus_info
+
+    info = corpus_info(data)
+
+    def documents() -> tuple[_Docs, _Docs, str]:
+        train, val = corpus_documents(data)
+        return _whole(_memory_table(train)), _whole(_memory_table(val)), "generated episodes (seeded)"
+
+    return _Source(fingerprint=_digest("passkey", FORMAT_VERSION, info), info=info, documents=documents)
+
+
 def _open_source(data: DataConfig, root: Path, progress: ProgressFn | None) -> _Source:
     if data.source == "stdlib":
         return _stdlib_source(data, progress)
     if data.source == "text":
         return _text_source(data, root, progress)
+    if data.source == "passkey":
+        return _passkey_source(data)
     return _hf_source(data, progress)
 
 

@@ -170,8 +170,3 @@ def test_errors_exit_2(runs_root: Path, tmp_path: Path, args: list[str], message
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
-
-
-def test_passkey_stub_unchanged() -> None:
-    result = runner.invoke(app, ["eval-passkey"])
-    assert result.exit_code == 2 and "not available yet" in result.output

@@ -62,6 +62,12 @@ def summary_table(info: dict[str, Any]) -> Table:
         table.add_row("source", f"stdlib: Python {info['python_version']} at {info['root']}")
     elif source == "text":
         table.add_row("source", f"text: {', '.join(info['paths'])}")
+    elif source == "passkey":
+        table.add_row(
+            "source",
+            f"passkey: {info['episodes']:,} episodes of {info['min_len']}–{info['max_len']} chars, "
+            f"{info['digits']}-digit keys, seed {info['seed']}",
+        )
     else:
         config = f" ({info['config']})" if info.get("config") else ""
         table.add_row("source", f"hf: {info['name']}{config}, split {info['split']}")

@@ -1,4 +1,4 @@
-"""`posenc eval-extrapolate`: perplexity at and beyond the training length; `eval-passkey` is still a stub."""
+"""`posenc eval-extrapolate` (perplexity at and beyond the training length) and `posenc eval-passkey` (retrieval)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from posenc_cli.cli.app import app, console, err_console, handles_errors, not_available, split_args
+from posenc_cli.cli.app import app, console, err_console, handles_errors, split_args
 from posenc_cli.errors import ConfigError
 
 _EXAMPLES = """
@@ -224,7 +224,111 @@ class _Display:
         self._progress.update(self._task, description=description, completed=done, total=total)
 
 
-@app.command("eval-passkey", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def eval_passkey_command(args: Annotated[list[str] | None, typer.Argument(help="Run directories.")] = None) -> None:
-    """Passkey retrieval at growing lengths. Not available yet."""
-    not_available("eval-passkey", "new schemes and passkey retrieval")
+class _PasskeyDisplay(_Display):
+    def progress(self, what: str, done: int, total: int) -> None:
+        description = f"{self._run} {what} (prompts)"
+        if self._task is None:
+            self._task = self._progress.add_task(description, total=total)
+        self._progress.update(self._task, description=description, completed=done, total=total)
+
+
+_PASSKEY_EXAMPLES = """
+[bold]Examples[/]
+
+  posenc train data=passkey pos=alibi            [dim](short retrieval episodes at the training length)[/]
+  posenc eval-passkey outputs/runs/alibi-tiny --lengths 1,2,4 --plot passkey.png
+  posenc eval-passkey outputs/sweeps/passkey --depths 0,0.5,1 --trials 20
+  posenc eval-passkey RUN --abs-lengths 128,512,2048 --json passkey_all.json
+"""
+
+
+@app.command("eval-passkey", epilog=_PASSKEY_EXAMPLES)
+@handles_errors
+def eval_passkey_command(
+    paths: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Run or sweep directories (runs are found recursively).", metavar="RUN_DIR...", show_default=False
+        ),
+    ] = None,
+    lengths: Annotated[
+        str | None,
+        typer.Option(
+            help="Prompt lengths as multiples of each run's base length (default 1,2,4,8).", show_default=False
+        ),
+    ] = None,
+    abs_lengths: Annotated[
+        str | None, typer.Option(help="Absolute prompt lengths in tokens instead, e.g. 128,512.", show_default=False)
+    ] = None,
+    depths: Annotated[
+        str | None,
+        typer.Option(
+            help="Key depths: share of the filler before the key (default 0,0.25,0.5,0.75,1).", show_default=False
+        ),
+    ] = None,
+    trials: Annotated[int, typer.Option(help="Prompts (fresh keys) per length × depth.")] = 10,
+    digits: Annotated[
+        int | None, typer.Option(help="Digits per key (default: the run's data.passkey_digits, 5).", show_default=False)
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the keys (the same seed gives the same prompts).")] = 0,
+    batch_tokens: Annotated[int, typer.Option(help="Prompt tokens per forward batch (memory bound).")] = 16384,
+    dtype: Annotated[
+        str, typer.Option(help="auto (bf16 if the run trained in bf16 and it is fast here), fp32, bf16.")
+    ] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")] = "auto",
+    threads: Annotated[int, typer.Option(help="CPU threads (0 = torch's default).")] = 0,
+    force: Annotated[
+        bool, typer.Option("--force", help="Recompute cells already stored in eval/passkey.json.")
+    ] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option(help="Write a PNG heatmap (length × depth per run) here.", show_default=False, dir_okay=False),
+    ] = None,
+    json_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--json", help="Write the combined results of all runs as JSON here.", show_default=False, dir_okay=False
+        ),
+    ] = None,
+) -> None:
+    """Passkey retrieval: exact match of a key hidden at each depth of prompts of growing length; stored in each
+    run's eval/passkey.json."""
+    from posenc_cli.fsutil import atomic_write_json
+    from posenc_cli.passkey import PasskeyConfig, combined_json, evaluate_passkey_paths, passkey_figure, passkey_table
+    from posenc_cli.plots import save_figure
+
+    unknown = [p for p in paths or [] if p.startswith("-") or "=" in p]
+    if unknown:
+        raise ConfigError(f"unexpected argument {unknown[0]} (see posenc eval-passkey --help)")
+    if not paths:
+        raise ConfigError("give at least one run directory (or a sweep directory holding runs)")
+    if lengths is not None and abs_lengths is not None:
+        raise ConfigError("give either --lengths (multiples of the base length) or --abs-lengths (tokens), not both")
+    if dtype not in ("auto", "fp32", "bf16"):
+        raise ConfigError(f"--dtype must be auto, fp32 or bf16, got {dtype!r}")
+    cfg = PasskeyConfig(trials=trials, digits=digits, seed=seed, batch_tokens=batch_tokens, dtype=dtype, force=force)
+    if lengths is not None:
+        cfg.lengths = parse_list(lengths, float, "--lengths")
+    if abs_lengths is not None:
+        cfg.abs_lengths = parse_list(abs_lengths, int, "--abs-lengths")
+    if depths is not None:
+        cfg.depths = parse_list(depths, float, "--depths")
+    cfg.validate()
+
+    start = time.perf_counter()
+    with _PasskeyDisplay() as display:
+        results = evaluate_passkey_paths(
+            paths, cfg, device=device, threads=threads, progress=display.progress, on_run=display.on_run
+        )
+    seconds = time.perf_counter() - start
+
+    console.print(passkey_table(results))
+    reused = sum(r["reused"] for r in results)
+    cells = sum(len(r["entries"]) for r in results)
+    note = f"; {reused} of {cells} cells reused from eval/passkey.json (--force recomputes)" if reused else ""
+    console.print(f"{len(results)} run(s) evaluated in {seconds:.1f} s{note}", highlight=False)
+    if plot is not None:
+        console.print(f"wrote {save_figure(passkey_figure(results), plot)}", highlight=False)
+    if json_path is not None:
+        atomic_write_json(json_path, combined_json(results))
+        console.print(f"wrote {json_path}", highlight=False)

@@ -1,0 +1,114 @@
+"""`posenc eval-passkey` end to end on tiny runs trained on data=passkey: table, files, n/a, reuse, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from posenc_cli.cli import app
+from posenc_cli.config import Config, DataConfig, ModelConfig, TrainConfig
+from posenc_cli.positional import config_class
+
+runner = CliRunner()
+SCHEMES = ("learned", "nope")
+
+
+@pytest.fixture(scope="session")
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two tiny runs (seq_len 128, 4 steps) on 60 passkey episodes."""
+    from posenc_cli.train import train
+
+    root = tmp_path_factory.mktemp("passkey-runs")
+    for scheme in SCHEMES:
+        cfg = Config(
+            model=ModelConfig(d_model=32, n_layer=2, n_head=2),
+            pos=config_class(scheme)(name=scheme),
+            data=DataConfig(source="passkey", passkey_episodes=60, val_fraction=0.2),
+            train=TrainConfig(
+                seq_len=128,
+                batch_size=2,
+                steps=4,
+                warmup_steps=1,
+                eval_every=4,
+                eval_batches=1,
+                save_every=4,
+                log_every=2,
+                precision="fp32",
+                device="cpu",
+                threads=1,
+            ),
+        )
+        train(cfg, root / "sweep" / scheme)
+    return root
+
+
+def invoke(*args: object) -> object:
+    return runner.invoke(app, ["eval-passkey", *map(str, args)], terminal_width=200)
+
+
+def test_table_json_plot_and_na(runs_root: Path, tmp_path: Path) -> None:
+    plot, out_json = tmp_path / "p" / "passkey.png", tmp_path / "all.json"
+    args = ("--lengths", "1,2", "--depths", "0,1", "--trials", 2, "--device", "cpu")
+    result = invoke(runs_root / "sweep", *args, "--plot", plot, "--json", out_json)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "Passkey retrieval accuracy" in out and "trained at 128 tokens" in out
+    assert "length \\ depth" in out and "100%" in out and "2× · 256" in out
+    assert "n/a for learned at 256: scheme 'learned' supports at most 128 positions" in out
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+    combined = json.loads(out_json.read_text())
+    assert [r["scheme"] for r in combined["runs"]] == list(SCHEMES)
+    for run in combined["runs"]:
+        stored = json.loads((Path(run["path"]) / "eval" / "passkey.json").read_text())
+        assert stored["schema_version"] == 1 and stored["train_length"] == stored["base_length"] == 128
+        assert [(e["length"], e["depth"]) for e in stored["entries"]] == [
+            (128, 0.0),
+            (128, 1.0),
+            (256, 0.0),
+            (256, 1.0),
+        ]
+        learned = run["scheme"] == "learned"
+        assert [e["status"] for e in run["entries"]] == ["ok", "ok"] + (["n/a"] * 2 if learned else ["ok"] * 2)
+        for e in run["entries"]:
+            if e["status"] == "ok":
+                assert e["trials"] == 2 and e["correct"] in (0, 1, 2) and e["accuracy"] == e["correct"] / 2
+
+    again = invoke(runs_root / "sweep", *args)
+    assert again.exit_code == 0 and "8 of 8 cells reused" in again.output
+
+
+def test_abs_lengths_too_short_for_a_prompt(runs_root: Path) -> None:
+    result = invoke(runs_root / "sweep" / "nope", "--abs-lengths", "64", "--trials", 1, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert "shorter than a prompt without filler" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "give at least one run directory"),
+        (("{missing}",), "no such directory"),
+        (("{run}", "--depths", "0,1.5"), "--depths must be fractions in [0, 1]"),
+        (("{run}", "--depths", "a,b"), "expected comma-separated numbers"),
+        (("{run}", "--lengths", "1", "--abs-lengths", "128"), "either --lengths"),
+        (("{run}", "--trials", "0"), "--trials"),
+        (("{run}", "--dtype", "fp16"), "--dtype must be"),
+        (("{run}", "data=text"), "unexpected argument data=text"),
+    ],
+)
+def test_user_errors_exit_2(runs_root: Path, tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    names = {"missing": tmp_path / "nope-not-here", "run": runs_root / "sweep" / "nope"}
+    result = invoke(*[a.format(**names) for a in args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_data_command_summarises_the_passkey_corpus(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path))
+    result = runner.invoke(app, ["data", "data=passkey", "data.passkey_episodes=50"])
+    assert result.exit_code == 0, result.output
+    assert "passkey: 50 episodes" in result.output
