@@ -135,9 +135,10 @@ def test_failing_job_is_reported_and_others_survive(workspace: Path, monkeypatch
 
 def test_joblib_launcher_runs_jobs_in_parallel_processes(workspace: Path, monkeypatch) -> None:
     code, output = sweep(
-        workspace, monkeypatch, "one", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "--out", "joblib"
+        workspace, monkeypatch, "one", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "--out", "joblib", "--viz"
     )
     assert code == 0, output
+    assert (workspace / "joblib/attention.png").stat().st_size > 0
     for job in ("pos=nope", "pos=alibi"):
         assert (workspace / "joblib/train" / job / "eval/extrapolate.json").is_file()
 

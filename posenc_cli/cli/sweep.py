@@ -23,6 +23,9 @@ def sweep_command(
     ),
     out: Annotated[Path | None, typer.Option("--out", help="Sweep directory (re-use it to resume).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and list the jobs; run nothing.")] = False,
+    viz: Annotated[
+        bool, typer.Option("--viz", help="Also draw attention-by-distance panels of every run (attention.png).")
+    ] = False,
     config_dir: ConfigDirOption = None,
 ) -> None:
     """Run a sweep file from configs/sweep/ through Hydra's multirun, then print the comparison table.
@@ -62,6 +65,12 @@ def sweep_command(
     console.print(f"sweep finished in {time.perf_counter() - start:.0f} s", highlight=False)
     records = gather([sweep_dir])
     failed = comparison_outputs(records, sweep_dir, console=console)
+    if viz:
+        from posenc_cli.viz import write_attention_comparison
+
+        done = [r.run_dir for r in records if r.status == "ok"]
+        if done:
+            console.print(f"wrote {write_attention_comparison(done, Path(sweep_dir) / 'attention.png')}")
     if failed:
         raise typer.Exit(1)
 
