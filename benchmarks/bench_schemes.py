@@ -5,23 +5,23 @@
 
 Reports (1) forward+backward training throughput in tokens/s for every registered scheme, fp32 and bf16 autocast,
 and (2) the peak resident memory (VmHWM, else ru_maxrss) of one long evaluation forward under `torch.inference_mode`,
-for ALiBi (bias hook, chunked attention) and NoPE (fused causal SDPA), each case in its own subprocess.
+for ALiBi (bias hook) and NoPE (fused causal SDPA), each case in its own subprocess (`posenc_cli.bench`, which
+`posenc bench` also uses; that command adds the transformers baseline, MFU and more lengths).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import resource
-import subprocess
 import sys
 import time
+from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
+from posenc_cli.bench import EvalCase, spawn_eval_case
 from posenc_cli.config import ModelConfig
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry
@@ -51,42 +51,22 @@ def throughput(name: str, seq_len: int, batch: int, steps: int, bf16: bool, warm
     return steps * batch * seq_len / (time.perf_counter() - start)
 
 
-def peak_rss_mib() -> float:
-    """Peak resident memory of this process in MiB.
-
-    Linux: VmHWM from /proc/self/status. `ru_maxrss` would also do, except that Linux carries the parent's resident
-    size into a child's `ru_maxrss` across fork/vfork + exec, so a subprocess started by a large parent reports the
-    parent's size as its floor. VmHWM belongs to the process's own address space, which exec replaces.
-    """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB elsewhere
-
-
-def memory_case(name: str, length: int, threads: int) -> dict[str, float]:
-    """Run in a fresh process: peak RSS (MiB) of one batch-1 forward of `length` tokens, and its seconds."""
-    torch.set_num_threads(threads)
-    model = GPT(SMALL, config_class(name)(), VOCAB, 128).eval()
-    idx = torch.randint(0, VOCAB, (1, length))
-    base = peak_rss_mib()
-    start = time.perf_counter()
-    with torch.inference_mode():
-        model(idx)
-    seconds = time.perf_counter() - start
-    peak = peak_rss_mib()
-    return {"baseline_mib": base, "peak_mib": peak, "seconds": seconds}
-
-
 def run_memory_case(name: str, length: int, threads: int) -> dict[str, float]:
-    cmd = [sys.executable, __file__, "--memory-case", name, str(length), "--threads", str(threads)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """One batch-1 forward of `length` tokens in a fresh process (`posenc_cli.bench.spawn_eval_case`)."""
+    case = EvalCase(
+        model=asdict(SMALL),
+        pos=name,
+        vocab_size=VOCAB,
+        train_length=128,
+        length=length,
+        batch=1,
+        precision="fp32",
+        device="cpu",
+        threads=threads,
+        repeats=1,
+    )
+    r = spawn_eval_case(case)
+    return {"baseline_mib": r["base_mem_mb"], "peak_mib": r["peak_mem_mb"], "seconds": r["seconds"]}
 
 
 def main() -> None:
@@ -97,12 +77,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--long", type=int, default=None, help="length of the memory cases (8192; --quick: 4096)")
     parser.add_argument("--quick", action="store_true", help="1 timed step, memory cases at 4096 tokens")
-    parser.add_argument("--memory-case", nargs=2, metavar=("SCHEME", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-
-    if args.memory_case:
-        print(json.dumps(memory_case(args.memory_case[0], int(args.memory_case[1]), args.threads)))
-        return
 
     torch.set_num_threads(args.threads)
     steps = 1 if args.quick else args.steps

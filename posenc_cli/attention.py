@@ -4,6 +4,15 @@ Without a bias, attention is one fused `scaled_dot_product_attention` call with 
 causal mask is folded into the bias (−inf where key position > query position) and, once the (B, H, T, T) bias would
 exceed `BIAS_CHUNK_BYTES`, queries are processed in chunks: chunk c of queries [s, e) only sees keys [0, e), so no
 full-length score or bias tensor ever exists. The Python loop runs over chunks of queries, never over tokens.
+
+Key-only biases take a faster road. When a scheme's `key_bias` hook gives b_h(j) with bias_h(i, j) = b_h(j) + c_h(i)
+(e.g. a linear distance penalty −m_h·(i − j) = m_h·j − m_h·i), causal attention adds b to the scores through SDPA's
+fused causal kernel by augmenting the head dimension: q' = [q, 1], k' = [k, b·√hd], v' = [v, 0] (the fused CPU
+kernel needs equal head dims), with the scale 1/√hd passed explicitly, so q'·k'ᵀ/√hd = q·kᵀ/√hd + b_h(j); the
+per-row constant c_h(i) leaves each softmax row unchanged. No bias or mask tensor is built, and memory stays linear in
+T. This road is taken for fp32/fp64 on CPU (`KEY_BIAS_DEVICES`): the score then carries an absolute rounding error of
+about eps·max|b| (b is centred per head to halve it; a slope-1/2 penalty at T = 8192: ~2e-4, tested), too coarse in
+bf16, where the chunked path is used.
 """
 
 from __future__ import annotations
@@ -18,6 +27,10 @@ from posenc_cli.positional.base import PositionalScheme, PositionContext
 # Budget for one chunk's fp32 bias, (B, H, chunk, T) · 4 bytes. SDPA's math path allocates a few tensors of the same
 # size (scores, softmax), so the transient peak is a small multiple of this.
 BIAS_CHUNK_BYTES = 64 * 2**20
+# Devices on which an available `key_bias` replaces the chunked bias path (fp32/fp64 only; see the module docstring).
+KEY_BIAS_DEVICES: tuple[str, ...] = ("cpu",)
+_KEY_BIAS = "attention.key_bias"  # ctx.tables entries this module caches per forward
+_MASKS = "attention.masks"
 
 
 def bias_chunk_size(batch: int, n_head: int, k_len: int, budget: int | None = None) -> int:
@@ -56,13 +69,24 @@ def attend(
 ) -> Tensor:
     """softmax(q·kᵀ/√hd + bias + mask)·v for q, k, v (B, H, T, hd) -> (B, H, T, hd).
 
-    `chunk_size` forces the number of queries per chunk on the bias path (None: from `BIAS_CHUNK_BYTES`).
+    `chunk_size` forces the number of queries per chunk on the bias path (None: from `BIAS_CHUNK_BYTES`, or the
+    key-bias road where the scheme and the dtype allow it).
     """
     if not scheme.has_bias:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
+    if causal and chunk_size is None and key_bias_applies(q):
+        kb = cached_key_bias(scheme, ctx)
+        if kb is not None:
+            return attend_key_bias(q, k, v, kb, dropout_p=dropout_p)
     B, H, T, _ = q.shape
     pos = ctx.positions
     chunk = chunk_size if chunk_size is not None else bias_chunk_size(B, H, T)
+    if chunk >= T and scheme.bias_shared_across_layers:  # one chunk: build bias + mask once per forward
+        key = (q.dtype, causal, T)
+        masks = ctx.tables.setdefault(_MASKS, {})
+        if key not in masks:
+            masks[key] = fold_causal_mask(scheme.bias(layer, q, k, pos, pos, ctx), pos, pos, q.dtype, causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=masks[key], dropout_p=dropout_p)
     outs = []
     for start in range(0, T, chunk):
         end = min(start + chunk, T)
@@ -75,6 +99,37 @@ def attend(
         mask = fold_causal_mask(bias, q_pos, k_pos, q.dtype, causal)
         outs.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=dropout_p))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+def key_bias_applies(q: Tensor) -> bool:
+    """Whether the key-bias road is precise and fast for q's dtype and device (fp32/fp64 on `KEY_BIAS_DEVICES`)."""
+    return q.device.type in KEY_BIAS_DEVICES and q.dtype in (torch.float32, torch.float64)
+
+
+def cached_key_bias(scheme: PositionalScheme, ctx: PositionContext) -> Tensor | None:
+    """The scheme's `key_bias` (H, T) for this forward's positions, computed once per forward (all layers share it)."""
+    if _KEY_BIAS not in ctx.tables:
+        ctx.tables[_KEY_BIAS] = scheme.key_bias(ctx.positions, ctx)
+    return ctx.tables[_KEY_BIAS]
+
+
+def attend_key_bias(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor, dropout_p: float = 0.0) -> Tensor:
+    """Causal softmax(q·kᵀ/√hd + b_h(j))·v through SDPA's fused causal kernel; q, k, v (B, H, T, hd), key_bias (H, T).
+
+    q' = [q, 1], k' = [k, (b − centre_h)·√hd], v' = [v, 0], head dim hd + 1; scale = 1/√hd explicitly, so
+    q'·k'ᵀ·scale = q·kᵀ/√hd + b_h(j) − centre_h. Subtracting a per-head constant (the midpoint of b's range) changes
+    no softmax row and halves the largest |score| that rounding sees. (Padding hd + 1 up to a multiple of 8 was
+    measured: no faster on CPU, more memory.)
+    """
+    B, H, T, hd = q.shape
+    b = key_bias.to(q.dtype)
+    b = b - (b.amax(dim=-1, keepdim=True) + b.amin(dim=-1, keepdim=True)) / 2  # (H, T), centred per head
+    col = (b * hd**0.5)[None, :, :, None].expand(B, H, T, 1)  # (B, H, T, 1)
+    qa = torch.cat([q, q.new_ones(()).expand(B, H, T, 1)], dim=-1)  # (B, H, T, hd + 1)
+    ka = torch.cat([k, col], dim=-1)  # (B, H, T, hd + 1)
+    va = torch.cat([v, v.new_zeros(()).expand(B, H, T, 1)], dim=-1)  # (B, H, T, hd + 1)
+    out = F.scaled_dot_product_attention(qa, ka, va, dropout_p=dropout_p, is_causal=True, scale=hd**-0.5)
+    return out[..., :hd]  # (B, H, T, hd)
 
 
 class CausalSelfAttention(nn.Module):

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc_cli import __version__
+from posenc_cli import __version__, distributed
 from posenc_cli.checkpoint import (
     CONFIG_FILE,
     KIND,
@@ -63,11 +63,12 @@ from posenc_cli.checkpoint import (
     tokenizer_files,
     unpack_optimizer,
 )
-from posenc_cli.config import Config, config_to_dict, config_to_yaml
+from posenc_cli.config import Config, TrainConfig, config_to_dict, config_to_yaml
 from posenc_cli.device import autocast, resolve_device, resolve_precision, threads
+from posenc_cli.distributed import DistInfo
 from posenc_cli.errors import CheckpointError, ConfigError, DataError, UserError
 from posenc_cli.metrics import MetricsLog, read_metrics
-from posenc_cli.optim import build_optimizer, lr_at
+from posenc_cli.optim import lr_at, param_groups
 
 Callback = Callable[[dict[str, Any]], None]
 
@@ -181,15 +182,33 @@ def evaluate_loss(model: nn.Module, windows: Tensor, device: torch.device, preci
     return float(total) / len(windows)
 
 
+def build_training_optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over `optim.param_groups`, with PyTorch's fused kernel on CPU and CUDA (one pass over all parameters;
+    the default per-tensor loop costs more than the forward pass of a small model on CPU). A run resumed from a
+    checkpoint written without it keeps the saved groups' setting, so its numerics stay those of its first session."""
+    groups = param_groups(model, tc.weight_decay)
+    fused = device.type in ("cpu", "cuda")
+    try:
+        return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=fused or None)
+    except RuntimeError:  # a torch build without the fused kernel for this device
+        return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Signals: finish the current step, save, return.
 
 
 class _Interrupts:
-    """SIGINT/SIGTERM set a flag the loop checks after each step; a second signal interrupts at once."""
+    """SIGINT/SIGTERM set a flag the loop checks after each step; a second signal interrupts at once.
 
-    def __init__(self) -> None:
+    In a data-parallel job (`defer=True`) a signal is only noted, and `agree` makes every rank stop after the same
+    step (the largest signal number any rank received), so no rank leaves a collective the others still wait in.
+    """
+
+    def __init__(self, defer: bool = False) -> None:
         self.signum: int | None = None
+        self.pending: int | None = None
+        self.defer = defer
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> _Interrupts:
@@ -204,10 +223,20 @@ class _Interrupts:
         self._old.clear()
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None:
+        if self.signum is not None or self.pending is not None:
             self.__exit__()
             raise KeyboardInterrupt
-        self.signum = signum
+        if self.defer:
+            self.pending = signum
+        else:
+            self.signum = signum
+
+    def agree(self, info: DistInfo, device: torch.device) -> None:
+        """All ranks: adopt the largest signal any rank has received so far (one tiny all-reduce)."""
+        flag = torch.tensor([self.signum or self.pending or 0], dtype=torch.int64, device=device)
+        got = int(distributed.all_reduce_(flag, info, op="max").item())
+        if got:
+            self.signum = got
 
 
 @contextlib.contextmanager
@@ -252,23 +281,35 @@ def train(
     """
     cfg.validate()
     run_dir = Path(out_dir)
-    emit: Callback = callback or (lambda event: None)
-    meta = _existing_meta(run_dir)
-    if meta is None and resume:
-        raise CheckpointError(f"{run_dir} is not a posenc run directory (nothing to resume)")
-    if meta is not None:
-        diffs = config_diff(read_config(run_dir, meta), cfg)
-        if diffs and not force_config:
-            shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
-            raise ConfigError(
-                f"{run_dir} was trained with a different config ({shown}); use the same overrides to continue it, "
-                "or pass --force-config to continue with the new config"
-            )
-        if int(meta["step"]) >= cfg.train.steps:
-            return _result_from_meta(run_dir, meta)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with _run_lock(run_dir), threads(cfg.train.threads) as n_threads:
-        return _Trainer(cfg, run_dir, meta, force_config, init_from, meta_extra, emit, n_threads).run()
+    info = distributed.env_info()  # under torchrun: this rank of a data-parallel job (see posenc_cli.distributed)
+    distributed.check_batch(cfg.train.batch_size, info)
+    emit: Callback = (callback or (lambda event: None)) if info.is_main else (lambda event: None)
+    device = distributed.rank_device(resolve_device(cfg.train.device), info)
+    with distributed.process_group(info, device):
+        if info.enabled:
+            with distributed.main_first(info):  # rank 0 finishes an interrupted commit before anyone reads
+                if info.is_main and run_dir.is_dir():
+                    recover(run_dir)
+        meta = _existing_meta(run_dir)
+        distributed.barrier(info)  # every rank has read the run's state before rank 0 writes anything
+        if meta is None and resume:
+            raise CheckpointError(f"{run_dir} is not a posenc run directory (nothing to resume)")
+        if meta is not None:
+            diffs = config_diff(read_config(run_dir, meta), cfg)
+            if diffs and not force_config:
+                shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+                raise ConfigError(
+                    f"{run_dir} was trained with a different config ({shown}); use the same overrides to continue "
+                    "it, or pass --force-config to continue with the new config"
+                )
+            if int(meta["step"]) >= cfg.train.steps:
+                return _result_from_meta(run_dir, meta)
+        if info.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        lock = _run_lock(run_dir) if info.is_main else contextlib.nullcontext()
+        with lock, threads(cfg.train.threads) as n_threads:
+            trainer = _Trainer(cfg, run_dir, meta, force_config, init_from, meta_extra, emit, n_threads, info, device)
+            return trainer.run()
 
 
 def _existing_meta(run_dir: Path) -> dict[str, Any] | None:
@@ -325,16 +366,20 @@ class _Trainer:
         meta_extra: dict[str, Any] | None,
         emit: Callback,
         n_threads: int,
+        info: DistInfo = distributed.SINGLE,
+        device: torch.device | None = None,
     ) -> None:
         from posenc_cli.data import load_corpus, load_tokenizer
         from posenc_cli.model import build_model
 
         self.cfg, self.tc, self.run_dir, self.emit, self.n_threads = cfg, cfg.train, run_dir, emit, n_threads
+        self.dist = info
         self.resumed = meta is not None
-        self.device = resolve_device(cfg.train.device)
+        self.device = device if device is not None else resolve_device(cfg.train.device)
         self.precision = resolve_precision(cfg.train.precision, self.device)
         if meta is not None:
-            recover(run_dir)
+            if info.is_main:
+                recover(run_dir)
             meta = read_meta(run_dir)
         self.prev_meta = meta or {}
         extra_keys = self.prev_meta.get("extra_keys", [])
@@ -354,7 +399,8 @@ class _Trainer:
         def progress(stage: str, done: int, total: int) -> None:
             emit({"event": "data", "stage": stage, "done": done, "total": total})
 
-        self.corpus = load_corpus(cfg.data, cfg.tokenizer, tokenizer=tokenizer, progress=progress)
+        with distributed.main_first(info):  # rank 0 builds the token cache; the others then read it
+            self.corpus = load_corpus(cfg.data, cfg.tokenizer, tokenizer=tokenizer, progress=progress)
         self.tokenizer = self.corpus.tokenizer
         self.data_info = json.loads(json.dumps(self.corpus.info, default=str))
         if meta is not None:
@@ -380,14 +426,17 @@ class _Trainer:
         if meta is not None:
             load_weights_into(self.model, load_tensors(run_dir, meta, MODEL_FILE), committed_file(run_dir, MODEL_FILE))
         self.model.to(self.device)
+        self.ddp = distributed.wrap_model(self.model, info, self.device)  # the model itself without torchrun
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.model, cfg.train)
+        self.optimizer = build_training_optimizer(self.model, cfg.train, self.device)
         if meta is not None:
             self._restore(meta)
-        else:
+        elif info.is_main:
             self.metrics.path.unlink(missing_ok=True)  # leftovers of a run killed before its first checkpoint
-        self.windows = eval_windows(self.corpus.val, self.tc.batch_size, self.tc.seq_len, self.tc.eval_batches)
-        self.windows = self.windows.to(self.device)
+        if info.rank > 0:  # own dropout streams per rank (the sampler stream is shared: see _batch)
+            torch.manual_seed(distributed.rank_seed(seed, info.rank, self.step))
+        windows = eval_windows(self.corpus.val, self.tc.batch_size, self.tc.seq_len, self.tc.eval_batches)
+        self.windows = distributed.shard_rows(windows, info, dim=1).to(self.device)  # (n, B/N, T+1) per rank
         self.saved: tuple[int, str] | None = (self.step, str(meta["status"])) if meta is not None else None
 
     def _check_same_data(self, meta: dict[str, Any], force_config: bool) -> None:
@@ -406,7 +455,8 @@ class _Trainer:
         self.elapsed_before = float(info.get("elapsed_s", 0.0))
         self.best_val, self.train_loss = info.get("best_val_loss"), info.get("train_loss")
         self.val_loss = info.get("val_loss")
-        self.metrics.truncate_after(self.step)
+        if self.dist.is_main:
+            self.metrics.truncate_after(self.step)
         _restore_sampler(tensors, info["rng"], self.sampler)  # last: nothing may draw random numbers after this
 
     # -- the loop ------------------------------------------------------------------------------------------------
@@ -435,22 +485,25 @@ class _Trainer:
         )
         V = self.tokenizer.vocab_size
         self.model.train()
-        with _Interrupts() as interrupts:
+        with _Interrupts(defer=self.dist.enabled) as interrupts:
             while self.step < steps and interrupts.signum is None:
                 lr = lr_at(self.step, tc)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 t0 = time.perf_counter()
                 loss_sum = torch.zeros((), device=self.device)
-                for _ in range(tc.grad_accum):
+                for micro in range(tc.grad_accum):
                     x, y = self._batch()
-                    with autocast(self.device, self.precision):
-                        logits = self.model(x)  # (B, T, V)
-                    loss = F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
-                    if nan_at == self.step + 1:
-                        loss = loss * float("nan")
-                    (loss / tc.grad_accum).backward()
+                    with self._sync_grads(last=micro == tc.grad_accum - 1):
+                        with autocast(self.device, self.precision):
+                            logits = self.ddp(x)  # (B, T, V); B/N rows per rank in a data-parallel job
+                        loss = F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
+                        if nan_at == self.step + 1:
+                            loss = loss * float("nan")
+                        (loss / tc.grad_accum).backward()
                     loss_sum += loss.detach()
+                if self.dist.enabled:  # the global batch's mean loss, identical on every rank
+                    loss_sum = distributed.all_reduce_(loss_sum, self.dist) / self.dist.world_size
                 gnorm = self._clip()
                 loss_val, gnorm_val = torch.stack([loss_sum / tc.grad_accum, gnorm.float()]).tolist()  # one sync
                 if not math.isfinite(loss_val) or not math.isfinite(gnorm_val):
@@ -460,6 +513,8 @@ class _Trainer:
                     raise TrainingDiverged(self.step + 1, what, value, self.run_dir, last)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
+                if self.dist.enabled:
+                    interrupts.agree(self.dist, self.device)
                 self.step += 1
                 self.tokens += tokens_per_step
                 self.session_tokens += tokens_per_step
@@ -473,7 +528,7 @@ class _Trainer:
                 logged = self.step % tc.log_every == 0 or self.step == steps or val is not None
                 tps = self.session_tokens / max(self.train_time, 1e-9)
                 interval_tps = log_tokens / max(log_t, 1e-9)
-                if logged:
+                if logged and self.dist.is_main:
                     self.metrics.append(
                         {
                             "step": self.step,
@@ -518,10 +573,18 @@ class _Trainer:
         return self._finish("complete", None)
 
     def _batch(self) -> tuple[Tensor, Tensor]:
+        """The next global batch (B, T) from the sampler stream; in a job, this rank's block of B/N rows of it."""
         from posenc_cli.data import sample_batch
 
         x, y = sample_batch(self.corpus.train, self.tc.batch_size, self.tc.seq_len, self.sampler)
+        x, y = distributed.shard_rows(x, self.dist), distributed.shard_rows(y, self.dist)
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def _sync_grads(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """DDP averages gradients on the last micro-batch of a step only (no_sync before it)."""
+        if self.dist.enabled and not last:
+            return self.ddp.no_sync()  # type: ignore[operator]
+        return contextlib.nullcontext()
 
     def _clip(self) -> Tensor:
         if self.tc.grad_clip > 0:
@@ -529,7 +592,11 @@ class _Trainer:
         return torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
 
     def _evaluate(self) -> float:
+        """Validation loss on the fixed windows; in a job each rank scores its rows and the mean is all-reduced."""
         val = evaluate_loss(self.model, self.windows, self.device, self.precision)
+        if self.dist.enabled:
+            t = distributed.all_reduce_(torch.tensor(val, dtype=torch.float64, device=self.device), self.dist)
+            val = float(t.item()) / self.dist.world_size
         self.val_loss = val
         if math.isfinite(val) and (self.best_val is None or val < self.best_val):
             self.best_val = val
@@ -543,6 +610,9 @@ class _Trainer:
     def _save(self, status: str) -> None:
         if not all(bool(torch.isfinite(p).all()) for p in self.params):
             raise TrainingDiverged(self.step, "weights", float("nan"), self.run_dir, self.saved[0] if self.saved else 0)
+        if not self.dist.is_main:  # rank 0 writes for the job
+            self.saved = (self.step, status)
+            return
         self.metrics.flush(durable=True)
         opt_tensors, opt_info = pack_optimizer(self.optimizer)
         rng_tensors, rng_info = capture_rng(self.sampler)
@@ -642,6 +712,7 @@ def read_run_metrics(run_dir: Path) -> list[dict[str, Any]]:
 __all__ = [
     "TrainResult",
     "TrainingDiverged",
+    "build_training_optimizer",
     "config_diff",
     "default_run_dir",
     "eval_windows",

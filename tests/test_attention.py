@@ -174,3 +174,121 @@ def test_long_alibi_forward_stays_memory_bounded() -> None:
     before_mib, growth_mib = map(float, out.stdout.split()[-2:])
     assert before_mib < 1024  # the child's own peak, not inherited from pytest
     assert growth_mib < 350, f"peak RSS grew by {growth_mib:.0f} MiB"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The key-bias road: a bias b_h(j) + c_h(i) added through SDPA's fused causal kernel.
+
+
+class KeyPlusRowBias(PositionalScheme):
+    """Test-only scheme: learned bias[h, i, j] = b[h, j] + c[h, i]; `key_bias` offers b alone."""
+
+    name = "key-plus-row-test"
+    hooks = ("bias",)
+    bias_shared_across_layers = True
+
+    def __init__(self, model: ModelConfig, t_max: int, offer_key_bias: bool = True) -> None:
+        super().__init__(PosConfig(name=self.name), model, t_max)
+        self.b = torch.nn.Parameter(torch.randn(model.n_head, t_max))
+        self.c = torch.nn.Parameter(torch.randn(model.n_head, t_max))
+        self.offer_key_bias = offer_key_bias
+        self.bias_calls = 0
+
+    def bias(self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext) -> Tensor:
+        self.bias_calls += 1
+        return self.b[:, k_pos][:, None, :] + self.c[:, q_pos][:, :, None]  # (H, Tq, Tk)
+
+    def key_bias(self, k_pos: Tensor, ctx: PositionContext) -> Tensor | None:
+        return self.b[:, k_pos] if self.offer_key_bias else None
+
+
+def _count_key_bias_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    import posenc_cli.attention as attention
+
+    calls = [0]
+    real = attention.attend_key_bias
+
+    def spy(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "attend_key_bias", spy)
+    return calls
+
+
+def test_key_bias_road_equals_naive_reference_and_chunked_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    T = 37
+    scheme = KeyPlusRowBias(ModelConfig(d_model=32, n_head=4), T)
+    ctx = PositionContext(positions=torch.arange(T))
+    full = scheme.b[:, None, :] + scheme.c[:, :, None]  # (H, T, T), the bias as the scheme defines it
+    calls = _count_key_bias_calls(monkeypatch)
+    grads = []
+    for chunk in (None, 5):  # None: key-bias road (fp32 on CPU); 5: the chunked bias path
+        q, k, v = (t.requires_grad_() for t in qkv(T=T))
+        scheme.zero_grad()
+        out = attend(q, k, v, scheme, 0, ctx, chunk_size=chunk)
+        torch.testing.assert_close(out.double(), naive_attention(q, k, v, full.detach()), rtol=1e-5, atol=1e-5)
+        out.square().sum().backward()
+        grads.append([q.grad, k.grad, v.grad, scheme.b.grad.clone()])
+    assert calls[0] == 1
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_key_bias_road_only_where_it_is_precise(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    scheme = KeyPlusRowBias(ModelConfig(d_model=32, n_head=4), 23)
+    ctx = PositionContext(positions=torch.arange(23))
+    q, k, v = qkv()
+    calls = _count_key_bias_calls(monkeypatch)
+    attend(q, k, v, scheme, 0, ctx)
+    assert calls[0] == 1  # fp32 on CPU, causal
+    attend(q, k, v, scheme, 0, ctx, causal=False)  # b_h(j) + c_h(i) is a row shift only under the causal mask
+    attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), scheme, 0, ctx)  # bf16 cannot hold b·√hd next to q·k
+    attend(q, k, v, scheme, 0, ctx, chunk_size=4)  # forced chunking
+    scheme.offer_key_bias = False  # a scheme without the hook
+    attend(q, k, v, scheme, 0, PositionContext(positions=torch.arange(23)))
+    assert calls[0] == 1
+
+
+def test_shared_bias_is_built_once_per_forward() -> None:
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(d_model=32, n_layer=3, n_head=4), AlibiConfig(), 64, 16).eval()
+    scheme = KeyPlusRowBias(model.config, 40, offer_key_bias=False)
+    model.scheme = scheme
+    idx = torch.randint(0, 64, (2, 40))
+    shared = model(idx)
+    assert scheme.bias_calls == 1  # one chunk for all 3 layers
+    scheme.bias_shared_across_layers = False
+    torch.testing.assert_close(model(idx), shared)
+    assert scheme.bias_calls == 1 + 3
+
+
+def test_alibi_key_bias_road_is_accurate_at_8192_tokens() -> None:
+    """fp32 at T = 8192, 8 heads (slopes 1/2 … 1/256): the key-bias road against a float64 reference of
+    softmax(q·kᵀ/√d − m_h·(i − j))·v on 192 query rows (first, middle, last 64).
+
+    Stated tolerance, per head: |error| ≤ max(1e-5, 2·eps32·m_h·T). The augmented score holds m_h·j − centre, up to
+    m_h·T/2 in magnitude, so fp32 rounds it by ~eps32·m_h·T/2; the attention output moves by at most a few times
+    that (|v| ~ 1). Observed: 1.7e-4 for m = 1/2 (bound 9.8e-4) down to 1.1e-6 for m = 1/256 (bound 1e-5). The
+    chunked path, which adds the bias after q·kᵀ, stays below 1e-6; bf16 would round b itself by ~m·T/256, which is
+    why bf16 always takes the chunked path.
+    """
+    from posenc_cli.attention import attend_key_bias
+    from posenc_cli.positional.alibi import alibi_key_bias
+
+    H, hd, T = 8, 8, 8192
+    q, k, v = qkv(B=1, H=H, T=T, d=hd)
+    slopes, pos = alibi_slopes(H), torch.arange(T)
+    with torch.no_grad():
+        out = attend_key_bias(q, k, v, alibi_key_bias(slopes, pos))
+    rows = torch.cat([torch.arange(0, 64), torch.arange(T // 2 - 32, T // 2 + 32), torch.arange(T - 64, T)])
+    dist = (rows[:, None] - pos[None, :]).double()  # (R, T)
+    scores = q[:, :, rows].double() @ k.double().transpose(-1, -2) / math.sqrt(hd)  # (1, H, R, T)
+    scores = scores - slopes.double()[:, None, None] * dist  # −m_h·(i − j), from the paper
+    scores = scores.masked_fill(dist < 0, float("-inf"))
+    ref = torch.softmax(scores, dim=-1) @ v.double()  # (1, H, R, hd)
+    err = (out[:, :, rows].double() - ref).abs().amax(dim=(0, 2, 3))  # (H,)
+    bound = torch.clamp(2 * torch.finfo(torch.float32).eps * slopes.double() * T, min=1e-5)
+    assert (err <= bound).all(), f"errors {err.tolist()} exceed {bound.tolist()}"

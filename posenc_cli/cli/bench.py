@@ -1,15 +1,159 @@
-"""`posenc bench`: not implemented yet."""
+"""`posenc bench`: training tokens/s vs transformers' Llama, matmul peak and MFU, long-context eval speed and memory."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
-from posenc_cli.cli.app import app, not_available
+from posenc_cli.cli.app import ConfigDirOption, app, console, err_console, handles_errors, split_args
+from posenc_cli.errors import ConfigError
 
 
-@app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def bench_command(args: Annotated[list[str] | None, typer.Argument(help="Paths and overrides.")] = None) -> None:
-    """Speed benchmarks. Not available yet."""
-    not_available("bench", "performance and scale")
+@app.command(
+    "bench",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    epilog="Example: posenc bench model=small --vs hf --json bench.json   (CPU without bf16 units: --dtypes fp32)",
+)
+@handles_errors
+def bench_command(
+    args: Annotated[list[str] | None, typer.Argument(help="Overrides, e.g. model=small train.seq_len=256.")] = None,
+    vs: Annotated[
+        str | None, typer.Option("--vs", metavar="hf", help="Also train transformers' Llama with matching dims.")
+    ] = None,
+    json_path: Annotated[str | None, typer.Option("--json", metavar="PATH", help="Write the results as JSON.")] = None,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Interleaved rounds per training case.")] = 5,
+    dtypes: Annotated[
+        str,
+        typer.Option("--dtypes", help="Comma-separated fp32, bf16 (CPUs without bf16 units emulate it, slowly)."),
+    ] = "fp32,bf16",
+    lengths: Annotated[
+        str, typer.Option("--lengths", help="Eval lengths as multiples of train.seq_len (comma-separated).")
+    ] = "1,8,32",
+    schemes: Annotated[str, typer.Option("--schemes", help="Schemes of the eval cases.")] = "nope,rope,alibi",
+    no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the evaluation cases.")] = False,
+    no_train: Annotated[bool, typer.Option("--no-train", help="Skip the training cases.")] = False,
+    round_seconds: Annotated[
+        float, typer.Option("--round-seconds", min=0.0, help="Target duration of one case in one round.")
+    ] = 1.0,
+    config_dir: ConfigDirOption = None,
+) -> None:
+    """Measure training throughput (posenc vs transformers' Llama), matmul peak, MFU and long-context evaluation.
+
+    Training cases run in one process, in interleaved rounds (posenc, Llama, matmul probe, ...), and report medians;
+    each evaluation case (scheme × length) runs in its own process so its peak memory is its own. Device, threads
+    and sizes come from the config (model=..., train.seq_len, train.batch_size, train.device, train.threads).
+    """
+    from posenc_cli.bench import BenchOptions, run_bench
+    from posenc_cli.fsutil import atomic_write_json
+    from posenc_cli.hydra_bridge import compose_config
+
+    names, overrides = split_args(args)
+    if names:
+        raise ConfigError(f"unexpected argument '{names[0]}' (overrides look like key=value)")
+    if vs not in (None, "hf"):
+        raise ConfigError(f"--vs {vs}: the only baseline is 'hf' (transformers' LlamaForCausalLM)")
+    cfg = compose_config(overrides, Path(config_dir) if config_dir else None)
+    opts = BenchOptions(
+        rounds=rounds,
+        dtypes=_items(dtypes, "--dtypes"),
+        vs_hf=vs == "hf",
+        train=not no_train,
+        eval=not no_eval,
+        eval_schemes=_items(schemes, "--schemes"),
+        eval_multiples=tuple(_ints(lengths, "--lengths")),
+        round_seconds=round_seconds,
+    )
+    with err_console.status("benchmarking") as status:
+        result = run_bench(cfg, opts, progress=lambda message: status.update(message))
+    render(result, opts)
+    if json_path:
+        atomic_write_json(Path(json_path), result)
+        console.print(f"wrote {json_path}", highlight=False)
+
+
+def _items(text: str, option: str) -> tuple[str, ...]:
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not items:
+        raise ConfigError(f"{option} needs at least one value")
+    return items
+
+
+def _ints(text: str, option: str) -> list[int]:
+    try:
+        return [int(x) for x in _items(text, option)]
+    except ValueError as e:
+        raise ConfigError(f"{option}: expected comma-separated integers, got '{text}'") from e
+
+
+def render(result: dict[str, Any], opts: Any) -> None:
+    c = result["config"]
+    console.print(
+        f"{result['device']}, threads {result.get('threads')}, torch {result['torch']}; d={c['d_model']}, "
+        f"{c['n_layer']} layers, {c['n_head']} heads, vocab {c['vocab_size']}, T={c['seq_len']}, "
+        f"batch {c['batch_size']}, pos={c['pos']}; load average {result['load_average_start']} -> "
+        f"{result['load_average_end']}",
+        highlight=False,
+    )
+    dtypes = [d for d in opts.dtypes if d in result]
+    if opts.train:
+        console.print(training_table(result, dtypes))
+        console.print(f"MFU: model FLOPs/token = {result['flops_per_token_formula']}", highlight=False)
+    if opts.eval:
+        console.print(eval_table(result, dtypes))
+    for d in dtypes:
+        if "skipped" in result[d]:
+            console.print(f"{d}: skipped ({result[d]['skipped']})", highlight=False)
+        elif result[d].get("emulated_on_this_cpu"):
+            console.print(
+                f"{d}: this CPU has no bf16 matrix instructions; PyTorch emulates bf16 ({result[d]['rounds']} rounds)",
+                highlight=False,
+            )
+
+
+def training_table(result: dict[str, Any], dtypes: list[str]) -> Table:
+    table = Table(title="Training (median tokens/s over interleaved rounds)")
+    for col in ("dtype", "posenc tok/s", "Llama tok/s", "ratio", "matmul peak GFLOP/s", "MFU", "Llama MFU"):
+        table.add_column(col, justify="left" if col == "dtype" else "right")
+    for d in dtypes:
+        r = result[d]
+        if "posenc_tokens_per_s" not in r:
+            continue
+        table.add_row(
+            d,
+            _num(r["posenc_tokens_per_s"]),
+            _num(r.get("hf_tokens_per_s")),
+            _fmt(r.get("ratio_vs_hf"), "{:.2f}x"),
+            _num(r["matmul_peak_gflops"]),
+            _fmt(r.get("mfu"), "{:.0%}"),
+            _fmt(r.get("hf_mfu"), "{:.0%}"),
+        )
+    return table
+
+
+def eval_table(result: dict[str, Any], dtypes: list[str]) -> Table:
+    table = Table(title="Evaluation forward (own process per case): tokens/s and peak resident MiB")
+    table.add_column("scheme")
+    table.add_column("length", justify="right")
+    for d in dtypes:
+        table.add_column(f"{d} tok/s", justify="right")
+        table.add_column(f"{d} MiB", justify="right")
+    rows: dict[tuple[str, int], list[str]] = {}
+    for i, d in enumerate(dtypes):
+        for scheme, by_length in (result[d].get("eval") or {}).items():
+            for length, r in by_length.items():
+                row = rows.setdefault((scheme, int(length)), ["-", "-"] * len(dtypes))
+                row[2 * i], row[2 * i + 1] = _num(r["tokens_per_s"]), _num(r["peak_mem_mb"])
+    for (scheme, length), cells in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        table.add_row(scheme, str(length), *cells)
+    return table
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else spec.format(x)

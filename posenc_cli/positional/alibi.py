@@ -2,6 +2,9 @@
 
 Slopes are fairseq's `get_slopes` (the paper's reference code), including its rule for head counts that are not
 powers of two. The bias is a pure function of i − j and the head, so nothing is learned or stored in checkpoints.
+For causal attention −m_h·(i − j) = m_h·j − m_h·i, and the per-query term −m_h·i leaves every softmax row unchanged
+(fairseq adds m_h·j to its causal mask for the same reason): `key_bias` offers m_h·j, which lets attention use the
+fused causal kernel without building an (H, T, T) bias.
 """
 
 from __future__ import annotations
@@ -44,12 +47,18 @@ def alibi_bias(slopes: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
     return (-slopes[:, None, None] * dist[None]).unsqueeze(0)  # (1, H, Tq, Tk)
 
 
+def alibi_key_bias(slopes: Tensor, k_pos: Tensor) -> Tensor:
+    """slopes (H,), k_pos (Tk,) -> (H, Tk) fp32 m_h·j: the ALiBi bias up to the per-query constant −m_h·i."""
+    return slopes[:, None] * k_pos.to(torch.float32)[None, :]
+
+
 @register
 class ALiBi(PositionalScheme):
     name = "alibi"
     config_cls = AlibiConfig
     hooks = ("bias",)
     paper = "Press et al. 2022, arXiv:2108.12409"
+    bias_shared_across_layers = True
 
     def prepare(self, ctx: PositionContext) -> None:
         # Built per forward (H floats) rather than kept as a buffer, so `model.to(bfloat16)` cannot round the slopes.
@@ -59,3 +68,6 @@ class ALiBi(PositionalScheme):
         self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext
     ) -> Tensor | None:
         return alibi_bias(ctx.tables["alibi_slopes"], q_pos, k_pos)
+
+    def key_bias(self, k_pos: Tensor, ctx: PositionContext) -> Tensor | None:
+        return alibi_key_bias(ctx.tables["alibi_slopes"], k_pos)

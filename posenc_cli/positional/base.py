@@ -45,6 +45,9 @@ class PositionalScheme(nn.Module):
     hooks: ClassVar[tuple[Hook, ...]] = ()
     extrapolates: ClassVar[bool] = True
     paper: ClassVar[str] = ""
+    # True when `bias` returns the same tensor for every layer and reads neither q nor k (only positions and the
+    # scheme's parameters): the model may then build it once per forward and share it between layers.
+    bias_shared_across_layers: ClassVar[bool] = False
 
     def __init__(self, cfg: PosConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__()
@@ -90,6 +93,14 @@ class PositionalScheme(nn.Module):
 
         q: (B, H, Tq, hd) queries of one chunk, k: (B, H, Tk, hd) keys, q_pos: (Tq,), k_pos: (Tk,) positions.
         Returns a tensor broadcastable to (B, H, Tq, Tk), or None. The causal mask is applied by the model.
+        """
+        return None
+
+    def key_bias(self, k_pos: Tensor, ctx: PositionContext) -> Tensor | None:
+        """Optional fast form of hook (c), for causal attention: (H, Tk) fp32 b with, for every layer and j ≤ i,
+        bias(layer, ...)[h, i, j] = b[h, j] + c_h(i) for some per-query constant c_h(i), which no softmax row sees.
+        k_pos: (Tk,) key positions. The model may then add b to the scores instead of calling `bias` (see
+        `posenc_cli.attention`). Default None: not available; `bias` is used.
         """
         return None
 

@@ -80,3 +80,25 @@ def test_slopes_stay_exact_when_model_is_cast_to_bf16() -> None:
     ctx = model.context(torch.randint(0, 32, (1, 8)))
     assert ctx.tables["alibi_slopes"].dtype == torch.float32
     torch.testing.assert_close(ctx.tables["alibi_slopes"], alibi_slopes(12))
+
+
+def test_key_bias_differs_from_the_bias_by_a_per_query_constant() -> None:
+    """Causal rows: bias[h, i, j] − key_bias[h, j] must not depend on j ≤ i (softmax rows then agree)."""
+    from posenc_cli.positional.alibi import alibi_key_bias
+
+    H, T = 8, 50
+    slopes, pos = alibi_slopes(H), torch.arange(T) + 7  # shifted positions: nothing may assume they start at 0
+    diff = alibi_bias(slopes, pos, pos)[0] - alibi_key_bias(slopes, pos)[:, None, :]  # (H, T, T)
+    for i in range(T):
+        row = diff[:, i, : i + 1]  # keys j ≤ i
+        torch.testing.assert_close(row, row[:, :1].expand_as(row), rtol=0, atol=1e-4)
+    torch.testing.assert_close(diff[:, :, 0], -slopes[:, None] * pos[None, :].float())  # the constant is −m_h·i
+
+
+def test_scheme_offers_the_key_bias_and_shares_its_bias() -> None:
+    scheme = ALiBi(AlibiConfig(), ModelConfig(d_model=64, n_head=4), 16)
+    ctx = PositionContext(positions=torch.arange(10))
+    scheme.prepare(ctx)
+    kb = scheme.key_bias(ctx.positions, ctx)
+    assert kb is not None and kb.shape == (4, 10) and kb.dtype == torch.float32
+    assert scheme.bias_shared_across_layers
