@@ -221,21 +221,27 @@ def new_results_doc(run: str, scheme: str, train_length: int, base_length: int) 
     }
 
 
-def load_results(run_dir: Path | str, *, missing_ok: bool = False) -> dict[str, Any] | None:
-    """The stored `eval/extrapolate.json` of a run; None when absent and `missing_ok`, else CheckpointError."""
-    path = results_path(run_dir)
+def read_results_file(path: Path, what: str) -> dict[str, Any] | None:
+    """A results file of `eval/` (`what` names its command); None when absent, CheckpointError when unreadable."""
     if not path.is_file():
-        if missing_ok:
-            return None
-        raise CheckpointError(f"{path} does not exist; run `posenc eval-extrapolate {run_dir}` first")
+        return None
     try:
         doc = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is not valid JSON ({e}); delete it to start again") from e
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
-        raise CheckpointError(f"{path} is not an eval-extrapolate results file (no 'entries' list)")
+        raise CheckpointError(f"{path} is not an {what} results file (no 'entries' list)")
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise CheckpointError(f"{path}: schema_version {doc.get('schema_version')!r} is not {SCHEMA_VERSION}")
+    return doc
+
+
+def load_results(run_dir: Path | str, *, missing_ok: bool = False) -> dict[str, Any] | None:
+    """The stored `eval/extrapolate.json` of a run; None when absent and `missing_ok`, else CheckpointError."""
+    path = results_path(run_dir)
+    doc = read_results_file(path, "eval-extrapolate")
+    if doc is None and not missing_ok:
+        raise CheckpointError(f"{path} does not exist; run `posenc eval-extrapolate {run_dir}` first")
     return doc
 
 

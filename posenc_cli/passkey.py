@@ -25,7 +25,6 @@ fit.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,8 +37,8 @@ from torch import nn
 
 from posenc_cli import __version__
 from posenc_cli.config import DataConfig, EvalConfig
-from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
-from posenc_cli.evaluate import find_runs, new_results_doc, plan_lengths, resolve_dtype
+from posenc_cli.errors import ConfigError, LengthBeyondScheme
+from posenc_cli.evaluate import find_runs, new_results_doc, plan_lengths, read_results_file, resolve_dtype
 from posenc_cli.fsutil import atomic_write_json
 
 if TYPE_CHECKING:
@@ -350,18 +349,7 @@ def results_path(run_dir: Path | str) -> Path:
 
 def load_passkey_results(run_dir: Path | str) -> dict[str, Any] | None:
     """The stored `eval/passkey.json` of a run, None when absent; CheckpointError when unreadable."""
-    path = results_path(run_dir)
-    if not path.is_file():
-        return None
-    try:
-        doc = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e}); delete it to start again") from e
-    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
-        raise CheckpointError(f"{path} is not an eval-passkey results file (no 'entries' list)")
-    if doc.get("schema_version") != SCHEMA_VERSION:
-        raise CheckpointError(f"{path}: schema_version {doc.get('schema_version')!r} is not {SCHEMA_VERSION}")
-    return doc
+    return read_results_file(results_path(run_dir), "eval-passkey")
 
 
 def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
