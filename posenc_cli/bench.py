@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -38,6 +38,11 @@ from posenc_cli.errors import ConfigError, UserError
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 FLOPS_FORMULA = "6*N + 6*n_layer*d_model*T  (N: parameters counted once; causal attention)"
+HF_DIFFERENCES = (
+    "Llama: same width, layers, heads (no GQA), vocab and tied embeddings; SiLU-gated MLP with "
+    "i = round(2*mlp_ratio*d/3) (equal parameters up to rounding), RMSNorm, no biases, RoPE built in; "
+    "posenc: GELU MLP, LayerNorm, biases when model.bias=true, the configured pos scheme"
+)
 Progress = Callable[[str], None]
 
 
@@ -367,7 +372,6 @@ class BenchOptions:
     round_seconds: float = 1.0
     matmul_max_size: int | None = None  # None: 4096 on CPU, 8192 on GPUs
     slow_rounds: int = 3  # rounds for a dtype this device emulates (bf16 on CPUs without bf16 instructions)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         unknown = [d for d in self.dtypes if d not in DTYPES]
@@ -403,6 +407,7 @@ def run_bench(cfg: Config, opts: BenchOptions, progress: Progress | None = None)
     }
     if opts.vs_hf:
         result["hf_intermediate_size"] = llama_intermediate_size(cfg.model)
+        result["hf_differences"] = HF_DIFFERENCES
     with threads(cfg.train.threads) as n_threads:
         result["threads"] = n_threads if device.type == "cpu" else None
         for name in opts.dtypes:

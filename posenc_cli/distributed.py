@@ -8,9 +8,14 @@ training is the single-process code path.
 The data split: `train.batch_size` is the global batch and must divide by N. Every rank draws the same global batch
 from the same sampler stream (same seed, same restored state on resume) and keeps its own contiguous block of rows
 (`shard_rows`), so the ranks see different data and, together, exactly the rows a single process would see; DDP's
-gradient average over equal shards is the single-process mean-loss gradient up to summation order. Only rank 0
-writes (checkpoints, metrics, logs, progress events); the other ranks only read the run directory, after rank 0
-finished any interrupted commit (`main_first`).
+gradient average over equal shards is the single-process mean-loss gradient up to summation order. The logged loss
+is the all-reduced mean over the global batch; validation splits the rows of the same fixed windows across ranks
+and all-reduces the mean, so both equal the single-process values up to summation order. Only rank 0 writes
+(checkpoints, metrics, logs, progress events); the other ranks only read the run directory, after rank 0 finished
+any interrupted commit (`main_first`). Dropout draws from a per-rank stream (`rank_seed`); with dropout > 0 a
+resumed job re-derives the streams of ranks > 0 from (seed, rank, step), so it matches an uninterrupted job in data
+order but not bitwise. SIGTERM/SIGINT to torchrun reach every worker; the ranks agree on the step after which they
+stop, and rank 0 saves an "interrupted" checkpoint that the same command resumes.
 """
 
 from __future__ import annotations

@@ -101,6 +101,8 @@ def render(result: dict[str, Any], opts: Any) -> None:
     if opts.train:
         console.print(training_table(result, dtypes))
         console.print(f"MFU: model FLOPs/token = {result['flops_per_token_formula']}", highlight=False)
+        if "hf_differences" in result:
+            console.print(result["hf_differences"], highlight=False)
     if opts.eval:
         console.print(eval_table(result, dtypes))
     for d in dtypes:
