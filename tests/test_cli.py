@@ -58,6 +58,26 @@ def test_every_command_is_implemented_and_not_available_exits_2() -> None:
     assert "not available yet" in result.output and "Traceback" not in result.output
 
 
+def _command_paths(command: object, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and sub-command of the click tree, as argument paths."""
+    paths = [prefix]
+    if hasattr(command, "commands"):  # a group (typer ships its own click classes)
+        for name, sub in command.commands.items():
+            paths += _command_paths(sub, (*prefix, name))
+    return paths
+
+
+def test_every_command_help_shows_an_example() -> None:
+    import typer
+
+    paths = _command_paths(typer.main.get_command(app))[1:]
+    assert len(paths) >= len(COMMANDS) + 3  # viz has three sub-commands
+    for path in paths:
+        result = runner.invoke(app, [*path, "--help"], terminal_width=200)
+        assert result.exit_code == 0, path
+        assert "Example" in result.output and "posenc " + " ".join(path) in result.output, path
+
+
 BAD_OVERRIDES = [
     ("model.n_layer=abc", "model.n_layer: expected an integer"),
     ("model.n_layr=4", "unknown config key 'model.n_layr'"),

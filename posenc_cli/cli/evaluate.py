@@ -291,8 +291,7 @@ def eval_passkey_command(
         ),
     ] = None,
 ) -> None:
-    """Passkey retrieval: exact match of a key hidden at each depth of prompts of growing length; stored in each
-    run's eval/passkey.json."""
+    """Passkey retrieval: exact match of a key hidden at each depth of growing prompts; in RUN/eval/passkey.json."""
     from posenc_cli.fsutil import atomic_write_json
     from posenc_cli.passkey import PasskeyConfig, combined_json, evaluate_passkey_paths, passkey_figure, passkey_table
     from posenc_cli.plots import save_figure

@@ -31,7 +31,10 @@ def scheme_rows() -> list[dict[str, str]]:
     return rows
 
 
-@app.command("schemes")
+@app.command(
+    "schemes",
+    epilog="Example: posenc schemes   then train one of them: posenc train pos=kerple pos.variant=power",
+)
 @handles_errors
 def schemes_command() -> None:
     """List the registered positional schemes: hooks used, learned parameters, extrapolation, reference paper."""

@@ -17,6 +17,7 @@ viz_app = typer.Typer(
     help="Pictures of encodings (from the schemes' own hooks) and of trained models' attention.",
     no_args_is_help=True,
     rich_markup_mode="rich",
+    epilog="Example: posenc viz encoding pos=rope   |   posenc viz attention outputs/runs/rope",
 )
 app.add_typer(viz_app, name="viz")
 
@@ -40,6 +41,13 @@ _ATTENTION_EXAMPLES = """
 
   posenc viz attention outputs/runs/rope
   posenc viz attention outputs/runs/alibi --layer 0 --head all --length 1024 --out alibi-attn.png
+"""
+
+_COMPARE_EXAMPLES = """
+[bold]Examples[/]
+
+  posenc viz compare outputs/runs/rope outputs/runs/alibi --multiple 8
+  posenc viz compare outputs/sweeps/*-extrapolation --out attention.png   [dim](every run of a sweep)[/]
 """
 
 
@@ -135,7 +143,7 @@ def attention_command(
     console.print(f"wrote {escape(str(path))}", highlight=False)
 
 
-@viz_app.command("compare")
+@viz_app.command("compare", epilog=_COMPARE_EXAMPLES)
 @handles_errors
 def compare_command(
     paths: Annotated[
