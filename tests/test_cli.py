@@ -95,3 +95,14 @@ def test_bad_overrides_exit_2_with_one_line_on_every_config_command() -> None:
             assert message in result.stderr, (command, override, result.stderr)
             assert len(result.stderr.strip().splitlines()) == 1
             assert "Traceback" not in result.output
+
+
+def test_shell_completion_completes_command_names() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "_POSENC_COMPLETE": "complete_bash", "COMP_WORDS": "posenc ev", "COMP_CWORD": "1"}
+    code = "from posenc_cli.cli import main; main()"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["eval-extrapolate", "eval-passkey"], result.stderr

@@ -42,7 +42,7 @@ def _root(
 
 
 def main() -> None:
-    app()
+    app(prog_name="posenc")  # also under `python -m posenc_cli`, so completion and usage lines name posenc
 
 
 __all__ = ["app", "main"]
