@@ -50,6 +50,7 @@ __all__ = [
     "CorpusCache",
     "data_config_with_overrides",
     "entry_key",
+    "evaluate_each_run",
     "evaluate_model",
     "evaluate_paths",
     "evaluate_run",
@@ -525,6 +526,47 @@ def _fill_ok(entry: dict[str, Any], result: dict[str, Any]) -> None:
     )
 
 
+def evaluate_each_run(
+    run_dirs: Sequence[Path | str],
+    evaluate: Callable[[LoadedRun, torch.device], dict[str, Any]],
+    *,
+    device: str | torch.device = "auto",
+    threads: int = 0,
+    on_run: Callable[[Path, int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Load each run directory in turn (one model in memory at a time) and collect `evaluate(run, device)`."""
+    from posenc_cli.checkpoint import load_run
+    from posenc_cli.device import resolve_device
+    from posenc_cli.device import threads as use_threads
+
+    device = resolve_device(device)
+    results = []
+    with use_threads(threads):
+        for i, path in enumerate(run_dirs):
+            if on_run is not None:
+                on_run(Path(path), i, len(run_dirs))
+            run = load_run(path, device=device)
+            results.append(evaluate(run, device))
+            del run
+    return results
+
+
+def _run_evaluator(
+    cfg: EvalConfig,
+    data_overrides: Sequence[str],
+    force: bool | None,
+    progress: Progress | None,
+    corpora: CorpusCache | None,
+) -> Callable[[LoadedRun, torch.device], dict[str, Any]]:
+    """`evaluate_run` with these settings, on each run's data config composed with `data_overrides`."""
+
+    def evaluate(run: LoadedRun, device: torch.device) -> dict[str, Any]:
+        data = data_config_with_overrides(run.config.data, data_overrides) if data_overrides else None
+        return evaluate_run(run, cfg, data=data, corpora=corpora, device=device, force=force, progress=progress)
+
+    return evaluate
+
+
 def evaluate_run_dir(
     run_dir: Path | str,
     cfg: EvalConfig,
@@ -537,15 +579,9 @@ def evaluate_run_dir(
     corpora: CorpusCache | None = None,
 ) -> dict[str, Any]:
     """Load one run directory and `evaluate_run` it (data overrides compose only the data group)."""
-    from posenc_cli.checkpoint import load_run
-    from posenc_cli.device import resolve_device
-    from posenc_cli.device import threads as use_threads
-
-    device = resolve_device(device)
-    with use_threads(threads):
-        run = load_run(run_dir, device=device)
-        data = data_config_with_overrides(run.config.data, data_overrides) if data_overrides else None
-        return evaluate_run(run, cfg, data=data, corpora=corpora, device=device, force=force, progress=progress)
+    evaluate = _run_evaluator(cfg, data_overrides, force, progress, corpora)
+    (result,) = evaluate_each_run([run_dir], evaluate, device=device, threads=threads)
+    return result
 
 
 def evaluate_paths(
@@ -561,22 +597,5 @@ def evaluate_paths(
 ) -> list[dict[str, Any]]:
     """Find the runs below `paths` and evaluate each in turn (one model in memory at a time)."""
     cfg.validate()
-    runs = find_runs(paths)
-    corpora = CorpusCache()
-    results = []
-    for i, path in enumerate(runs):
-        if on_run is not None:
-            on_run(path, i, len(runs))
-        results.append(
-            evaluate_run_dir(
-                path,
-                cfg,
-                data_overrides=data_overrides,
-                device=device,
-                threads=threads,
-                force=force,
-                progress=progress,
-                corpora=corpora,
-            )
-        )
-    return results
+    evaluate = _run_evaluator(cfg, data_overrides, force, progress, CorpusCache())
+    return evaluate_each_run(find_runs(paths), evaluate, device=device, threads=threads, on_run=on_run)

@@ -38,7 +38,14 @@ from torch import nn
 from posenc_cli import __version__
 from posenc_cli.config import DataConfig, EvalConfig
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
-from posenc_cli.evaluate import find_runs, new_results_doc, plan_lengths, read_results_file, resolve_dtype
+from posenc_cli.evaluate import (
+    evaluate_each_run,
+    find_runs,
+    new_results_doc,
+    plan_lengths,
+    read_results_file,
+    resolve_dtype,
+)
 from posenc_cli.fsutil import atomic_write_json
 
 if TYPE_CHECKING:
@@ -456,22 +463,12 @@ def evaluate_passkey_paths(
     on_run: Callable[[Path, int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Find the runs below `paths` and evaluate each in turn (one model in memory at a time)."""
-    from posenc_cli.checkpoint import load_run
-    from posenc_cli.device import resolve_device
-    from posenc_cli.device import threads as use_threads
-
     cfg.validate()
-    runs = find_runs(paths)
-    device = resolve_device(device)
-    results = []
-    with use_threads(threads):
-        for i, path in enumerate(runs):
-            if on_run is not None:
-                on_run(path, i, len(runs))
-            run = load_run(path, device=device)
-            results.append(evaluate_passkey_run(run, cfg, device=device, force=force, progress=progress))
-            del run
-    return results
+
+    def evaluate(run: LoadedRun, run_device: torch.device) -> dict[str, Any]:
+        return evaluate_passkey_run(run, cfg, device=run_device, force=force, progress=progress)
+
+    return evaluate_each_run(find_runs(paths), evaluate, device=device, threads=threads, on_run=on_run)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from train_utils import train_scheme_runs
 from typer.testing import CliRunner
 
 from posenc_cli import evaluate as ev
 from posenc_cli.cli import app
-from posenc_cli.config import Config, DataConfig, ModelConfig, TrainConfig
-from posenc_cli.positional import config_class
+from posenc_cli.config import DataConfig
 
 runner = CliRunner()
 SCHEMES = ("alibi", "learned", "rope")
@@ -25,31 +25,11 @@ def corpus_text(n: int, offset: int = 0) -> str:
 @pytest.fixture(scope="session")
 def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A sweep-like directory with three tiny runs (seq_len 16, 10 steps) trained on a small text corpus."""
-    from posenc_cli.train import train
-
     root = tmp_path_factory.mktemp("eval-runs")
     corpus = root / "corpus.txt"
     corpus.write_text(corpus_text(1500))
-    for scheme in SCHEMES:
-        cfg = Config(
-            model=ModelConfig(d_model=32, n_layer=2, n_head=2),
-            pos=config_class(scheme)(name=scheme),
-            data=DataConfig(source="text", paths=[str(corpus)], val_fraction=0.1),
-            train=TrainConfig(
-                seq_len=16,
-                batch_size=4,
-                steps=10,
-                warmup_steps=2,
-                eval_every=10,
-                eval_batches=1,
-                save_every=10,
-                log_every=5,
-                precision="fp32",
-                device="cpu",
-                threads=1,
-            ),
-        )
-        train(cfg, root / "sweep" / scheme)
+    data = DataConfig(source="text", paths=[str(corpus)], val_fraction=0.1)
+    train_scheme_runs(root / "sweep", SCHEMES, data, seq_len=16, batch_size=4, steps=10, warmup_steps=2, log_every=5)
     return root
 
 

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from train_utils import train_scheme_runs
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
-from posenc_cli.config import Config, DataConfig, ModelConfig, TrainConfig
-from posenc_cli.positional import config_class
+from posenc_cli.config import DataConfig
 
 runner = CliRunner()
 SCHEMES = ("learned", "nope")
@@ -19,29 +19,9 @@ SCHEMES = ("learned", "nope")
 @pytest.fixture(scope="session")
 def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two tiny runs (seq_len 128, 4 steps) on 60 passkey episodes."""
-    from posenc_cli.train import train
-
     root = tmp_path_factory.mktemp("passkey-runs")
-    for scheme in SCHEMES:
-        cfg = Config(
-            model=ModelConfig(d_model=32, n_layer=2, n_head=2),
-            pos=config_class(scheme)(name=scheme),
-            data=DataConfig(source="passkey", passkey_episodes=60, val_fraction=0.2),
-            train=TrainConfig(
-                seq_len=128,
-                batch_size=2,
-                steps=4,
-                warmup_steps=1,
-                eval_every=4,
-                eval_batches=1,
-                save_every=4,
-                log_every=2,
-                precision="fp32",
-                device="cpu",
-                threads=1,
-            ),
-        )
-        train(cfg, root / "sweep" / scheme)
+    data = DataConfig(source="passkey", passkey_episodes=60, val_fraction=0.2)
+    train_scheme_runs(root / "sweep", SCHEMES, data, seq_len=128, batch_size=2, steps=4, warmup_steps=1, log_every=2)
     return root
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from posenc_cli.config import Config, config_from_dict
+from posenc_cli.config import Config, DataConfig, ModelConfig, TrainConfig, config_from_dict
+from posenc_cli.positional import config_class
 
 TEXT = (
     "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches near old "
@@ -67,6 +70,24 @@ def tiny_config(corpus: Path, pos: str = "nope", model: dict[str, Any] | None = 
         "train": {**TRAIN_DEFAULTS, **train},
     }
     return config_from_dict(raw)
+
+
+def train_scheme_runs(sweep_dir: Path, schemes: Sequence[str], data: DataConfig, **train: Any) -> None:
+    """Train one tiny run (d=32, 2 layers, fp32 on one CPU thread) per scheme into `sweep_dir/<scheme>`.
+
+    `train` sets TrainConfig fields; evaluation and the checkpoint come once, at the last step, unless given.
+    """
+    from posenc_cli.train import train as train_run
+
+    fields = {"eval_every": train["steps"], "save_every": train["steps"], "eval_batches": 1, **train}
+    for scheme in schemes:
+        cfg = Config(
+            model=ModelConfig(d_model=32, n_layer=2, n_head=2),
+            pos=config_class(scheme)(name=scheme),
+            data=copy.deepcopy(data),
+            train=TrainConfig(precision="fp32", device="cpu", threads=1, **fields),
+        )
+        train_run(cfg, Path(sweep_dir) / scheme)
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:

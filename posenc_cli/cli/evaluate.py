@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,6 +34,15 @@ def parse_list(text: str, kind: type, flag: str) -> list[Any]:
     return values
 
 
+def _optional_list(text: str | None, kind: type, flag: str) -> list[Any] | None:
+    return parse_list(text, kind, flag) if text is not None else None
+
+
+def _one_kind_of_lengths(lengths: str | None, abs_lengths: str | None) -> None:
+    if lengths is not None and abs_lengths is not None:
+        raise ConfigError("give either --lengths (multiples of the base length) or --abs-lengths (tokens), not both")
+
+
 def build_eval_config(
     *,
     lengths: str | None,
@@ -49,12 +59,11 @@ def build_eval_config(
 
     from posenc_cli.config import EvalConfig, build_dataclass
 
-    if lengths is not None and abs_lengths is not None:
-        raise ConfigError("give either --lengths (multiples of the base length) or --abs-lengths (tokens), not both")
+    _one_kind_of_lengths(lengths, abs_lengths)
     raw = dataclasses.asdict(EvalConfig())
     given = {
-        "lengths": parse_list(lengths, float, "--lengths") if lengths is not None else None,
-        "abs_lengths": parse_list(abs_lengths, int, "--abs-lengths") if abs_lengths is not None else None,
+        "lengths": _optional_list(lengths, float, "--lengths"),
+        "abs_lengths": _optional_list(abs_lengths, int, "--abs-lengths"),
         "protocol": protocol,
         "stride": stride,
         "tokens": tokens,
@@ -68,6 +77,112 @@ def build_eval_config(
     if cfg.stride is not None and cfg.protocol != "sliding":
         raise ConfigError("--stride applies to --protocol sliding only (nonoverlap scores every token of a window)")
     return cfg
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Shared by both commands: options, argument checks, progress display, summary and output files.
+
+
+def _option(help: str, *decls: str, **kwargs: Any) -> Any:
+    """A typer option whose help text names its default (none shown by typer)."""
+    return typer.Option(*decls, help=help, show_default=False, **kwargs)
+
+
+def _force_option(results_file: str) -> Any:
+    return typer.Option("--force", help=f"Recompute cells already stored in {results_file}.")
+
+
+DeviceOption = Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")]
+ThreadsOption = Annotated[int, typer.Option(help="CPU threads (0 = torch's default).")]
+JsonOption = Annotated[
+    Path | None, _option("Write the combined results of all runs as JSON here.", "--json", dir_okay=False)
+]
+
+
+def _check_run_args(paths: list[str], stray: list[str], problem: str, command: str) -> None:
+    """One clear error for a stray flag or override, or for no run directory at all."""
+    if stray:
+        raise ConfigError(f"{problem} {stray[0]} (see posenc {command} --help)")
+    if not paths:
+        raise ConfigError("give at least one run directory (or a sweep directory holding runs)")
+
+
+class _Display:
+    """Live progress on a terminal (stderr); nothing otherwise, so piped output stays the table."""
+
+    def __init__(self, unit: str) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+            disable=not err_console.is_terminal,
+        )
+        self._unit = unit
+        self._task: Any = None
+        self._run = ""
+
+    def __enter__(self) -> _Display:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.__exit__(*exc)
+
+    def on_run(self, path: Path, index: int, total: int) -> None:
+        self._run = f"[{index + 1}/{total}] {path.name}"
+
+    def progress(self, what: str, done: int, total: int) -> None:
+        description = f"{self._run} {what} ({self._unit})"
+        if self._task is None:
+            self._task = self._progress.add_task(description, total=total)
+        self._progress.update(self._task, description=description, completed=done, total=total)
+
+
+Results = list[dict[str, Any]]
+
+
+def _evaluate_timed(unit: str, evaluate: Callable[[_Display], Results]) -> tuple[Results, float]:
+    """`evaluate(display)` under a live progress display counting `unit`; (results, seconds)."""
+    start = time.perf_counter()
+    with _Display(unit) as display:
+        results = evaluate(display)
+    return results, time.perf_counter() - start
+
+
+def _report(
+    results: Results,
+    seconds: float,
+    *,
+    table: Any,
+    results_file: str,
+    plot: Path | None,
+    write_plot: Callable[[Path], Iterable[Path]],
+    json_path: Path | None,
+    combined: dict[str, Any],
+) -> None:
+    """Print the table and a one-line summary, then write the plot(s) and the combined JSON if asked."""
+    from posenc_cli.fsutil import atomic_write_json
+
+    console.print(table)
+    reused = sum(r["reused"] for r in results)
+    cells = sum(len(r["entries"]) for r in results)
+    note = f"; {reused} of {cells} cells reused from {results_file} (--force recomputes)" if reused else ""
+    console.print(f"{len(results)} run(s) evaluated in {seconds:.1f} s{note}", highlight=False)
+    if plot is not None:
+        for path in write_plot(plot):
+            console.print(f"wrote {path}", highlight=False)
+    if json_path is not None:
+        atomic_write_json(json_path, combined)
+        console.print(f"wrote {json_path}", highlight=False)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The commands.
 
 
 @app.command(
@@ -87,69 +202,34 @@ def eval_extrapolate_command(
         ),
     ] = None,
     lengths: Annotated[
-        str | None,
-        typer.Option(
-            help="Multiples of each run's base length, e.g. 0.5,1,2,4,8,16 (the default).", show_default=False
-        ),
+        str | None, _option("Multiples of each run's base length, e.g. 0.5,1,2,4,8,16 (the default).")
     ] = None,
-    abs_lengths: Annotated[
-        str | None, typer.Option(help="Absolute lengths in tokens instead, e.g. 128,512,2048.", show_default=False)
-    ] = None,
+    abs_lengths: Annotated[str | None, _option("Absolute lengths in tokens instead, e.g. 128,512,2048.")] = None,
     protocol: Annotated[
-        str | None,
-        typer.Option(
-            help="nonoverlap (score every token; default) or sliding (score the last --stride tokens).",
-            show_default=False,
-        ),
+        str | None, _option("nonoverlap (score every token; default) or sliding (score the last --stride tokens).")
     ] = None,
-    stride: Annotated[
-        int | None, typer.Option(help="Sliding protocol: tokens scored per window (default L/2).", show_default=False)
-    ] = None,
-    tokens: Annotated[
-        int | None, typer.Option(help="Scored tokens per length (default 16384).", show_default=False)
-    ] = None,
-    batch_tokens: Annotated[
-        int | None, typer.Option(help="Tokens per forward batch (memory bound; default 16384).", show_default=False)
-    ] = None,
+    stride: Annotated[int | None, _option("Sliding protocol: tokens scored per window (default L/2).")] = None,
+    tokens: Annotated[int | None, _option("Scored tokens per length (default 16384).")] = None,
+    batch_tokens: Annotated[int | None, _option("Tokens per forward batch (memory bound; default 16384).")] = None,
     dtype: Annotated[
-        str | None,
-        typer.Option(
-            help="auto (bf16 if the run trained in bf16 and this device runs bf16 fast), fp32 or bf16.",
-            show_default=False,
-        ),
+        str | None, _option("auto (bf16 if the run trained in bf16 and this device runs bf16 fast), fp32 or bf16.")
     ] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")] = "auto",
-    threads: Annotated[int, typer.Option(help="CPU threads (0 = torch's default).")] = 0,
-    force: Annotated[
-        bool, typer.Option("--force", help="Recompute cells already stored in eval/extrapolate.json.")
-    ] = False,
+    device: DeviceOption = "auto",
+    threads: ThreadsOption = 0,
+    force: Annotated[bool, _force_option("eval/extrapolate.json")] = False,
     plot: Annotated[
         Path | None,
-        typer.Option(
-            help="Write a PNG of perplexity vs length here, and <stem>_per_position.png next to it.",
-            show_default=False,
-            dir_okay=False,
-        ),
+        _option("Write a PNG of perplexity vs length here, and <stem>_per_position.png next to it.", dir_okay=False),
     ] = None,
-    json_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--json", help="Write the combined results of all runs as JSON here.", show_default=False, dir_okay=False
-        ),
-    ] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """Perplexity at and beyond the training length, per run and length; stored in each run's eval/extrapolate.json."""
     from posenc_cli.evaluate import evaluate_paths
-    from posenc_cli.fsutil import atomic_write_json
     from posenc_cli.plots import write_plots
     from posenc_cli.report import extrapolation_table
 
     paths, overrides = split_args(args)
-    unknown = [p for p in paths if p.startswith("-")]
-    if unknown:
-        raise ConfigError(f"unknown option {unknown[0]} (see posenc eval-extrapolate --help)")
-    if not paths:
-        raise ConfigError("give at least one run directory (or a sweep directory holding runs)")
+    _check_run_args(paths, [p for p in paths if p.startswith("-")], "unknown option", "eval-extrapolate")
     cfg = build_eval_config(
         lengths=lengths,
         abs_lengths=abs_lengths,
@@ -160,10 +240,9 @@ def eval_extrapolate_command(
         dtype=dtype,
         force=force,
     )
-
-    start = time.perf_counter()
-    with _Display() as display:
-        results = evaluate_paths(
+    results, seconds = _evaluate_timed(
+        "windows",
+        lambda display: evaluate_paths(
             paths,
             cfg,
             data_overrides=overrides,
@@ -171,65 +250,18 @@ def eval_extrapolate_command(
             threads=threads,
             progress=display.progress,
             on_run=display.on_run,
-        )
-    seconds = time.perf_counter() - start
-
-    by = "length" if cfg.abs_lengths is not None else "multiple"
-    console.print(extrapolation_table(results, by=by))
-    reused = sum(r["reused"] for r in results)
-    cells = sum(len(r["entries"]) for r in results)
-    note = f"; {reused} of {cells} cells reused from eval/extrapolate.json (--force recomputes)" if reused else ""
-    console.print(f"{len(results)} run(s) evaluated in {seconds:.1f} s{note}", highlight=False)
-    if plot is not None:
-        for path in write_plots(results, plot):
-            console.print(f"wrote {path}", highlight=False)
-    if json_path is not None:
-        combined = [{k: v for k, v in r.items() if k != "reused"} for r in results]
-        atomic_write_json(json_path, {"schema_version": 1, "runs": combined})
-        console.print(f"wrote {json_path}", highlight=False)
-
-
-class _Display:
-    """Live progress on a terminal (stderr); nothing otherwise, so piped output stays the table."""
-
-    def __init__(self) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err_console,
-            transient=True,
-            disable=not err_console.is_terminal,
-        )
-        self._task: Any = None
-        self._run = ""
-
-    def __enter__(self) -> _Display:
-        self._progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._progress.__exit__(*exc)
-
-    def on_run(self, path: Path, index: int, total: int) -> None:
-        self._run = f"[{index + 1}/{total}] {path.name}"
-
-    def progress(self, what: str, done: int, total: int) -> None:
-        description = f"{self._run} {what} (windows)"
-        if self._task is None:
-            self._task = self._progress.add_task(description, total=total)
-        self._progress.update(self._task, description=description, completed=done, total=total)
-
-
-class _PasskeyDisplay(_Display):
-    def progress(self, what: str, done: int, total: int) -> None:
-        description = f"{self._run} {what} (prompts)"
-        if self._task is None:
-            self._task = self._progress.add_task(description, total=total)
-        self._progress.update(self._task, description=description, completed=done, total=total)
+        ),
+    )
+    _report(
+        results,
+        seconds,
+        table=extrapolation_table(results, by="length" if cfg.abs_lengths is not None else "multiple"),
+        results_file="eval/extrapolate.json",
+        plot=plot,
+        write_plot=lambda path: write_plots(results, path),
+        json_path=json_path,
+        combined={"schema_version": 1, "runs": [{k: v for k, v in r.items() if k != "reused"} for r in results]},
+    )
 
 
 _PASSKEY_EXAMPLES = """
@@ -252,82 +284,57 @@ def eval_passkey_command(
         ),
     ] = None,
     lengths: Annotated[
-        str | None,
-        typer.Option(
-            help="Prompt lengths as multiples of each run's base length (default 1,2,4,8).", show_default=False
-        ),
+        str | None, _option("Prompt lengths as multiples of each run's base length (default 1,2,4,8).")
     ] = None,
-    abs_lengths: Annotated[
-        str | None, typer.Option(help="Absolute prompt lengths in tokens instead, e.g. 128,512.", show_default=False)
-    ] = None,
+    abs_lengths: Annotated[str | None, _option("Absolute prompt lengths in tokens instead, e.g. 128,512.")] = None,
     depths: Annotated[
-        str | None,
-        typer.Option(
-            help="Key depths: share of the filler before the key (default 0,0.25,0.5,0.75,1).", show_default=False
-        ),
+        str | None, _option("Key depths: share of the filler before the key (default 0,0.25,0.5,0.75,1).")
     ] = None,
     trials: Annotated[int, typer.Option(help="Prompts (fresh keys) per length × depth.")] = 10,
-    digits: Annotated[
-        int | None, typer.Option(help="Digits per key (default: the run's data.passkey_digits, 5).", show_default=False)
-    ] = None,
+    digits: Annotated[int | None, _option("Digits per key (default: the run's data.passkey_digits, 5).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the keys (the same seed gives the same prompts).")] = 0,
     batch_tokens: Annotated[int, typer.Option(help="Prompt tokens per forward batch (memory bound).")] = 16384,
     dtype: Annotated[
         str, typer.Option(help="auto (bf16 if the run trained in bf16 and it is fast here), fp32, bf16.")
     ] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")] = "auto",
-    threads: Annotated[int, typer.Option(help="CPU threads (0 = torch's default).")] = 0,
-    force: Annotated[
-        bool, typer.Option("--force", help="Recompute cells already stored in eval/passkey.json.")
-    ] = False,
-    plot: Annotated[
-        Path | None,
-        typer.Option(help="Write a PNG heatmap (length × depth per run) here.", show_default=False, dir_okay=False),
-    ] = None,
-    json_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--json", help="Write the combined results of all runs as JSON here.", show_default=False, dir_okay=False
-        ),
-    ] = None,
+    device: DeviceOption = "auto",
+    threads: ThreadsOption = 0,
+    force: Annotated[bool, _force_option("eval/passkey.json")] = False,
+    plot: Annotated[Path | None, _option("Write a PNG heatmap (length × depth per run) here.", dir_okay=False)] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """Passkey retrieval: exact match of a key hidden at each depth of growing prompts; in RUN/eval/passkey.json."""
-    from posenc_cli.fsutil import atomic_write_json
     from posenc_cli.passkey import PasskeyConfig, combined_json, evaluate_passkey_paths, passkey_figure, passkey_table
     from posenc_cli.plots import save_figure
 
-    unknown = [p for p in paths or [] if p.startswith("-") or "=" in p]
-    if unknown:
-        raise ConfigError(f"unexpected argument {unknown[0]} (see posenc eval-passkey --help)")
-    if not paths:
-        raise ConfigError("give at least one run directory (or a sweep directory holding runs)")
-    if lengths is not None and abs_lengths is not None:
-        raise ConfigError("give either --lengths (multiples of the base length) or --abs-lengths (tokens), not both")
+    paths = paths or []
+    _check_run_args(paths, [p for p in paths if p.startswith("-") or "=" in p], "unexpected argument", "eval-passkey")
+    _one_kind_of_lengths(lengths, abs_lengths)
     if dtype not in ("auto", "fp32", "bf16"):
         raise ConfigError(f"--dtype must be auto, fp32 or bf16, got {dtype!r}")
     cfg = PasskeyConfig(trials=trials, digits=digits, seed=seed, batch_tokens=batch_tokens, dtype=dtype, force=force)
-    if lengths is not None:
-        cfg.lengths = parse_list(lengths, float, "--lengths")
-    if abs_lengths is not None:
-        cfg.abs_lengths = parse_list(abs_lengths, int, "--abs-lengths")
-    if depths is not None:
-        cfg.depths = parse_list(depths, float, "--depths")
+    for field, text, kind, flag in (
+        ("lengths", lengths, float, "--lengths"),
+        ("abs_lengths", abs_lengths, int, "--abs-lengths"),
+        ("depths", depths, float, "--depths"),
+    ):
+        if text is not None:
+            setattr(cfg, field, parse_list(text, kind, flag))
     cfg.validate()
 
-    start = time.perf_counter()
-    with _PasskeyDisplay() as display:
-        results = evaluate_passkey_paths(
+    results, seconds = _evaluate_timed(
+        "prompts",
+        lambda display: evaluate_passkey_paths(
             paths, cfg, device=device, threads=threads, progress=display.progress, on_run=display.on_run
-        )
-    seconds = time.perf_counter() - start
-
-    console.print(passkey_table(results))
-    reused = sum(r["reused"] for r in results)
-    cells = sum(len(r["entries"]) for r in results)
-    note = f"; {reused} of {cells} cells reused from eval/passkey.json (--force recomputes)" if reused else ""
-    console.print(f"{len(results)} run(s) evaluated in {seconds:.1f} s{note}", highlight=False)
-    if plot is not None:
-        console.print(f"wrote {save_figure(passkey_figure(results), plot)}", highlight=False)
-    if json_path is not None:
-        atomic_write_json(json_path, combined_json(results))
-        console.print(f"wrote {json_path}", highlight=False)
+        ),
+    )
+    _report(
+        results,
+        seconds,
+        table=passkey_table(results),
+        results_file="eval/passkey.json",
+        plot=plot,
+        write_plot=lambda path: [save_figure(passkey_figure(results), path)],
+        json_path=json_path,
+        combined=combined_json(results),
+    )
