@@ -82,6 +82,7 @@ def test_two_ranks_match_one_process_and_resume_after_a_crash(corpus: Path, tmp_
     done = torchrun(overrides, ddp)  # same command: continues from step 4
     assert done.returncode == 0, done.stderr[-2000:]
     assert read_meta(ddp)["status"] == "complete" and read_meta(ddp)["step"] == 8
+    assert done.stdout.count("training summary") == 1  # rank 0 reports, the other rank stays quiet
 
     ours, ref = records(ddp), records(single)
     assert [r["step"] for r in ours] == list(range(1, 9))  # one writer: no step logged twice, none lost

@@ -91,6 +91,7 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
 
 
 def run(cfg: Config, resume: str | None, out: str | None, force_config: bool) -> None:
+    from posenc_cli.distributed import env_info
     from posenc_cli.progress import TrainDisplay, interrupted_message, summary_table
     from posenc_cli.trackers import tracked
     from posenc_cli.train import default_run_dir, train
@@ -99,6 +100,10 @@ def run(cfg: Config, resume: str | None, out: str | None, force_config: bool) ->
     display = TrainDisplay(console, live=stdout_is_terminal(), log_every=cfg.train.log_every)
     with display, tracked(display, cfg, run_dir) as callback:
         result = train(cfg, run_dir, resume=resume is not None, force_config=force_config, callback=callback)
+    if not env_info().is_main:  # under torchrun only rank 0 reports, like it alone writes
+        if result.stopped_reason == "interrupted":
+            raise typer.Exit(128 + (result.signal or 2))
+        return
     if result.stopped_reason == "already_complete":
         console.print(
             f"{escape(str(run_dir))} is already complete (step {result.step}/{result.steps}); nothing to do.",
