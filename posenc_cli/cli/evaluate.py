@@ -267,8 +267,8 @@ def eval_extrapolate_command(
 _PASSKEY_EXAMPLES = """
 [bold]Examples[/]
 
-  posenc train data=passkey pos=alibi            [dim](short retrieval episodes at the training length)[/]
-  posenc eval-passkey outputs/runs/alibi-tiny --lengths 1,2,4 --plot passkey.png
+  posenc train data=passkey tokenizer=bpe tokenizer.vocab_size=512 data.passkey_max_len=512 train.steps=1200 --out pk
+  posenc eval-passkey pk --lengths 1,2,4,8 --plot passkey.png  [dim](trained as `posenc sweep passkey` trains)[/]
   posenc eval-passkey outputs/sweeps/passkey --depths 0,0.5,1 --trials 20
   posenc eval-passkey RUN --abs-lengths 128,512,2048 --json passkey_all.json
 """
