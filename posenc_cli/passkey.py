@@ -47,6 +47,7 @@ from posenc_cli.evaluate import (
     resolve_dtype,
 )
 from posenc_cli.fsutil import atomic_write_json
+from posenc_cli.report import LABEL_MAX_WIDTH, fit_to_content
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -529,7 +530,7 @@ def passkey_table(results: Sequence[dict[str, Any]]) -> Table:
         caption_justify="left",
         header_style="bold",
     )
-    table.add_column("run", overflow="fold")
+    table.add_column("run", no_wrap=True, overflow="ellipsis", max_width=LABEL_MAX_WIDTH)
     table.add_column("length \\ depth", justify="right", no_wrap=True)
     for d in cols:
         table.add_column(_depth_label(d), justify="center", no_wrap=True)
@@ -564,7 +565,7 @@ def passkey_table(results: Sequence[dict[str, Any]]) -> Table:
             *notes,
         ]
     )
-    return table
+    return fit_to_content(table)
 
 
 def passkey_figure(results: Sequence[dict[str, Any]]) -> Figure:

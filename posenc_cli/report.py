@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -73,6 +74,16 @@ def fmt_cell(cell: Cell) -> str:
     return f"{text} ± {fmt_number(cell.std)}" if cell.std is not None else text
 
 
+LABEL_MAX_WIDTH = 40  # longer run names end in "…"
+
+
+def fit_to_content(table: Table) -> Table:
+    """Fix the table at its natural width, so a narrow terminal never squeezes a column away (rich would shrink
+    the run names to nothing to fit the numbers); wider than the terminal, the lines run on instead."""
+    table.width = Console(width=100_000).measure(table).maximum
+    return table
+
+
 def render_table(
     columns: Sequence[Column],
     rows: Sequence[TableRow],
@@ -83,7 +94,7 @@ def render_table(
 ) -> Table:
     """A rich table: rows × columns, best mean per column bold, n/a dimmed, a section per row group."""
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left", header_style="bold")
-    table.add_column(label_header, overflow="fold")  # long run names wrap; numbers never do
+    table.add_column(label_header, no_wrap=True, overflow="ellipsis", max_width=LABEL_MAX_WIDTH)
     for col in columns:
         width = max([len(fmt_cell(r.cells.get(col.key, Cell()))) for r in rows] + [3])
         table.add_column(col.header, justify="right", no_wrap=True, min_width=width)
@@ -109,7 +120,7 @@ def render_table(
                 style = "bold" if col.key in best and cell.mean == best[col.key] else ""
                 rendered.append(Text(fmt_cell(cell), style=style))
         table.add_row(*rendered)
-    return table
+    return fit_to_content(table)
 
 
 def _mean(row: TableRow, key: Any) -> float | None:

@@ -113,6 +113,14 @@ def test_aggregate_mean_std_groups_and_partial_na() -> None:
     assert "(n=2)" in render(table)
 
 
+def test_run_names_survive_a_narrow_terminal() -> None:
+    lengths = {16 * 2**k: 10.0 + k for k in range(5)}
+    seeds = [result(f"rope-s{i}", "rope", {n: v + i for n, v in lengths.items()}) for i in range(3)]
+    columns, rows = report.extrapolation_rows(seeds, aggregate_by=lambda r: r["scheme"], group_by=lambda r: r["scheme"])
+    text = render(report.render_table(columns, rows), width=80)  # the numbers alone are wider than 80 columns
+    assert "rope (n=3)" in re.sub(r"\x1b\[[0-9;]*m", "", text)  # rich had squeezed the name column to nothing
+
+
 def test_multiple_base_lengths_drop_token_counts_in_headers() -> None:
     res = [result("a", "rope", {16: 3.0}, base=16), result("b", "rope", {32: 4.0}, base=32)]
     columns, _ = report.extrapolation_rows(res)
