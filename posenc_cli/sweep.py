@@ -442,10 +442,10 @@ def _extend_job(cfg: Any, job_dir: Path, parent_dir: Path, sweep_dir: Path | Non
 
 
 def _evaluate_job(cfg: Any, job_dir: Path) -> None:
-    """eval-extrapolate for every job; passkey retrieval too for runs trained on `data=passkey`."""
+    """Passkey retrieval for runs trained on `data=passkey`, then eval-extrapolate for every job. extrapolate.json
+    comes last because it marks the job done (`job_status`): a job stopped during either evaluation is redone."""
     from posenc_cli.evaluate import evaluate_run_dir
 
-    evaluate_run_dir(job_dir, cfg.eval, device=cfg.train.device, threads=cfg.train.threads)
     if cfg.data.source == "passkey":
         from posenc_cli.checkpoint import load_run
         from posenc_cli.device import resolve_device, threads
@@ -455,6 +455,8 @@ def _evaluate_job(cfg: Any, job_dir: Path) -> None:
         with threads(cfg.train.threads):
             run = load_run(job_dir, device=device)
             evaluate_passkey_run(run, PasskeyConfig(lengths=cfg.eval.lengths), device=device)
+            del run
+    evaluate_run_dir(job_dir, cfg.eval, device=cfg.train.device, threads=cfg.train.threads)
 
 
 def job_status(job_dir: Path) -> str:

@@ -165,3 +165,37 @@ def test_jobs_log_to_the_configured_tracker(workspace: Path, monkeypatch) -> Non
     assert code == 0, output
     events = list((workspace / "tb/train/default").rglob("events.out.tfevents.*"))
     assert events, "the job wrote no TensorBoard event file"
+
+
+def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """extrapolate.json marks a job done, so it must be written after the passkey evaluation, never before."""
+    import posenc_cli.checkpoint
+    import posenc_cli.evaluate
+    import posenc_cli.passkey
+    from posenc_cli import sweep
+    from posenc_cli.hydra_bridge import compose_config
+
+    calls: list[str] = []
+
+    def extrapolate(job_dir: Path, *args: object, **kwargs: object) -> None:
+        calls.append("extrapolate")
+        (Path(job_dir) / "eval").mkdir(parents=True, exist_ok=True)
+        (Path(job_dir) / "eval" / "extrapolate.json").write_text("{}")
+
+    def passkey(*args: object, **kwargs: object) -> None:
+        calls.append("passkey")
+        raise KeyboardInterrupt  # the job is stopped during the passkey evaluation
+
+    monkeypatch.setattr(posenc_cli.evaluate, "evaluate_run_dir", extrapolate)
+    monkeypatch.setattr(posenc_cli.passkey, "evaluate_passkey_run", passkey)
+    monkeypatch.setattr(posenc_cli.checkpoint, "load_run", lambda *a, **k: object())
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "model.safetensors").write_bytes(b"")  # started, not finished
+    cfg = compose_config(["data=passkey", "train.device=cpu"])
+    with pytest.raises(KeyboardInterrupt):
+        sweep._evaluate_job(cfg, job_dir)
+    assert calls == ["passkey"] and sweep.job_status(job_dir) == "partial"
+    monkeypatch.setattr(posenc_cli.passkey, "evaluate_passkey_run", lambda *a, **k: calls.append("passkey"))
+    sweep._evaluate_job(cfg, job_dir)
+    assert calls == ["passkey", "passkey", "extrapolate"] and sweep.job_status(job_dir) == "done"
