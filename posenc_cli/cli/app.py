@@ -11,12 +11,15 @@ import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
 from posenc_cli.errors import UserError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 app = typer.Typer(
     name="posenc",
@@ -36,6 +39,22 @@ ConfigDirOption = Annotated[
     str | None,
     typer.Option("--config-dir", help="Extra config directory (your own groups and sweep files).", metavar="DIR"),
 ]
+
+
+def progress_bar(description: str = "{task.description}") -> Progress:
+    """A transient bar on stderr (description, bar, done/total, elapsed), shown only on a terminal, so piped
+    output stays the result."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn(description),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
+    )
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import TaskID
 from rich.table import Table
 
-from posenc_cli.cli.app import ConfigDirOption, app, console, err_console, handles_errors, split_args
+from posenc_cli.cli.app import ConfigDirOption, app, console, handles_errors, progress_bar, split_args
 from posenc_cli.errors import ConfigError
 
 
@@ -28,15 +28,7 @@ def data_command(
         hint = f"for a corpus use data=text data.paths=[{names[0]}]"
         raise ConfigError(f"posenc data takes only KEY=VALUE overrides, got '{names[0]}' ({hint})")
     cfg = compose_config(overrides, Path(config_dir) if config_dir else None)
-    with Progress(
-        TextColumn("{task.description:<18}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=not err_console.is_terminal,
-    ) as bar:
+    with progress_bar("{task.description:<18}") as bar:
         tasks: dict[str, TaskID] = {}
 
         def progress(stage: str, done: int, total: int) -> None:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from posenc_cli.cli.app import app, console, err_console, handles_errors, split_args
+from posenc_cli.cli.app import app, console, handles_errors, progress_bar, split_args
 from posenc_cli.errors import ConfigError
 
 _EXAMPLES = """
@@ -111,17 +111,7 @@ class _Display:
     """Live progress on a terminal (stderr); nothing otherwise, so piped output stays the table."""
 
     def __init__(self, unit: str) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err_console,
-            transient=True,
-            disable=not err_console.is_terminal,
-        )
+        self._progress = progress_bar()
         self._unit = unit
         self._task: Any = None
         self._run = ""
