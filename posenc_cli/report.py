@@ -148,16 +148,19 @@ def fmt_multiple(m: float) -> str:
     return f"{m:g}×"
 
 
-def ratio_value(result: Result, by: Literal["multiple", "length"], last_key: Any) -> tuple[float | None, str | None]:
-    """ppl at the last column / ppl at 1× (the run's base length); None with a reason when either is missing."""
+def ratio_value(
+    result: Result, by: Literal["multiple", "length"], last_key: Any, metric: str = "ppl"
+) -> tuple[float | None, str | None]:
+    """`metric` at the last column / `metric` at 1× (the run's base length); None with a reason when either is
+    missing."""
     entries = result["entries"]
     at_one = next((e for e in entries if e["length"] == result["base_length"]), None)
     at_max = next((e for e in entries if column_key(e, by) == last_key), None)
-    if at_one is None or at_one.get("ppl") is None:
+    if at_one is None or at_one.get(metric) is None:
         return None, "no measurement at 1×"
-    if at_max is None or at_max.get("ppl") is None:
+    if at_max is None or at_max.get(metric) is None:
         return None, (at_max or {}).get("reason") or "no measurement at the longest length"
-    return at_max["ppl"] / at_one["ppl"], None
+    return at_max[metric] / at_one[metric], None
 
 
 def extrapolation_rows(
@@ -197,7 +200,7 @@ def extrapolation_rows(
             else:
                 cell.reason = cell.reason or e.get("reason")
         if ratio and last is not None:
-            value, reason = ratio_value(r, by, last)
+            value, reason = ratio_value(r, by, last, metric)
             cell = row.cells.setdefault("ratio", Cell())
             if value is None:
                 cell.reason = cell.reason or reason

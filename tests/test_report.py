@@ -68,6 +68,16 @@ def test_rows_columns_and_ratio() -> None:
     assert rows[2].cells["ratio"].mean is None
 
 
+def test_ratio_is_taken_in_the_shown_metric() -> None:
+    r = result("r0", "rope", {16: 10.0, 64: 40.0})
+    for e in r["entries"]:
+        e["bpb"] = 3.0 if e["length"] == 16 else 4.5  # what a bpb table shows: 4.5 / 3.0, not the ppl ratio 4.0
+    _, rows = report.extrapolation_rows([r], metric="bpb")
+    assert rows[0].cells["ratio"].mean == pytest.approx(1.5)
+    _, rows = report.extrapolation_rows([r])
+    assert rows[0].cells["ratio"].mean == pytest.approx(4.0)
+
+
 def test_table_bold_best_dim_na_and_title() -> None:
     table = report.extrapolation_table(RESULTS)
     assert "nonoverlap" in str(table.title) and "trained at 16 tokens" in str(table.title)
