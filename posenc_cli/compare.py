@@ -208,12 +208,12 @@ def _baseline_row(rows: list[Any], records: list[RunRecord], baseline: str) -> A
 
 
 def to_markdown(columns: list[Any], rows: list[Any]) -> str:
-    from posenc_cli.report import fmt_cell
+    from posenc_cli.report import Cell, fmt_cell
 
     header = "| run | " + " | ".join(c.header.replace("\n", " ") for c in columns) + " |"
     lines = [header, "|---" * (len(columns) + 1) + "|"]
     for row in rows:
-        cells = [fmt_cell(row.cells[c.key]) if c.key in row.cells else "" for c in columns]
+        cells = [fmt_cell(row.cells.get(c.key, Cell())) for c in columns]  # unmeasured: n/a, as in the rich table
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

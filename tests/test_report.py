@@ -148,3 +148,11 @@ def test_several_entries_per_length_rejected() -> None:
 def test_run_label() -> None:
     assert report.run_label({"run": "r0", "scheme": "rope"}) == "r0 (rope)"
     assert report.run_label({"run": "r0 (rope)", "scheme": "rope"}) == "r0 (rope)"
+
+
+def test_markdown_marks_unmeasured_cells_na() -> None:
+    from posenc_cli.compare import to_markdown
+
+    columns, rows = report.extrapolation_rows([result("a", "rope", {8: 5.0, 16: 4.0}), result("b", "alibi", {16: 6.0})])
+    lines = to_markdown(columns, rows).splitlines()
+    assert lines[3] == "| b (alibi) | n/a | 6.000 | 1.000 |"  # no 0.5× entry: n/a, not an empty cell
