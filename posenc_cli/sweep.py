@@ -442,21 +442,19 @@ def _extend_job(cfg: Any, job_dir: Path, parent_dir: Path, sweep_dir: Path | Non
 
 
 def _evaluate_job(cfg: Any, job_dir: Path) -> None:
-    """Passkey retrieval for runs trained on `data=passkey`, then eval-extrapolate for every job. extrapolate.json
-    comes last because it marks the job done (`job_status`): a job stopped during either evaluation is redone."""
-    from posenc_cli.evaluate import evaluate_run_dir
+    """Passkey retrieval for runs trained on `data=passkey`, then eval-extrapolate for every job, on one loaded
+    model. extrapolate.json comes last because it marks the job done (`job_status`): a job stopped during either
+    evaluation is redone."""
+    from posenc_cli.evaluate import evaluate_each_run, evaluate_run
 
-    if cfg.data.source == "passkey":
-        from posenc_cli.checkpoint import load_run
-        from posenc_cli.device import resolve_device, threads
-        from posenc_cli.passkey import PasskeyConfig, evaluate_passkey_run
+    def evaluate(run: Any, device: Any) -> dict[str, Any]:
+        if cfg.data.source == "passkey":
+            from posenc_cli.passkey import PasskeyConfig, evaluate_passkey_run
 
-        device = resolve_device(cfg.train.device)
-        with threads(cfg.train.threads):
-            run = load_run(job_dir, device=device)
             evaluate_passkey_run(run, PasskeyConfig(lengths=cfg.eval.lengths), device=device)
-            del run
-    evaluate_run_dir(job_dir, cfg.eval, device=cfg.train.device, threads=cfg.train.threads)
+        return evaluate_run(run, cfg.eval, device=device)
+
+    evaluate_each_run([job_dir], evaluate, device=cfg.train.device, threads=cfg.train.threads)
 
 
 def job_status(job_dir: Path) -> str:

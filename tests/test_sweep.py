@@ -176,20 +176,22 @@ def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeyp
     from posenc_cli.hydra_bridge import compose_config
 
     calls: list[str] = []
+    job_dir = tmp_path / "job"
 
-    def extrapolate(job_dir: Path, *args: object, **kwargs: object) -> None:
+    def extrapolate(*args: object, **kwargs: object) -> dict:
         calls.append("extrapolate")
-        (Path(job_dir) / "eval").mkdir(parents=True, exist_ok=True)
-        (Path(job_dir) / "eval" / "extrapolate.json").write_text("{}")
+        (job_dir / "eval").mkdir(parents=True, exist_ok=True)
+        (job_dir / "eval" / "extrapolate.json").write_text("{}")
+        return {}
 
     def passkey(*args: object, **kwargs: object) -> None:
         calls.append("passkey")
         raise KeyboardInterrupt  # the job is stopped during the passkey evaluation
 
-    monkeypatch.setattr(posenc_cli.evaluate, "evaluate_run_dir", extrapolate)
+    monkeypatch.setattr(posenc_cli.evaluate, "evaluate_run", extrapolate)
     monkeypatch.setattr(posenc_cli.passkey, "evaluate_passkey_run", passkey)
-    monkeypatch.setattr(posenc_cli.checkpoint, "load_run", lambda *a, **k: object())
-    job_dir = tmp_path / "job"
+    loads: list[Path] = []
+    monkeypatch.setattr(posenc_cli.checkpoint, "load_run", lambda path, **k: loads.append(Path(path)) or object())
     job_dir.mkdir()
     (job_dir / "model.safetensors").write_bytes(b"")  # started, not finished
     cfg = compose_config(["data=passkey", "train.device=cpu"])
@@ -199,3 +201,4 @@ def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeyp
     monkeypatch.setattr(posenc_cli.passkey, "evaluate_passkey_run", lambda *a, **k: calls.append("passkey"))
     sweep._evaluate_job(cfg, job_dir)
     assert calls == ["passkey", "passkey", "extrapolate"] and sweep.job_status(job_dir) == "done"
+    assert loads == [job_dir, job_dir]  # one load per attempt: both evaluations share the loaded model
