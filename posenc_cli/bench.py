@@ -1,8 +1,10 @@
 """Measurements behind `posenc bench`: training throughput against `transformers`' Llama, the machine's matmul peak,
 model FLOPs utilisation, and evaluation speed and peak memory at long lengths (one subprocess per case).
 
-Training cases run in one process in interleaved rounds (posenc, Llama, matmul probe, posenc, Llama, probe, ...), so
-slow drifts of a shared machine's load hit every case alike; each reports the median over rounds. A training step is
+Training cases run in one process in interleaved rounds (posenc, Llama, matmul probe; then probe, Llama, posenc; ...),
+so slow drifts of a shared machine's load hit every case alike; each reports the median over rounds. Paired figures
+(the median over rounds of posenc/Llama and of MFU against the same round's probe) are reported next to them: on a
+machine whose speed drifts they are the steadier estimate. A training step is
 what `posenc train` does: forward under the run's precision, cross-entropy, backward, gradient clipping, AdamW step.
 
 Model FLOPs per trained token (MFU numerator), for N parameters counted once and a causal context of T tokens:
@@ -96,10 +98,14 @@ def median(values: Sequence[float]) -> float:
 
 
 def interleaved_rounds(cases: dict[str, Callable[[], float]], rounds: int, progress: Progress | None = None) -> dict:
-    """Call every case once per round, always in the same order (A B C A B C ...); returns each case's values."""
+    """Call every case once per round, reversing the order every other round (A B C, C B A, A B C, ...), so no case
+    always runs right after the same neighbour (e.g. after the matmul probe has heated the cores); returns each
+    case's values in round order."""
     values: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
     for r in range(rounds):
-        for name, case in cases.items():
+        for name in names if r % 2 == 0 else names[::-1]:
+            case = cases[name]
             if progress:
                 progress(f"round {r + 1}/{rounds}: {name}")
             values[name].append(case())

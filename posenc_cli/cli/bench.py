@@ -42,7 +42,8 @@ def bench_command(
 ) -> None:
     """Measure training throughput (posenc vs transformers' Llama), matmul peak, MFU and long-context evaluation.
 
-    Training cases run in one process, in interleaved rounds (posenc, Llama, matmul probe, ...), and report medians;
+    Training cases run in one process, in interleaved rounds (posenc, Llama, matmul probe, then reversed), and report
+    medians, plus the steadier paired figures (ratio and MFU within each round);
     each evaluation case (scheme × length) runs in its own process so its peak memory is its own. Device, threads
     and sizes come from the config (model=..., train.seq_len, train.batch_size, train.device, train.threads).
     """
@@ -100,6 +101,8 @@ def render(result: dict[str, Any], opts: Any) -> None:
     dtypes = [d for d in opts.dtypes if d in result]
     if opts.train:
         console.print(training_table(result, dtypes))
+        for line in paired_lines(result, dtypes):
+            console.print(line, highlight=False)
         console.print(f"MFU: model FLOPs/token = {result['flops_per_token_formula']}", highlight=False)
         if "hf_differences" in result:
             console.print(result["hf_differences"], highlight=False)
@@ -133,6 +136,20 @@ def training_table(result: dict[str, Any], dtypes: list[str]) -> Table:
             _fmt(r.get("hf_mfu"), "{:.0%}"),
         )
     return table
+
+
+def paired_lines(result: dict[str, Any], dtypes: list[str]) -> list[str]:
+    """Per dtype, the paired estimates: medians over rounds of posenc/Llama and of MFU vs that round's probe."""
+    lines = []
+    for d in dtypes:
+        r = result[d]
+        if "mfu_vs_same_round_probe" not in r:
+            continue
+        ratio = r.get("ratio_vs_hf_same_round")
+        parts = [f"posenc/Llama {ratio:.2f}x"] if ratio is not None else []
+        parts.append(f"MFU {r['mfu_vs_same_round_probe']:.0%} of the same round's probe")
+        lines.append(f"{d}, paired per round (median over {r.get('rounds', '?')} rounds): " + ", ".join(parts))
+    return lines
 
 
 def eval_table(result: dict[str, Any], dtypes: list[str]) -> Table:
