@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.errors import UserError
+from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.fsutil import atomic_write_json, atomic_write_text
 
 ENTRY_FIELDS = ("protocol", "stride", "length", "multiple", "tokens", "dtype", "status", "reason", "ppl", "nll", "bpb")
@@ -41,7 +41,9 @@ class RunRecord:
 
 
 def gather(paths: list[Path]) -> list[RunRecord]:
-    """Records for every run under `paths`: sweep directories use their plan's labels, other runs their names."""
+    """Records for every run under `paths`: a sweep directory's planned jobs under their plan's labels, then any other
+    run found below it (an `extend` output, the jobs of an earlier sweep into the same directory) under its path
+    relative to the sweep; other runs under their names."""
     from posenc_cli.evaluate import find_runs
     from posenc_cli.sweep import job_status, read_failure, read_plan
 
@@ -62,15 +64,36 @@ def gather(paths: list[Path]) -> list[RunRecord]:
                 else:
                     _fill(record)
                 records.append(record)
+            planned = {(path / job["dir"]).resolve() for job in plan["jobs"]}
+            for run in _runs_below(path):
+                if run.resolve() not in planned:
+                    records.append(_run_record(run, run.relative_to(path).as_posix()))
             continue
         runs = find_runs([path])
         if not runs:
             raise UserError(f"{path} holds no posenc run or sweep directory")
-        for run in runs:
-            record = RunRecord(label=run.name, run_dir=run)
-            _fill(record)
-            records.append(record)
+        records.extend(_run_record(run, run.name) for run in runs)
     return records
+
+
+def _runs_below(path: Path) -> list[Path]:
+    """Run directories below a sweep directory (none is fine: its jobs may not have started)."""
+    from posenc_cli.evaluate import find_runs
+
+    try:
+        return find_runs([path])
+    except CheckpointError:
+        return []
+
+
+def _run_record(run: Path, name: str) -> RunRecord:
+    """A run outside any sweep plan, labelled `name`, plus its scheme unless the name already says it."""
+    from posenc_cli.report import run_label
+
+    record = RunRecord(label=name, run_dir=run)
+    _fill(record)
+    record.label = run_label({"run": name, "scheme": record.scheme})
+    return record
 
 
 def _fill(record: RunRecord) -> None:
@@ -84,8 +107,6 @@ def _fill(record: RunRecord) -> None:
     record.train_length = doc.get("train_length")
     record.base_length = doc.get("base_length")
     record.entries = list(doc["entries"])
-    if record.label == record.run_dir.name and record.scheme:
-        record.label = f"{record.run_dir.name} ({record.scheme})"
 
 
 # ----------------------------------------------------------------------------------------------------------------

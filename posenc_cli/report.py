@@ -133,9 +133,10 @@ def _mean(row: TableRow, key: Any) -> float | None:
 
 
 def run_label(result: Result) -> str:
-    """Run directory name plus scheme, e.g. `rope-0 (rope)`; kept as is when it already names the scheme."""
+    """Run directory name plus scheme, e.g. `rope-0 (rope)`; kept as is when it already names the scheme as a word
+    (`rope-yarnx8`, `pos=alibi`, `train/pos=t5`)."""
     run, scheme = str(result["run"]), str(result["scheme"])
-    if not scheme or run.endswith(f" ({scheme})") or re.match(rf"{re.escape(scheme)}\b", run):
+    if not scheme or re.search(rf"(?<![^\W_]){re.escape(scheme)}(?![^\W_])", run):
         return run
     return f"{run} ({scheme})"
 

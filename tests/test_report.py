@@ -148,6 +148,13 @@ def test_several_entries_per_length_rejected() -> None:
 def test_run_label() -> None:
     assert report.run_label({"run": "r0", "scheme": "rope"}) == "r0 (rope)"
     assert report.run_label({"run": "r0 (rope)", "scheme": "rope"}) == "r0 (rope)"
+    # A name that already says the scheme as a word keeps it once: Hydra job dirs, extend outputs, nested paths.
+    for named in ("pos=alibi", "train/pos=alibi", "alibi_s2", "runs/alibi-8k"):
+        assert report.run_label({"run": named, "scheme": "alibi"}) == named
+    assert report.run_label({"run": "pos=rope-yarnx8", "scheme": "rope"}) == "pos=rope-yarnx8"
+    # ... but not as part of another word.
+    assert report.run_label({"run": "campfire", "scheme": "fire"}) == "campfire (fire)"
+    assert report.run_label({"run": "rope2", "scheme": "rope"}) == "rope2 (rope)"
 
 
 def test_markdown_marks_unmeasured_cells_na() -> None:

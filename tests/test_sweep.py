@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,20 @@ def test_compare_renders_from_directories(two_stage: tuple[Path, str], tmp_path:
     assert (tmp_path / "extrapolation.png").is_file()
     result = runner.invoke(app, ["compare", str(tmp_path / "nothing")])
     assert result.exit_code == 2 and "does not exist" in result.output
+
+
+def test_compare_also_lists_runs_the_plan_does_not_name(two_stage: tuple[Path, str], tmp_path: Path) -> None:
+    # A later sweep into the same --out rewrites sweep.json with its own jobs; an extend output lands next to a job.
+    out = tmp_path / "sweep"
+    shutil.copytree(two_stage[0], out)
+    plan = json.loads((out / "sweep.json").read_text())
+    plan["jobs"] = [job for job in plan["jobs"] if job["dir"] != "train/pos=alibi"]
+    (out / "sweep.json").write_text(json.dumps(plan))
+    shutil.copytree(out / "extend/pos=rope/default", out / "train/pos=rope-yarnx2")
+    result = runner.invoke(app, ["compare", str(out), "--format", "markdown"])
+    assert result.exit_code == 0, result.output
+    labels = [line.split("|")[1].strip() for line in result.output.splitlines() if line.startswith("| ")][1:]
+    assert labels == ["rope", "rope → yarn x2", "train/pos=alibi", "train/pos=rope-yarnx2"]
 
 
 def test_dry_run_runs_nothing_and_rejects_bad_overrides(workspace: Path, monkeypatch) -> None:
