@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from posenc_cli.cli.app import app, console, err_console, handles_errors, stdout_is_terminal
 from posenc_cli.config import ExtendConfig
@@ -183,7 +184,8 @@ def summary_table(r: ExtendResult) -> Table:
     plain = r.parent_scaling == "none"
     t.add_column("before (parent)" if plain else "before (plain RoPE; parent scaling replaced)")
     t.add_column("after (child)")
-    t.add_row("run", escape(str(r.parent_dir)), escape(str(r.out_dir)))
+    # Paths fold onto more lines in a narrow terminal instead of being cut to "outputs/sweeps/2…".
+    t.add_row("run", Text(str(r.parent_dir), overflow="fold"), Text(str(r.out_dir), overflow="fold"))
     t.add_row("scaling", r.parent_scaling, f"{r.method} ×{r.factor:g} (original length L = {r.original_length})")
     logits = f"; logits ×{r.attention_factor**2:.4f}" if r.attention_factor != 1.0 else ""
     t.add_row("attention factor", "1", f"{r.attention_factor:.4f} on cos and sin{logits}")
