@@ -1,10 +1,14 @@
-"""Shared test setup: one thread per test worker, no writes outside tmp dirs, headless plots."""
+"""Shared test setup: one thread per test worker, no writes outside tmp dirs, headless plots; the corpus fixtures."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+from corpus_utils import write_files
+
+import posenc_cli.sources
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 # Rich sizes its consoles from COLUMNS when stdout is not a terminal (CI, xdist workers): keep tables unwrapped.
@@ -25,3 +29,28 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Token caches go to a session temp dir unless a test sets POSENC_CACHE_DIR itself."""
     if "POSENC_CACHE_DIR" not in os.environ:
         os.environ["POSENC_CACHE_DIR"] = str(tmp_path_factory.mktemp("posenc-cache"))
+
+
+@pytest.fixture
+def fake_stdlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A 122-file stand-in for the standard library (plus files `data=stdlib` must skip), patched in as its root."""
+    files = {f"pkg{i % 7}/mod_{i:03d}.py": f"# pkg{i % 7}/mod_{i:03d}.py\nx = {i}  # é\n" for i in range(120)}
+    files |= {
+        "abc.py": "# abc.py\nimport os\n",
+        "pkg0/__init__.py": "",
+        "site-packages/third.py": "# third party\n",
+        "lib/dist-packages/other.py": "# other\n",
+        "__pycache__/cached.py": "# cached\n",
+        "README.txt": "not python\n",
+    }
+    root = write_files(tmp_path / "stdlib", files)
+    monkeypatch.setattr(posenc_cli.sources, "stdlib_root", lambda: root)
+    return root
+
+
+@pytest.fixture
+def text_dir(tmp_path: Path) -> Path:
+    """30 .txt documents, one nested, one hidden and one .md, for `data=text`."""
+    files = {f"doc_{i:02d}.txt": f"document {i}: ünïcode ✓\nsecond line {i}\n" for i in range(30)}
+    files |= {"sub/nested.txt": "nested document\n", "sub/.hidden.txt": "hidden\n", "notes.md": "markdown doc\n"}
+    return write_files(tmp_path / "corpus", files)
