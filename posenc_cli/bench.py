@@ -232,11 +232,11 @@ def train_case(
 ) -> TrainCase:
     """A closure running one `posenc train` step (autocast forward, cross-entropy, backward, clip, AdamW)."""
     from posenc_cli.device import autocast
-    from posenc_cli.train import build_training_optimizer
+    from posenc_cli.optim import build_optimizer
 
     model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_training_optimizer(model, tc, device)
+    optimizer = build_optimizer(model, tc, device)
     g = torch.Generator().manual_seed(tc.seed)
     x = torch.randint(0, vocab_size, (tc.batch_size, tc.seq_len), generator=g).to(device)
     y = torch.randint(0, vocab_size, (tc.batch_size, tc.seq_len), generator=g).to(device)

@@ -9,7 +9,8 @@ validation, atomic checkpoints, exact resume, graceful SIGTERM/SIGINT and non-fi
   eval        {step, val_loss}
   checkpoint  {step, status}
   end         {result}
-The CLI renders them (rich progress bar on a terminal, plain lines otherwise).
+The CLI renders them (rich progress bar on a terminal, plain lines otherwise). Around the loop: `run_meta` (run
+names, config checks, results), `interrupts` (signals, the run lock), `validation` (the validation loss).
 """
 
 from __future__ import annotations
@@ -20,11 +21,8 @@ import math
 import os
 import platform
 import random
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -32,16 +30,14 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from posenc_cli import __version__, distributed
 from posenc_cli.checkpoint import (
     CONFIG_FILE,
     KIND,
-    META_FILE,
     METRICS_FILE,
     MODEL_FILE,
-    PENDING,
     SCHEMA_VERSION,
     STATE_FILE,
     STATE_JSON,
@@ -63,37 +59,28 @@ from posenc_cli.checkpoint import (
     tokenizer_files,
     unpack_optimizer,
 )
-from posenc_cli.config import Config, TrainConfig, config_to_dict, config_to_yaml
+from posenc_cli.config import Config, config_to_yaml
 from posenc_cli.device import autocast, resolve_device, resolve_precision, threads
 from posenc_cli.distributed import DistInfo
-from posenc_cli.errors import CheckpointError, ConfigError, DataError, UserError
-from posenc_cli.metrics import MetricsLog, read_metrics
-from posenc_cli.optim import lr_at, param_groups
+from posenc_cli.errors import CheckpointError, ConfigError, UserError
+from posenc_cli.interrupts import Interrupts, run_lock
+from posenc_cli.metrics import MetricsLog
+from posenc_cli.optim import build_optimizer, lr_at
+from posenc_cli.run_meta import (
+    RUNTIME_KEYS,
+    TrainResult,
+    config_diff,
+    default_run_dir,
+    existing_meta,
+    model_preset_name,
+    read_run_metrics,
+    result_from_meta,
+)
+from posenc_cli.validation import eval_windows, evaluate_loss
 
 Callback = Callable[[dict[str, Any]], None]
 
 NAN_ENV = "POSENC_DEBUG_NAN_AT_STEP"  # test hook: make the loss of this (1-based) step NaN
-# Keys that may differ when a run is continued: they change speed or logging, not what is learned.
-RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger", "eval.", "extend.")
-_OWN_FILES = (MODEL_FILE, STATE_FILE, STATE_JSON, CONFIG_FILE, META_FILE, "tokenizer.json")
-
-
-@dataclass
-class TrainResult:
-    run_dir: Path
-    step: int
-    steps: int
-    tokens: int
-    train_loss: float | None
-    val_loss: float | None
-    val_ppl: float | None
-    best_val_loss: float | None
-    tokens_per_s: float
-    wall_time_s: float
-    precision: str
-    device: str
-    stopped_reason: Literal["complete", "already_complete", "interrupted"]
-    signal: int | None = None
 
 
 class TrainingDiverged(UserError):
@@ -106,156 +93,6 @@ class TrainingDiverged(UserError):
             f"non-finite {what} ({value}) at step {step}; stopped before the optimizer step. "
             f"The last good checkpoint (step {last_good}) is in {run_dir}"
         )
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Pure pieces: config comparison, run names, validation windows.
-
-
-def config_diff(old: Config, new: Config) -> list[str]:
-    """'key: old -> new' for every setting that changes what a run learns (runtime-only keys excluded)."""
-    a, b = _flatten(config_to_dict(old)), _flatten(config_to_dict(new))
-    diffs = []
-    for key in sorted(set(a) | set(b)):
-        if a.get(key, "<unset>") != b.get(key, "<unset>") and not key.startswith(RUNTIME_KEYS):
-            diffs.append(f"{key}: {a.get(key, '<unset>')!r} -> {b.get(key, '<unset>')!r}")
-    return diffs
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def model_preset_name(cfg: Config) -> str:
-    """'tiny'/'small'/'base' when the sizes match a preset in configs/model, else e.g. 'd96l3'."""
-    import yaml
-
-    from posenc_cli.hydra_bridge import config_dir
-
-    m = cfg.model
-    with contextlib.suppress(UserError, OSError):
-        for path in sorted((config_dir() / "model").glob("*.yaml")):
-            preset = yaml.safe_load(path.read_text()) or {}
-            if (preset.get("d_model"), preset.get("n_layer"), preset.get("n_head")) == (m.d_model, m.n_layer, m.n_head):
-                return path.stem
-    return f"d{m.d_model}l{m.n_layer}"
-
-
-def default_run_dir(cfg: Config, root: Path = Path("outputs/runs")) -> Path:
-    """outputs/runs/<timestamp>-<pos>-<model>, with a numeric suffix if that name is taken."""
-    base = f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{cfg.pos.name}-{model_preset_name(cfg)}"
-    path, n = root / base, 2
-    while path.exists():
-        path, n = root / f"{base}-{n}", n + 1
-    return path
-
-
-def eval_windows(val: np.ndarray, batch_size: int, seq_len: int, n_batches: int) -> Tensor:
-    """Fixed, evenly spaced validation windows: (n_batches, B, seq_len + 1) int64."""
-    span = seq_len + 1
-    if len(val) < span:
-        raise DataError(f"the validation split has {len(val)} tokens; train.seq_len={seq_len} needs at least {span}")
-    starts = np.linspace(0, len(val) - span, n_batches * batch_size).astype(np.int64)
-    idx = starts[:, None] + np.arange(span)[None, :]  # (n·B, T+1)
-    windows = torch.from_numpy(np.asarray(val[idx], dtype=np.int64))
-    return windows.view(n_batches, batch_size, span)
-
-
-@torch.no_grad()
-def evaluate_loss(model: nn.Module, windows: Tensor, device: torch.device, precision: str) -> float:
-    """Mean next-token cross-entropy (nats/token) over the fixed validation windows."""
-    was_training = model.training
-    model.eval()
-    total = torch.zeros((), device=device)
-    for batch in windows:
-        batch = batch.to(device)
-        with autocast(device, precision):  # type: ignore[arg-type]
-            logits = model(batch[:, :-1])
-        total += F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
-    model.train(was_training)
-    return float(total) / len(windows)
-
-
-def build_training_optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW over `optim.param_groups`, with PyTorch's fused kernel on CPU and CUDA (one pass over all parameters;
-    the default per-tensor loop costs more than the forward pass of a small model on CPU). A run resumed from a
-    checkpoint written without it keeps the saved groups' setting, so its numerics stay those of its first session."""
-    groups = param_groups(model, tc.weight_decay)
-    fused = device.type in ("cpu", "cuda")
-    try:
-        return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=fused or None)
-    except RuntimeError:  # a torch build without the fused kernel for this device
-        return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Signals: finish the current step, save, return.
-
-
-class _Interrupts:
-    """SIGINT/SIGTERM set a flag the loop checks after each step; a second signal interrupts at once.
-
-    In a data-parallel job (`defer=True`) a signal is only noted, and `agree` makes every rank stop after the same
-    step (the largest signal number any rank received), so no rank leaves a collective the others still wait in.
-    """
-
-    def __init__(self, defer: bool = False) -> None:
-        self.signum: int | None = None
-        self.pending: int | None = None
-        self.defer = defer
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _Interrupts:
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, handler in self._old.items():
-            signal.signal(s, handler)
-        self._old.clear()
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None or self.pending is not None:
-            self.__exit__()
-            raise KeyboardInterrupt
-        if self.defer:
-            self.pending = signum
-        else:
-            self.signum = signum
-
-    def agree(self, info: DistInfo, device: torch.device) -> None:
-        """All ranks: adopt the largest signal any rank has received so far (one tiny all-reduce)."""
-        flag = torch.tensor([self.signum or self.pending or 0], dtype=torch.int64, device=device)
-        got = int(distributed.all_reduce_(flag, info, op="max").item())
-        if got:
-            self.signum = got
-
-
-@contextlib.contextmanager
-def _run_lock(run_dir: Path) -> Iterator[None]:
-    """One trainer per run directory (advisory lock; skipped where fcntl does not exist)."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(run_dir / ".lock", "a") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            raise CheckpointError(f"{run_dir} is being trained by another process") from e
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -290,7 +127,7 @@ def train(
             with distributed.main_first(info):  # rank 0 finishes an interrupted commit before anyone reads
                 if info.is_main and run_dir.is_dir():
                     recover(run_dir)
-        meta = _existing_meta(run_dir)
+        meta = existing_meta(run_dir)
         distributed.barrier(info)  # every rank has read the run's state before rank 0 writes anything
         if meta is None and resume:
             raise CheckpointError(f"{run_dir} is not a posenc run directory (nothing to resume)")
@@ -303,49 +140,13 @@ def train(
                     "it, or pass --force-config to continue with the new config"
                 )
             if int(meta["step"]) >= cfg.train.steps:
-                return _result_from_meta(run_dir, meta)
+                return result_from_meta(run_dir, meta)
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
-        lock = _run_lock(run_dir) if info.is_main else contextlib.nullcontext()
+        lock = run_lock(run_dir) if info.is_main else contextlib.nullcontext()
         with lock, threads(cfg.train.threads) as n_threads:
             trainer = _Trainer(cfg, run_dir, meta, force_config, init_from, meta_extra, emit, n_threads, info, device)
             return trainer.run()
-
-
-def _existing_meta(run_dir: Path) -> dict[str, Any] | None:
-    """The committed meta.json of `run_dir`, None for a new run; refuses a directory holding foreign files."""
-    if not run_dir.exists():
-        return None
-    if not run_dir.is_dir():
-        raise CheckpointError(f"{run_dir} exists and is not a directory")
-    with contextlib.suppress(CheckpointError):
-        if (run_dir / META_FILE).exists() or (run_dir / PENDING / META_FILE).exists():
-            return read_meta(run_dir)
-    if (run_dir / META_FILE).exists():
-        read_meta(run_dir)  # raises the precise error (corrupt meta, wrong kind, ...)
-    foreign = [n for n in _OWN_FILES if (run_dir / n).exists()]
-    if foreign:
-        raise CheckpointError(f"{run_dir} is not a posenc run directory but holds {foreign[0]}; choose another --out")
-    return None
-
-
-def _result_from_meta(run_dir: Path, meta: dict[str, Any]) -> TrainResult:
-    val = meta.get("val_loss")
-    return TrainResult(
-        run_dir=run_dir,
-        step=int(meta["step"]),
-        steps=int(meta.get("steps", meta["step"])),
-        tokens=int(meta.get("tokens", 0)),
-        train_loss=meta.get("train_loss"),
-        val_loss=val,
-        val_ppl=math.exp(val) if val is not None and val < 700 else None,
-        best_val_loss=meta.get("best_val_loss"),
-        tokens_per_s=float(meta.get("tokens_per_s") or 0.0),
-        wall_time_s=float(meta.get("wall_time_s") or 0.0),
-        precision=str(meta.get("precision")),
-        device=str(meta.get("device")),
-        stopped_reason="already_complete",
-    )
 
 
 def _restore_sampler(tensors: dict[str, Tensor], info: dict[str, Any], sampler: torch.Generator) -> None:
@@ -428,7 +229,7 @@ class _Trainer:
         self.model.to(self.device)
         self.ddp = distributed.wrap_model(self.model, info, self.device)  # the model itself without torchrun
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_training_optimizer(self.model, cfg.train, self.device)
+        self.optimizer = build_optimizer(self.model, cfg.train, self.device)
         if meta is not None:
             self._restore(meta)
         elif info.is_main:
@@ -485,7 +286,7 @@ class _Trainer:
         )
         V = self.tokenizer.vocab_size
         self.model.train()
-        with _Interrupts(defer=self.dist.enabled) as interrupts:
+        with Interrupts(defer=self.dist.enabled) as interrupts:
             while self.step < steps and interrupts.signum is None:
                 lr = lr_at(self.step, tc)
                 for group in self.optimizer.param_groups:
@@ -704,15 +505,10 @@ class _Trainer:
         return result
 
 
-def read_run_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The metrics.jsonl records of a run (convenience for reports and tests)."""
-    return read_metrics(Path(run_dir) / METRICS_FILE)
-
-
 __all__ = [
+    "RUNTIME_KEYS",
     "TrainResult",
     "TrainingDiverged",
-    "build_training_optimizer",
     "config_diff",
     "default_run_dir",
     "eval_windows",

@@ -16,15 +16,7 @@ from posenc_cli.config import TrainConfig
 from posenc_cli.errors import CheckpointError, ConfigError
 from posenc_cli.model import build_model
 from posenc_cli.optim import lr_at, param_groups
-from posenc_cli.train import (
-    NAN_ENV,
-    TrainingDiverged,
-    config_diff,
-    default_run_dir,
-    eval_windows,
-    model_preset_name,
-    train,
-)
+from posenc_cli.train import NAN_ENV, TrainingDiverged, train
 
 
 @pytest.fixture
@@ -79,7 +71,8 @@ def test_weight_decay_is_decoupled_and_skips_no_decay_params(corpus: Path) -> No
     cfg = tiny_config(corpus, lr=0.01, weight_decay=0.5)
     model = build_model(cfg, vocab_size=257)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opt = build_optimizer(model, cfg.train)
+    opt = build_optimizer(model, cfg.train, torch.device("cpu"))
+    assert all(group["fused"] for group in opt.param_groups)  # the kernel training uses
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     opt.step()
@@ -87,36 +80,6 @@ def test_weight_decay_is_decoupled_and_skips_no_decay_params(corpus: Path) -> No
         decayed = p.ndim == 2 and not n.startswith(("wte", "scheme"))
         expected = before[n] * (1 - 0.01 * 0.5) if decayed else before[n]
         torch.testing.assert_close(p.detach(), expected, rtol=0, atol=1e-7, msg=n)
-
-
-def test_config_diff_ignores_runtime_keys(corpus: Path) -> None:
-    a = tiny_config(corpus)
-    assert config_diff(a, tiny_config(corpus, threads=2, log_every=7, device="auto")) == []
-    diffs = config_diff(a, tiny_config(corpus, lr=1e-4))
-    assert diffs == ["train.lr: 0.003 -> 0.0001"]
-    assert any(d.startswith("pos.") for d in config_diff(a, tiny_config(corpus, pos="alibi")))
-
-
-def test_run_dir_name_uses_preset(corpus: Path, tmp_path: Path) -> None:
-    cfg = tiny_config(corpus)
-    assert model_preset_name(cfg) == "d32l2"
-    from posenc_cli.config import ModelConfig, replace
-
-    assert model_preset_name(replace(cfg, model=ModelConfig())) == "tiny"
-    path = default_run_dir(cfg, root=tmp_path)
-    assert path.parent == tmp_path and path.name.endswith("-nope-d32l2")
-    path.mkdir()
-    assert default_run_dir(cfg, root=tmp_path) != path  # a taken name gets a suffix
-
-
-def test_eval_windows_are_fixed_and_shifted() -> None:
-    val = (torch.arange(1000) % 251).numpy()
-    w = eval_windows(val, batch_size=3, seq_len=8, n_batches=2)
-    assert w.shape == (2, 3, 9)
-    assert torch.equal(w, eval_windows(val, batch_size=3, seq_len=8, n_batches=2))
-    flat = w.reshape(6, 9)
-    assert flat[0, 0] == 0 and flat[-1, -1] == val[-1]  # evenly spread over the whole split
-    assert torch.equal(flat[:, 1:] - flat[:, :-1], torch.ones(6, 8, dtype=torch.int64))  # contiguous windows
 
 
 # -- a full run --------------------------------------------------------------------------------------------------
