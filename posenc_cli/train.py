@@ -76,7 +76,7 @@ from posenc_cli.run_meta import (
     read_run_metrics,
     result_from_meta,
 )
-from posenc_cli.validation import eval_windows, evaluate_loss
+from posenc_cli.validation import evaluate_loss, validation_batches
 
 Callback = Callable[[dict[str, Any]], None]
 
@@ -236,7 +236,7 @@ class _Trainer:
             self.metrics.path.unlink(missing_ok=True)  # leftovers of a run killed before its first checkpoint
         if info.rank > 0:  # own dropout streams per rank (the sampler stream is shared: see _batch)
             torch.manual_seed(distributed.rank_seed(seed, info.rank, self.step))
-        windows = eval_windows(self.corpus.val, self.tc.batch_size, self.tc.seq_len, self.tc.eval_batches)
+        windows = validation_batches(self.corpus.val, self.tc.batch_size, self.tc.seq_len, self.tc.eval_batches)
         self.windows = distributed.shard_rows(windows, info, dim=1).to(self.device)  # (n, B/N, T+1) per rank
         self.saved: tuple[int, str] | None = (self.step, str(meta["status"])) if meta is not None else None
 
@@ -511,7 +511,6 @@ __all__ = [
     "TrainingDiverged",
     "config_diff",
     "default_run_dir",
-    "eval_windows",
     "evaluate_loss",
     "model_preset_name",
     "read_run_metrics",

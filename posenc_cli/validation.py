@@ -13,7 +13,7 @@ from posenc_cli.device import autocast
 from posenc_cli.errors import DataError
 
 
-def eval_windows(val: np.ndarray, batch_size: int, seq_len: int, n_batches: int) -> Tensor:
+def validation_batches(val: np.ndarray, batch_size: int, seq_len: int, n_batches: int) -> Tensor:
     """Fixed, evenly spaced validation windows: (n_batches, B, seq_len + 1) int64."""
     span = seq_len + 1
     if len(val) < span:
@@ -39,4 +39,4 @@ def evaluate_loss(model: nn.Module, windows: Tensor, device: torch.device, preci
     return float(total) / len(windows)
 
 
-__all__ = ["eval_windows", "evaluate_loss"]
+__all__ = ["evaluate_loss", "validation_batches"]

@@ -8,22 +8,22 @@ import torch
 from torch import nn
 
 from posenc_cli.errors import DataError
-from posenc_cli.validation import eval_windows, evaluate_loss
+from posenc_cli.validation import evaluate_loss, validation_batches
 
 
-def test_eval_windows_are_fixed_and_shifted() -> None:
+def test_validation_batches_are_fixed_and_shifted() -> None:
     val = (torch.arange(1000) % 251).numpy()
-    w = eval_windows(val, batch_size=3, seq_len=8, n_batches=2)
+    w = validation_batches(val, batch_size=3, seq_len=8, n_batches=2)
     assert w.shape == (2, 3, 9)
-    assert torch.equal(w, eval_windows(val, batch_size=3, seq_len=8, n_batches=2))
+    assert torch.equal(w, validation_batches(val, batch_size=3, seq_len=8, n_batches=2))
     flat = w.reshape(6, 9)
     assert flat[0, 0] == 0 and flat[-1, -1] == val[-1]  # evenly spread over the whole split
     assert torch.equal(flat[:, 1:] - flat[:, :-1], torch.ones(6, 8, dtype=torch.int64))  # contiguous windows
 
 
-def test_eval_windows_need_one_window_of_tokens() -> None:
+def test_validation_batches_need_one_window_of_tokens() -> None:
     with pytest.raises(DataError, match="needs at least 9"):
-        eval_windows(np.arange(8), batch_size=1, seq_len=8, n_batches=1)
+        validation_batches(np.arange(8), batch_size=1, seq_len=8, n_batches=1)
 
 
 @pytest.mark.parametrize("training", [True, False])
