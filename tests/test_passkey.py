@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from posenc_cli import passkey as pk
+from posenc_cli import passkey_report
 from posenc_cli.checkpoint import LoadedRun
 from posenc_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig
 from posenc_cli.data import load_corpus
@@ -288,9 +289,8 @@ def test_table_and_figure_render(tmp_path: Path) -> None:
         for n, m in (("copy", CopyModel()), ("rand", RandomModel()))
     ]
     console = Console(record=True, width=160)
-    console.print(pk.passkey_table(results))
+    console.print(passkey_report.passkey_table(results))
     text = console.export_text()
     assert "length \\ depth" in text and "25%" in text and "100%" in text and "0%" in text and "2× · 256" in text
-    path = save_figure(pk.passkey_figure(results), tmp_path / "heat.png")
+    path = save_figure(passkey_report.passkey_figure(results), tmp_path / "heat.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert pk.accuracy_colour(0.0) == "#d73027" and pk.accuracy_colour(1.0) == "#1a9850"

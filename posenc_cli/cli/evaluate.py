@@ -294,7 +294,8 @@ def eval_passkey_command(
     json_path: JsonOption = None,
 ) -> None:
     """Passkey retrieval: exact match of a key hidden at each depth of growing prompts; in RUN/eval/passkey.json."""
-    from posenc_cli.passkey import PasskeyConfig, combined_json, evaluate_passkey_paths, passkey_figure, passkey_table
+    from posenc_cli.passkey import PasskeyConfig, combined_json, evaluate_passkey_paths
+    from posenc_cli.passkey_report import passkey_figure, passkey_table
     from posenc_cli.plots import save_figure
 
     paths = paths or []
