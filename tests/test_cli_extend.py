@@ -59,9 +59,11 @@ def test_summary_keeps_whole_paths_in_a_narrow_terminal(runs: dict[str, Path], t
     assert "".join(c[1].strip() for c in cells) == str(runs["rope"])
 
 
-def test_default_out_and_method_flag(runs: dict[str, Path]) -> None:
-    result = invoke(str(runs["rope"]), "--method", "linear", "--factor", "2")
+def test_default_out_and_method_flag(runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(runs["rope"].parent)
+    result = invoke("rope", "--method", "linear", "--factor", "2")
     assert result.exit_code == 0, result.output
+    assert "│ rope-linearx2 " in result.output  # shown relative to the working directory, like the parent
     child = runs["rope"].with_name("rope-linearx2")
     meta = json.loads((child / "meta.json").read_text())
     assert meta["parent"] == str(runs["rope"].resolve())

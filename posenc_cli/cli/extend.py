@@ -185,7 +185,7 @@ def summary_table(r: ExtendResult) -> Table:
     t.add_column("before (parent)" if plain else "before (plain RoPE; parent scaling replaced)")
     t.add_column("after (child)")
     # Paths fold onto more lines in a narrow terminal instead of being cut to "outputs/sweeps/2…".
-    t.add_row("run", Text(str(r.parent_dir), overflow="fold"), Text(str(r.out_dir), overflow="fold"))
+    t.add_row("run", Text(_shown(r.parent_dir), overflow="fold"), Text(_shown(r.out_dir), overflow="fold"))
     t.add_row("scaling", r.parent_scaling, f"{r.method} ×{r.factor:g} (original length L = {r.original_length})")
     logits = f"; logits ×{r.attention_factor**2:.4f}" if r.attention_factor != 1.0 else ""
     t.add_row("attention factor", "1", f"{r.attention_factor:.4f} on cos and sin{logits}")
@@ -205,6 +205,14 @@ def summary_table(r: ExtendResult) -> Table:
     else:
         t.add_row("weights", "", "copied unchanged")
     return t
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when it lies below it (default outputs are resolved paths)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _tokens(x: float) -> str:
