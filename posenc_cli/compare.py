@@ -97,7 +97,7 @@ def _run_record(run: Path, name: str) -> RunRecord:
 
 
 def _fill(record: RunRecord) -> None:
-    from posenc_cli.evaluate import load_results
+    from posenc_cli.eval_results import load_results
 
     doc = load_results(record.run_dir, missing_ok=True)
     if not doc or not doc.get("entries"):

@@ -11,8 +11,8 @@ the scored tokens). Windows are always taken from the start of the validation st
 tokenizer scores exactly the same tokens (paired numbers), and for the non-overlapping protocol every length scores
 the same stretch of text.
 
-Results live in `eval/extrapolate.json` inside each run directory (schema in `new_results_doc`); a new measurement
-replaces the entry with the same key (`entry_key`) and keeps the others.
+Results live in `eval/extrapolate.json` inside each run directory (see `posenc_cli.eval_results`, re-exported here);
+a new measurement replaces the entry with the same key (`entry_key`) and keeps the others.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,15 +33,23 @@ from torch import nn
 from posenc_cli import __version__
 from posenc_cli.config import DataConfig, EvalConfig, build_dataclass
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
-from posenc_cli.fsutil import atomic_write_json
+from posenc_cli.eval_results import (
+    RESULTS_FILE,
+    SCHEMA_VERSION,
+    Protocol,
+    entry_key,
+    load_results,
+    merge_entry,
+    new_results_doc,
+    pick_entries,
+    results_path,
+    save_results,
+)
 
 if TYPE_CHECKING:
     from posenc_cli.checkpoint import LoadedRun
     from posenc_cli.data import Corpus
 
-SCHEMA_VERSION = 1
-RESULTS_FILE = Path("eval") / "extrapolate.json"
-Protocol = Literal["nonoverlap", "sliding"]
 Progress = Callable[[str, int, int], None]  # (description, done, total)
 
 __all__ = [
@@ -201,105 +209,6 @@ def evaluate_model(
         "bytes": n_bytes,
         "per_position": (pos_sum / n_windows).tolist(),
     }
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Results file: eval/extrapolate.json.
-
-
-def results_path(run_dir: Path | str) -> Path:
-    return Path(run_dir) / RESULTS_FILE
-
-
-def new_results_doc(run: str, scheme: str, train_length: int, base_length: int) -> dict[str, Any]:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "run": run,
-        "scheme": scheme,
-        "train_length": train_length,
-        "base_length": base_length,
-        "entries": [],
-    }
-
-
-def read_results_file(path: Path, what: str) -> dict[str, Any] | None:
-    """A results file of `eval/` (`what` names its command); None when absent, CheckpointError when unreadable."""
-    if not path.is_file():
-        return None
-    try:
-        doc = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e}); delete it to start again") from e
-    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
-        raise CheckpointError(f"{path} is not an {what} results file (no 'entries' list)")
-    if doc.get("schema_version") != SCHEMA_VERSION:
-        raise CheckpointError(f"{path}: schema_version {doc.get('schema_version')!r} is not {SCHEMA_VERSION}")
-    return doc
-
-
-def load_results(run_dir: Path | str, *, missing_ok: bool = False) -> dict[str, Any] | None:
-    """The stored `eval/extrapolate.json` of a run; None when absent and `missing_ok`, else CheckpointError."""
-    path = results_path(run_dir)
-    doc = read_results_file(path, "eval-extrapolate")
-    if doc is None and not missing_ok:
-        raise CheckpointError(f"{path} does not exist; run `posenc eval-extrapolate {run_dir}` first")
-    return doc
-
-
-def save_results(run_dir: Path | str, doc: dict[str, Any]) -> Path:
-    path = results_path(run_dir)
-    atomic_write_json(path, doc)
-    return path
-
-
-def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
-    """Two entries measure the same thing when these agree."""
-    data = entry.get("data") or {}
-    return (
-        entry["protocol"],
-        entry["stride"],
-        entry["length"],
-        entry["tokens"],
-        entry["dtype"],
-        data.get("fingerprint"),
-    )
-
-
-def merge_entry(doc: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
-    """Replace the entry with the same key (in place, keeping its position) or append; returns `doc`."""
-    key = entry_key(entry)
-    entries = doc["entries"]
-    for i, old in enumerate(entries):
-        if entry_key(old) == key:
-            entries[i] = entry
-            return doc
-    entries.append(entry)
-    return doc
-
-
-def pick_entries(
-    doc: dict[str, Any],
-    *,
-    protocol: Protocol = "nonoverlap",
-    stride: int | None = None,
-    dtype: str | None = None,
-    data_fingerprint: str | None = None,
-) -> list[dict[str, Any]]:
-    """One entry per length (the most recent) matching the filters, by increasing length.
-
-    `stride` None matches any stride of a sliding protocol; for compare/sweep code reading stored results.
-    """
-    best: dict[int, dict[str, Any]] = {}
-    for e in doc["entries"]:
-        if e["protocol"] != protocol or (stride is not None and e["stride"] != stride):
-            continue
-        if dtype is not None and e["dtype"] != dtype:
-            continue
-        if data_fingerprint is not None and (e.get("data") or {}).get("fingerprint") != data_fingerprint:
-            continue
-        if e["length"] not in best or str(e.get("created", "")) >= str(best[e["length"]].get("created", "")):
-            best[e["length"]] = e
-    return [best[k] for k in sorted(best)]
 
 
 # ----------------------------------------------------------------------------------------------------------------

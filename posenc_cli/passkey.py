@@ -38,14 +38,8 @@ from torch import nn
 from posenc_cli import __version__
 from posenc_cli.config import DataConfig, EvalConfig
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
-from posenc_cli.evaluate import (
-    evaluate_each_run,
-    find_runs,
-    new_results_doc,
-    plan_lengths,
-    read_results_file,
-    resolve_dtype,
-)
+from posenc_cli.eval_results import new_results_doc, read_results_file
+from posenc_cli.evaluate import evaluate_each_run, find_runs, plan_lengths, resolve_dtype
 from posenc_cli.fsutil import atomic_write_json
 
 if TYPE_CHECKING:

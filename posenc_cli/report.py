@@ -3,7 +3,7 @@
 The generic part is `render_table`: columns × rows of `Cell`s, where a cell holds one value per member (a run, or
 the seeds of a sweep group) and renders as `mean` or `mean ± std`; the best mean per column is bold and empty
 cells are a dimmed "n/a". `extrapolation_rows` turns eval-extrapolate results (the docs returned by
-`evaluate.evaluate_run` or read by `evaluate.load_results`) into such rows, optionally aggregating several runs
+`evaluate.evaluate_run` or read by `eval_results.load_results`) into such rows, optionally aggregating several runs
 into one row and grouping rows into sections.
 """
 
@@ -177,7 +177,7 @@ def extrapolation_rows(
     """Columns (one per length, plus the ratio) and rows (one per run, or per `aggregate_by` key with mean ± std).
 
     Each result must hold at most one entry per length (one protocol/stride/data: `evaluate_run`'s output, or
-    `evaluate.pick_entries` of a stored doc). Rows keep the order of first appearance; with `group_by` they are
+    `eval_results.pick_entries` of a stored doc). Rows keep the order of first appearance; with `group_by` they are
     ordered by group (stable) and the table draws a section per group.
     """
     keys = sorted({column_key(e, by) for r in results for e in r["entries"]})
@@ -193,7 +193,7 @@ def extrapolation_rows(
             row = rows[name] = TableRow(name, {}, group=group_by(r) if group_by else None, members=0)
         row.members += 1
         if len({column_key(e, by) for e in r["entries"]}) != len(r["entries"]):
-            raise ValueError(f"{r['run']}: several entries per length; select one protocol (evaluate.pick_entries)")
+            raise ValueError(f"{r['run']}: several entries per length; select one protocol (eval_results.pick_entries)")
         for e in r["entries"]:
             cell = row.cells.setdefault(column_key(e, by), Cell())
             if e.get("status") == "ok" and e.get(metric) is not None:

@@ -265,35 +265,6 @@ def test_results_merge_replace_and_reuse(tmp_path: Path, monkeypatch: pytest.Mon
     assert len(ev.load_results(run.path)["entries"]) == 5
 
 
-def test_merge_entry_keys() -> None:
-    base = {"protocol": "nonoverlap", "stride": None, "length": 8, "tokens": 64, "dtype": "fp32"}
-    doc = {"entries": [{**base, "data": {"fingerprint": "a"}, "ppl": 1.0}]}
-    ev.merge_entry(doc, {**base, "data": {"fingerprint": "a"}, "ppl": 2.0})
-    assert [e["ppl"] for e in doc["entries"]] == [2.0]
-    ev.merge_entry(doc, {**base, "dtype": "bf16", "data": {"fingerprint": "a"}, "ppl": 3.0})
-    ev.merge_entry(doc, {**base, "data": {"fingerprint": "b"}, "ppl": 4.0})
-    assert [e["ppl"] for e in doc["entries"]] == [2.0, 3.0, 4.0]
-
-
-def test_pick_entries_latest_per_length() -> None:
-    def e(length: int, created: str, protocol: str = "nonoverlap") -> dict:
-        return {"protocol": protocol, "stride": None, "length": length, "dtype": "fp32", "created": created}
-
-    doc = {"entries": [e(8, "2024-01-01"), e(8, "2024-02-01"), e(16, "2024-01-01"), e(8, "2025", "sliding")]}
-    picked = ev.pick_entries(doc)
-    assert [(x["length"], x["created"]) for x in picked] == [(8, "2024-02-01"), (16, "2024-01-01")]
-
-
-def test_load_results_errors(tmp_path: Path) -> None:
-    assert ev.load_results(tmp_path, missing_ok=True) is None
-    with pytest.raises(CheckpointError, match="does not exist"):
-        ev.load_results(tmp_path)
-    ev.results_path(tmp_path).parent.mkdir()
-    ev.results_path(tmp_path).write_text("{not json")
-    with pytest.raises(CheckpointError, match="not valid JSON"):
-        ev.load_results(tmp_path)
-
-
 def test_bf16_auto_from_meta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import posenc_cli.device as device
 

@@ -1,0 +1,52 @@
+"""The results file eval/extrapolate.json: entry keys, merge in place, latest entry per length, safe reading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from posenc_cli import eval_results as er
+from posenc_cli.errors import CheckpointError
+
+
+def test_merge_entry_keys() -> None:
+    base = {"protocol": "nonoverlap", "stride": None, "length": 8, "tokens": 64, "dtype": "fp32"}
+    doc = {"entries": [{**base, "data": {"fingerprint": "a"}, "ppl": 1.0}]}
+    er.merge_entry(doc, {**base, "data": {"fingerprint": "a"}, "ppl": 2.0})
+    assert [e["ppl"] for e in doc["entries"]] == [2.0]
+    er.merge_entry(doc, {**base, "dtype": "bf16", "data": {"fingerprint": "a"}, "ppl": 3.0})
+    er.merge_entry(doc, {**base, "data": {"fingerprint": "b"}, "ppl": 4.0})
+    assert [e["ppl"] for e in doc["entries"]] == [2.0, 3.0, 4.0]
+
+
+def test_pick_entries_latest_per_length() -> None:
+    def e(length: int, created: str, protocol: str = "nonoverlap") -> dict:
+        return {"protocol": protocol, "stride": None, "length": length, "dtype": "fp32", "created": created}
+
+    doc = {"entries": [e(8, "2024-01-01"), e(8, "2024-02-01"), e(16, "2024-01-01"), e(8, "2025", "sliding")]}
+    picked = er.pick_entries(doc)
+    assert [(x["length"], x["created"]) for x in picked] == [(8, "2024-02-01"), (16, "2024-01-01")]
+
+
+def test_load_results_errors(tmp_path: Path) -> None:
+    assert er.load_results(tmp_path, missing_ok=True) is None
+    with pytest.raises(CheckpointError, match="does not exist"):
+        er.load_results(tmp_path)
+    er.results_path(tmp_path).parent.mkdir()
+    er.results_path(tmp_path).write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        er.load_results(tmp_path)
+
+
+def test_read_results_file_refuses_other_documents(tmp_path: Path) -> None:
+    path = tmp_path / "extrapolate.json"
+    path.write_text('{"runs": []}')
+    with pytest.raises(CheckpointError, match="not an eval-extrapolate results file"):
+        er.read_results_file(path, "eval-extrapolate")
+    path.write_text('{"schema_version": 99, "entries": []}')
+    with pytest.raises(CheckpointError, match="schema_version 99 is not 1"):
+        er.read_results_file(path, "eval-extrapolate")
+    doc = er.new_results_doc("r", "rope", 128, 128)
+    er.save_results(tmp_path, doc)
+    assert er.read_results_file(er.results_path(tmp_path), "eval-extrapolate") == doc
