@@ -180,7 +180,7 @@ def summary_table(r: ExtendResult) -> Table:
         "interrupted": "extended; fine-tune interrupted",
     }[r.status]
     t = Table(title=f"posenc extend · {title}", title_justify="left", header_style="bold")
-    t.add_column("", style="bold", no_wrap=True)
+    t.add_column("", style="bold")  # wraps too, so a narrow terminal does not squeeze only the values
     plain = r.parent_scaling == "none"
     t.add_column("before (parent)" if plain else "before (plain RoPE; parent scaling replaced)")
     t.add_column("after (child)")
