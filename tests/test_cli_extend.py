@@ -45,18 +45,23 @@ def test_yarn_extension_prints_the_before_after_summary(runs: dict[str, Path], t
     assert again.exit_code == 0 and "nothing to do" in again.output
 
 
-def test_summary_keeps_whole_paths_in_a_narrow_terminal(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_summary_keeps_whole_paths_in_a_narrow_terminal(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from posenc_cli.cli.app import console
+
+    monkeypatch.setattr(console, "width", 80)  # the console took its width from COLUMNS at import
     out = tmp_path / "outputs" / "sweeps" / "2026-11-29_extrapolation" / "train" / "pos=rope-yarnx4"
-    result = runner.invoke(
-        app, ["extend", str(runs["rope"]), "--yarn", "--factor", "4", "--out", str(out)], env={"COLUMNS": "80"}
-    )
+    result = runner.invoke(app, ["extend", str(runs["rope"]), "--yarn", "--factor", "4", "--out", str(out)])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("│ run"))
     end = next(i for i, line in enumerate(lines) if line.startswith("│ scaling"))
+    assert max(len(line) for line in lines) <= 80
     cells = [line.split("│")[1:4] for line in lines[start:end]]  # label, before, after
     assert "".join(c[2].strip() for c in cells) == str(out)  # folded over lines, not cut with "…"
     assert "".join(c[1].strip() for c in cells) == str(runs["rope"])
+    assert len(cells[0][2]) > 20  # the long labels wrap too, so the values keep a fair share of the width
 
 
 def test_default_out_and_method_flag(runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
