@@ -9,6 +9,7 @@ ever sees these dataclasses.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from typing import Any, Literal
 import yaml
 
 from posenc_cli.errors import ConfigError
+
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes [-2**63, 2**64) and seed + 1 seeds the sampler; numpy: seed mod 2**32
 
 
 @dataclass(kw_only=True)
@@ -137,9 +140,15 @@ class TrainConfig:
         _positive(self, "train", "seq_len", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches")
         _positive(self, "train", "save_every")
         _non_negative(self, "train", "steps", "warmup_steps", "threads", "weight_decay", "grad_clip")
+        _check_finite(self, "train")
         if self.lr <= 0:
             raise ConfigError("train.lr must be > 0")
         _probability(self, "train", "min_lr_ratio", "beta1", "beta2")
+        for name in ("beta1", "beta2"):  # Adam needs beta < 1: its bias correction divides by 1 - beta^t
+            if getattr(self, name) >= 1:
+                raise ConfigError(f"train.{name} must be < 1, got {getattr(self, name)}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"train.seed must be in [0, 2**63-1] (torch's seed range), got {self.seed}")
 
 
 @dataclass(kw_only=True)
@@ -156,8 +165,9 @@ class EvalConfig:
     force: bool = False
 
     def validate(self) -> None:
+        _check_finite(self, "eval")
         _positive(self, "eval", "tokens", "batch_tokens")
-        if any(x <= 0 for x in self.lengths):
+        if any(not x > 0 for x in self.lengths):
             raise ConfigError("eval.lengths must all be > 0")
         if self.abs_lengths is not None and any(x < 2 for x in self.abs_lengths):
             raise ConfigError("eval.abs_lengths must all be >= 2")
@@ -184,11 +194,16 @@ class ExtendConfig:
     finetune_warmup: int = 5
 
     def validate(self) -> None:
+        _check_finite(self, "extend")
         if self.factor <= 1:
             raise ConfigError(f"extend.factor must be > 1, got {self.factor}")
         _non_negative(self, "extend", "finetune_steps", "finetune_warmup")
         if self.original_length is not None and self.original_length < 2:
             raise ConfigError("extend.original_length must be >= 2")
+        for name in ("beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "attention_factor"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"extend.{name} must be > 0, got {value}")
 
 
 @dataclass(kw_only=True)
@@ -205,7 +220,9 @@ class Config:
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
-            getattr(self, f.name).validate()
+            group = getattr(self, f.name)
+            _check_finite(group, f.name)  # every float of every group, the scheme's own options included
+            group.validate()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -280,6 +297,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
     if tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"{key}: expected a finite number, got {value!r}")
             return float(value)
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     if tp is str:
@@ -306,6 +325,16 @@ def unknown_key_message(dotted: str) -> str:
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
+
+
+def _check_finite(obj: Any, group: str) -> None:
+    """`ConfigError` naming the first float field (or float in a list field) of dataclass `obj` that is NaN/inf."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        values = value if isinstance(value, list | tuple) else [value]
+        for v in values:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{group}.{f.name} must be a finite number, got {value}")
 
 
 def _positive(obj: Any, group: str, *names: str) -> None:

@@ -19,10 +19,13 @@ Missing biases (`model.bias=false`) are written as zeros, which is exact. The to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import re
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -383,6 +386,35 @@ def _publish(tmp: Path, out: Path) -> None:
     fsync_dir(out.parent)
 
 
+def _temp_prefix(out: Path, pid: int) -> str:
+    """Name of an export's hidden working directory next to `out`: host and process id say whose it is."""
+    return f".{out.name}.export-{socket.gethostname()}-{pid}-"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, as another user's process
+        return True
+    return True
+
+
+def remove_stale_exports(out: Path) -> list[Path]:
+    """Remove the working directories of earlier exports to `out` on this host whose process is gone (a kill);
+    only directories with posenc's own naming (`_temp_prefix`) are touched. Returns what was removed."""
+    pattern = re.compile(re.escape(f".{out.name}.export-{socket.gethostname()}-") + r"(\d+)-[^/]+")
+    removed = []
+    with contextlib.suppress(OSError):
+        for path in out.parent.iterdir():
+            m = pattern.fullmatch(path.name)
+            if m and path.is_dir() and not path.is_symlink() and not _process_alive(int(m.group(1))):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
 def export_run(run_dir: Path | str, out_dir: Path | str, *, to: str = "hf", verify: bool = True) -> ExportResult:
     """Write run `run_dir` as a `transformers` model directory `out_dir` (which must not exist or be empty).
 
@@ -402,14 +434,15 @@ def export_run(run_dir: Path | str, out_dir: Path | str, *, to: str = "hf", veri
     check_exportable(cfg)
     transformers = _require_transformers()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    remove_stale_exports(out)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out, os.getpid()), dir=out.parent))
     try:
         rope_scaling, table = _write(run, tmp, transformers)
         length = min(table or 2 * cfg.train.seq_len, VERIFY_MAX_TOKENS)  # RoPE: beyond the training length too
         diff = None
         if verify:
             diff, scale = verify_export(run, tmp, length)
-            if diff > VERIFY_RTOL * max(1.0, scale):
+            if not diff <= VERIFY_RTOL * max(1.0, scale):  # NaN fails too
                 raise UserError(
                     f"export check failed: transformers {transformers.__version__} gives logits that differ from "
                     f"posenc's by {diff:.3g}; nothing was written (--no-verify writes it anyway)"

@@ -210,7 +210,7 @@ class _Trainer:
 
         seed = cfg.train.seed
         random.seed(seed)
-        np.random.seed(seed)
+        np.random.seed(seed % 2**32)  # numpy's legacy seed is 32-bit; train.seed goes up to 2**63 - 1
         torch.manual_seed(seed)
         self.model = build_model(cfg, self.tokenizer.vocab_size)
         if parent is not None:

@@ -84,3 +84,49 @@ def test_load_config_file_errors_name_the_file(tmp_path) -> None:
     evil.write_text("model: !!python/object/apply:os.system ['true']\n")
     with pytest.raises(ConfigError, match="evil.yaml"):
         load_config_file(evil)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("train", "lr"), float("nan"), "train.lr: expected a finite number"),
+        (("train", "weight_decay"), float("inf"), "train.weight_decay: expected a finite number"),
+        (("eval", "lengths"), [1, float("nan")], "eval.lengths[1]: expected a finite number"),
+        (("extend", "factor"), float("inf"), "extend.factor: expected a finite number"),
+        (("train", "beta2"), 1.0, "train.beta2 must be < 1"),
+        (("train", "beta1"), 1, "train.beta1 must be < 1"),
+        (("train", "seed"), 2**70, "train.seed must be in [0, 2**63-1]"),
+        (("train", "seed"), -1, "train.seed must be in [0, 2**63-1]"),
+        (("extend", "beta_fast"), 0.0, "extend.beta_fast must be > 0"),
+        (("extend", "attention_factor"), -1.0, "extend.attention_factor must be > 0"),
+    ],
+)
+def test_non_finite_and_impossible_values_are_rejected(path: tuple[str, str], value: object, message: str) -> None:
+    raw = base_dict()
+    raw[path[0]][path[1]] = value
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    assert message in str(err.value)
+
+
+def test_validate_catches_non_finite_values_set_directly() -> None:
+    """Commands that build a group directly (extend's flags, eval's --lengths) are checked by validate() too."""
+    from posenc_cli.config import EvalConfig, ExtendConfig
+
+    for bad in (
+        ExtendConfig(attention_factor=float("nan")),
+        ExtendConfig(beta_slow=float("inf")),
+        EvalConfig(lengths=[1.0, float("nan")]),
+    ):
+        with pytest.raises(ConfigError, match="must be a finite number"):
+            bad.validate()
+    cfg = Config()
+    cfg.model.dropout = float("nan")
+    with pytest.raises(ConfigError, match="model.dropout must be a finite number"):
+        cfg.validate()
+
+
+def test_largest_seed_is_accepted() -> None:
+    raw = base_dict()
+    raw["train"]["seed"] = 2**63 - 1
+    assert config_from_dict(raw).train.seed == 2**63 - 1

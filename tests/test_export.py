@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from train_utils import tiny_config, write_corpus
 
 from posenc_cli.checkpoint import load_run
 from posenc_cli.config import ExtendConfig, TokenizerConfig, replace
-from posenc_cli.errors import ConfigError
+from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.extend import extend_run
 from posenc_cli.positional.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from posenc_cli.tokenizer import ByteTokenizer
@@ -280,3 +281,36 @@ def test_static_ntk_is_plain_rope_with_a_larger_base() -> None:
     assert scaling is None
     expected, _ = scaled_inv_freq("ntk", 16, 10000.0, 4.0, L)
     torch.testing.assert_close(rope_inv_freq(16, base), expected)
+
+
+# -- faults ------------------------------------------------------------------------------------------------------
+
+
+def test_verification_fails_on_nan_and_writes_nothing(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import posenc_cli.export as export_module
+
+    monkeypatch.setattr(export_module, "verify_export", lambda run, hf_dir, length: (float("nan"), 1.0))
+    with pytest.raises(UserError, match="export check failed"):
+        export_run(runs["rope"], tmp_path / "hf")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_working_directories_of_killed_exports_are_removed(runs: dict[str, Path], tmp_path: Path) -> None:
+    import subprocess
+
+    from posenc_cli.export import _temp_prefix
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    out = tmp_path / "hf"
+    stale = tmp_path / f"{_temp_prefix(out, dead.pid)}abc123"
+    stale.mkdir()
+    (stale / "config.json").write_text("{}")
+    alive = tmp_path / f"{_temp_prefix(out, os.getpid())}xyz"  # an export still running: left alone
+    alive.mkdir()
+    users = tmp_path / ".hf.export-mine"  # not posenc's naming: left alone
+    users.mkdir()
+    export_run(runs["rope"], out, verify=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, users.name, "hf"])
