@@ -131,7 +131,26 @@ def model_file_bytes(model: nn.Module) -> bytes:
         keep = sorted(group)[0]
         tensors[keep] = state[keep].detach().to("cpu").contiguous()
         removed.update({name: keep for name in group if name != keep})
-    return safetensors.torch.save(tensors, metadata={"format": "pt", **removed})
+    return canonical_safetensors(safetensors.torch.save(tensors, metadata={"format": "pt", **removed}))
+
+
+def canonical_safetensors(data: bytes) -> bytes:
+    """The same safetensors bytes with the header's `__metadata__` keys in sorted order.
+
+    safetensors keeps the metadata in a Rust HashMap, whose iteration order is random per map, so two saves of the
+    same tensors can differ in their header. Sorting the keys makes a resumed run's file byte-identical to an
+    uninterrupted run's. Only the order changes, so the header keeps its length and the tensor offsets stay valid.
+    """
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    meta = header.get("__metadata__")
+    if not isinstance(meta, dict) or len(meta) < 2:
+        return data
+    ordered = {"__metadata__": dict(sorted(meta.items())), **{k: v for k, v in header.items() if k != "__metadata__"}}
+    text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(text) > n:  # a serialisation we do not reproduce exactly: keep the original bytes
+        return data
+    return data[:8] + text.ljust(n, b" ") + data[8 + n :]
 
 
 def tied_groups(state: dict[str, Tensor]) -> list[list[str]]:

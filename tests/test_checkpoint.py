@@ -22,6 +22,7 @@ from posenc_cli.checkpoint import (
     committed_file,
     is_run_dir,
     load_run,
+    model_file_bytes,
     read_meta,
     read_verified,
     recover,
@@ -161,6 +162,21 @@ def test_tied_embedding_is_stored_once_and_safetensors_load_model_accepts_it(run
     assert loaded.model.wte.weight is loaded.model.lm_head.weight
     missing, unexpected = safetensors.torch.load_model(loaded.model, run / MODEL_FILE)
     assert not missing and not unexpected
+
+
+def test_model_file_bytes_are_the_same_on_every_save() -> None:
+    # Issue #16: safetensors writes its metadata from a HashMap in random order, so a resumed run's weights file
+    # differed from an uninterrupted run's. Three tied pairs give four metadata keys (24 orders).
+    model = torch.nn.Module()
+    for name in ("a", "b", "c"):
+        setattr(model, name, torch.nn.Linear(3, 3, bias=False))
+        setattr(model, f"{name}_tied", getattr(model, name))
+    files = {model_file_bytes(model) for _ in range(12)}
+    assert len(files) == 1
+    (data,) = files
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    assert list(header["__metadata__"]) == sorted(header["__metadata__"])
+    assert torch.equal(safetensors.torch.load(data)["a.weight"], model.a.weight)
 
 
 def test_not_a_run_directory(tmp_path: Path, run: Path) -> None:
