@@ -240,7 +240,7 @@ def read_config(run_dir: Path, meta: dict[str, Any]) -> Config:
     path = committed_file(run_dir, CONFIG_FILE)
     data = read_verified(run_dir, meta, CONFIG_FILE)
     try:
-        return config_from_dict(yaml.safe_load(data.decode("utf-8")))
+        return config_from_dict(yaml.safe_load(data.decode("utf-8")), saved=True)
     except (UserError, yaml.YAMLError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: invalid config ({str(e).splitlines()[0]})") from e
 

@@ -60,6 +60,12 @@ class PosConfig:
     def validate(self) -> None:
         """Range checks of a scheme's own options (subclasses extend)."""
 
+    def resolve(self, model: ModelConfig, train_length: int) -> None:
+        """Replace options left unset (None) by their defaults for this model, so a run's config records them."""
+
+    def legacy_defaults(self, model: ModelConfig) -> None:
+        """Fill options a saved config left unset with the defaults of the posenc that wrote it (before `resolve`)."""
+
 
 @dataclass(kw_only=True)
 class DataConfig:
@@ -218,6 +224,9 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     extend: ExtendConfig = field(default_factory=ExtendConfig)
 
+    def __post_init__(self) -> None:
+        self.pos.resolve(self.model, self.train.seq_len)  # defaults that depend on the model, written explicitly
+
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             group = getattr(self, f.name)
@@ -229,8 +238,12 @@ class Config:
 # Building dataclasses from plain dicts, with one-line errors naming the key.
 
 
-def config_from_dict(raw: dict[str, Any]) -> Config:
-    """Validate a plain (resolved) dict and build a `Config`; raises `ConfigError` naming the bad key."""
+def config_from_dict(raw: dict[str, Any], *, saved: bool = False) -> Config:
+    """Validate a plain (resolved) dict and build a `Config`; raises `ConfigError` naming the bad key.
+
+    `saved`: `raw` is a run's config.yaml, whose unset scheme options mean the defaults of the posenc that wrote
+    it (`PosConfig.legacy_defaults`); otherwise they take today's defaults (`PosConfig.resolve`).
+    """
     from posenc_cli.positional import config_class  # local import: the registry imports this module
 
     if not isinstance(raw, dict):
@@ -240,7 +253,10 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     if not isinstance(pos_raw, dict):
         raise ConfigError("pos must be a mapping with a 'name'")
     pos_cls = config_class(str(pos_raw.get("name", "nope")))
-    raw["pos"] = build_dataclass(pos_cls, pos_raw, "pos")
+    pos = build_dataclass(pos_cls, pos_raw, "pos")
+    if saved:
+        pos.legacy_defaults(build_dataclass(ModelConfig, raw.get("model", {}) or {}, "model"))
+    raw["pos"] = pos
     cfg = build_dataclass(Config, raw, "")
     cfg.validate()
     return cfg
@@ -378,7 +394,7 @@ def load_config_file(path: Path) -> Config:
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
     try:
-        return config_from_dict(raw)
+        return config_from_dict(raw, saved=True)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from e
 

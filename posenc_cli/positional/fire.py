@@ -2,7 +2,14 @@
 Relative Positions", Eq. 4-6).
 
 b_h(i, j) = f_θ(ψ(i − j) / ψ(max(L, i)))_h,  ψ(x) = log(c·x + 1),  f_θ: 1 → 32 → H MLP with ReLU,
-c learned (init 0.1), threshold L = |L_mult·L0| with L0 = 512 and L_mult learned (init 1).
+c learned (init 0.1), threshold L = |L_mult·L0| with L_mult learned (init 1).
+
+L0 defaults to a quarter of the training length. The paper's reference code (its appendix) initialises
+`init_L = 512` for its C4 models trained at 2048 tokens, i.e. L0 = L_train/4: queries past a quarter of the
+training window are already normalised by their own position during training, so the MLP learns the progressive
+regime it meets beyond L_train. posenc earlier used the absolute 512 at every training length; at `train.seq_len=128`
+max(L, i) was then the constant 512 throughout training. Runs saved then keep `init_L: 512.0` in their config.yaml
+(the field was always written), and new runs record the resolved L0 as a number (`resolve`).
 
 The normaliser uses max(L, i), not min: below the threshold the input is ψ(i − j)/ψ(L) (no interpolation for short
 contexts), beyond it the distances are squeezed into [0, 1] relative to the query's own position ("progressive
@@ -33,6 +40,8 @@ from posenc_cli.positional import register
 from posenc_cli.positional.base import PositionalScheme, PositionContext, relative_distance
 
 EPS = 1e-6  # added to the normaliser ψ(max(L, i)) (paper's code)
+THRESHOLD_FRACTION = 0.25  # L0 / training length: the paper's code default 512 at its training length 2048
+LEGACY_INIT_L = 512.0  # L0 before it followed the training length
 
 
 @dataclass(kw_only=True)
@@ -40,16 +49,29 @@ class FireConfig(PosConfig):
     name: str = "fire"
     mlp_width: int = 32
     init_c: float = 0.1
-    init_L: float = 512.0  # L0: the threshold is |L_mult·L0|
+    init_L: float | None = None  # L0 (threshold |L_mult·L0|); None: THRESHOLD_FRACTION × the training length
     shared: bool = False  # True: FIRE-S, one FIRE for all layers
+
+    def resolve(self, model: ModelConfig, train_length: int) -> None:
+        if self.init_L is None:
+            self.init_L = fire_init_L(self, train_length)
+
+    def legacy_defaults(self, model: ModelConfig) -> None:
+        if self.init_L is None:  # never written by posenc before the change; kept for hand-written configs
+            self.init_L = LEGACY_INIT_L
 
     def validate(self) -> None:
         if self.mlp_width < 1:
             raise ConfigError(f"pos.mlp_width must be >= 1, got {self.mlp_width}")
         if self.init_c <= 0:
             raise ConfigError(f"pos.init_c must be > 0, got {self.init_c}")
-        if self.init_L <= 0:
+        if self.init_L is not None and self.init_L <= 0:
             raise ConfigError(f"pos.init_L must be > 0, got {self.init_L}")
+
+
+def fire_init_L(cfg: FireConfig, train_length: int) -> float:
+    """L0: `pos.init_L` when set, else THRESHOLD_FRACTION × `train_length` (at least 1)."""
+    return float(cfg.init_L) if cfg.init_L is not None else max(1.0, THRESHOLD_FRACTION * train_length)
 
 
 def fire_psi(x: Tensor, c: Tensor) -> Tensor:
@@ -124,7 +146,8 @@ class FIRE(PositionalScheme):
     def __init__(self, cfg: FireConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__(cfg, model, train_length)
         n = 1 if cfg.shared else model.n_layer
-        self.fires = nn.ModuleList(Fire(model.n_head, cfg.mlp_width, cfg.init_c, cfg.init_L) for _ in range(n))
+        init_L = fire_init_L(cfg, train_length)
+        self.fires = nn.ModuleList(Fire(model.n_head, cfg.mlp_width, cfg.init_c, init_L) for _ in range(n))
 
     def bias(
         self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from posenc_cli.config import ModelConfig, config_from_dict
+from posenc_cli.config import Config, ModelConfig, TrainConfig, config_from_dict, config_to_dict
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import PositionContext
 from posenc_cli.positional.fire import FIRE, Fire, FireConfig, fire_input, relu_mlp_piecewise
@@ -122,3 +122,31 @@ def test_config_validation() -> None:
     assert isinstance(cfg.pos, FireConfig) and cfg.pos.init_L == 64.0 and cfg.pos.shared
     with pytest.raises(ConfigError, match="init_c"):
         config_from_dict({"pos": {"name": "fire", "init_c": 0}})
+
+
+def test_threshold_defaults_to_a_quarter_of_the_training_length() -> None:
+    """FIRE (Li et al. 2023, arXiv:2310.04418): the paper's reference code initialises L0 = 512 for models trained
+    at 2048 tokens, so posenc's default is L0 = L_train / 4 (32 at `train.seq_len=128`, where the old absolute 512
+    made max(L, i) constant during training)."""
+    mc = ModelConfig(d_model=32, n_head=2, n_layer=2)
+    fire = FIRE(FireConfig(), mc, 128)
+    assert [f.threshold().item() for f in fire.fires] == [32.0, 32.0]
+    assert FIRE(FireConfig(), mc, 2048).fires[0].threshold().item() == 512.0  # the paper's setting
+    assert FIRE(FireConfig(init_L=100.0), mc, 128).fires[0].threshold().item() == 100.0
+    # inside the training window the normaliser now varies with the query position
+    u = fire_input(torch.arange(128), torch.arange(128), torch.tensor(0.1), fire.fires[0].threshold())
+    assert not torch.allclose(u[40, 30], u[100, 90])
+
+
+def test_new_configs_record_the_threshold_and_old_runs_keep_512() -> None:
+    cfg = config_from_dict({"pos": {"name": "fire"}, "train": {"seq_len": 64}})
+    assert isinstance(cfg.pos, FireConfig) and cfg.pos.init_L == 16.0
+    assert config_to_dict(cfg)["pos"]["init_L"] == 16.0  # written explicitly into config.yaml
+    assert Config(pos=FireConfig(), train=TrainConfig(seq_len=256)).pos.init_L == 64.0
+    # a run saved before the change: its config.yaml always held init_L (512.0 then); it loads unchanged
+    old = {"pos": {"name": "fire", "mlp_width": 32, "init_c": 0.1, "init_L": 512.0, "shared": False}}
+    loaded = config_from_dict(old, saved=True)
+    assert loaded.pos.init_L == 512.0  # type: ignore[attr-defined]
+    assert FIRE(loaded.pos, loaded.model, 128).fires[0].threshold().item() == 512.0  # type: ignore[arg-type]
+    # a saved config without a value (hand-written) means the pre-change default, not today's
+    assert config_from_dict({"pos": {"name": "fire", "init_L": None}}, saved=True).pos.init_L == 512.0  # type: ignore[attr-defined]

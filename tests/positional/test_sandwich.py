@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from posenc_cli.config import ModelConfig, config_from_dict
+from posenc_cli.config import Config, ModelConfig, TrainConfig, config_from_dict, config_to_dict
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import PositionContext
-from posenc_cli.positional.sandwich import Sandwich, SandwichConfig
+from posenc_cli.positional.sandwich import Sandwich, SandwichConfig, sandwich_profile
 
 
 def formula(i: int, j: int, h: int, n_head: int, dim: int) -> float:
@@ -35,7 +35,7 @@ def test_bias_equals_the_formula(n_head: int, d_model: int, dim: int | None) -> 
     T = 20
     bias = scheme_bias(n_head, d_model, torch.arange(T), torch.arange(T), dim=dim)
     assert bias.shape == (1, n_head, T, T) and bias.dtype == torch.float32
-    d = dim or d_model  # d' defaults to the model's hidden size
+    d = dim or d_model // n_head  # d' defaults to the per-head size (NeMo: hidden_size // num_attention_heads)
     for h in range(n_head):
         for i in range(T):
             for j in range(i + 1):
@@ -48,7 +48,9 @@ def test_long_distances_and_shape_of_the_curve() -> None:
     for r, i in enumerate(q_pos.tolist()):
         for c, j in enumerate(k_pos.tolist()):
             if j <= i:
-                assert bias[0, 0, r, c].item() == pytest.approx(formula(i, j, 0, 2, 32), abs=2e-3)
+                assert bias[0, 0, r, c].item() == pytest.approx(
+                    formula(i, j, 0, 2, 16), abs=2e-3
+                )  # d_model 32 / 2 heads
     near = scheme_bias(2, 32, torch.arange(30), torch.arange(30))[0, 0, 29]  # row of the last query
     assert near[29] == 0  # zero at distance 0 ...
     assert (near[:29] < 0).all()  # ... negative elsewhere
@@ -77,3 +79,35 @@ def test_config_validation() -> None:
     assert isinstance(cfg.pos, SandwichConfig) and cfg.pos.dim == 64
     with pytest.raises(ConfigError, match="dim"):
         config_from_dict({"pos": {"name": "sandwich", "dim": 7}})
+
+
+def test_default_dim_is_the_head_size_as_in_nemo() -> None:
+    """NeMo's `megatron/language_model.py` builds the Sandwich bias with `hidden_size // num_attention_heads`
+    (Chi et al. 2023, arXiv:2212.10356, via NVIDIA NeMo `sandwich_relative_position_embedding.py`)."""
+    tiny = ModelConfig(d_model=128, n_head=4, n_layer=4)
+    assert Sandwich(SandwichConfig(), tiny, 128).dim == 32
+    assert Sandwich(SandwichConfig(dim=64), tiny, 128).dim == 64
+    # the old default (d' = d_model) penalised distance 1000 about 4.7x more strongly
+    far = torch.tensor([1000])
+    old, new = sandwich_profile(far, 128).item(), sandwich_profile(far, 32).item()
+    assert old == pytest.approx(-53.4, abs=0.1) and new == pytest.approx(-11.5, abs=0.1)
+
+
+def test_new_configs_record_the_head_size_explicitly() -> None:
+    cfg = config_from_dict({"model": {"d_model": 64, "n_head": 4}, "pos": {"name": "sandwich"}})
+    assert isinstance(cfg.pos, SandwichConfig) and cfg.pos.dim == 16  # resolved: config.yaml will say 16
+    assert config_to_dict(cfg)["pos"]["dim"] == 16
+    direct = Config(model=ModelConfig(d_model=64, n_head=4), pos=SandwichConfig(), train=TrainConfig())
+    assert direct.pos.dim == 16  # also when built in code, not composed
+    reloaded = config_from_dict(config_to_dict(cfg), saved=True)
+    assert reloaded.pos.dim == 16  # a new run reloads with the value it was trained with
+
+
+def test_runs_saved_before_the_change_keep_d_model() -> None:
+    """config.yaml of a run saved before d' followed the head size holds `dim: null`, which meant d_model."""
+    old = {"model": {"d_model": 64, "n_head": 4}, "pos": {"name": "sandwich", "dim": None, "base": 10000.0}}
+    cfg = config_from_dict(old, saved=True)
+    assert isinstance(cfg.pos, SandwichConfig) and cfg.pos.dim == 64
+    scheme = Sandwich(cfg.pos, cfg.model, cfg.train.seq_len)
+    assert scheme.dim == 64
+    assert config_from_dict(old).pos.dim == 16  # composing (not loading a run) takes today's default
