@@ -24,8 +24,9 @@ Precision = Literal["fp32", "bf16"]
 _BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
-def resolve_device(name: str | torch.device) -> torch.device:
-    """'auto' -> cuda, else mps, else cpu; an explicit device that is not available is a `ConfigError`."""
+def resolve_device(name: str | torch.device, option: str = "train.device") -> torch.device:
+    """'auto' -> cuda, else mps, else cpu; an explicit device that is not available is a `ConfigError` naming the
+    setting the user gave: `option` is a config key (`train.device=cuda`) or a flag (`--device cuda`)."""
     if isinstance(name, torch.device):
         return name
     if name == "auto":
@@ -34,10 +35,14 @@ def resolve_device(name: str | torch.device) -> torch.device:
         if _mps_available():
             return torch.device("mps")
         return torch.device("cpu")
+
+    def given(value: str) -> str:
+        return f"{option} {value}" if option.startswith("-") else f"{option}={value}"
+
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.device={name} but CUDA is not available (use train.device=auto or cpu)")
+        raise ConfigError(f"{given(name)} but CUDA is not available (use {given('auto')} or cpu)")
     if name == "mps" and not _mps_available():
-        raise ConfigError("train.device=mps but MPS is not available (use train.device=auto or cpu)")
+        raise ConfigError(f"{given('mps')} but MPS is not available (use {given('auto')} or cpu)")
     try:
         return torch.device(name)
     except RuntimeError as e:

@@ -6,6 +6,9 @@ prints its message on one line and exits with code 2. Everything else is a bug a
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class UserError(Exception):
     """A problem the user can fix; rendered as one line, exit code 2."""
@@ -31,3 +34,22 @@ class LengthBeyondScheme(UserError):
         self.limit = limit
         self.requested = requested
         super().__init__(f"scheme '{scheme}' supports at most {limit} positions; {requested} were requested")
+
+
+# Errors of the storage, not of posenc: no space, read-only, no permission, over quota. The CLI reports them as one
+# line naming the path (exit 2); any other OSError is unexpected and keeps its traceback.
+DISK_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("ENOSPC", "EROFS", "EACCES", "EDQUOT", "EPERM") if hasattr(errno, name)
+)
+
+
+def is_disk_error(e: BaseException) -> bool:
+    """True for an `OSError` of the disk kind (`DISK_ERRNOS`)."""
+    return isinstance(e, OSError) and e.errno in DISK_ERRNOS
+
+
+def disk_error_message(e: OSError) -> str:
+    """'PATH: No space left on device' (both paths of a rename); the storage's own words, one line."""
+    what = os.strerror(e.errno) if e.errno is not None else str(e)
+    paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
+    return f"{paths}: {what}" if paths else f"storage error: {what}"

@@ -32,7 +32,7 @@ from torch import nn
 
 from posenc_cli import __version__
 from posenc_cli.config import DataConfig, EvalConfig, build_dataclass
-from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
+from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme, disk_error_message, is_disk_error
 from posenc_cli.eval_results import (
     RESULTS_FILE,
     SCHEMA_VERSION,
@@ -330,12 +330,15 @@ def evaluate_run(
     device: str | torch.device | None = None,
     force: bool | None = None,
     progress: Progress | None = None,
+    store: bool = True,
 ) -> dict[str, Any]:
     """Measure (or reuse) every length of `cfg` for a loaded run and store the entries in its results file.
 
     Scores the run's own validation split unless `data` (another data config, tokenized with the run's tokenizer)
     or a ready `corpus` is given. Returns the results doc restricted to this call's entries, in length order, plus
-    "path" and "reused" (how many entries came from the file without a forward).
+    "path", "reused" (how many entries came from the file without a forward) and "not_saved" (None, or why the
+    results file could not be written, e.g. read-only storage: the scores are returned all the same). `store=False`
+    writes nothing into the run (`extend --eval` scoring the source run it must not modify).
     """
     cfg.validate()
     force = cfg.force if force is None else force
@@ -360,6 +363,7 @@ def evaluate_run(
 
     selected: list[dict[str, Any]] = []
     reused = 0
+    not_saved: str | None = None  # why the results file could not be written (read-only storage, full disk)
     for length, multiple in plan_lengths(cfg, base_length):
         stride = resolve_stride(cfg.protocol, cfg.stride, length)
         n_windows = len(plan_windows(len(stream), length, stride, cfg.tokens))
@@ -390,12 +394,24 @@ def evaluate_run(
             else:
                 _fill_ok(entry, result)
         merge_entry(doc, entry)
-        save_results(run.path, doc)  # after every cell: a kill loses at most the cell in progress
+        if store and not_saved is None:
+            not_saved = _try_save(run.path, doc)  # after every cell: a kill loses at most the cell in progress
         selected.append(entry)
 
     out = {k: v for k, v in doc.items() if k != "entries"}
-    out.update(path=str(run.path), reused=reused, entries=selected)
+    out.update(path=str(run.path), reused=reused, entries=selected, not_saved=not_saved)
     return out
+
+
+def _try_save(run_dir: Path, doc: dict[str, Any]) -> str | None:
+    """Store `doc`; on storage that refuses writes (read-only, full) return the reason instead: the scores stand."""
+    try:
+        save_results(run_dir, doc)
+    except OSError as e:
+        if not is_disk_error(e):
+            raise
+        return disk_error_message(e)
+    return None
 
 
 def _base_entry(
@@ -466,12 +482,15 @@ def _run_evaluator(
     force: bool | None,
     progress: Progress | None,
     corpora: CorpusCache | None,
+    store: bool = True,
 ) -> Callable[[LoadedRun, torch.device], dict[str, Any]]:
     """`evaluate_run` with these settings, on each run's data config composed with `data_overrides`."""
 
     def evaluate(run: LoadedRun, device: torch.device) -> dict[str, Any]:
         data = data_config_with_overrides(run.config.data, data_overrides) if data_overrides else None
-        return evaluate_run(run, cfg, data=data, corpora=corpora, device=device, force=force, progress=progress)
+        return evaluate_run(
+            run, cfg, data=data, corpora=corpora, device=device, force=force, progress=progress, store=store
+        )
 
     return evaluate
 
@@ -486,9 +505,10 @@ def evaluate_run_dir(
     force: bool | None = None,
     progress: Progress | None = None,
     corpora: CorpusCache | None = None,
+    store: bool = True,
 ) -> dict[str, Any]:
     """Load one run directory and `evaluate_run` it (data overrides compose only the data group)."""
-    evaluate = _run_evaluator(cfg, data_overrides, force, progress, corpora)
+    evaluate = _run_evaluator(cfg, data_overrides, force, progress, corpora, store)
     (result,) = evaluate_each_run([run_dir], evaluate, device=device, threads=threads)
     return result
 

@@ -81,6 +81,8 @@ def test_eval_prints_parent_and_child_side_by_side(runs: dict[str, Path], tmp_pa
     assert "Perplexity by evaluation length" in result.output
     rows = [line.split("│")[1].split()[0] for line in result.output.splitlines() if line.startswith("│ ")]
     assert {"rope", "ntk"} <= set(rows)  # one row per run: the parent and the child
+    assert (tmp_path / "ntk" / "eval" / "extrapolate.json").is_file()  # results go into the new run ...
+    assert not (runs["rope"] / "eval").exists()  # ... never into the source run
 
 
 def test_finetune_from_the_cli(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -99,6 +101,10 @@ def test_finetune_from_the_cli(runs: dict[str, Path], tmp_path: Path) -> None:
         (["--factor", "1"], "factor must be > 1"),
         (["--method", "longrope"], "unknown scaling method 'longrope'"),
         (["--yarn", "--linear"], "give one scaling method"),
+        (["--factor", "nan"], "extend.factor must be a finite number"),
+        (["--yarn", "--attention-factor", "nan"], "extend.attention_factor must be a finite number"),
+        (["--yarn", "--beta-fast", "inf"], "extend.beta_fast must be a finite number"),
+        (["--yarn", "--beta-slow", "-inf"], "extend.beta_slow must be a finite number"),
     ],
 )
 def test_refusals_exit_2_and_write_nothing(

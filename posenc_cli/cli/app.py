@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from posenc_cli.errors import UserError
+from posenc_cli.errors import UserError, disk_error_message, is_disk_error
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -64,7 +64,8 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def handles_errors(func: F) -> F:
-    """Turn `UserError` (and Ctrl-C outside training) into one line and an exit code; keep bugs as tracebacks."""
+    """Turn `UserError`, a disk-kind `OSError` (full, read-only, no permission) and Ctrl-C outside training into one
+    line and an exit code; keep bugs as tracebacks."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -74,6 +75,10 @@ def handles_errors(func: F) -> F:
             raise fail(_escape(str(e)).replace("\n", " ")) from None
         except KeyboardInterrupt:
             raise fail("interrupted", code=130) from None
+        except OSError as e:  # a full, read-only or forbidden location: the user's to fix, not a bug
+            if not is_disk_error(e):
+                raise
+            raise fail(_escape(disk_error_message(e))) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
-from posenc_cli.cli.app import app, console, handles_errors, progress_bar, split_args
+from posenc_cli.cli.app import app, console, err_console, handles_errors, progress_bar, split_args
+from posenc_cli.device import resolve_device
 from posenc_cli.errors import ConfigError
 
 _EXAMPLES = """
@@ -163,6 +165,9 @@ def _report(
     cells = sum(len(r["entries"]) for r in results)
     note = f"; {reused} of {cells} cells reused from {results_file} (--force recomputes)" if reused else ""
     console.print(f"{len(results)} run(s) evaluated in {seconds:.1f} s{note}", highlight=False)
+    for r in results:  # e.g. a run on read-only storage: scored, but its results file could not be written
+        if r.get("not_saved"):
+            err_console.print(f"[yellow]note:[/] not cached ({escape(r['not_saved'])})", highlight=False)
     if plot is not None:
         for path in write_plot(plot):
             console.print(f"wrote {path}", highlight=False)
@@ -230,13 +235,14 @@ def eval_extrapolate_command(
         dtype=dtype,
         force=force,
     )
+    run_device = resolve_device(device, "--device")  # an unavailable device is reported as the flag given
     results, seconds = _evaluate_timed(
         "windows",
         lambda display: evaluate_paths(
             paths,
             cfg,
             data_overrides=overrides,
-            device=device,
+            device=run_device,
             threads=threads,
             progress=display.progress,
             on_run=display.on_run,
@@ -313,10 +319,11 @@ def eval_passkey_command(
             setattr(cfg, field, parse_list(text, kind, flag))
     cfg.validate()
 
+    run_device = resolve_device(device, "--device")
     results, seconds = _evaluate_timed(
         "prompts",
         lambda display: evaluate_passkey_paths(
-            paths, cfg, device=device, threads=threads, progress=display.progress, on_run=display.on_run
+            paths, cfg, device=run_device, threads=threads, progress=display.progress, on_run=display.on_run
         ),
     )
     _report(

@@ -227,7 +227,7 @@ def _evaluate_both(result: ExtendResult, threads: int) -> None:
     cfg = EvalConfig()
     corpora = CorpusCache()
     docs = []
-    for path in (result.parent_dir, result.out_dir):
+    for path, store in ((result.parent_dir, False), (result.out_dir, True)):  # the source run is never written
         with console.status(f"evaluating {escape(str(path))} ...", spinner="dots"):
-            docs.append(evaluate_run_dir(path, cfg, threads=threads, corpora=corpora))
+            docs.append(evaluate_run_dir(path, cfg, threads=threads, corpora=corpora, store=store))
     console.print(extrapolation_table(docs))
