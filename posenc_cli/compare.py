@@ -2,6 +2,11 @@
 
 Everything is read from disk (`eval/extrapolate.json` per run, `sweep.json` per sweep), so a comparison works the same
 whether the jobs ran here, in parallel processes or on a cluster.
+
+A run has one label wherever it is shown: a sweep's job keeps its plan label (and the plan's order) whether it is
+reached through the sweep directory, a stage directory below it, or the run directory itself; any other run below a
+sweep is named by its path in the sweep (`train/pos=rope-yarnx8`). A sweep's table has the sweep's own lengths
+(`eval.lengths` of its jobs): a length evaluated later for some run only shows with `all_lengths`.
 """
 
 from __future__ import annotations
@@ -17,7 +22,20 @@ from typing import Any
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.fsutil import atomic_write_json, atomic_write_text
 
-ENTRY_FIELDS = ("protocol", "stride", "length", "multiple", "tokens", "dtype", "status", "reason", "ppl", "nll", "bpb")
+ENTRY_FIELDS = (
+    "protocol",
+    "stride",
+    "length",
+    "multiple",
+    "tokens",
+    "dtype",
+    "device",
+    "status",
+    "reason",
+    "ppl",
+    "nll",
+    "bpb",
+)
 
 
 @dataclass(kw_only=True)
@@ -40,10 +58,11 @@ class RunRecord:
 # Gathering.
 
 
-def gather(paths: list[Path]) -> list[RunRecord]:
+def gather(paths: list[Path], *, all_lengths: bool = False) -> list[RunRecord]:
     """Records for every run under `paths`: a sweep directory's planned jobs under their plan's labels, then any other
     run found below it (an `extend` output, the jobs of an earlier sweep into the same directory) under its path
-    relative to the sweep; other runs under their names."""
+    relative to the sweep; other runs under `run_names`. Runs below a sweep keep only the sweep's lengths unless
+    `all_lengths`."""
     from posenc_cli.evaluate import find_runs
     from posenc_cli.sweep import job_status, read_failure, read_plan
 
@@ -52,28 +71,111 @@ def gather(paths: list[Path]) -> list[RunRecord]:
         if not path.exists():
             raise UserError(f"{path} does not exist")
         plan = read_plan(path)
-        if plan is not None:
-            for job in plan["jobs"]:
-                job_dir = path / job["dir"]
-                status = job_status(job_dir)
-                record = RunRecord(label=job["label"], run_dir=job_dir, stage=job["stage"], job=job["name"])
-                if status == "failed":
-                    record.status, record.error = "failed", read_failure(job_dir)
-                elif status != "done":
-                    record.status, record.error = "missing", "no results (not run yet, or interrupted)"
-                else:
-                    _fill(record)
-                records.append(record)
-            planned = {(path / job["dir"]).resolve() for job in plan["jobs"]}
-            for run in _runs_below(path):
-                if run.resolve() not in planned:
-                    records.append(_run_record(run, run.relative_to(path).as_posix()))
+        if plan is None:
+            runs = find_runs([path])
+            if not runs:
+                raise UserError(f"{path} holds no posenc run or sweep directory")
+            named = sorted(zip(run_names(runs), runs, strict=True), key=lambda pair: pair[0].order)
+            for name, run in named:
+                records.append(_run_record(run, name, None if all_lengths else _sweep_lengths_of(run)))
             continue
-        runs = find_runs([path])
-        if not runs:
-            raise UserError(f"{path} holds no posenc run or sweep directory")
-        records.extend(_run_record(run, run.name) for run in runs)
+        keep = None if all_lengths else sweep_lengths(path, plan)
+        for job in plan["jobs"]:
+            job_dir = path / job["dir"]
+            status = job_status(job_dir)
+            record = RunRecord(label=job["label"], run_dir=job_dir, stage=job["stage"], job=job["name"])
+            if status == "failed":
+                record.status, record.error = "failed", read_failure(job_dir)
+            elif status != "done":
+                record.status, record.error = "missing", "no results (not run yet, or interrupted)"
+            else:
+                _fill(record, keep)
+            records.append(record)
+        planned = {(path / job["dir"]).resolve() for job in plan["jobs"]}
+        for run in _runs_below(path):
+            if run.resolve() not in planned:
+                records.append(_run_record(run, RunName(run.relative_to(path).as_posix(), False, ()), keep))
     return records
+
+
+def enclosing_sweep(run: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The sweep directory (and its plan) that holds `run`, if any."""
+    from posenc_cli.sweep import read_plan
+
+    for parent in Path(run).resolve().parents:
+        plan = read_plan(parent)
+        if plan is not None:
+            return parent, plan
+    return None
+
+
+@dataclass(frozen=True)
+class RunName:
+    """How a run is named in tables: `name`, shown as is for a sweep job (`planned`), and its place in the order."""
+
+    name: str
+    planned: bool
+    order: tuple[Any, ...]
+
+
+def run_names(runs: list[Path]) -> list[RunName]:
+    """A sweep job is named by its plan label, in the plan's order; another run below a sweep by its path in the
+    sweep, after the jobs; any other run by its directory name, in the given order."""
+    out: list[RunName] = []
+    for i, run in enumerate(runs):
+        found = enclosing_sweep(run)
+        if found is None:
+            out.append(RunName(run.name, False, (1, "", 0, i)))
+            continue
+        sweep_dir, plan = found
+        rel = Path(run).resolve().relative_to(sweep_dir).as_posix()
+        index = next((j for j, job in enumerate(plan["jobs"]) if job["dir"] == rel), None)
+        if index is None:
+            out.append(RunName(rel, False, (0, str(sweep_dir), len(plan["jobs"]), i)))
+        else:
+            out.append(RunName(plan["jobs"][index]["label"], True, (0, str(sweep_dir), index, i)))
+    return out
+
+
+def shown_label(name: RunName, scheme: str) -> str:
+    """A plan label as is; any other name with its scheme unless it says it (`report.run_label`)."""
+    from posenc_cli.report import run_label
+
+    return name.name if name.planned else run_label({"run": name.name, "scheme": scheme})
+
+
+def labelled_in_order(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """eval-extrapolate results (each with its "path") labelled and ordered as `compare` shows them."""
+    names = run_names([Path(r["path"]) for r in results])
+    order = sorted(range(len(results)), key=lambda i: names[i].order)
+    return [{**results[i], "label": shown_label(names[i], str(results[i]["scheme"]))} for i in order]
+
+
+def _sweep_lengths_of(run: Path) -> set[tuple[str, float]] | None:
+    found = enclosing_sweep(run)
+    return sweep_lengths(*found) if found is not None else None
+
+
+def sweep_lengths(sweep_dir: Path, plan: dict[str, Any]) -> set[tuple[str, float]] | None:
+    """The lengths a sweep's jobs were configured to evaluate ({("multiple", 1.0), ...} or ("length", 512)), from
+    each finished job's saved config; None when none can be read (then nothing is filtered)."""
+    from posenc_cli.checkpoint import read_config, read_meta
+
+    keys: set[tuple[str, float]] = set()
+    for job in plan["jobs"]:
+        try:
+            ev = read_config(sweep_dir / job["dir"], read_meta(sweep_dir / job["dir"])).eval
+        except UserError:
+            continue
+        if ev.abs_lengths is not None:
+            keys.update(("length", float(n)) for n in ev.abs_lengths)
+        else:
+            keys.update(("multiple", round(float(m), 6)) for m in ev.lengths)
+    return keys or None
+
+
+def _in_lengths(entry: dict[str, Any], keep: set[tuple[str, float]]) -> bool:
+    return ("multiple", round(float(entry["multiple"]), 6)) in keep or ("length", float(entry["length"])) in keep
 
 
 def _runs_below(path: Path) -> list[Path]:
@@ -86,17 +188,15 @@ def _runs_below(path: Path) -> list[Path]:
         return []
 
 
-def _run_record(run: Path, name: str) -> RunRecord:
-    """A run outside any sweep plan, labelled `name`, plus its scheme unless the name already says it."""
-    from posenc_cli.report import run_label
-
-    record = RunRecord(label=name, run_dir=run)
-    _fill(record)
-    record.label = run_label({"run": name, "scheme": record.scheme})
+def _run_record(run: Path, name: RunName, keep: set[tuple[str, float]] | None = None) -> RunRecord:
+    """A run found on disk (not through a sweep's plan), labelled by `shown_label`."""
+    record = RunRecord(label=name.name, run_dir=run)
+    _fill(record, keep)
+    record.label = shown_label(name, record.scheme)
     return record
 
 
-def _fill(record: RunRecord) -> None:
+def _fill(record: RunRecord, keep: set[tuple[str, float]] | None = None) -> None:
     from posenc_cli.eval_results import load_results
 
     doc = load_results(record.run_dir, missing_ok=True)
@@ -106,7 +206,7 @@ def _fill(record: RunRecord) -> None:
     record.scheme = str(doc.get("scheme", ""))
     record.train_length = doc.get("train_length")
     record.base_length = doc.get("base_length")
-    record.entries = list(doc["entries"])
+    record.entries = [e for e in doc["entries"] if keep is None or _in_lengths(e, keep)]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -194,7 +294,7 @@ def comparison(
     records: list[RunRecord], *, metric: str = "ppl", baseline: str | None = None
 ) -> tuple[list[Any], list[Any], str]:
     """(columns, rows, title) of the comparison table: one row per label, mean ± std over its runs (seeds)."""
-    from posenc_cli.report import describe_lengths, describe_protocol, extrapolation_rows
+    from posenc_cli.report import Column, describe_lengths, describe_protocol, extrapolation_rows
 
     results = to_results(records)
     columns, rows = extrapolation_rows(
@@ -202,19 +302,26 @@ def comparison(
     )
     if baseline is not None:
         ref = _baseline_row(rows, records, baseline)
-        ref_means = {key: cell.mean for key, cell in ref.cells.items()}
-        for row in rows:
-            for key, cell in row.cells.items():
-                if key == "ratio":
-                    continue
-                base = ref_means.get(key)
-                cell.values = [v / base for v in cell.values] if base else []
+        relative_to_row(rows, ref)
+        columns = [Column(c.key, f"{c.header}\n÷ {ref.label}", best=None) if c.key == "ratio" else c for c in columns]
     measured = [r for r in results if r["entries"]]
     what = {"ppl": "Perplexity", "bpb": "Bits per byte", "nll": "Mean NLL (nats)"}[metric]
     title = f"{what}{' relative to ' + baseline if baseline else ''} by evaluation length"
     if measured:
         title += f" · {describe_protocol(measured)} · base length {describe_lengths(measured, 'base_length')} tokens"
     return columns, rows, title
+
+
+def relative_to_row(rows: list[Any], ref: Any) -> None:
+    """Divide every cell by the reference row's mean in the same column, the ratio column included: a row's
+    "16× / 1×" becomes its ratio over the reference's ratio (how much more it degrades than the reference)."""
+    ref_means = {key: cell.mean for key, cell in ref.cells.items()}
+    for row in rows:
+        for key, cell in row.cells.items():
+            base = ref_means.get(key)
+            if cell.values and not base:
+                cell.values, cell.reason = [], cell.reason or f"{ref.label} has no value here"
+            cell.values = [v / base for v in cell.values] if base else []
 
 
 def _baseline_row(rows: list[Any], records: list[RunRecord], baseline: str) -> Any:
@@ -265,7 +372,7 @@ def render(
     console: Any,
 ) -> None:
     """Print the comparison in `fmt` (table, csv, json, markdown); with `out`, also write the files there."""
-    from posenc_cli.report import render_table
+    from posenc_cli.report import render_table, table_legend
 
     if fmt == "json":
         console.print_json(json.dumps(records_to_json(records)))
@@ -273,18 +380,29 @@ def render(
         console.print(to_csv(records_to_json(records)), end="", markup=False, highlight=False)
     else:
         columns, rows, title = comparison(records, metric=metric, baseline=baseline)
+        caption = caption_lines(records, baseline)
         if fmt == "markdown":
-            console.print(f"**{title}**\n\n" + to_markdown(columns, rows), markup=False, highlight=False)
+            legend = table_legend(columns, rows)
+            notes = "".join(f"\n{line}  " for line in [legend, *caption] if line)
+            console.print(f"**{title}**\n\n" + to_markdown(columns, rows) + notes, markup=False, highlight=False)
         else:
-            console.print(render_table(columns, rows, title=title, caption=_failures(records)))
+            console.print(render_table(columns, rows, title=title, caption="\n".join(caption)))
     if out is not None:
         for path in write_outputs(records, out):
             console.print(f"wrote {path}", highlight=False)
 
 
-def _failures(records: list[RunRecord]) -> str | None:
-    lines = [f"{r.label} [{r.status}]: {r.error}" for r in records if r.status != "ok"]
-    return "\n".join(lines) or None
+def caption_lines(records: list[RunRecord], baseline: str | None = None) -> list[str]:
+    """Under the table: where the numbers were measured (precision, device), why each n/a is n/a, failed jobs."""
+    from posenc_cli.report import describe_measurement, reason_lines
+
+    results = [r for r in to_results(records) if r["entries"]]
+    lines = [f"Measured in {describe_measurement(results)}."] if results else []
+    lines += reason_lines(results, lambda r: r["label"])
+    if baseline is not None:
+        lines.append(f"Every column, the ratio included, is divided by {baseline}'s; n/a where it has no value.")
+    lines += [f"{r.label} [{r.status}]: {r.error}" for r in records if r.status != "ok"]
+    return lines
 
 
 def comparison_outputs(records: list[RunRecord], sweep_dir: Path, *, console: Any) -> int:

@@ -97,6 +97,27 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (or `platform.processor()`), '' when unknown."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Hardware")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def describe_device(device: torch.device) -> str:
+    """'cpu (AMD EPYC 7B13)' or 'cuda (NVIDIA H200)': what evaluation results record next to their dtype."""
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    name = cpu_name() if device.type == "cpu" else ""
+    return f"{device.type} ({name})" if name else device.type
+
+
 @functools.cache
 def cpu_has_fast_bf16() -> bool:
     """True when this CPU has bf16 matrix instructions and bf16 matmuls measurably beat fp32 (cached per process)."""

@@ -32,6 +32,7 @@ from torch import nn
 
 from posenc_cli import __version__
 from posenc_cli.config import DataConfig, EvalConfig, build_dataclass
+from posenc_cli.device import describe_device
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme, disk_error_message, is_disk_error
 from posenc_cli.eval_results import (
     RESULTS_FILE,
@@ -368,6 +369,7 @@ def evaluate_run(
         stride = resolve_stride(cfg.protocol, cfg.stride, length)
         n_windows = len(plan_windows(len(stream), length, stride, cfg.tokens))
         entry = _base_entry(cfg.protocol, stride, length, multiple, n_windows * stride, dtype, data_info)
+        entry["device"] = describe_device(device)  # results depend on precision and hardware: record both
         if not force and entry_key(entry) in stored:
             selected.append(stored[entry_key(entry)])
             reused += 1

@@ -40,6 +40,11 @@ _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 _STYLES = ("-", "-.", ":", (0, (5, 1)))
 
 
+def shown_label(result: Result) -> str:
+    """The label the table gives the run (`compare.labelled_in_order`), else the run name with its scheme."""
+    return str(result.get("label") or run_label(result))
+
+
 def scheme_colour(scheme: str) -> str:
     """The fixed colour of a scheme; unknown names get a stable colour from a fallback palette."""
     return SCHEME_COLOURS.get(scheme) or _FALLBACK[zlib.crc32(scheme.encode()) % len(_FALLBACK)]
@@ -69,7 +74,7 @@ def ppl_vs_length_figure(results: Sequence[Result], *, title: str | None = None)
     for r, style in zip(results, _styles(results), strict=True):
         ok = [e for e in sorted(r["entries"], key=lambda e: e["length"]) if e.get("ppl") is not None]
         na = [e["length"] for e in r["entries"] if e.get("ppl") is None]
-        label = run_label(r) + (f" — n/a from {min(na)}" if na else "")
+        label = shown_label(r) + (f" — n/a from {min(na)}" if na else "")
         x = [e["length"] for e in ok]
         ax.plot(x, [e["ppl"] for e in ok], label=label, lw=1.8, ms=5, zorder=3, **style)
         lengths.update(e["length"] for e in r["entries"])
@@ -144,7 +149,7 @@ def per_position_figure(results: Sequence[Result], *, smooth: int = 4, title: st
         if s is None:
             continue
         e, pos, loss = s
-        label = run_label(r) + ("" if e["length"] == longest else f" (only to L={e['length']})")
+        label = shown_label(r) + ("" if e["length"] == longest else f" (only to L={e['length']})")
         if smooth:
             ax.plot(pos, loss, color=style["color"], lw=0.5, alpha=0.15, zorder=2)
         x, y = log_binned_mean(pos, loss, smooth)

@@ -1,10 +1,11 @@
 """Rich tables of evaluation results (`eval-extrapolate`, later `compare` and sweeps).
 
 The generic part is `render_table`: columns × rows of `Cell`s, where a cell holds one value per member (a run, or
-the seeds of a sweep group) and renders as `mean` or `mean ± std`; the best mean per column is bold and empty
-cells are a dimmed "n/a". `extrapolation_rows` turns eval-extrapolate results (the docs returned by
-`evaluate.evaluate_run` or read by `eval_results.load_results`) into such rows, optionally aggregating several runs
-into one row and grouping rows into sections.
+the seeds of a sweep group) and renders as `mean` or `mean ± std`; the best mean per column is bold. An empty cell
+means one of two things, and looks different for each: "n/a" (dimmed) when the length was tried and the scheme
+cannot serve it (the reason is in the caption), "–" when it was never measured. `extrapolation_rows` turns
+eval-extrapolate results (the docs returned by `evaluate.evaluate_run` or read by `eval_results.load_results`) into
+such rows, optionally aggregating several runs into one row and grouping rows into sections.
 """
 
 from __future__ import annotations
@@ -29,9 +30,18 @@ class Column:
     best: Literal["min", "max"] | None = "min"
 
 
+NOT_MEASURED = "–"
+CANNOT = "n/a"
+LEGEND = {
+    CANNOT: "n/a = the scheme cannot read that many tokens (reasons below)",
+    NOT_MEASURED: f"{NOT_MEASURED} = not measured",
+}
+
+
 @dataclass
 class Cell:
-    """Values of one (row, column), one per member; empty means n/a (`reason` says why)."""
+    """Values of one (row, column), one per member. Empty with a `reason` is n/a (tried, the scheme cannot);
+    empty without one was never measured."""
 
     values: list[float] = field(default_factory=list)
     reason: str | None = None
@@ -69,7 +79,7 @@ def fmt_number(value: float) -> str:
 
 def fmt_cell(cell: Cell) -> str:
     if cell.mean is None:
-        return "n/a"
+        return CANNOT if cell.reason else NOT_MEASURED
     text = fmt_number(cell.mean)
     return f"{text} ± {fmt_number(cell.std)}" if cell.std is not None else text
 
@@ -92,7 +102,10 @@ def render_table(
     caption: str | None = None,
     label_header: str = "run",
 ) -> Table:
-    """A rich table: rows × columns, best mean per column bold, n/a dimmed, a section per row group."""
+    """A rich table: rows × columns, best mean per column bold, n/a and – dimmed, a section per row group; the
+    caption opens with a legend line for whichever of n/a and – the table shows."""
+    legend = table_legend(columns, rows)
+    caption = "\n".join(x for x in (legend, caption) if x) or None
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left", header_style="bold")
     table.add_column(label_header, no_wrap=True, overflow="ellipsis", max_width=LABEL_MAX_WIDTH)
     for col in columns:
@@ -115,12 +128,18 @@ def render_table(
         for col in columns:
             cell = row.cells.get(col.key, Cell())
             if cell.mean is None:
-                rendered.append(Text("n/a", style="dim"))
+                rendered.append(Text(fmt_cell(cell), style="dim"))
             else:
                 style = "bold" if col.key in best and cell.mean == best[col.key] else ""
                 rendered.append(Text(fmt_cell(cell), style=style))
         table.add_row(*rendered)
     return fit_to_content(table)
+
+
+def table_legend(columns: Sequence[Column], rows: Sequence[TableRow]) -> str:
+    """'n/a = ...; – = not measured' for the empty-cell marks that appear in the table ('' when none does)."""
+    marks = {fmt_cell(r.cells.get(c.key, Cell())) for r in rows for c in columns}
+    return "; ".join(text for mark, text in LEGEND.items() if mark in marks)
 
 
 def _mean(row: TableRow, key: Any) -> float | None:
@@ -149,19 +168,34 @@ def fmt_multiple(m: float) -> str:
     return f"{m:g}×"
 
 
+def ratio_keys(keys: Sequence[Any], by: str, bases: set[int]) -> tuple[Any, Any] | None:
+    """(numerator, denominator) columns of the ratio column: the longest length over 1× (the base length) when 1×
+    is a column, else over the shortest length; None when fewer than two lengths were measured."""
+    if len(keys) < 2:
+        return None
+    one = 1.0 if by == "multiple" else (next(iter(bases)) if len(bases) == 1 else None)
+    den = one if one in keys and one != keys[-1] else keys[0]
+    return keys[-1], den
+
+
 def ratio_value(
-    result: Result, by: Literal["multiple", "length"], last_key: Any, metric: str = "ppl"
+    result: Result, by: Literal["multiple", "length"], keys: tuple[Any, Any], metric: str = "ppl"
 ) -> tuple[float | None, str | None]:
-    """`metric` at the last column / `metric` at 1× (the run's base length); None with a reason when either is
-    missing."""
-    entries = result["entries"]
-    at_one = next((e for e in entries if e["length"] == result["base_length"]), None)
-    at_max = next((e for e in entries if column_key(e, by) == last_key), None)
-    if at_one is None or at_one.get(metric) is None:
-        return None, "no measurement at 1×"
-    if at_max is None or at_max.get(metric) is None:
-        return None, (at_max or {}).get("reason") or "no measurement at the longest length"
-    return at_max[metric] / at_one[metric], None
+    """`metric` at column `keys[0]` / at column `keys[1]`; None when either is missing, with the reason when the
+    scheme cannot serve one of them (no reason: not measured)."""
+    found = {column_key(e, by): e for e in result["entries"]}
+    pair = [found.get(k) for k in keys]
+    if any(e is None for e in pair):
+        return None, None
+    for e in pair:
+        if e.get("status") != "ok" or e.get(metric) is None:
+            return None, e.get("reason") or f"no {metric} at {e['length']} tokens"
+    return pair[0][metric] / pair[1][metric], None
+
+
+def ratio_header(keys: tuple[Any, Any], by: str) -> str:
+    name = fmt_multiple if by == "multiple" else str
+    return f"{name(keys[0])} / {name(keys[1])}"
 
 
 def extrapolation_rows(
@@ -183,7 +217,7 @@ def extrapolation_rows(
     keys = sorted({column_key(e, by) for r in results for e in r["entries"]})
     bases = {r["base_length"] for r in results}
     columns = [Column(k, _header(k, by, bases)) for k in keys]
-    last = keys[-1] if keys else None
+    pair = ratio_keys(keys, by, bases) if ratio else None
 
     rows: dict[str, TableRow] = {}
     for r in results:
@@ -200,24 +234,23 @@ def extrapolation_rows(
                 cell.values.append(float(e[metric]))
             else:
                 cell.reason = cell.reason or e.get("reason")
-        if ratio and last is not None:
-            value, reason = ratio_value(r, by, last, metric)
+        if pair is not None:
+            value, reason = ratio_value(r, by, pair, metric)
             cell = row.cells.setdefault("ratio", Cell())
             if value is None:
                 cell.reason = cell.reason or reason
             else:
                 cell.values.append(value)
-    if ratio and last is not None:
-        last_name = fmt_multiple(last) if by == "multiple" else str(last)
-        columns.append(Column("ratio", f"{last_name} / 1×", best=None))
+    if pair is not None:
+        columns.append(Column("ratio", ratio_header(pair, by), best=None))
     ordered = list(rows.values())
     if group_by:
         order = {g: i for i, g in enumerate(dict.fromkeys(r.group for r in ordered))}
         ordered.sort(key=lambda r: order[r.group])
-    for row in ordered:  # a member without any value leaves n/a, not a partial mean
+    for row in ordered:  # a member without a value empties the cell rather than give a partial mean
         for cell in row.cells.values():
             if cell.values and len(cell.values) < row.members:
-                cell.values, cell.reason = [], cell.reason or "missing for some members"
+                cell.values = []  # n/a if a member cannot serve the length, else – (not measured for all)
     return columns, ordered
 
 
@@ -255,27 +288,48 @@ def extrapolation_table(
     title: str | None = None,
     aggregate_by: Callable[[Result], str] | None = None,
     group_by: Callable[[Result], str] | None = None,
+    label: Callable[[Result], str] = run_label,
 ) -> Table:
     """The eval-extrapolate table: perplexity per run and length, titled with protocol and training length."""
-    columns, rows = extrapolation_rows(results, by=by, aggregate_by=aggregate_by, group_by=group_by)
+    columns, rows = extrapolation_rows(results, by=by, label=label, aggregate_by=aggregate_by, group_by=group_by)
     if title is None:
         title = (
             f"Perplexity by evaluation length · {describe_protocol(results)} · "
             f"trained at {describe_lengths(results)} tokens"
         )
-    return render_table(columns, rows, title=title, caption=extrapolation_caption(results, by), label_header="run")
+    caption = extrapolation_caption(results, by, label)
+    return render_table(columns, rows, title=title, caption=caption, label_header="run")
 
 
-def extrapolation_caption(results: Sequence[Result], by: str) -> str:
+def extrapolation_caption(results: Sequence[Result], by: str, label: Callable[[Result], str] = run_label) -> str:
     tokens = sorted({e["tokens"] for r in results for e in r["entries"] if e.get("status") == "ok"})
     budget = f"{tokens[0]:,}" if len(tokens) == 1 else f"{tokens[0]:,}–{tokens[-1]:,}" if tokens else "0"
     cols = "columns: multiples of each run's base length (tokens below)" if by == "multiple" else "columns: tokens"
     lines = [f"Token-weighted perplexity over {budget} scored tokens per length; {cols}; bold = best per column."]
+    lines.append(f"Measured in {describe_measurement(results)}.")
+    lines.extend(reason_lines(results, label))
+    return "\n".join(lines)
+
+
+def reason_lines(results: Sequence[Result], label: Callable[[Result], str]) -> list[str]:
+    """'n/a for LABEL at 256, 512: REASON' for every stored entry the scheme could not serve."""
+    lines = []
     for r in results:
         reasons: dict[str, list[str]] = {}
         for e in r["entries"]:
             if e.get("status") != "ok":
-                reasons.setdefault(e.get("reason") or "not measured", []).append(str(e["length"]))
+                reasons.setdefault(e.get("reason") or "no reason recorded", []).append(str(e["length"]))
         for reason, lengths in reasons.items():
-            lines.append(f"n/a for {run_label(r)} at {', '.join(lengths)}: {reason}")
-    return "\n".join(lines)
+            lines.append(f"n/a for {label(r)} at {', '.join(lengths)}: {reason}")
+    return lines
+
+
+def describe_measurement(results: Sequence[Result]) -> str:
+    """Precision and device of the measured entries, e.g. 'fp32 on cpu (AMD EPYC 7B13)'; results depend on both
+    (bf16 rounds differently; kernels differ between CPUs and GPUs)."""
+    measured = [e for r in results for e in r["entries"] if e.get("status") == "ok"]
+    dtypes = sorted({str(e.get("dtype") or "unknown precision") for e in measured})
+    devices = sorted({str(e.get("device") or "an unrecorded device") for e in measured})
+    if not measured:
+        return "nothing measured"
+    return f"{' + '.join(dtypes)} on {' + '.join(devices)}"

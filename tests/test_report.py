@@ -100,8 +100,35 @@ def test_sliding_title_and_abs_length_columns() -> None:
         e["stride"] = 4
     assert report.describe_protocol(res) == "sliding, stride 4"
     columns, rows = report.extrapolation_rows(res, by="length")
-    assert [c.header for c in columns] == ["8", "16", "16 / 1×"]
-    assert rows[0].cells["ratio"].mean == pytest.approx(1.0)
+    assert [c.header for c in columns] == ["8", "16", "16 / 8"]  # was "16 / 1×": 1× over itself
+    assert rows[0].cells["ratio"].mean == pytest.approx(4.0 / 5.0)
+
+
+def test_ratio_column_is_between_measured_columns() -> None:
+    # --abs-lengths 32,64 on runs trained at 16: the ratio was "64 / 1×", always n/a (1× was never measured).
+    columns, rows = report.extrapolation_rows([result("r0", "rope", {32: 5.0, 64: 15.0})], by="length")
+    assert columns[-1].header == "64 / 32" and rows[0].cells["ratio"].mean == pytest.approx(3.0)
+    # Lengths 1× and 2×: 2× over 1×; lengths up to 1×: 1× over the shortest, never "1× / 1×".
+    columns, _ = report.extrapolation_rows([result("r0", "rope", {8: 5.0, 16: 4.0})])
+    assert columns[-1].header == "1× / 0.5×"
+    columns, _ = report.extrapolation_rows([result("r0", "rope", {16: 4.0})])
+    assert [c.key for c in columns] == [1.0]  # one length: no ratio column at all
+
+
+def test_cannot_and_not_measured_render_differently_with_a_legend() -> None:
+    res = [result("a", "learned", {16: 5.0, 32: None}), result("b", "alibi", {16: 6.0, 48: 6.5})]
+    columns, rows = report.extrapolation_rows(res, ratio=False)
+    assert [report.fmt_cell(rows[0].cells.get(k, report.Cell())) for k in (1.0, 2.0, 3.0)] == ["5.000", "n/a", "–"]
+    assert report.table_legend(columns, rows) == (
+        "n/a = the scheme cannot read that many tokens (reasons below); – = not measured"
+    )
+    table = report.extrapolation_table(res)
+    caption = str(table.caption)
+    assert caption.startswith("n/a = the scheme") and "Measured in fp32 on an unrecorded device." in caption
+    res[0]["entries"][0]["device"] = "cpu (Test CPU)"
+    for e in res[1]["entries"]:
+        e.update(dtype="bf16", device="cuda (Test GPU)")
+    assert report.describe_measurement(res) == "bf16 + fp32 on cpu (Test CPU) + cuda (Test GPU)"
 
 
 def test_aggregate_mean_std_groups_and_partial_na() -> None:
@@ -157,9 +184,9 @@ def test_run_label() -> None:
     assert report.run_label({"run": "rope2", "scheme": "rope"}) == "rope2 (rope)"
 
 
-def test_markdown_marks_unmeasured_cells_na() -> None:
+def test_markdown_marks_unmeasured_cells() -> None:
     from posenc_cli.compare import to_markdown
 
     columns, rows = report.extrapolation_rows([result("a", "rope", {8: 5.0, 16: 4.0}), result("b", "alibi", {16: 6.0})])
     lines = to_markdown(columns, rows).splitlines()
-    assert lines[3] == "| b (alibi) | n/a | 6.000 | 1.000 |"  # no 0.5× entry: n/a, not an empty cell
+    assert lines[3] == "| b (alibi) | – | 6.000 | – |"  # no 0.5× entry: not measured (–), not n/a or empty

@@ -219,6 +219,7 @@ def eval_extrapolate_command(
     json_path: JsonOption = None,
 ) -> None:
     """Perplexity at and beyond the training length, per run and length; stored in each run's eval/extrapolate.json."""
+    from posenc_cli.compare import labelled_in_order
     from posenc_cli.evaluate import evaluate_paths
     from posenc_cli.plots import write_plots
     from posenc_cli.report import extrapolation_table
@@ -248,10 +249,12 @@ def eval_extrapolate_command(
             on_run=display.on_run,
         ),
     )
+    results = labelled_in_order(results)  # the labels and order compare shows (a sweep's job: its plan label)
+    by = "length" if cfg.abs_lengths is not None else "multiple"
     _report(
         results,
         seconds,
-        table=extrapolation_table(results, by="length" if cfg.abs_lengths is not None else "multiple"),
+        table=extrapolation_table(results, by=by, label=lambda r: r["label"]),
         results_file="eval/extrapolate.json",
         plot=plot,
         write_plot=lambda path: write_plots(results, path),

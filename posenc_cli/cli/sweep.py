@@ -99,6 +99,13 @@ def compare_command(
     baseline: Annotated[str | None, typer.Option("--baseline", help="Label or run dir to divide by.")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table, csv, json or markdown.")] = "table",
     out: Annotated[Path | None, typer.Option("--out", help="Also write results.csv/json and plots here.")] = None,
+    all_lengths: Annotated[
+        bool,
+        typer.Option(
+            "--all-lengths",
+            help="Runs below a sweep: also show lengths evaluated later, outside the sweep (default: the sweep's).",
+        ),
+    ] = False,
 ) -> None:
     """Comparison table (and plots with --out) from run or sweep directories already on disk.
 
@@ -110,5 +117,5 @@ def compare_command(
         raise UserError(f"--metric must be ppl, bpb or nll, got {metric}")
     if fmt not in ("table", "csv", "json", "markdown"):
         raise UserError(f"--format must be table, csv, json or markdown, got {fmt}")
-    records = gather(paths)
+    records = gather(paths, all_lengths=all_lengths)
     render(records, metric=metric, baseline=baseline, fmt=fmt, out=out, console=console)
