@@ -1,0 +1,134 @@
+"""hf_run: a transformers directory loaded as a posenc run (scheme, lengths, token bytes, refusals, memory)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hf_utils import LINES, save_tiny_model
+
+pytest.importorskip("transformers")
+
+from posenc_cli.errors import CheckpointError
+from posenc_cli.hf_run import (
+    LengthBeyondMemory,
+    forward_bytes,
+    is_hf_dir,
+    load_hf_run,
+    token_byte_counts,
+    train_length_override,
+)
+
+ARCHS = ["llama", "gpt_neox", "gpt2", "qwen2"]
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf-run")
+    return {arch: save_tiny_model(root / arch, arch) for arch in ARCHS}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_loads_with_scheme_length_and_the_same_logits_as_transformers(dirs: dict[str, Path], arch: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    run = load_hf_run(dirs[arch])
+    assert run.config.pos.name == ("learned" if arch == "gpt2" else "rope")
+    assert run.meta["train_length"] == run.meta["base_length"] == 32 and run.meta["kind"] == "transformers"
+    assert run.model.scheme.max_length == (32 if arch == "gpt2" else None)
+    ids = torch.randint(0, 250, (2, 24), generator=torch.Generator().manual_seed(0))
+    ref = AutoModelForCausalLM.from_pretrained(str(dirs[arch])).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(run.model(ids), ref(input_ids=ids).logits, rtol=0, atol=0)
+
+
+def test_training_length_prefers_original_and_can_be_overridden(tmp_path: Path) -> None:
+    path = save_tiny_model(tmp_path / "m", "llama", max_pos=128)
+    raw = json.loads((path / "config.json").read_text())
+    raw["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                              "original_max_position_embeddings": 32}  # fmt: skip
+    (path / "config.json").write_text(json.dumps(raw))
+    assert load_hf_run(path).meta["train_length"] == 32
+    assert load_hf_run(path, train_length=48).meta["base_length"] == 48
+    with train_length_override(20):
+        assert load_hf_run(path).config.train.seq_len == 20
+
+
+def test_token_bytes_count_the_utf8_bytes_of_the_text(dirs: dict[str, Path]) -> None:
+    tok = load_hf_run(dirs["llama"]).tokenizer
+    text = LINES[2] + " — ünïcödé 日本"
+    ids = tok.encode(text)
+    assert int(tok.token_bytes[ids].sum()) == len(text.encode("utf-8"))
+    docs = tok.encode_documents(["a b", "c"])
+    assert list(docs).count(tok.eod_id) == 2 and tok.token_bytes[tok.eod_id] == 0
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_sentencepiece_style_byte_counts() -> None:
+    vocab = {"\u2581the": 0, "<0xE2>": 1, "é": 2, "</s>": 3}
+
+    class Special:
+        special, content = True, "</s>"
+
+    counts = token_byte_counts(vocab, {3: Special()}, 5)
+    assert counts.tolist() == [4, 1, 2, 0, 0]
+
+
+def _corrupt(path: Path) -> None:
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("no-tokenizer", "no tokenizer"),
+        ("bert", r"not a causal language model \(BertForMaskedLM\)"),
+        ("auto-map", "needs remote code"),
+        ("unknown-type", "unknown to transformers"),
+        ("corrupt", "weights could not be loaded"),
+        ("pickle-only", "posenc loads safetensors only"),
+    ],
+)
+def test_refusals_are_one_line_checkpoint_errors(tmp_path: Path, case: str, message: str) -> None:
+    path = save_tiny_model(tmp_path / case, "bert" if case == "bert" else "llama", tokenizer=case != "no-tokenizer")
+    raw = json.loads((path / "config.json").read_text())
+    if case == "auto-map":
+        raw["auto_map"] = {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    if case == "unknown-type":
+        raw["model_type"] = "my_private_arch"
+    (path / "config.json").write_text(json.dumps(raw))
+    if case == "corrupt":
+        _corrupt(path)
+    if case == "pickle-only":
+        (path / "model.safetensors").rename(path / "pytorch_model.bin")
+    before = sorted(p.name for p in path.iterdir())
+    assert is_hf_dir(path)
+    with pytest.raises(CheckpointError, match=message) as err:
+        load_hf_run(path)
+    assert "\n" not in str(err.value)
+    assert sorted(p.name for p in path.iterdir()) == before
+
+
+def test_memory_check_refuses_before_the_forward(dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    import posenc_cli.hf_run as hf_run
+
+    run = load_hf_run(dirs["llama"])
+    one = forward_bytes(1, 24, vocab=run.tokenizer.vocab_size, hidden=32, ffn=64, heads=4, eager=False)
+    monkeypatch.setattr(hf_run, "available_memory", lambda device: int(1.5 * one))
+    called: list[int] = []
+    run.model.hf.register_forward_pre_hook(lambda *a: called.append(1))
+    with pytest.raises(LengthBeyondMemory, match="lower --batch-tokens to 24"):
+        run.model(torch.zeros(4, 24, dtype=torch.long))
+    assert called == []
+    assert run.model(torch.zeros(1, 24, dtype=torch.long)).shape[:2] == (1, 24)
+
+
+def test_forward_bytes_grows_with_logits_and_eager_attention() -> None:
+    sdpa = forward_bytes(1, 8192, vocab=32000, hidden=768, ffn=2048, heads=12, eager=False)
+    eager = forward_bytes(1, 8192, vocab=32000, hidden=768, ffn=2048, heads=12, eager=True)
+    assert sdpa >= 2 * 8192 * 32000 * 4 and eager - sdpa >= 2 * 12 * 8192**2 * 4 - 8192**2
+    assert np.isclose(forward_bytes(2, 8192, vocab=32000, hidden=768, ffn=2048, heads=12, eager=False), 2 * sdpa)
