@@ -35,6 +35,7 @@ class ModelConfig:
     bias: bool = True
     dropout: float = 0.0
     init_std: float = 0.02
+    embedding: Literal["gpt2", "fairseq"] = "gpt2"  # the embedding recipe, the same for every scheme
 
     def validate(self) -> None:
         _positive(self, "model", "d_model", "n_layer", "n_head", "mlp_ratio")
@@ -49,6 +50,24 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    # The embedding recipe. gpt2: token (and learned position) tables N(0, init_std²), used as they are; the
+    # sinusoid is added × init_std (see positional/sinusoidal.py). fairseq (`transformer_lm`, the ALiBi paper's
+    # baselines): tables N(0, 1/D), token embeddings × √D (unit scale), the sinusoid added unscaled.
+    @property
+    def embed_scale(self) -> float:
+        """Factor on the token embeddings before the scheme's embedding hook."""
+        return float(self.d_model) ** 0.5 if self.embedding == "fairseq" else 1.0
+
+    @property
+    def embed_init_std(self) -> float:
+        """Initial std of the token embedding table and of learned position tables."""
+        return float(self.d_model) ** -0.5 if self.embedding == "fairseq" else self.init_std
+
+    @property
+    def sinusoid_scale(self) -> float:
+        """Factor on a fixed sinusoid added to the embeddings (unless the scheme sets its own)."""
+        return 1.0 if self.embedding == "fairseq" else self.init_std
 
 
 @dataclass(kw_only=True)

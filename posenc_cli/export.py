@@ -102,6 +102,11 @@ def check_exportable(cfg: Config) -> None:
             f"not exportable: model.norm={cfg.model.norm} has no matching architecture in transformers "
             f"({ARCHITECTURES[scheme]} uses LayerNorm; train with model.norm=layernorm)"
         )
+    if cfg.model.embedding != "gpt2":
+        raise NotExportable(
+            f"not exportable: model.embedding={cfg.model.embedding} scales token embeddings by √D, which "
+            f"{ARCHITECTURES[scheme]} does not (train with model.embedding=gpt2)"
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------

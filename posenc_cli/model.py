@@ -3,6 +3,10 @@
 The model never names a scheme: one `PositionalScheme` instance is built from the config, `prepare`d once per
 forward, and then asked to (a) add to the token embeddings, (b) rotate q and k in every layer, (c) bias attention
 scores (see `posenc_cli.attention`). Schemes that do not use a hook inherit a no-op.
+
+`model.embedding` picks the embedding recipe for every scheme alike: `gpt2` (token table N(0, init_std²), used as
+is) or `fairseq` (the baselines of Press et al. 2022, fairseq's `transformer_lm`: token table N(0, 1/D) times √D,
+so tokens start at unit scale, and a sinusoid added unscaled). See `ModelConfig.embed_scale`.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class GPT(nn.Module):
         self.norm_f = make_norm(model)
         self.lm_head = nn.Linear(model.d_model, vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
+        self.embed_scale = model.embed_scale  # √D for the fairseq recipe, 1 for gpt2
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -78,8 +83,8 @@ class GPT(nn.Module):
         std = self.config.init_std
         for module in [self.wte, *self.blocks, self.norm_f]:
             for m in module.modules():
-                if isinstance(m, nn.Linear | nn.Embedding):
-                    nn.init.normal_(m.weight, mean=0.0, std=std)
+                if isinstance(m, nn.Linear | nn.Embedding):  # the token table: the recipe's std (1/√D for fairseq)
+                    nn.init.normal_(m.weight, mean=0.0, std=self.config.embed_init_std if m is self.wte else std)
                 if isinstance(m, nn.Linear) and m.bias is not None:
                     nn.init.zeros_(m.bias)
         resid_std = std / math.sqrt(2 * self.config.n_layer)
@@ -102,7 +107,10 @@ class GPT(nn.Module):
 
     def embed(self, idx: Tensor, ctx: PositionContext) -> Tensor:
         """Token embeddings plus the scheme's embedding hook: (B, T) -> (B, T, D)."""
-        return self.drop(self.scheme.embed(self.wte(idx), ctx))
+        tokens = self.wte(idx)  # (B, T, D)
+        if self.embed_scale != 1.0:
+            tokens = tokens * self.embed_scale
+        return self.drop(self.scheme.embed(tokens, ctx))
 
     def forward(self, idx: Tensor, *, causal: bool = True) -> Tensor:
         """idx (B, T) int64 -> logits (B, T, V). `causal=False` drops the mask (analysis/tests only)."""

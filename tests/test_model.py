@@ -144,3 +144,54 @@ def test_build_model_uses_run_config() -> None:
     cfg = Config(model=TINY, pos=config_class("learned")(), train=TrainConfig(seq_len=24))
     model = build_model(cfg, vocab_size=30)
     assert model.scheme.max_length == 24 and model.wte.weight.shape == (30, 32)
+
+
+def test_gpt2_recipe_is_the_default_and_adds_the_sinusoid_times_init_std() -> None:
+    assert ModelConfig().embedding == "gpt2"
+    model = make("sinusoidal")
+    ctx = model.context(torch.zeros(1, 8, dtype=torch.long))
+    idx = torch.arange(8)[None] % 48
+    pe = model.embed(idx, ctx) - model.wte(idx)  # what the scheme added: 0.02 · PE
+    assert model.embed_scale == 1.0
+    assert pe.abs().max().item() == pytest.approx(TINY.init_std, rel=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(registry()))
+def test_fairseq_recipe_scales_tokens_the_same_for_every_scheme(name: str) -> None:
+    """fairseq `transformer_lm` (the ALiBi paper's baselines): token table N(0, 1/D), embeddings × √D."""
+    mc = ModelConfig(d_model=64, n_layer=1, n_head=2, embedding="fairseq")
+    model = make(name, mc=mc, vocab=512)
+    D = mc.d_model
+    assert model.embed_scale == pytest.approx(math.sqrt(D))
+    assert model.wte.weight.std().item() == pytest.approx(D**-0.5, rel=0.05)
+    idx = torch.arange(10)[None]
+    ctx = model.context(idx)
+    x = model.embed(idx, ctx)  # (1, 10, D)
+    assert x.shape == (1, 10, D)
+    tokens = model.wte(idx) * math.sqrt(D)  # unit scale
+    if "embed" not in model.scheme.hooks:
+        torch.testing.assert_close(x, tokens)
+    assert tokens.std().item() == pytest.approx(1.0, rel=0.15)
+    assert model.lm_head.weight is model.wte.weight  # still tied
+
+
+def test_fairseq_recipe_adds_the_sinusoid_unscaled_and_learned_tables_at_one_over_sqrt_d() -> None:
+    mc = ModelConfig(d_model=64, n_layer=1, n_head=2, embedding="fairseq")
+    sin = make("sinusoidal", mc=mc)
+    idx = torch.arange(12)[None]
+    added = sin.embed(idx, sin.context(idx)) - sin.wte(idx) * 8.0  # √64
+    assert added.abs().max().item() == pytest.approx(1.0, abs=1e-3)  # sin/cos at full amplitude
+    learned = make("learned", mc=ModelConfig(d_model=256, n_layer=1, n_head=2, embedding="fairseq"), train_length=64)
+    assert learned.scheme.wpe.weight.std().item() == pytest.approx(256**-0.5, rel=0.1)
+
+
+def test_embedding_recipe_is_saved_and_checked() -> None:
+    from posenc_cli.config import config_from_dict, config_to_dict
+    from posenc_cli.errors import ConfigError
+
+    cfg = config_from_dict({"model": {"embedding": "fairseq"}, "pos": {"name": "sinusoidal"}})
+    assert config_to_dict(cfg)["model"]["embedding"] == "fairseq"
+    assert config_from_dict(config_to_dict(cfg), saved=True).model.embedding == "fairseq"
+    assert config_from_dict({"pos": {"name": "nope"}}, saved=True).model.embedding == "gpt2"  # old runs: gpt2
+    with pytest.raises(ConfigError, match=r"model\.embedding"):
+        config_from_dict({"model": {"embedding": "t5"}})

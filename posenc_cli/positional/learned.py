@@ -31,7 +31,7 @@ class Learned(PositionalScheme):
     def __init__(self, cfg: LearnedConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__(cfg, model, train_length)
         self.wpe = nn.Embedding(train_length, model.d_model)
-        nn.init.normal_(self.wpe.weight, mean=0.0, std=model.init_std)
+        nn.init.normal_(self.wpe.weight, mean=0.0, std=model.embed_init_std)  # fairseq: N(0, 1/D) as its tokens
 
     @property
     def max_length(self) -> int | None:

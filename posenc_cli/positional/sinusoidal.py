@@ -8,7 +8,7 @@ Scale. Vaswani and fairseq multiply token embeddings (init std D^−1/2) by √D
 (per-dimension RMS 1/√2) is of comparable size. Our token embeddings are GPT-style, N(0, init_std²) and tied to the
 output layer, and are not rescaled. To keep the same token:position ratio at initialisation we add `scale · PE` with
 `scale = init_std` by default: the embedding sum is then exactly fairseq's divided by the constant 1/init_std.
-Set `pos.scale=1.0` for the unscaled sum.
+Set `pos.scale=1.0` for the unscaled sum. Under `model.embedding=fairseq` (tokens × √D) the default is 1, fairseq's.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class SinusoidalConfig(PosConfig):
     name: str = "sinusoidal"
     variant: Variant = "vaswani"
     base: float = 10000.0
-    scale: float | None = None  # None: the model's init_std (see module docstring)
+    scale: float | None = None  # None: the recipe's (model.sinusoid_scale: init_std for gpt2, 1 for fairseq)
 
     def validate(self) -> None:
         if self.base <= 1:
@@ -72,7 +72,7 @@ class Sinusoidal(PositionalScheme):
             raise ConfigError("pos.variant=t2t needs model.d_model >= 4")
         self.variant: Variant = cfg.variant
         self.base = cfg.base
-        self.scale = cfg.scale if cfg.scale is not None else model.init_std
+        self.scale = cfg.scale if cfg.scale is not None else model.sinusoid_scale
 
     def prepare(self, ctx: PositionContext) -> None:
         ctx.tables["sinusoid"] = self.scale * sinusoid_table(ctx.positions, self.d_model, self.variant, self.base)
