@@ -217,8 +217,10 @@ def evaluate_model(
 
 
 def find_runs(paths: Iterable[Path | str]) -> list[Path]:
-    """Run directories named by `paths`: each is a run, or a directory searched recursively for runs."""
+    """Run directories named by `paths`: each is a run (or a transformers model directory, see `hf_run`), or a
+    directory searched recursively for posenc runs."""
     from posenc_cli.checkpoint import is_run_dir
+    from posenc_cli.hf_run import is_hf_dir
 
     found: list[Path] = []
     for raw in paths:
@@ -227,7 +229,7 @@ def find_runs(paths: Iterable[Path | str]) -> list[Path]:
             raise CheckpointError(f"{path}: no such directory")
         if not path.is_dir():
             raise CheckpointError(f"{path}: not a directory (expected a run or sweep directory)")
-        if is_run_dir(path):
+        if is_run_dir(path) or is_hf_dir(path):
             found.append(path)
             continue
         # Hidden directories (a checkpoint's `.pending/` mid-save) are not runs.
@@ -465,6 +467,7 @@ def evaluate_each_run(
     from posenc_cli.checkpoint import load_run
     from posenc_cli.device import resolve_device
     from posenc_cli.device import threads as use_threads
+    from posenc_cli.hf_run import is_hf_dir, load_hf_run
 
     device = resolve_device(device)
     results = []
@@ -472,7 +475,7 @@ def evaluate_each_run(
         for i, path in enumerate(run_dirs):
             if on_run is not None:
                 on_run(Path(path), i, len(run_dirs))
-            run = load_run(path, device=device)
+            run = load_hf_run(path, device=device) if is_hf_dir(path) else load_run(path, device=device)
             results.append(evaluate(run, device))
             del run
     return results

@@ -418,6 +418,16 @@ def _load_tokenizer(info: HFInfo, model_vocab: int) -> HFTokenizer:
     return HFTokenizer(tok, model_vocab, str(info.path))
 
 
+def weights_identity(path: Path) -> str:
+    """A fingerprint of config.json and the weight files (name, size, mtime): cheap, unlike hashing gigabytes, and
+    it changes when either is replaced, so results cached in `eval/` are measured again."""
+    digest = hashlib.sha256((path / CONFIG_FILE).read_bytes())
+    for f in sorted(path.glob("*.safetensors")):
+        st = f.stat()
+        digest.update(f"|{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
 def run_config(info: HFInfo, train_length: int) -> Any:
     """A posenc `Config` naming the scheme and training length (what evaluation reads from a run's config)."""
     from posenc_cli.config import config_from_dict
@@ -450,7 +460,7 @@ def load_hf_run(
     meta = {
         "kind": KIND,
         "step": 0,
-        "files": {},
+        "files": {"model.safetensors": weights_identity(info.path)},  # what cached results are keyed by
         "model_type": info.model_type,
         "architecture": info.architecture,
         "parameters": sum(p.numel() for p in model.parameters()),

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hf_utils import LINES, save_tiny_model
+from hf_utils import LINES, save_tiny_model, write_text_corpus
 
 pytest.importorskip("transformers")
 
@@ -132,3 +132,61 @@ def test_forward_bytes_grows_with_logits_and_eager_attention() -> None:
     eager = forward_bytes(1, 8192, vocab=32000, hidden=768, ffn=2048, heads=12, eager=True)
     assert sdpa >= 2 * 8192 * 32000 * 4 and eager - sdpa >= 2 * 12 * 8192**2 * 4 - 8192**2
     assert np.isclose(forward_bytes(2, 8192, vocab=32000, hidden=768, ffn=2048, heads=12, eager=False), 2 * sdpa)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Through the CLI: eval-extrapolate on a transformers directory.
+
+
+def _eval(*args: str):
+    from typer.testing import CliRunner
+
+    from posenc_cli.cli import app
+
+    return CliRunner().invoke(app, ["eval-extrapolate", *args], env={"COLUMNS": "200"})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cli_evaluates_at_1x_and_4x(dirs: dict[str, Path], arch: str, tmp_path: Path) -> None:
+
+    corpus = write_text_corpus(tmp_path)
+    json_out = tmp_path / "all.json"
+    data = ["data=text", f"data.paths=[{corpus}]", "data.val_fraction=0.5"]
+    result = _eval(str(dirs[arch]), "--lengths", "1,4", "--tokens", "256", "--json", str(json_out), *data)
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(json_out.read_text())["runs"]
+    status = [(e["length"], e["status"]) for e in run["entries"]]
+    assert status == [(32, "ok"), (128, "n/a" if arch == "gpt2" else "ok")]
+    assert run["scheme"] == ("learned" if arch == "gpt2" else "rope") and run["base_length"] == 32
+    assert all(e["bpb"] > 0 for e in run["entries"] if e["status"] == "ok")
+    assert (dirs[arch] / "eval" / "extrapolate.json").is_file()
+
+
+def test_cli_train_length_option_sets_the_base_length(dirs: dict[str, Path], tmp_path: Path) -> None:
+
+    corpus = write_text_corpus(tmp_path)
+    json_out = tmp_path / "all.json"
+    args = ["--lengths", "1", "--tokens", "64", "--train-length", "16", "--json", str(json_out)]
+    result = _eval(str(dirs["llama"]), *args, "data=text", f"data.paths=[{corpus}]", "data.val_fraction=0.5")
+    assert result.exit_code == 0, result.output
+    assert [e["length"] for e in json.loads(json_out.read_text())["runs"][0]["entries"]] == [16]
+
+
+def test_cli_refusal_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None:
+    path = save_tiny_model(tmp_path / "bert", "bert")
+    before = sorted(p.name for p in path.rglob("*"))
+    result = _eval(str(path), "--lengths", "1")
+    assert result.exit_code == 2
+    assert len(result.output.strip().splitlines()) == 1 and "not a causal language model" in result.output
+    assert sorted(p.name for p in path.rglob("*")) == before
+
+
+def test_cli_memory_refusal_is_one_line(dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import posenc_cli.hf_run as hf_run
+
+    monkeypatch.setattr(hf_run, "available_memory", lambda device: 1000)
+    corpus = write_text_corpus(tmp_path)
+    args = ["--lengths", "4", "--tokens", "64", "--force", "data=text", f"data.paths=[{corpus}]"]
+    result = _eval(str(dirs["qwen2"]), *args)
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "more than the 0.0 GiB available" in result.output

@@ -20,6 +20,7 @@ _EXAMPLES = """
   posenc eval-extrapolate outputs/runs/rope-tiny outputs/runs/alibi-tiny --plot ppl.png
   posenc eval-extrapolate outputs/sweeps/schemes --lengths 1,2,4,8 --tokens 8192
   posenc eval-extrapolate RUN --protocol sliding --stride 64 --abs-lengths 256,1024
+  posenc eval-extrapolate RUN --protocol fixed-target --target 128 --lengths 1,2,4,8   [dim](same tokens, more context)[/]
   posenc eval-extrapolate RUN data=text data.paths=\\[held_out.txt]   [dim](another corpus, each run's tokenizer)[/]
 """
 
@@ -51,6 +52,7 @@ def build_eval_config(
     abs_lengths: str | None,
     protocol: str | None,
     stride: int | None,
+    target: int | None = None,
     tokens: int | None,
     batch_tokens: int | None,
     dtype: str | None,
@@ -68,6 +70,7 @@ def build_eval_config(
         "abs_lengths": _optional_list(abs_lengths, int, "--abs-lengths"),
         "protocol": protocol,
         "stride": stride,
+        "target": target,
         "tokens": tokens,
         "batch_tokens": batch_tokens,
         "dtype": dtype,
@@ -78,6 +81,8 @@ def build_eval_config(
     cfg.validate()
     if cfg.stride is not None and cfg.protocol != "sliding":
         raise ConfigError("--stride applies to --protocol sliding only (nonoverlap scores every token of a window)")
+    if cfg.target is not None and cfg.protocol != "fixed-target":
+        raise ConfigError("--target applies to --protocol fixed-target only")
     return cfg
 
 
@@ -201,13 +206,24 @@ def eval_extrapolate_command(
     ] = None,
     abs_lengths: Annotated[str | None, _option("Absolute lengths in tokens instead, e.g. 128,512,2048.")] = None,
     protocol: Annotated[
-        str | None, _option("nonoverlap (score every token; default) or sliding (score the last --stride tokens).")
+        str | None,
+        _option(
+            "nonoverlap (score every token; default), sliding (score the last --stride tokens) or fixed-target "
+            "(score the same last --target tokens at every length, with more context before them)."
+        ),
     ] = None,
     stride: Annotated[int | None, _option("Sliding protocol: tokens scored per window (default L/2).")] = None,
+    target: Annotated[
+        int | None, _option("Fixed-target protocol: tokens scored per window (default: the base length).")
+    ] = None,
     tokens: Annotated[int | None, _option("Scored tokens per length (default 16384).")] = None,
     batch_tokens: Annotated[int | None, _option("Tokens per forward batch (memory bound; default 16384).")] = None,
     dtype: Annotated[
         str | None, _option("auto (bf16 if the run trained in bf16 and this device runs bf16 fast), fp32 or bf16.")
+    ] = None,
+    train_length: Annotated[
+        int | None,
+        _option("transformers directories: the training length (default: from config.json).", "--train-length"),
     ] = None,
     device: DeviceOption = "auto",
     threads: ThreadsOption = 0,
@@ -221,6 +237,7 @@ def eval_extrapolate_command(
     """Perplexity at and beyond the training length, per run and length; stored in each run's eval/extrapolate.json."""
     from posenc_cli.compare import labelled_in_order
     from posenc_cli.evaluate import evaluate_paths
+    from posenc_cli.hf_run import train_length_override
     from posenc_cli.plots import write_plots
     from posenc_cli.report import extrapolation_table
 
@@ -231,24 +248,28 @@ def eval_extrapolate_command(
         abs_lengths=abs_lengths,
         protocol=protocol,
         stride=stride,
+        target=target,
         tokens=tokens,
         batch_tokens=batch_tokens,
         dtype=dtype,
         force=force,
     )
     run_device = resolve_device(device, "--device")  # an unavailable device is reported as the flag given
-    results, seconds = _evaluate_timed(
-        "windows",
-        lambda display: evaluate_paths(
-            paths,
-            cfg,
-            data_overrides=overrides,
-            device=run_device,
-            threads=threads,
-            progress=display.progress,
-            on_run=display.on_run,
-        ),
-    )
+    if train_length is not None and train_length < 2:
+        raise ConfigError(f"--train-length must be >= 2, got {train_length}")
+    with train_length_override(train_length):
+        results, seconds = _evaluate_timed(
+            "windows",
+            lambda display: evaluate_paths(
+                paths,
+                cfg,
+                data_overrides=overrides,
+                device=run_device,
+                threads=threads,
+                progress=display.progress,
+                on_run=display.on_run,
+            ),
+        )
     results = labelled_in_order(results)  # the labels and order compare shows (a sweep's job: its plan label)
     by = "length" if cfg.abs_lengths is not None else "multiple"
     _report(
