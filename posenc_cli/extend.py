@@ -270,6 +270,12 @@ def extend_run(
     parent_path, out = Path(parent_dir), Path(out_dir)
     if out.exists() and out.resolve() == parent_path.resolve():
         raise ConfigError(f"the output directory is the parent run {parent_path}; extend never modifies its source")
+    from posenc_cli.hf_run import is_hf_dir
+
+    if is_hf_dir(parent_path):  # a transformers directory: a new transformers directory (posenc_cli/hf_extend.py)
+        from posenc_cli.hf_extend import extend_hf_dir
+
+        return extend_hf_dir(parent_path, out, ext)
     with use_threads(threads):
         parent = load_run(parent_path)
     cfg = parent.config

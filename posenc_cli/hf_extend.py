@@ -1,0 +1,253 @@
+"""`posenc extend HF_DIR`: RoPE scaling of a `transformers` model directory, written as a new `transformers` directory.
+
+The new directory's `config.json` carries the scaling in the installed `transformers`' own format (`rope_parameters`
+in 5.x, written by the config class's `save_pretrained`), so it loads in plain `transformers` (and in stacks that
+read the same config). Its weight files are hard links to the source's (copies across file systems); nothing in the
+source is ever modified. posenc's methods map onto `transformers`' rope types as `posenc export` maps them:
+
+| posenc | rope_parameters | max_position_embeddings |
+|---|---|---|
+| linear | rope_type linear, factor s | s·L |
+| ntk (static) | rope_type default, rope_theta · s^(d/(d−2)) (YaRN paper Eq. 16) | s·L |
+| dynamic | rope_type dynamic, factor s (transformers reads L from max_position_embeddings) | L |
+| yarn | rope_type yarn, factor, original_max_position_embeddings L, beta_fast, beta_slow, truncate | s·L |
+| llama3 | rope_type llama3, factor, low/high_freq_factor, original_max_position_embeddings L | s·L |
+
+Any other method (one `transformers` has no rope type for, such as Self-Extend or ReRoPE) is refused with one line.
+`transformers`' `longrope` needs per-dimension factors searched offline; posenc has no search, so it offers none.
+The written config is read back and its rope parameters checked before the directory appears (atomic rename), and
+`posenc_hf_extend.json` records the parent, the settings and the parent's training and base length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from posenc_cli import __version__
+from posenc_cli.config import ExtendConfig
+from posenc_cli.errors import ConfigError
+from posenc_cli.extend import ExtendResult
+
+__all__ = ["HF_METHODS", "RECORD_FILE", "extend_hf_dir", "hf_rope_parameters"]
+
+HF_METHODS = ("linear", "ntk", "dynamic", "yarn", "llama3")
+RECORD_FILE = "posenc_hf_extend.json"
+_IDENTITY = ("method", "factor", "original_length", "rope_parameters", "max_position_embeddings", "parent_weights")
+
+
+def hf_rope_parameters(
+    ext: ExtendConfig, current: dict[str, Any], original_length: int, rotary_dim: int
+) -> tuple[dict[str, Any], int]:
+    """(rope_parameters, max_position_embeddings) of the scaled config (see the module table).
+
+    `current` is the source's standardised `rope_parameters`; its `rope_theta` and `partial_rotary_factor` are kept,
+    any earlier scaling is replaced.
+    """
+    if ext.method not in HF_METHODS:
+        raise ConfigError(
+            f"scaling method '{ext.method}' has no transformers rope type; a transformers directory extends with "
+            f"{', '.join(HF_METHODS)}"
+        )
+    keep = {k: current[k] for k in ("rope_theta", "partial_rotary_factor") if k in current}
+    s, L = float(ext.factor), int(original_length)
+    extended = max(L, round(s * L))
+    if ext.method == "ntk":
+        theta = float(keep["rope_theta"]) * s ** (rotary_dim / (rotary_dim - 2))
+        return {**keep, "rope_type": "default", "rope_theta": theta}, extended
+    if ext.method == "linear":
+        return {**keep, "rope_type": "linear", "factor": s}, extended
+    if ext.method == "dynamic":
+        return {**keep, "rope_type": "dynamic", "factor": s}, L
+    params: dict[str, Any] = {**keep, "rope_type": ext.method, "factor": s, "original_max_position_embeddings": L}
+    if ext.method == "yarn":
+        params.update(beta_fast=float(ext.beta_fast), beta_slow=float(ext.beta_slow), truncate=bool(ext.truncate))
+        if ext.attention_factor is not None:
+            params["attention_factor"] = float(ext.attention_factor)
+    else:  # llama3
+        params.update(low_freq_factor=float(ext.low_freq_factor), high_freq_factor=float(ext.high_freq_factor))
+    return params, extended
+
+
+def _rotary(config: Any, rope: dict[str, Any]) -> tuple[int, float]:
+    """(rotary dim, base) as transformers computes them: int(head_dim · partial_rotary_factor), rope_theta."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(head_dim * float(rope.get("partial_rotary_factor", 1.0))), float(rope["rope_theta"])
+
+
+def _numbers(ext: ExtendConfig, rotary: int, base: float, L: int) -> tuple[float, dict[str, int], tuple[float, float]]:
+    """(attention factor, frequency regions, longest wavelength before/after) for the summary (posenc's maths,
+    tested equal to transformers')."""
+    from posenc_cli.positional.scaling import frequency_regions, scaled_inv_freq
+
+    params = {
+        "beta_fast": ext.beta_fast,
+        "beta_slow": ext.beta_slow,
+        "attention_factor": ext.attention_factor,
+        "truncate": ext.truncate,
+        "low_freq_factor": ext.low_freq_factor,
+        "high_freq_factor": ext.high_freq_factor,
+    }
+    before, _ = scaled_inv_freq("none", rotary, base, 1.0, L)
+    seq_len = round(ext.factor * L) if ext.method == "dynamic" else None
+    after, attention = scaled_inv_freq(ext.method, rotary, base, ext.factor, L, seq_len, **params)
+    regions = frequency_regions(ext.method, rotary, base, ext.factor, L, **params)
+    return float(attention), regions, (2 * math.pi / float(before.min()), 2 * math.pi / float(after.min()))
+
+
+def _describe(rope: dict[str, Any]) -> str:
+    kind = rope.get("rope_type", "default")
+    return "none" if kind == "default" else f"{kind} x{rope.get('factor', '?')}"
+
+
+def _existing(out: Path, record: dict[str, Any]) -> bool:
+    """True when `out` already holds this extension; False when absent or empty; ConfigError otherwise."""
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise ConfigError(f"output directory {out} exists and is not a directory")
+    if not any(out.iterdir()):
+        return False
+    with contextlib.suppress(OSError, ValueError):
+        old = json.loads((out / RECORD_FILE).read_text())
+        if isinstance(old, dict) and all(old.get(k) == record[k] for k in _IDENTITY):
+            return True
+    raise ConfigError(f"output directory {out} exists and is not empty; choose another --out")
+
+
+def _link_or_copy(src: Path, dst: Path) -> bool:
+    """Hard-link `src` (its target, when a symlink as in the hub cache) to `dst`; copy when linking fails."""
+    try:
+        os.link(src.resolve(), dst)
+        return True
+    except OSError:
+        shutil.copy2(src, dst)
+        return False
+
+
+def _write_files(src: Path, tmp: Path) -> bool:
+    """Weights (*.safetensors) linked, other top-level files copied; config.json (written separately), posenc's
+    own records, hidden files and subdirectories (e.g. eval/) are left out. True when every weight was linked."""
+    from posenc_cli.hf_run import CONFIG_FILE, SIDE_FILES
+
+    linked = True
+    for path in sorted(src.iterdir()):
+        if not path.is_file() or path.name.startswith(".") or path.name in (CONFIG_FILE, *SIDE_FILES):
+            continue
+        if path.suffix == ".safetensors":
+            linked = _link_or_copy(path, tmp / path.name) and linked
+        else:
+            shutil.copy2(path, tmp / path.name)
+    return linked
+
+
+def _check_written(tmp: Path, rope: dict[str, Any], max_pos: int) -> None:
+    """Read the written config back with transformers; its rope parameters must be the ones we set."""
+    from transformers import AutoConfig
+
+    back = AutoConfig.from_pretrained(str(tmp), trust_remote_code=False)
+    got = dict(back.rope_parameters or {})
+    wrong = [k for k, v in rope.items() if got.get(k) != v]
+    if wrong or back.max_position_embeddings != max_pos:
+        what = wrong[0] if wrong else "max_position_embeddings"
+        raise ConfigError(f"transformers did not keep the rope parameter '{what}' as written; nothing was written")
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    from posenc_cli.checkpoint import fsync_dir
+
+    for path in tmp.iterdir():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+    if out.is_dir():
+        out.rmdir()  # empty: checked before anything was written
+    os.replace(tmp, out)
+    fsync_dir(out.parent)
+
+
+def extend_hf_dir(src_dir: Path | str, out_dir: Path | str, ext: ExtendConfig) -> ExtendResult:
+    """Write the RoPE-scaled copy of transformers directory `src_dir` to `out_dir` (absent or empty).
+
+    Refused with one line before anything is written: a fine-tune (not supported for these directories), a
+    directory `load_hf_run` refuses, a model that is not RoPE, per-layer rope parameters, a method transformers has
+    no rope type for, and a non-empty `out_dir` (unless it holds this very extension: then nothing is done).
+    """
+    import transformers
+    from transformers import AutoConfig
+
+    from posenc_cli.hf_run import load_hf_run
+
+    src, out = Path(src_dir), Path(out_dir)
+    if ext.finetune_steps > 0:
+        raise ConfigError("--finetune-steps is not supported for a transformers directory; extend without it")
+    run = load_hf_run(src)  # every refusal of a directory (tokenizer, remote code, corrupt weights) comes first
+    if run.config.pos.name != "rope":
+        raise ConfigError(f"{src} uses {run.config.pos.name} positions; extend applies only to RoPE models")
+    config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
+    current = dict(config.rope_parameters or {})
+    if "rope_theta" not in current:
+        raise ConfigError(f"{src}: per-layer rope parameters are not supported by posenc extend")
+    parent_length, base_length = int(run.meta["train_length"]), int(run.meta["base_length"])
+    L = int(ext.original_length or parent_length)
+    rotary, base = _rotary(config, current)
+    rope, max_pos = hf_rope_parameters(ext, current, L, rotary)
+    attention, regions, wavelengths = _numbers(ext, rotary, base, L)
+    weights = {p.name: p.stat().st_size for p in sorted(src.iterdir()) if p.suffix == ".safetensors"}
+    record = {
+        "kind": "posenc-hf-extend",
+        "parent": str(src.resolve()),
+        "method": ext.method,
+        "factor": float(ext.factor),
+        "original_length": L,
+        "rope_parameters": rope,
+        "max_position_embeddings": max_pos,
+        "parent_weights": weights,
+        "train_length": parent_length,
+        "base_length": base_length,
+        "posenc_version": __version__,
+        "transformers_version": transformers.__version__,
+    }
+    result = ExtendResult(
+        parent_dir=src,
+        out_dir=out,
+        status="created",
+        method=ext.method,
+        factor=float(ext.factor),
+        original_length=L,
+        attention_factor=attention,
+        rotary_dim=rotary,
+        base=base,
+        regions=regions,
+        longest_wavelength=wavelengths,
+        parent_scaling=_describe(current),
+        parent_train_length=parent_length,
+        base_length=base_length,
+        train_length=parent_length,
+    )
+    del run
+    if _existing(out, record):
+        result.status = "already_complete"
+        return result
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.extend-", dir=out.parent))
+    try:
+        config.rope_parameters = rope
+        config.max_position_embeddings = max_pos
+        if isinstance(getattr(config, "original_max_position_embeddings", None), int):  # Phi-3 keeps it at top level
+            config.original_max_position_embeddings = L
+        config.save_pretrained(str(tmp))
+        record["weights_linked"] = _write_files(src, tmp)
+        _check_written(tmp, rope, max_pos)
+        (tmp / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
