@@ -106,3 +106,30 @@ def test_shell_completion_completes_command_names() -> None:
     code = "from posenc_cli.cli import main; main()"
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.stdout.split() == ["eval-extrapolate", "eval-passkey"], result.stderr
+
+
+def test_flags_show_no_value_type_in_help() -> None:
+    # `--eval <bool>` read as if `--eval true` were expected (which then failed)
+    for path in (["extend"], ["sweep"], ["eval-extrapolate"], []):
+        result = runner.invoke(app, [*path, "--help"], terminal_width=200)
+        assert result.exit_code == 0
+        assert "<bool>" not in result.output, path
+    assert "<float>" in runner.invoke(app, ["extend", "--help"], terminal_width=200).output  # valued options keep it
+
+
+USAGE_ERRORS = [
+    (["trian"], "No such command 'trian'. Did you mean 'train'?"),
+    (["extend", "run", "--eval=true"], "Option '--eval' does not take a value."),
+    (["extend"], "Missing argument"),
+    (["schemes", "extra"], "unexpected extra argument"),
+    (["compare", "x", "--metrik", "bpb"], "unknown option --metrik"),
+]
+
+
+def test_click_usage_errors_are_one_line_and_exit_2() -> None:
+    for args, message in USAGE_ERRORS:
+        result = runner.invoke(app, args, terminal_width=200)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)  # no boxed panel
+        assert "╭" not in result.output and result.stdout == ""

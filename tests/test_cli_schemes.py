@@ -24,6 +24,13 @@ def test_lists_the_core_schemes() -> None:
     assert "arXiv:2108.12409" in out  # ALiBi's paper
 
 
+def test_the_length_column_says_what_it_means() -> None:
+    out = run()
+    # "extrapolates: yes" read as a quality claim for RoPE and sinusoidal, which degrade beyond their length
+    assert "reads longer inputs" in out and "extrapolates" not in out
+    assert "says nothing about quality" in " ".join(out.split())
+
+
 def test_rows_describe_hooks_parameters_and_extrapolation() -> None:
     rows = {r["name"]: r for r in scheme_rows()}
     assert rows["learned"]["learned"] == "yes" and rows["learned"]["extrapolates"] == "no"

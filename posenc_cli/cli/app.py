@@ -15,13 +15,68 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup, TyperOption
+
+try:  # typer >= 0.24 carries its own copy of click; its exceptions are the ones raised
+    from typer import _click as click
+except ImportError:  # pragma: no cover
+    import click  # type: ignore[no-redef]
 
 from posenc_cli.errors import UserError, disk_error_message, is_disk_error
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+
+class _FlagOption(TyperOption):
+    """Options that take no value (`--eval`, `--truncate/--no-truncate`) show no type in `--help` (typer 0.29
+    printed `<bool>`, which reads as if `--eval true` were expected)."""
+
+    def display_type_rich(self, ctx: click.Context) -> str | None:
+        return None if self.is_flag else super().display_type_rich(ctx)
+
+
+class PosencGroup(TyperGroup):
+    """Typer's group, but click's own usage errors (unknown option or command, a value given to a flag, a missing
+    argument) are one line on stderr and exit code 2, like every other posenc error, instead of a boxed panel."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.exceptions.ClickException as e:
+            err_console.print(f"[bold red]error:[/] {_escape(usage_error_line(e))}", highlight=False)
+            sys.exit(2 if isinstance(e, click.exceptions.UsageError) else e.exit_code)
+        except click.exceptions.Abort:
+            err_console.print("[bold red]error:[/] aborted", highlight=False)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def usage_error_line(e: click.ClickException) -> str:
+    """'No such option: --bogus (see posenc train --help)': click's message on one line, with where to look."""
+    message = " ".join(e.format_message().split())
+    ctx = getattr(e, "ctx", None)
+    return f"{message} (see {ctx.command_path} --help)" if ctx is not None else message
+
+
+def _flags_without_type() -> None:
+    """Every option typer builds is a `_FlagOption`, so a flag's help row has no `<bool>`."""
+    import typer.core
+    import typer.main
+
+    typer.main.TyperOption = _FlagOption  # type: ignore[attr-defined,misc]
+    typer.core.TyperOption = _FlagOption  # type: ignore[misc]
+
+
+_flags_without_type()
+
 app = typer.Typer(
+    cls=PosencGroup,
     name="posenc",
     help="Train small causal LMs that differ only in positional scheme, then test them beyond their training length.",
     no_args_is_help=True,

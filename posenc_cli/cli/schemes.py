@@ -6,9 +6,16 @@ from rich.table import Table
 
 from posenc_cli.cli.app import app, console, handles_errors
 
+LONGER_INPUTS_NOTE = (
+    "reads longer inputs: the model runs on sequences longer than it was trained on (learned positions cannot: their "
+    "table ends). It says nothing about quality there: `posenc eval-extrapolate` measures that, and most schemes "
+    "degrade."
+)
+
 
 def scheme_rows() -> list[dict[str, str]]:
-    """One dict per registered scheme: name, hooks, learned parameters, extrapolates, paper."""
+    """One dict per registered scheme: name, hooks, learned parameters, extrapolates (= can read inputs longer than
+    the training length, not that quality holds there), paper."""
     from posenc_cli.config import ModelConfig
     from posenc_cli.positional import registry
 
@@ -37,12 +44,17 @@ def scheme_rows() -> list[dict[str, str]]:
 )
 @handles_errors
 def schemes_command() -> None:
-    """List the registered positional schemes: hooks used, learned parameters, extrapolation, reference paper."""
-    table = Table(title="Positional schemes (select with pos=<name>)")
+    """List the registered positional schemes: hooks used, learned parameters, whether they read inputs longer than
+    the training length, reference paper."""
+    table = Table(
+        title="Positional schemes (select with pos=<name>)",
+        caption=LONGER_INPUTS_NOTE,
+        caption_justify="left",
+    )
     table.add_column("name", style="bold cyan", no_wrap=True)
     table.add_column("hooks")
     table.add_column("learned")
-    table.add_column("extrapolates")
+    table.add_column("reads longer inputs")
     table.add_column("paper", overflow="fold")
     for row in scheme_rows():
         table.add_row(row["name"], row["hooks"], row["learned"], row["extrapolates"], row["paper"])

@@ -113,6 +113,9 @@ def compare_command(
     """
     from posenc_cli.compare import gather, render
 
+    stray = [str(p) for p in paths if str(p).startswith("-")]  # unknown options arrive as paths (_EXTRA)
+    if stray:
+        raise UserError(f"unknown option {stray[0]} (see posenc compare --help)")
     if metric not in ("ppl", "bpb", "nll"):
         raise UserError(f"--metric must be ppl, bpb or nll, got {metric}")
     if fmt not in ("table", "csv", "json", "markdown"):
