@@ -29,7 +29,9 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
+import stat
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
@@ -53,6 +55,9 @@ CONFIG_FILE = "config.yaml"
 META_FILE = "meta.json"
 METRICS_FILE = "metrics.jsonl"
 PENDING = ".pending"
+MAX_SMALL_FILE = 64 * 2**20  # config, JSON and tokenizer files; far above any real one
+MAX_SAFETENSORS_HEADER = 100_000_000  # the header limit safetensors itself enforces
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass
@@ -214,7 +219,22 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         )
     if not isinstance(meta.get("files"), dict) or not isinstance(meta.get("step"), int):
         raise CheckpointError(f"{path}: incomplete (no step or file checksums)")
+    for name, digest in meta["files"].items():
+        if not is_plain_name(name):
+            raise CheckpointError(f"{path}: lists {name!r}, which is not a plain file name inside the run directory")
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise CheckpointError(f"{path}: the checksum of {name} is not a sha256 digest")
     return meta
+
+
+def is_plain_name(name: object) -> bool:
+    """A file name with no directory part (no '/', '..', absolute path or hidden name): it stays in the run dir."""
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= 255
+        and not name.startswith(".")
+        and not any(c in name for c in "/\\\0")
+    )
 
 
 def read_verified(run_dir: Path, meta: dict[str, Any], name: str) -> bytes:
@@ -224,7 +244,7 @@ def read_verified(run_dir: Path, meta: dict[str, Any], name: str) -> bytes:
     if expected is None:
         raise CheckpointError(f"{path}: not listed in {META_FILE}")
     try:
-        data = path.read_bytes()
+        data = read_bounded(Path(run_dir), path)
     except FileNotFoundError as e:
         raise CheckpointError(f"{path}: missing") from e
     except OSError as e:
@@ -232,6 +252,59 @@ def read_verified(run_dir: Path, meta: dict[str, Any], name: str) -> bytes:
     if sha256_bytes(data) != expected:
         raise CheckpointError(f"{path}: checksum mismatch (truncated, corrupt or modified since it was saved)")
     return data
+
+
+def read_bounded(run_dir: Path, path: Path) -> bytes:
+    """Bytes of `path` after checking, before reading, that it is a regular file inside `run_dir` (a symlink may
+    point only inside it: never at a device, a FIFO or another directory) and no larger than it can be: a safetensors
+    file the size its header describes (header at most `MAX_SAFETENSORS_HEADER`, data within available memory), any
+    other file at most `MAX_SMALL_FILE`."""
+    if path.is_symlink() and not path.resolve().is_relative_to(run_dir.resolve()):
+        raise CheckpointError(f"{path}: a symlink that points outside the run directory")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))  # a FIFO: no hang
+    try:
+        size = os.fstat(fd).st_size
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"{path}: not a regular file")
+        limit = _safetensors_size(fd, size, path) if path.suffix == ".safetensors" else MAX_SMALL_FILE
+        if size > limit:
+            raise CheckpointError(f"{path}: {size} bytes, more than the {limit} it can be (damaged or foreign)")
+        return _read_at(fd, 0, size)  # smaller than it should be: the checksum or the parser says so
+    finally:
+        os.close(fd)
+
+
+def _safetensors_size(fd: int, size: int, path: Path) -> int:
+    """The size a safetensors file may have: what its header describes (8 + header + end of the last tensor), or
+    `MAX_SMALL_FILE` when the header is unreadable (the checksum or the parser then reports the damage); a
+    `CheckpointError` when the header describes more tensor data than memory holds."""
+    from posenc_cli.memory import available_memory
+
+    n = int.from_bytes(_read_at(fd, 0, 8), "little") if size >= 8 else -1
+    if not 0 <= n <= MAX_SAFETENSORS_HEADER or 8 + n > size:
+        return MAX_SMALL_FILE
+    try:
+        header = json.loads(_read_at(fd, 8, n))
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return MAX_SMALL_FILE
+    data = max(ends, default=0)
+    available = available_memory()
+    if data < 0 or (available is not None and data > available):
+        raise CheckpointError(f"{path}: its header describes {data} bytes of tensors, more than memory holds")
+    return 8 + n + data
+
+
+def _read_at(fd: int, offset: int, n: int) -> bytes:
+    os.lseek(fd, offset, os.SEEK_SET)
+    chunks, left = [], n
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 26))
+        if not chunk:
+            break  # shorter than it was a moment ago: the checksum or the parser reports it
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def read_config(run_dir: Path, meta: dict[str, Any]) -> Config:
@@ -299,6 +372,7 @@ def load_run(path: Path | str, device: str | torch.device = "cpu") -> LoadedRun:
 
 def _load_run_once(run_dir: Path, meta: dict[str, Any], device: str | torch.device) -> LoadedRun:
     from posenc_cli.data import load_tokenizer
+    from posenc_cli.memory import LOAD_BYTES_PER_PARAM, check_fits
     from posenc_cli.model import build_model
 
     for name in sorted(meta["files"]):  # every file, resume state included, must match its checksum
@@ -313,6 +387,7 @@ def _load_run_once(run_dir: Path, meta: dict[str, Any], device: str | torch.devi
     expected_fp = (meta.get("tokenizer") or {}).get("fingerprint")
     if expected_fp is not None and tokenizer.fingerprint != expected_fp:
         raise CheckpointError(f"{tok_dir / 'tokenizer.json'}: tokenizer fingerprint differs from {META_FILE}")
+    check_fits(cfg, tokenizer.vocab_size, LOAD_BYTES_PER_PARAM, f"loading {run_dir}")  # before any allocation
     tensors = load_tensors(run_dir, meta, MODEL_FILE)
     model = build_model(cfg, tokenizer.vocab_size)
     load_weights_into(model, tensors, committed_file(run_dir, MODEL_FILE))

@@ -64,6 +64,7 @@ from posenc_cli.device import autocast, resolve_device, resolve_precision, threa
 from posenc_cli.distributed import DistInfo
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.interrupts import Interrupts, run_lock
+from posenc_cli.memory import TRAIN_BYTES_PER_PARAM, check_fits, planned_vocab_size
 from posenc_cli.metrics import MetricsLog
 from posenc_cli.optim import build_optimizer, lr_at
 from posenc_cli.run_meta import (
@@ -117,6 +118,7 @@ def train(
     {"parent": ..., "base_length": ...}.
     """
     cfg.validate()
+    check_fits(cfg, planned_vocab_size(cfg), TRAIN_BYTES_PER_PARAM, "training")  # before any allocation
     run_dir = Path(out_dir)
     info = distributed.env_info()  # under torchrun: this rank of a data-parallel job (see posenc_cli.distributed)
     distributed.check_batch(cfg.train.batch_size, info)

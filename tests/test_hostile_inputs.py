@@ -4,14 +4,21 @@ bad values each end in one line on stderr and exit code 2, and nothing of the us
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from train_utils import tiny_config, tiny_overrides, write_corpus
 from typer.testing import CliRunner
 
+from posenc_cli.checkpoint import load_run
 from posenc_cli.cli import app
+from posenc_cli.errors import CheckpointError, ConfigError
 from posenc_cli.train import train
 
 runner = CliRunner()
@@ -67,7 +74,7 @@ def test_full_disk_in_train_is_one_line_naming_the_path(
 
 
 def test_eval_on_read_only_storage_still_scores(rope_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _refuse_writes(monkeypatch, "posenc_cli.evaluate", "save_results", errno.EROFS)
+    _refuse_writes(monkeypatch, "posenc_cli.fsutil", "atomic_path", errno.EROFS)  # every atomic write refused
     result = runner.invoke(app, ["eval-extrapolate", str(rope_run), "--lengths", "1,2", "--tokens", "64"])
     assert result.exit_code == 0, result.output
     assert "Read-only file system" in result.stderr and "not cached" in result.stderr
@@ -81,3 +88,94 @@ def test_eval_json_on_a_full_disk_is_one_line(rope_run: Path, tmp_path: Path, mo
     args = ["eval-extrapolate", str(rope_run), "--lengths", "1", "--tokens", "64", "--json", str(target)]
     result = runner.invoke(app, args)
     one_line_error(result, "No space left on device", str(target))
+
+
+# -- run directories that point outside themselves, at devices, or at absurd sizes ------------------------------
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("eval", ".lock"))
+    return dst
+
+
+def _set_file(run: Path, name: str, data: bytes | None = None, listed_as: str | None = None) -> None:
+    """Write `data` as file `name` (None: leave the file) and record its checksum in meta.json as `listed_as`."""
+    if data is not None:
+        (run / name).write_bytes(data)
+    meta = json.loads((run / "meta.json").read_text())
+    meta["files"][listed_as or name] = hashlib.sha256(data if data is not None else b"").hexdigest()
+    (run / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("name", ["../../../../dev/zero", "/dev/zero", "sub/model.safetensors", ".pending"])
+def test_file_list_names_outside_the_run_are_refused(rope_run: Path, tmp_path: Path, name: str) -> None:
+    run = _copy_run(rope_run, tmp_path / "run")
+    _set_file(run, "x", listed_as=name)
+    with pytest.raises(CheckpointError, match="not a plain file name inside the run directory"):
+        load_run(run)
+
+
+def test_symlink_to_a_device_is_refused(rope_run: Path, tmp_path: Path) -> None:
+    run = _copy_run(rope_run, tmp_path / "run")
+    (run / "model.safetensors").unlink()
+    (run / "model.safetensors").symlink_to("/dev/zero")
+    with pytest.raises(CheckpointError, match="points outside the run directory"):
+        load_run(run)
+
+
+def test_fifo_in_place_of_the_weights_is_refused_without_hanging(rope_run: Path, tmp_path: Path) -> None:
+    run = _copy_run(rope_run, tmp_path / "run")
+    (run / "model.safetensors").unlink()
+    os.mkfifo(run / "model.safetensors")
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        load_run(run)
+
+
+@pytest.mark.parametrize("header_length", [2**40, 3])
+def test_oversized_weights_file_is_refused_before_reading(rope_run: Path, tmp_path: Path, header_length: int) -> None:
+    """A 1 GiB (sparse) file whose header is absurd or unreadable is never read into memory."""
+    run = _copy_run(rope_run, tmp_path / "run")
+    with open(run / "model.safetensors", "wb") as f:
+        f.write(header_length.to_bytes(8, "little") + b"{}")
+        f.truncate(2**30)
+    with pytest.raises(CheckpointError, match="model.safetensors: 1073741824 bytes, more than the 67108864 it can be"):
+        load_run(run)
+
+
+def test_safetensors_header_describing_more_than_memory_is_refused(rope_run: Path, tmp_path: Path) -> None:
+    run = _copy_run(rope_run, tmp_path / "run")
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2**38], "data_offsets": [0, 2**40]}}).encode()
+    with open(run / "model.safetensors", "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        f.truncate(8 + len(header) + 2**40)  # sparse: occupies no disk
+    with pytest.raises(CheckpointError, match="describes 1099511627776 bytes of tensors, more than memory holds"):
+        load_run(run)
+
+
+def test_absurd_model_size_in_config_is_refused_before_allocating(rope_run: Path, tmp_path: Path) -> None:
+    run = _copy_run(rope_run, tmp_path / "run")
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["model"].update(d_model=65536, n_layer=64)
+    _set_file(run, "config.yaml", yaml.safe_dump(cfg).encode())
+    with pytest.raises(ConfigError, match=r"model.d_model=65536 model.n_layer=64 is about 3.3e\+12 parameters"):
+        load_run(run)
+
+
+def test_absurd_model_size_in_train_is_one_line(corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["train", *tiny_overrides(corpus), "model.d_model=100000", "model.n_layer=100", "--out", str(out)]
+    result = runner.invoke(app, args)
+    one_line_error(result, "model.d_model=100000 model.n_layer=100 is about", "training needs about")
+    assert not out.exists()
+
+
+def test_memory_estimate_matches_the_model() -> None:
+    from posenc_cli.config import Config, ModelConfig
+    from posenc_cli.memory import approx_params, check_fits
+    from posenc_cli.model import build_model
+
+    cfg = Config(model=ModelConfig(d_model=64, n_layer=2, n_head=2))
+    assert approx_params(cfg.model, 257) == sum(p.numel() for p in build_model(cfg, 257).parameters())
+    check_fits(cfg, 257, 16, "training", available=2**30)
+    with pytest.raises(ConfigError, match="training needs about 0.0 GiB of memory and 0.0 GiB is available"):
+        check_fits(cfg, 257, 16, "training", available=1000)
