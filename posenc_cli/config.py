@@ -182,8 +182,9 @@ class EvalConfig:
 
     lengths: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0, 8.0, 16.0])
     abs_lengths: list[int] | None = None
-    protocol: Literal["nonoverlap", "sliding"] = "nonoverlap"
+    protocol: Literal["nonoverlap", "sliding", "fixed-target"] = "nonoverlap"
     stride: int | None = None
+    target: int | None = None  # fixed-target: tokens scored per window (None: the base length)
     tokens: int = 16384
     batch_tokens: int = 16384
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
@@ -198,6 +199,8 @@ class EvalConfig:
             raise ConfigError("eval.abs_lengths must all be >= 2")
         if self.stride is not None and self.stride < 1:
             raise ConfigError("eval.stride must be >= 1")
+        if self.target is not None and self.target < 1:
+            raise ConfigError("eval.target must be >= 1")
 
 
 @dataclass(kw_only=True)

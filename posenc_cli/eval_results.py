@@ -21,7 +21,7 @@ from posenc_cli.fsutil import atomic_write_json
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = Path("eval") / "extrapolate.json"
-Protocol = Literal["nonoverlap", "sliding"]
+Protocol = Literal["nonoverlap", "sliding", "fixed-target"]
 
 __all__ = [
     "RESULTS_FILE",

@@ -5,6 +5,13 @@ Two protocols (see the ALiBi paper, Press et al. 2022, §4 and App. B, and HF's 
 - nonoverlap: the held-out token stream is cut into windows of L tokens; every token of every window is scored.
 - sliding (stride S): windows of L tokens advance by S; only the last S tokens of each window are scored, so every
   scored token sees at least L - S tokens of context. S = L is exactly the non-overlapping protocol.
+- fixed-target (target N): the NoPE paper's protocol (Kazemnejad et al. 2023, App. F). The same N tokens are scored
+  at every length L: each window ends with its N target tokens and holds L - N tokens of context before them, so
+  only the context grows with L. Separates "more context helps" from "positions past the training length break
+  the model", which non-overlapping windows mix. The targets are consecutive N-token blocks at the END of the
+  validation stream (the only anchoring that needs no knowledge of the other lengths asked for); a length whose
+  windows do not all fit, or that is shorter than N, is n/a. N defaults to the base length (the NoPE paper scored
+  the last ≤ 200 tokens at L = 1024; N = L/5 would cost five times more forwards per scored token here).
 
 Metrics are token-weighted: ppl = exp(total NLL / scored tokens), bits per byte = total NLL / (ln 2 · UTF-8 bytes of
 the scored tokens). Windows are always taken from the start of the validation stream, so every run with the same
@@ -93,22 +100,53 @@ def plan_lengths(cfg: EvalConfig, base_length: int) -> list[tuple[int, float]]:
     return sorted(seen.items())
 
 
-def resolve_stride(protocol: Protocol, stride: int | None, length: int) -> int:
-    """Scored tokens per window: L for nonoverlap; `stride` (default L/2, at most L) for sliding."""
+def resolve_stride(protocol: Protocol, stride: int | None, length: int, base_length: int | None = None) -> int:
+    """Scored tokens per window: L for nonoverlap; `stride` (default L/2, at most L) for sliding; for fixed-target
+    the target size `stride` (default `base_length`, else L; not capped, a target longer than L fits no window)."""
     if protocol == "nonoverlap":
         return length
+    if protocol == "fixed-target":
+        return max(1, int(stride if stride is not None else (base_length or length)))
     if stride is None:
         return max(1, length // 2)
     return max(1, min(int(stride), length))
 
 
-def plan_windows(n_stream: int, length: int, stride: int, n_tokens: int) -> np.ndarray:
-    """Start offsets of the evaluation windows, (n_windows,) int64.
+def plan_fixed_target(n_stream: int, length: int, target: int, n_tokens: int) -> np.ndarray:
+    """Start offsets of fixed-target windows, (n_windows,) int64, ascending; empty unless all of them fit.
+
+    Window k predicts stream tokens e_k - L + 1..e_k and scores its last `target`, e_k = n_stream - 1 - k·target
+    (k = 0..⌈n_tokens/target⌉ - 1): the scored tokens depend on the stream, target and n_tokens only, never on L.
+    """
+    n = max(1, math.ceil(n_tokens / target))
+    ends = n_stream - 1 - target * np.arange(n - 1, -1, -1, dtype=np.int64)  # (n,) last predicted token
+    starts = ends - length
+    if target > length or len(starts) == 0 or starts[0] < 0:
+        return np.zeros(0, dtype=np.int64)
+    return starts
+
+
+def no_window_reason(protocol: Protocol, n_stream: int, length: int, stride: int, n_tokens: int) -> str:
+    """Why `plan_windows` found no window (the `reason` of an n/a entry)."""
+    if protocol != "fixed-target":
+        return f"validation split has {n_stream} tokens; one window needs {length + 1}"
+    if stride > length:
+        return f"shorter than the fixed target of {stride} tokens"
+    need = length + 1 + stride * (max(1, math.ceil(n_tokens / stride)) - 1)
+    return f"validation split has {n_stream} tokens; fixed-target windows of {length} need {need}"
+
+
+def plan_windows(
+    n_stream: int, length: int, stride: int, n_tokens: int, protocol: Protocol = "nonoverlap"
+) -> np.ndarray:
+    """Start offsets of the evaluation windows, (n_windows,) int64 (`plan_fixed_target` for fixed-target).
 
     A window at s reads inputs s..s+L-1 and predicts s+1..s+L, so it needs s + L + 1 <= n_stream. Windows advance
     by `stride` and each scores `stride` tokens; enough windows are taken to score at least `n_tokens` tokens
     (rounded up to whole windows), or as many as the stream holds. Empty when not even one window fits.
     """
+    if protocol == "fixed-target":
+        return plan_fixed_target(n_stream, length, stride, n_tokens)
     if n_stream < length + 1:
         return np.zeros(0, dtype=np.int64)
     available = (n_stream - length - 1) // stride + 1
@@ -156,14 +194,14 @@ def evaluate_model(
     """Score `model` ((B, T) int64 -> (B, T, V) logits) on windows of `tokens` (1-D ids).
 
     Returns {"tokens", "windows", "stride", "nll", "ppl", "bpb", "bytes", "per_position"}; `per_position[i]` is the
-    mean NLL at window position L - S + i (all L positions for nonoverlap). Raises `LengthBeyondScheme` when the
-    model cannot serve `length` (checked before any forward when the model exposes `scheme.max_length`) and
-    ValueError when the stream is shorter than one window.
+    mean NLL at window position L - S + i (all L positions for nonoverlap; the S target tokens for fixed-target,
+    where `stride` is the target size). Raises `LengthBeyondScheme` when the model cannot serve `length` (checked
+    before any forward when the model exposes `scheme.max_length`) and ValueError when no window fits.
     """
     S = resolve_stride(protocol, stride, length)
-    starts = plan_windows(len(tokens), length, S, n_tokens)
+    starts = plan_windows(len(tokens), length, S, n_tokens, protocol)
     if len(starts) == 0:
-        raise ValueError(f"the stream has {len(tokens)} tokens; one window of {length} needs {length + 1}")
+        raise ValueError(no_window_reason(protocol, len(tokens), length, S, n_tokens))
     scheme = getattr(model, "scheme", None)
     limit = getattr(scheme, "max_length", None)
     if limit is not None and length > limit:
@@ -368,8 +406,9 @@ def evaluate_run(
     reused = 0
     not_saved: str | None = None  # why the results file could not be written (read-only storage, full disk)
     for length, multiple in plan_lengths(cfg, base_length):
-        stride = resolve_stride(cfg.protocol, cfg.stride, length)
-        n_windows = len(plan_windows(len(stream), length, stride, cfg.tokens))
+        wanted = cfg.target if cfg.protocol == "fixed-target" else cfg.stride
+        stride = resolve_stride(cfg.protocol, wanted, length, base_length)
+        n_windows = len(plan_windows(len(stream), length, stride, cfg.tokens, cfg.protocol))
         entry = _base_entry(cfg.protocol, stride, length, multiple, n_windows * stride, dtype, data_info)
         entry["device"] = describe_device(device)  # results depend on precision and hardware: record both
         if not force and entry_key(entry) in stored:
@@ -377,7 +416,7 @@ def evaluate_run(
             reused += 1
             continue
         if n_windows == 0:
-            entry.update(reason=f"validation split has {len(stream)} tokens; one window needs {length + 1}")
+            entry.update(reason=no_window_reason(cfg.protocol, len(stream), length, stride, cfg.tokens))
         else:
             try:
                 result = evaluate_model(
@@ -423,7 +462,7 @@ def _base_entry(
 ) -> dict[str, Any]:
     return {
         "protocol": protocol,
-        "stride": stride if protocol == "sliding" else None,
+        "stride": stride if protocol != "nonoverlap" else None,  # fixed-target: the target size
         "length": length,
         "multiple": multiple,
         "tokens": tokens,

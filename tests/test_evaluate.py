@@ -16,7 +16,7 @@ from posenc_cli import evaluate as ev
 from posenc_cli.config import Config, DataConfig, EvalConfig, ModelConfig, TrainConfig
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
 from posenc_cli.model import GPT
-from posenc_cli.positional import config_class
+from posenc_cli.positional import config_class, registry
 
 V = 257  # byte vocabulary + end-of-document
 TRAIN_LEN = 16
@@ -339,3 +339,103 @@ def test_bits_per_byte_real_tokenizers(kind: str) -> None:
     assert res["bytes"] == n_bytes
     total = sum(hand_nll(model, tokens, list(range(0, n, L)), L, L))
     assert res["bpb"] == pytest.approx(total / (math.log(2) * n_bytes), rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fixed-target protocol (NoPE paper, Kazemnejad et al. 2023, App. F)
+
+
+def scored_indices(starts: np.ndarray, length: int, target: int) -> list[int]:
+    """Stream indices of the tokens a window set scores: the last `target` predictions of each window."""
+    return [int(s) + length - target + 1 + i for s in starts for i in range(target)]
+
+
+def test_fixed_target_windows_score_the_same_tokens_at_every_length() -> None:
+    n_stream, target, n_tokens = 500, 8, 40
+    sets = {}
+    for length in (8, 16, 50, 100):
+        starts = ev.plan_windows(n_stream, length, target, n_tokens, "fixed-target")
+        assert len(starts) == 5 and (starts >= 0).all() and (starts + length + 1 <= n_stream).all()
+        sets[length] = scored_indices(starts, length, target)
+    assert all(s == sets[8] for s in sets.values())  # identical tokens, only the context before them grows
+    assert sets[8] == list(range(n_stream - 40, n_stream))  # consecutive blocks ending at the stream's end
+    assert len(ev.plan_windows(n_stream, 4, target, n_tokens, "fixed-target")) == 0  # window shorter than target
+    assert len(ev.plan_windows(n_stream, 470, target, n_tokens, "fixed-target")) == 0  # not all windows fit
+    assert ev.resolve_stride("fixed-target", None, 64, base_length=16) == 16  # default target: the base length
+    assert ev.resolve_stride("fixed-target", 100, 64) == 100  # not capped: such a length has no window
+    assert "shorter than the fixed target of 8" in ev.no_window_reason("fixed-target", n_stream, 4, 8, n_tokens)
+
+
+class KnownLoss(torch.nn.Module):
+    """logits[t, v] = β·t·[v = 0] + w_v: with targets never 0, the NLL of target y at window position t is
+    log(exp(β·t + w_0) + Σ_{v>0} exp(w_v)) − w_y, a function of the context length t and the token id only."""
+
+    def __init__(self, beta: float = 0.05) -> None:
+        super().__init__()
+        self.beta = beta
+        self.w = torch.linspace(-1.0, 1.0, V)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T = x.shape
+        logits = self.w.expand(B, T, V).clone()  # (B, T, V)
+        logits[:, :, 0] += self.beta * torch.arange(T, dtype=torch.float32)
+        return logits
+
+    def nll(self, t: int, y: int) -> float:
+        w = self.w.double()
+        rest = torch.logsumexp(w[1:], 0)
+        return float(torch.logaddexp(self.beta * t + w[0], rest) - w[y])
+
+
+def test_fixed_target_nll_equals_the_known_per_token_loss() -> None:
+    model = KnownLoss()
+    stream = byte_stream(3000) % 255 + 1  # ids 1..255: never the token the context term favours
+    target, n_tokens = 16, 64
+    results = {}
+    for length in (16, 32, 64, 128):
+        r = ev.evaluate_model(
+            model, stream, None, length=length, protocol="fixed-target", stride=target, n_tokens=n_tokens
+        )
+        starts = ev.plan_windows(len(stream), length, target, n_tokens, "fixed-target")
+        expected = [
+            model.nll(length - target + i, int(stream[s + length - target + 1 + i]))
+            for s in starts
+            for i in range(target)
+        ]
+        assert r["tokens"] == n_tokens and r["stride"] == target and len(r["per_position"]) == target
+        assert r["nll"] == pytest.approx(sum(expected) / len(expected), rel=1e-6)
+        results[length] = r["nll"]
+    # same scored tokens, so the token-id part is equal and the loss grows only through the context term
+    assert results[16] < results[32] < results[64] < results[128]
+
+
+@pytest.mark.parametrize("scheme", sorted(registry()))
+def test_fixed_target_runs_for_every_scheme(tmp_path: Path, scheme: str) -> None:
+    run = fake_run(tmp_path, scheme)
+    cfg = EvalConfig(lengths=[0.5, 1, 2], protocol="fixed-target", target=12, tokens=24)
+    out = ev.evaluate_run(run, cfg, corpus=fake_corpus(600))
+    by_len = {e["length"]: e for e in out["entries"]}
+    assert all(e["protocol"] == "fixed-target" and e["stride"] == 12 for e in by_len.values())
+    assert by_len[8]["status"] == "n/a" and "shorter than the fixed target" in by_len[8]["reason"]
+    assert by_len[16]["status"] == "ok" and by_len[16]["tokens"] == 24 and math.isfinite(by_len[16]["nll"])
+    if scheme != "learned":
+        assert by_len[32]["status"] == "ok" and by_len[32]["tokens"] == 24
+    # stored under its own key: the same lengths under nonoverlap are separate cells
+    ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=24), corpus=fake_corpus(600))
+    protocols = sorted({(e["protocol"], e["stride"]) for e in ev.load_results(run.path)["entries"]}, key=str)
+    assert protocols == [("fixed-target", 12), ("nonoverlap", None)]
+
+
+def test_fixed_target_default_is_the_base_length_and_cli_checks_target(tmp_path: Path) -> None:
+    from posenc_cli.cli.evaluate import build_eval_config
+
+    run = fake_run(tmp_path)
+    out = ev.evaluate_run(run, EvalConfig(lengths=[1, 2], protocol="fixed-target", tokens=32), corpus=fake_corpus())
+    assert [e["stride"] for e in out["entries"]] == [TRAIN_LEN, TRAIN_LEN]
+    common = {"lengths": None, "abs_lengths": None, "stride": None, "tokens": None, "batch_tokens": None}
+    cfg = build_eval_config(**common, protocol="fixed-target", target=64, dtype=None, force=False)
+    assert cfg.protocol == "fixed-target" and cfg.target == 64
+    with pytest.raises(ConfigError, match="--target applies to --protocol fixed-target"):
+        build_eval_config(**common, protocol=None, target=64, dtype=None, force=False)
+    with pytest.raises(ConfigError, match="target"):
+        build_eval_config(**common, protocol="fixed-target", target=0, dtype=None, force=False)

@@ -20,6 +20,7 @@ _EXAMPLES = """
   posenc eval-extrapolate outputs/runs/rope-tiny outputs/runs/alibi-tiny --plot ppl.png
   posenc eval-extrapolate outputs/sweeps/schemes --lengths 1,2,4,8 --tokens 8192
   posenc eval-extrapolate RUN --protocol sliding --stride 64 --abs-lengths 256,1024
+  posenc eval-extrapolate RUN --protocol fixed-target --target 128 --lengths 1,2,4,8   [dim](same tokens scored)[/]
   posenc eval-extrapolate RUN data=text data.paths=\\[held_out.txt]   [dim](another corpus, each run's tokenizer)[/]
 """
 
@@ -51,6 +52,7 @@ def build_eval_config(
     abs_lengths: str | None,
     protocol: str | None,
     stride: int | None,
+    target: int | None = None,
     tokens: int | None,
     batch_tokens: int | None,
     dtype: str | None,
@@ -68,6 +70,7 @@ def build_eval_config(
         "abs_lengths": _optional_list(abs_lengths, int, "--abs-lengths"),
         "protocol": protocol,
         "stride": stride,
+        "target": target,
         "tokens": tokens,
         "batch_tokens": batch_tokens,
         "dtype": dtype,
@@ -78,6 +81,8 @@ def build_eval_config(
     cfg.validate()
     if cfg.stride is not None and cfg.protocol != "sliding":
         raise ConfigError("--stride applies to --protocol sliding only (nonoverlap scores every token of a window)")
+    if cfg.target is not None and cfg.protocol != "fixed-target":
+        raise ConfigError("--target applies to --protocol fixed-target only")
     return cfg
 
 
@@ -201,9 +206,16 @@ def eval_extrapolate_command(
     ] = None,
     abs_lengths: Annotated[str | None, _option("Absolute lengths in tokens instead, e.g. 128,512,2048.")] = None,
     protocol: Annotated[
-        str | None, _option("nonoverlap (score every token; default) or sliding (score the last --stride tokens).")
+        str | None,
+        _option(
+            "nonoverlap (score every token; default), sliding (score the last --stride tokens) or fixed-target "
+            "(score the same last --target tokens at every length, with more context before them)."
+        ),
     ] = None,
     stride: Annotated[int | None, _option("Sliding protocol: tokens scored per window (default L/2).")] = None,
+    target: Annotated[
+        int | None, _option("Fixed-target protocol: tokens scored per window (default: the base length).")
+    ] = None,
     tokens: Annotated[int | None, _option("Scored tokens per length (default 16384).")] = None,
     batch_tokens: Annotated[int | None, _option("Tokens per forward batch (memory bound; default 16384).")] = None,
     dtype: Annotated[
@@ -236,6 +248,7 @@ def eval_extrapolate_command(
         abs_lengths=abs_lengths,
         protocol=protocol,
         stride=stride,
+        target=target,
         tokens=tokens,
         batch_tokens=batch_tokens,
         dtype=dtype,
