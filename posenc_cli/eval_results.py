@@ -8,24 +8,34 @@ entries measure the same thing when their `entry_key` agrees; `merge_entry` repl
 
 A stored doc is read through `read_results_file`: an absent file is None, while invalid JSON, a doc without an
 `entries` list or another schema_version raise `CheckpointError`. Writes are atomic (`fsutil.atomic_write_json`).
+
+Every entry records the checkpoint it measured (`checkpoint_identity`: the run's step and the sha256 of its
+model.safetensors from meta.json), and that identity is part of the key, so a run trained further is measured
+again instead of reusing cells of its earlier weights. Writers go through `update_results_file`: under a lock next
+to the file it re-reads what is on disk, drops entries of another checkpoint of the run, merges the new entries and
+writes, so two evaluations of one run at once keep each other's cells. A length with no entry was not measured; a
+stored entry whose `status` is not "ok" says why it cannot be (its `reason`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from posenc_cli.errors import CheckpointError
+from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.fsutil import atomic_write_json
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = Path("eval") / "extrapolate.json"
 Protocol = Literal["nonoverlap", "sliding", "fixed-target"]
+LOCK_TIMEOUT_S = 120.0  # a writer holds the lock only to read, merge and write one small file
 
 __all__ = [
     "RESULTS_FILE",
     "SCHEMA_VERSION",
+    "checkpoint_identity",
     "entry_key",
     "load_results",
     "merge_entry",
@@ -34,6 +44,7 @@ __all__ = [
     "read_results_file",
     "results_path",
     "save_results",
+    "update_results_file",
 ]
 
 
@@ -92,7 +103,59 @@ def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
         entry["tokens"],
         entry["dtype"],
         data.get("fingerprint"),
+        *checkpoint_key(entry),
     )
+
+
+def checkpoint_identity(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a cell measured: the run's step and the sha256 of its weights file, both from meta.json."""
+    files = meta.get("files") or {}
+    return {"step": meta.get("step"), "model_sha256": files.get("model.safetensors")}
+
+
+def checkpoint_key(entry: dict[str, Any]) -> tuple[Any, Any]:
+    """(step, weights sha256) of the checkpoint an entry measured; (None, None) for entries from before it was kept."""
+    ckpt = entry.get("checkpoint") or {}
+    return ckpt.get("step"), ckpt.get("model_sha256")
+
+
+def update_results_file(
+    path: Path,
+    what: str,
+    header: dict[str, Any],
+    entries: Iterable[dict[str, Any]],
+    *,
+    key: Callable[[dict[str, Any]], tuple[Any, ...]],
+    checkpoint: dict[str, Any],
+) -> dict[str, Any]:
+    """Merge `entries` into the results file at `path` (a new doc gets `header`); returns the doc written.
+
+    Under a lock next to the file: re-read the file, drop entries of another checkpoint than `checkpoint` (the run
+    was trained further since), replace entries with the same `key` in place or append, write atomically. Entries
+    without a recorded checkpoint (older files) are kept; their key never matches a new entry.
+    """
+    from filelock import FileLock, Timeout
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    current = checkpoint_key({"checkpoint": checkpoint})
+    try:
+        with FileLock(path.parent / f".{path.name}.lock", timeout=LOCK_TIMEOUT_S):
+            doc = read_results_file(path, what) or {"schema_version": SCHEMA_VERSION, **header, "entries": []}
+            doc.update(header)
+            kept = [e for e in doc["entries"] if checkpoint_key(e) in (current, (None, None))]
+            position = {key(e): i for i, e in enumerate(kept)}
+            for entry in entries:
+                if key(entry) in position:
+                    kept[position[key(entry)]] = entry
+                else:
+                    position[key(entry)] = len(kept)
+                    kept.append(entry)
+            doc["entries"] = kept
+            atomic_write_json(path, doc)
+    except Timeout as e:
+        raise UserError(f"{path} stayed locked by another process for {LOCK_TIMEOUT_S:.0f} s; try again") from e
+    return doc
 
 
 def merge_entry(doc: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:

@@ -2,12 +2,13 @@
 
 `Interrupts` turns the first signal into a flag the loop checks after each step (a second one interrupts at once);
 in a data-parallel job, `agree` makes every rank stop after the same step. `run_lock` keeps a second trainer out
-of a run directory that is being trained.
+of a run directory that is being trained; `run_is_locked` lets an evaluation refuse such a run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -81,4 +82,25 @@ def run_lock(run_dir: Path) -> Iterator[None]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-__all__ = ["Interrupts", "run_lock"]
+def run_is_locked(run_dir: Path) -> bool:
+    """True while another process trains `run_dir` (holds `run_lock`); creates nothing, False without fcntl."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        fd = os.open(Path(run_dir) / ".lock", os.O_RDONLY)
+    except OSError:  # no lock file: never trained here, or nothing we may open
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+__all__ = ["Interrupts", "run_is_locked", "run_lock"]
