@@ -224,7 +224,7 @@ def _parents(st: StageSpec, spec: SweepSpec, plans: list[StagePlan]) -> list[Job
 
 def _label(st: StageSpec, lines: list[str], parent: Job | None, fixed: dict[str, str]) -> str:
     """Row label: the swept values (a scheme by its name alone), seeds left out so they can be averaged."""
-    values = {line.split("=", 1)[0].lstrip("+~"): line.split("=", 1)[1] for line in lines}
+    values = {line.split("=", 1)[0].lstrip("+~"): line.split("=", 1)[1] for line in [*fixed.values(), *lines]}
     seedless = [ln for ln in lines if not ln.split("=", 1)[0].endswith("seed")]
     if st.label:
         try:
@@ -243,12 +243,15 @@ def _dotted(values: dict[str, str]) -> dict[str, Any]:
     for key, value in values.items():
         head, *rest = key.split(".")
         if not rest:
-            out[head] = value
-        else:
-            out.setdefault(head, _Namespace())
-            node = out[head]
-            for part in rest[:-1]:
-                node = node.__dict__.setdefault(part, _Namespace())
+            if not isinstance(out.get(head), _Namespace):
+                out[head] = value
+            continue
+        node = out.setdefault(head, _Namespace())
+        for part in rest[:-1]:
+            if not isinstance(node, _Namespace):
+                break
+            node = node.__dict__.setdefault(part, _Namespace())
+        if isinstance(node, _Namespace):  # else a group choice (model=tiny) shadows its keys: left out
             setattr(node, rest[-1], value)
     return out
 

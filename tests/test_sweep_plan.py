@@ -95,3 +95,10 @@ def test_malformed_sweep_files(tmp_path: Path, text: str, message: str) -> None:
 def test_unknown_sweep_name_lists_the_available_ones(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no sweep file named 'nope'.*extrapolation"):
         find_sweep_file("nope", [tmp_path, config_dir()])
+
+
+def test_label_template_reads_a_key_the_user_fixed_instead_of_sweeping() -> None:
+    """`extend.finetune_steps=0` on the command line replaces the swept 0,60: the label still names its value."""
+    spec = load_sweep_spec(find_sweep_file("extrapolation", [config_dir()]))
+    extend = plan_sweep(spec, ["extend.finetune_steps=0"])[1]
+    assert [j.label for j in extend.jobs] == ["rope → yarn x4, ft 0"]
