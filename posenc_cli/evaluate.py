@@ -45,6 +45,7 @@ from posenc_cli.eval_results import (
     RESULTS_FILE,
     SCHEMA_VERSION,
     Protocol,
+    checkpoint_identity,
     entry_key,
     load_results,
     merge_entry,
@@ -52,6 +53,7 @@ from posenc_cli.eval_results import (
     pick_entries,
     results_path,
     save_results,
+    update_results_file,
 )
 
 if TYPE_CHECKING:
@@ -64,6 +66,7 @@ __all__ = [
     "RESULTS_FILE",
     "SCHEMA_VERSION",
     "CorpusCache",
+    "check_not_training",
     "data_config_with_overrides",
     "entry_key",
     "evaluate_each_run",
@@ -379,9 +382,11 @@ def evaluate_run(
     or a ready `corpus` is given. Returns the results doc restricted to this call's entries, in length order, plus
     "path", "reused" (how many entries came from the file without a forward) and "not_saved" (None, or why the
     results file could not be written, e.g. read-only storage: the scores are returned all the same). `store=False`
-    writes nothing into the run (`extend --eval` scoring the source run it must not modify).
+    writes nothing into the run (`extend --eval` scoring the source run it must not modify). Entries are keyed by the
+    checkpoint they measured, and a run being trained right now is refused (`check_not_training`).
     """
     cfg.validate()
+    check_not_training(run.path)
     force = cfg.force if force is None else force
     device = torch.device(device) if device is not None else next(run.model.parameters()).device
     meta = run.meta
@@ -398,8 +403,11 @@ def evaluate_run(
     data_info = {"name": data_name(data_cfg), "fingerprint": fingerprint}
 
     # --force recomputes this call's cells but still keeps the other stored entries
-    doc = load_results(run.path, missing_ok=True) or new_results_doc(run.path.name, scheme, train_length, base_length)
-    doc.update(run=run.path.name, scheme=scheme, train_length=train_length, base_length=base_length)
+    header = new_results_doc(run.path.name, scheme, train_length, base_length)
+    header.pop("entries")
+    checkpoint = checkpoint_identity(meta)
+    doc = load_results(run.path, missing_ok=True) or {**header, "entries": []}
+    doc.update(header)
     stored = {entry_key(e): e for e in doc["entries"]}
 
     selected: list[dict[str, Any]] = []
@@ -410,6 +418,7 @@ def evaluate_run(
         stride = resolve_stride(cfg.protocol, wanted, length, base_length)
         n_windows = len(plan_windows(len(stream), length, stride, cfg.tokens, cfg.protocol))
         entry = _base_entry(cfg.protocol, stride, length, multiple, n_windows * stride, dtype, data_info)
+        entry["checkpoint"] = dict(checkpoint)
         entry["device"] = describe_device(device)  # results depend on precision and hardware: record both
         if not force and entry_key(entry) in stored:
             selected.append(stored[entry_key(entry)])
@@ -438,7 +447,7 @@ def evaluate_run(
                 _fill_ok(entry, result)
         merge_entry(doc, entry)
         if store and not_saved is None:
-            not_saved = _try_save(run.path, doc)  # after every cell: a kill loses at most the cell in progress
+            not_saved = _try_save(run.path, header, entry, checkpoint)  # after every cell: a kill loses one cell
         selected.append(entry)
 
     out = {k: v for k, v in doc.items() if k != "entries"}
@@ -446,15 +455,31 @@ def evaluate_run(
     return out
 
 
-def _try_save(run_dir: Path, doc: dict[str, Any]) -> str | None:
-    """Store `doc`; on storage that refuses writes (read-only, full) return the reason instead: the scores stand."""
+def _try_save(run_dir: Path, header: dict[str, Any], entry: dict[str, Any], checkpoint: dict[str, Any]) -> str | None:
+    """Merge `entry` into the stored results (re-read under a lock, so another evaluation of this run writing at the
+    same time keeps its cells); on storage that refuses writes (read-only, full) return the reason instead: the
+    scores stand."""
     try:
-        save_results(run_dir, doc)
+        update_results_file(
+            results_path(run_dir), "eval-extrapolate", header, [entry], key=entry_key, checkpoint=checkpoint
+        )
     except OSError as e:
         if not is_disk_error(e):
             raise
         return disk_error_message(e)
     return None
+
+
+def check_not_training(run_dir: Path) -> None:
+    """Refuse to evaluate a run whose trainer holds its run lock: its weights are about to change.
+
+    A stopped run (interrupted, or trained to its last step) is evaluated as it stands; its cells are keyed by that
+    checkpoint, so training it further makes them stale (measured again) instead of wrong.
+    """
+    from posenc_cli.interrupts import run_is_locked
+
+    if run_is_locked(run_dir):
+        raise CheckpointError(f"{run_dir} is being trained by another process; evaluate it once training has stopped")
 
 
 def _base_entry(

@@ -38,9 +38,14 @@ from torch import nn
 from posenc_cli import __version__
 from posenc_cli.config import DataConfig, EvalConfig
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
-from posenc_cli.eval_results import new_results_doc, read_results_file
-from posenc_cli.evaluate import evaluate_each_run, find_runs, plan_lengths, resolve_dtype
-from posenc_cli.fsutil import atomic_write_json
+from posenc_cli.eval_results import (
+    checkpoint_identity,
+    checkpoint_key,
+    new_results_doc,
+    read_results_file,
+    update_results_file,
+)
+from posenc_cli.evaluate import check_not_training, evaluate_each_run, find_runs, plan_lengths, resolve_dtype
 
 if TYPE_CHECKING:
     from posenc_cli.checkpoint import LoadedRun
@@ -350,11 +355,14 @@ def load_passkey_results(run_dir: Path | str) -> dict[str, Any] | None:
 
 
 def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
-    """Two entries measure the same cell when these agree."""
-    return (entry["length"], entry["depth"], entry["trials"], entry["digits"], entry["seed"], entry["dtype"])
+    """Two entries measure the same cell when these agree (the checkpoint too: see `eval_results.checkpoint_key`)."""
+    cell = (entry["length"], entry["depth"], entry["trials"], entry["digits"], entry["seed"], entry["dtype"])
+    return (*cell, *checkpoint_key(entry))
 
 
-def _entry(length: int, multiple: float, depth: float, cfg: PasskeyConfig, digits: int, dtype: str) -> dict[str, Any]:
+def _entry(
+    length: int, multiple: float, depth: float, cfg: PasskeyConfig, digits: int, dtype: str, checkpoint: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "length": length,
         "multiple": multiple,
@@ -363,6 +371,7 @@ def _entry(length: int, multiple: float, depth: float, cfg: PasskeyConfig, digit
         "digits": digits,
         "seed": cfg.seed,
         "dtype": dtype,
+        "checkpoint": dict(checkpoint),
         "status": "n/a",
         "reason": None,
         "correct": None,
@@ -385,8 +394,10 @@ def evaluate_passkey_run(
     """Measure (or reuse) every length × depth cell of `cfg` for a loaded run and store them in eval/passkey.json.
 
     Returns the results doc restricted to this call's entries (length-major, depth-minor) plus "path" and "reused".
+    Cells are keyed by the checkpoint they measured; a run being trained right now is refused.
     """
     cfg.validate()
+    check_not_training(run.path)
     force = cfg.force if force is None else force
     device = torch.device(device) if device is not None else next(run.model.parameters()).device
     train_length = int(run.meta.get("train_length") or run.config.train.seq_len)
@@ -395,13 +406,16 @@ def evaluate_passkey_run(
     digits = cfg.digits if cfg.digits is not None else run.config.data.passkey_digits
     dtype = resolve_dtype(cfg.dtype, run.meta, device)
 
-    doc = load_passkey_results(run.path) or new_results_doc(run.path.name, scheme, train_length, base_length)
-    doc.update(run=run.path.name, scheme=scheme, train_length=train_length, base_length=base_length)
+    header = new_results_doc(run.path.name, scheme, train_length, base_length)
+    header.pop("entries")
+    checkpoint = checkpoint_identity(run.meta)
+    doc = load_passkey_results(run.path) or {**header, "entries": []}
+    doc.update(header)
     stored = {entry_key(e): e for e in doc["entries"]}
     selected: list[dict[str, Any]] = []
     reused = 0
     for length, multiple in cfg.planned_lengths(base_length):
-        cells = [_entry(length, multiple, d, cfg, digits, dtype) for d in cfg.depths]
+        cells = [_entry(length, multiple, d, cfg, digits, dtype, checkpoint) for d in cfg.depths]
         if not force and all(entry_key(c) in stored for c in cells):
             selected += [stored[entry_key(c)] for c in cells]
             reused += len(cells)
@@ -429,13 +443,11 @@ def evaluate_passkey_run(
         else:
             for c, m in zip(cells, measured, strict=True):
                 c.update(status="ok", **{k: m[k] for k in ("correct", "accuracy", "token_accuracy", "samples")})
-        by_key = {entry_key(e): i for i, e in enumerate(doc["entries"])}
-        for c in cells:
-            if entry_key(c) in by_key:
-                doc["entries"][by_key[entry_key(c)]] = c
-            else:
-                doc["entries"].append(c)
-        atomic_write_json(results_path(run.path), doc)  # after every length: a kill loses at most one length
+        # after every length, re-read and merged under a lock: a kill loses at most one length, and another
+        # evaluation of this run writing at the same time keeps its cells
+        doc = update_results_file(
+            results_path(run.path), "eval-passkey", header, cells, key=entry_key, checkpoint=checkpoint
+        )
         selected += cells
     out = {k: v for k, v in doc.items() if k != "entries"}
     out.update(path=str(run.path), reused=reused, entries=selected)

@@ -213,7 +213,7 @@ def test_evaluate_run_writes_schema_and_na_for_learned(tmp_path: Path) -> None:
     assert set(doc) == {"schema_version", "run", "scheme", "train_length", "base_length", "entries"}
     assert doc["schema_version"] == 1 and doc["scheme"] == "learned" and doc["run"] == "run-a"
     keys = {"protocol", "stride", "length", "multiple", "tokens", "dtype", "data", "status", "reason", "ppl", "nll"}
-    keys |= {"bpb", "per_position", "posenc_version", "created"}
+    keys |= {"bpb", "per_position", "posenc_version", "created", "checkpoint", "device"}
     assert all(set(e) == keys for e in doc["entries"])
     by_len = {e["length"]: e for e in out["entries"]}
     assert [by_len[n]["status"] for n in (8, 16, 32)] == ["ok", "ok", "n/a"]

@@ -1,0 +1,66 @@
+"""Stored evaluation cells are keyed by the checkpoint they measured, and concurrent writers keep each other's cells
+(issue #16, items 3 and 6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_evaluate import fake_corpus, fake_run
+
+import posenc_cli.evaluate as ev
+from posenc_cli import passkey
+from posenc_cli.config import EvalConfig
+from posenc_cli.errors import CheckpointError
+from posenc_cli.interrupts import run_lock
+
+
+def at_checkpoint(run, step: int, sha: str):
+    run.meta = {**run.meta, "step": step, "files": {"model.safetensors": sha}}
+    return run
+
+
+def test_more_training_measures_again_instead_of_reusing_stale_cells(tmp_path: Path) -> None:
+    run = at_checkpoint(fake_run(tmp_path), 20, "a" * 64)
+    cfg = EvalConfig(lengths=[1, 2], tokens=64)
+    ev.evaluate_run(run, cfg, corpus=fake_corpus())
+    assert ev.evaluate_run(run, cfg, corpus=fake_corpus())["reused"] == 2  # same checkpoint: reused
+
+    at_checkpoint(run, 60, "b" * 64)  # train --resume ... train.steps=60 --force-config
+    out = ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())
+    assert out["reused"] == 0
+    doc = ev.load_results(run.path)
+    # the cells of the earlier weights are gone, not shown as if they measured these: length 2 is "not measured"
+    assert [(e["length"], e["checkpoint"]) for e in doc["entries"]] == [(16, {"step": 60, "model_sha256": "b" * 64})]
+
+
+def test_two_evaluations_of_one_run_keep_each_others_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = at_checkpoint(fake_run(tmp_path), 20, "a" * 64)
+    measure = ev.evaluate_model
+    started: list[bool] = []
+
+    def measure_while_another_evaluation_writes(*args, **kwargs):
+        if not started:  # the second evaluation runs and stores its cell while the first one is measuring
+            started.append(True)
+            ev.evaluate_run(run, EvalConfig(lengths=[2], tokens=64), corpus=fake_corpus())
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(ev, "evaluate_model", measure_while_another_evaluation_writes)
+    ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())
+    assert sorted(e["length"] for e in ev.load_results(run.path)["entries"]) == [16, 32]
+
+
+def test_a_run_being_trained_is_refused(tmp_path: Path) -> None:
+    run = at_checkpoint(fake_run(tmp_path), 20, "a" * 64)
+    with run_lock(run.path), pytest.raises(CheckpointError, match="being trained by another process"):
+        ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())
+    assert not ev.results_path(run.path).exists()
+    ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())  # training stopped: fine
+
+
+def test_passkey_cells_are_keyed_by_checkpoint() -> None:
+    cell = {"length": 64, "depth": 0.5, "trials": 2, "digits": 5, "seed": 0, "dtype": "fp32"}
+    before = {**cell, "checkpoint": {"step": 20, "model_sha256": "a" * 64}}
+    after = {**cell, "checkpoint": {"step": 60, "model_sha256": "b" * 64}}
+    assert passkey.entry_key(before) != passkey.entry_key(after)
+    assert passkey.entry_key(before) == passkey.entry_key(dict(before))
