@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -91,6 +91,20 @@ def _print_plan(name: str, plans: list, out: Path | None) -> None:
         console.print(table)
 
 
+def _print_reference(table: Any, records: list[Any]) -> None:
+    """posenc's ppl(m·L)/ppl(L) next to the paper's, one row per run label (`reference_tables.side_by_side`)."""
+    from posenc_cli.compare import to_results
+    from posenc_cli.reference_tables import side_by_side
+
+    headers, rows = side_by_side(table, to_results(records))
+    out = Table(title=f"ppl(L') / ppl(L): posenc / paper ({table.name})", caption=table.citation, title_justify="left")
+    for i, h in enumerate(headers):
+        out.add_column(h, justify="left" if i < 2 else "right")
+    for row in rows:
+        out.add_row(*row)
+    console.print(out)
+
+
 @app.command("compare", context_settings=_EXTRA)
 @handles_errors
 def compare_command(
@@ -106,12 +120,17 @@ def compare_command(
             help="Runs below a sweep: also show lengths evaluated later, outside the sweep (default: the sweep's).",
         ),
     ] = False,
+    reference: Annotated[
+        str | None,
+        typer.Option("--reference", help="Also print posenc's ratios next to a paper's table: alibi-table2."),
+    ] = None,
 ) -> None:
     """Comparison table (and plots with --out) from run or sweep directories already on disk.
 
     Example: [bold]posenc compare outputs/sweeps/*-extrapolation --metric bpb --format markdown[/]
     """
     from posenc_cli.compare import gather, render
+    from posenc_cli.reference_tables import reference_table
 
     stray = [str(p) for p in paths if str(p).startswith("-")]  # unknown options arrive as paths (_EXTRA)
     if stray:
@@ -121,4 +140,7 @@ def compare_command(
     if fmt not in ("table", "csv", "json", "markdown"):
         raise UserError(f"--format must be table, csv, json or markdown, got {fmt}")
     records = gather(paths, all_lengths=all_lengths)
+    table = reference_table(reference) if reference is not None else None  # an unknown name fails before output
     render(records, metric=metric, baseline=baseline, fmt=fmt, out=out, console=console)
+    if table is not None:
+        _print_reference(table, records)
