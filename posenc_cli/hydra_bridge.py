@@ -187,6 +187,73 @@ def check_launcher(launcher_overrides: list[str]) -> None:
             raise ConfigError(f"hydra/launcher={value} needs Hydra's launcher plugins: pip install 'posenc[launchers]'")
 
 
+def launcher_settings(launcher_overrides: list[str], user_config_dir: Path | None = None) -> tuple[str, dict[str, Any]]:
+    """(launcher name, the settings the overrides give it), validated as the real launch would: the plugin is
+    installed, the launcher exists (`hydra/launcher=submitit_slrum` fails, suggesting submitit_slurm) and every
+    `hydra.launcher.KEY` is one of its keys (`partiton` fails, suggesting partition)."""
+    check_launcher(launcher_overrides)
+    name = "basic"
+    for line in launcher_overrides:
+        key, _, value = line.lstrip("+").partition("=")
+        if key == "hydra/launcher":
+            name = value
+    node = _launcher_node(launcher_overrides, user_config_dir)
+    given = {}
+    for line in launcher_overrides:
+        key, _, _ = line.lstrip("+~").partition("=")
+        if key.startswith("hydra.launcher."):
+            given[key.removeprefix("hydra.launcher.")] = node.get(key.removeprefix("hydra.launcher."))
+    return name, given
+
+
+def _launcher_node(launcher_overrides: list[str], user_config_dir: Path | None) -> dict[str, Any]:
+    """The composed `hydra.launcher` node; one line naming the bad launcher or key otherwise."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        node = _compose_hydra(launcher_overrides, user_config_dir)
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        text = one_line(e)
+        bad_key = re.match(r"Could not override '(hydra\.launcher\.[^']+)'", str(e))
+        if bad_key:
+            rest = [o for o in launcher_overrides if not o.lstrip("+~").startswith("hydra.launcher.")]
+            keys = sorted(_compose_hydra(rest, user_config_dir))
+            wrong = bad_key.group(1).removeprefix("hydra.launcher.")
+            text = f"unknown launcher key '{bad_key.group(1)}'{_did_you_mean(wrong, keys)}"
+            text += f" (keys: {', '.join(k for k in keys if not k.startswith('_'))})"
+        missing = re.search(r"Could not find 'hydra/launcher/([^']+)'.*\(available: ([^)]*)\)", text)
+        if missing:
+            options = [o.strip() for o in missing.group(2).split(",")]
+            text = f"unknown launcher hydra/launcher={missing.group(1)}{_did_you_mean(missing.group(1), options)}"
+            text += f" (available: {', '.join(options)})"
+        raise ConfigError(text) from e
+    return node
+
+
+def _compose_hydra(overrides: list[str], user_config_dir: Path | None) -> dict[str, Any]:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register_schemes()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+        cfg = compose(
+            config_name=ROOT_CONFIG,
+            overrides=[*overrides, *searchpath_override(user_config_dir)],
+            return_hydra_config=True,
+        )
+    node = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
+    assert isinstance(node, dict)
+    return node
+
+
+def _did_you_mean(word: str, options: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, options, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def hydra_task(cfg: Any) -> Any:
     """The module-level task function that launchers pickle: plain dict + job facts to `sweep.run_job`."""
     from hydra.core.hydra_config import HydraConfig

@@ -69,3 +69,16 @@ def test_every_shipped_yaml_composes() -> None:
             if group == "data" and option.stem == "hf":
                 overrides.append("data.name=wikitext")
             compose_config(overrides)
+
+
+def test_launcher_settings_validate_name_and_keys_like_the_launch() -> None:
+    from posenc_cli.hydra_bridge import launcher_settings
+
+    assert launcher_settings([]) == ("basic", {})
+    assert launcher_settings(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]) == ("joblib", {"n_jobs": 2})
+    slurm = ["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu"]
+    assert launcher_settings(slurm) == ("submitit_slurm", {"partition": "gpu"})
+    with pytest.raises(ConfigError, match=r"unknown launcher hydra/launcher=submitit_slrum \(did you mean submitit_s"):
+        launcher_settings(["hydra/launcher=submitit_slrum"])
+    with pytest.raises(ConfigError, match=r"unknown launcher key 'hydra.launcher.partiton' \(did you mean partition"):
+        launcher_settings(["hydra/launcher=submitit_slurm", "hydra.launcher.partiton=gpu"])

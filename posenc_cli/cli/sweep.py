@@ -4,18 +4,36 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from posenc_cli.cli.app import ConfigDirOption, app, console, handles_errors, split_args
+from posenc_cli.cli.app import ConfigDirOption, app, console, err_console, handles_errors, split_args
 from posenc_cli.errors import UserError
 
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+LOCAL_LAUNCHERS = ("basic", "joblib", "submitit_local")  # jobs run on this machine, so its load matters
 
 
-@app.command("sweep", context_settings=_EXTRA)
+def shipped_sweeps_help() -> str:
+    """'Shipped sweeps (configs/sweep/): extrapolation: ..., seeds: ...' for `posenc sweep --help`."""
+    import yaml
+
+    from posenc_cli.hydra_bridge import config_dir
+
+    lines = []
+    for path in sorted((config_dir() / "sweep").glob("*.yaml")):
+        try:
+            description = (yaml.safe_load(path.read_text()) or {}).get("description", "")
+        except (OSError, yaml.YAMLError):
+            description = ""
+        lines.append(f"  [bold]{path.stem}[/]" + (f": {description}" if description else ""))
+    return "Shipped sweeps (configs/sweep/; add your own with --config-dir):\n\n" + "\n".join(lines)
+
+
+@app.command("sweep", context_settings=_EXTRA, epilog=shipped_sweeps_help())
 @handles_errors
 def sweep_command(
     args: Annotated[list[str] | None, typer.Argument(help="[NAME] [OVERRIDES...]; NAME defaults to extrapolation.")] = (
@@ -35,6 +53,7 @@ def sweep_command(
     """
     from posenc_cli.compare import comparison_outputs, gather
     from posenc_cli.hydra_bridge import config_dir as packaged_config_dir
+    from posenc_cli.hydra_bridge import launcher_settings
     from posenc_cli.sweep import find_sweep_file, load_sweep_spec, plan_sweep, run_sweep, validate_plan
 
     names, overrides = split_args(args)
@@ -46,11 +65,14 @@ def sweep_command(
     task = [o for o in overrides if o not in launcher]
     roots = [p for p in (user_dir, packaged_config_dir()) if p is not None]
     spec = load_sweep_spec(find_sweep_file(name, roots))
+    launcher_name, launcher_given = launcher_settings(launcher, user_dir)  # as the launch itself would check
     if dry_run:
         plans = plan_sweep(spec, task)
         validate_plan(plans, user_dir)
-        _print_plan(spec.name, plans, out)
+        _print_plan(spec.name, plans, out, launcher_name, launcher_given)
         return
+    if launcher_name in LOCAL_LAUNCHERS:
+        _warn_if_busy(plan_sweep(spec, task), launcher_given, user_dir)
     sweep_dir = out or Path("outputs") / "sweeps" / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.name}"
     console.print(f"[bold]sweep[/] {spec.name} → {sweep_dir}", highlight=False)
     start = time.perf_counter()
@@ -75,9 +97,38 @@ def sweep_command(
         raise typer.Exit(1)
 
 
-def _print_plan(name: str, plans: list, out: Path | None) -> None:
+def _warn_if_busy(plans: list, launcher_given: dict, user_dir: Path | None) -> None:
+    """One warning line when the machine is already loaded (jobs' threads as posenc would give them)."""
+    from posenc_cli.cpu_load import training_busy_warning
+    from posenc_cli.hydra_bridge import compose_config
+
+    first = next((job for plan in plans for job in plan.jobs), None)
+    if first is None:
+        return
+    train = compose_config(first.overrides, user_dir).train
+    n_jobs = launcher_given.get("n_jobs")
+    jobs = int(n_jobs) if isinstance(n_jobs, int) and n_jobs > 0 else 1
+    if (busy := training_busy_warning(train.device, train.threads, jobs)) is not None:
+        err_console.print(f"[yellow]warning:[/] {escape(busy)}", highlight=False)
+
+
+def launcher_line(name: str, given: dict) -> str:
+    """Where the jobs will go: 'launcher submitit_slurm (partition=gpu, timeout_min=60; other settings: defaults)'."""
+    where = {
+        "basic": "one after another in this process",
+        "joblib": "parallel processes on this machine",
+        "submitit_local": "local processes through submitit",
+        "submitit_slurm": "Slurm jobs",
+    }.get(name, "Hydra launcher plugin")
+    settings = ", ".join(f"{key}={value}" for key, value in given.items())
+    detail = f"{settings}; other settings: Hydra's defaults" if settings else "Hydra's default settings"
+    return f"launcher {name} ({where}): {detail}"
+
+
+def _print_plan(name: str, plans: list, out: Path | None, launcher_name: str, launcher_given: dict) -> None:
     total = sum(len(p.jobs) for p in plans)
     console.print(f"[bold]{name}[/]: {total} job(s) in {len(plans)} stage(s); dry run, nothing was started")
+    console.print(escape(launcher_line(launcher_name, launcher_given)), highlight=False)
     for plan in plans:
         table = Table(title=f"stage {plan.stage.name} ({plan.stage.action})", title_justify="left")
         table.add_column("job")
@@ -89,20 +140,6 @@ def _print_plan(name: str, plans: list, out: Path | None) -> None:
         if not plan.jobs:
             table.add_row("(none)", "", plan.stage.parent or "", "no parent run matches")
         console.print(table)
-
-
-def _print_reference(table: Any, records: list[Any]) -> None:
-    """posenc's ppl(m·L)/ppl(L) next to the paper's, one row per run label (`reference_tables.side_by_side`)."""
-    from posenc_cli.compare import to_results
-    from posenc_cli.reference_tables import side_by_side
-
-    headers, rows = side_by_side(table, to_results(records))
-    out = Table(title=f"ppl(L') / ppl(L): posenc / paper ({table.name})", caption=table.citation, title_justify="left")
-    for i, h in enumerate(headers):
-        out.add_column(h, justify="left" if i < 2 else "right")
-    for row in rows:
-        out.add_row(*row)
-    console.print(out)
 
 
 @app.command("compare", context_settings=_EXTRA)
@@ -120,17 +157,12 @@ def compare_command(
             help="Runs below a sweep: also show lengths evaluated later, outside the sweep (default: the sweep's).",
         ),
     ] = False,
-    reference: Annotated[
-        str | None,
-        typer.Option("--reference", help="Also print posenc's ratios next to a paper's table: alibi-table2."),
-    ] = None,
 ) -> None:
     """Comparison table (and plots with --out) from run or sweep directories already on disk.
 
     Example: [bold]posenc compare outputs/sweeps/*-extrapolation --metric bpb --format markdown[/]
     """
     from posenc_cli.compare import gather, render
-    from posenc_cli.reference_tables import reference_table
 
     stray = [str(p) for p in paths if str(p).startswith("-")]  # unknown options arrive as paths (_EXTRA)
     if stray:
@@ -140,7 +172,4 @@ def compare_command(
     if fmt not in ("table", "csv", "json", "markdown"):
         raise UserError(f"--format must be table, csv, json or markdown, got {fmt}")
     records = gather(paths, all_lengths=all_lengths)
-    table = reference_table(reference) if reference is not None else None  # an unknown name fails before output
     render(records, metric=metric, baseline=baseline, fmt=fmt, out=out, console=console)
-    if table is not None:
-        _print_reference(table, records)

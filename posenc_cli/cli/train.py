@@ -91,12 +91,15 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
 
 
 def run(cfg: Config, resume: str | None, out: str | None, force_config: bool) -> None:
+    from posenc_cli.cpu_load import training_busy_warning
     from posenc_cli.distributed import env_info
     from posenc_cli.progress import TrainDisplay, interrupted_message, summary_table
     from posenc_cli.trackers import tracked
     from posenc_cli.train import default_run_dir, train
 
     run_dir = Path(resume or out) if (resume or out) else default_run_dir(cfg)
+    if (busy := training_busy_warning(cfg.train.device, cfg.train.threads)) and env_info().is_main:
+        err_console.print(f"[yellow]warning:[/] {escape(busy)}", highlight=False)
     display = TrainDisplay(console, live=stdout_is_terminal(), log_every=cfg.train.log_every)
     with display, tracked(display, cfg, run_dir) as callback:
         result = train(cfg, run_dir, resume=resume is not None, force_config=force_config, callback=callback)
