@@ -205,3 +205,64 @@ def test_a_run_killed_before_its_first_checkpoint_is_started_again(corpus: Path,
     (out / ".pending" / "model.safetensors").write_bytes(b"half")
     train(tiny_config(corpus, steps=2), out)
     assert load_run(out).meta["status"] == "complete"
+
+
+# -- resume state validated against the model ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def stopped_run(corpus: Path, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    train(tiny_config(corpus, steps=2), run)
+    return run
+
+
+def _resume(corpus: Path, run: Path) -> None:
+    train(tiny_config(corpus, steps=4), run, force_config=True)
+
+
+def _edit_state(run: Path, edit) -> None:
+    import safetensors.torch
+
+    tensors = safetensors.torch.load_file(run / "state.safetensors")
+    edit(tensors)
+    safetensors.torch.save_file(tensors, run / "state.safetensors", metadata={"format": "pt"})
+    _set_file(run, "state.safetensors", (run / "state.safetensors").read_bytes())
+
+
+def test_wrong_shaped_optimizer_moment_is_refused(corpus: Path, stopped_run: Path) -> None:
+    def shrink(tensors: dict) -> None:
+        key = next(k for k in sorted(tensors) if k.endswith(".exp_avg"))
+        tensors[key] = torch.zeros(4)
+
+    _edit_state(stopped_run, shrink)
+    with pytest.raises(CheckpointError, match=r"optimizer exp_avg of parameter \d+ is torch.float32 \(4,\), expected"):
+        _resume(corpus, stopped_run)
+
+
+def test_negative_optimizer_step_is_refused(corpus: Path, stopped_run: Path) -> None:
+    def negative(tensors: dict) -> None:
+        tensors[next(k for k in sorted(tensors) if k.endswith(".step"))] = torch.tensor(-3.0)
+
+    _edit_state(stopped_run, negative)
+    with pytest.raises(CheckpointError, match=r"optimizer step of parameter \d+ is invalid"):
+        _resume(corpus, stopped_run)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("step", "abc", "step or tokens are not whole numbers"),
+        ("tokens", -1, "step or tokens are not whole numbers"),
+        ("elapsed_s", "soon", "elapsed_s is not a number"),
+        ("rng", {"python": [3, "x", None], "numpy": {}}, "random-number state is invalid"),
+    ],
+)
+def test_bad_state_json_fields_are_one_line(
+    corpus: Path, stopped_run: Path, field: str, value: object, message: str
+) -> None:
+    info = json.loads((stopped_run / "state.json").read_text())
+    info[field] = value
+    _set_file(stopped_run, "state.json", json.dumps(info).encode())
+    with pytest.raises(CheckpointError, match=message):
+        _resume(corpus, stopped_run)
