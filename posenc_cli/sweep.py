@@ -12,16 +12,20 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
 from posenc_cli.errors import ConfigError
 from posenc_cli.fsutil import atomic_write_json
+
+if TYPE_CHECKING:
+    from posenc_cli.profiling import JobProfile
 
 FAILED_FILE = "failed.json"
 PLAN_FILE = "sweep.json"
@@ -388,9 +392,11 @@ def _record_failure(job_dir: Path, name: str, message: str) -> None:
 def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
     """Train or extend, then evaluate; record a failure in the job directory instead of raising."""
     from posenc_cli.config import config_from_dict, replace
+    from posenc_cli.profiling import JobProfile, write_job_profile
 
     job = raw.pop(INTERNAL_KEY, {}) or {}
     job_dir = info.output_dir
+    started, profile = time.perf_counter(), JobProfile()
     print(f"== job {job_dir} ==", flush=True)  # the job's own log (a file under Slurm)
     (job_dir / FAILED_FILE).unlink(missing_ok=True)
     try:
@@ -400,10 +406,11 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
             cfg = replace(cfg, train=replace(cfg.train, threads=max(1, (os.cpu_count() or 1) // jobs)))
         sweep_dir = Path(job["sweep_dir"]) if job.get("sweep_dir") else None
         if job.get("action", "train") == "train":
-            _train_job(cfg, job_dir, sweep_dir)
+            _train_job(cfg, job_dir, sweep_dir, profile)
         else:
-            _extend_job(cfg, job_dir, Path(job["parent_dir"]), sweep_dir)
-        _evaluate_job(cfg, job_dir)
+            _extend_job(cfg, job_dir, Path(job["parent_dir"]), sweep_dir, profile)
+        _evaluate_job(cfg, job_dir, profile)
+        write_job_profile(job_dir, profile, time.perf_counter() - started)  # informative; not a done marker
         return {"status": "ok", "dir": str(job_dir)}
     except Exception as e:  # one failed job must not hide the others' results
         record = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(), "job": info.name}
@@ -429,33 +436,50 @@ def _tracked(display: Any, cfg: Any, job_dir: Path, sweep_dir: Path | None) -> A
     return tracked(display, cfg, job_dir, group=sweep_dir.name, store=sweep_dir)
 
 
-def _train_job(cfg: Any, job_dir: Path, sweep_dir: Path | None) -> None:
+def _train_job(cfg: Any, job_dir: Path, sweep_dir: Path | None, profile: JobProfile) -> None:
     from posenc_cli.checkpoint import is_run_dir
+    from posenc_cli.profiling import TrainRecorder
     from posenc_cli.train import train
 
     with _job_display(cfg) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
-        train(cfg, job_dir, resume=is_run_dir(job_dir), callback=callback)
+        train(cfg, job_dir, resume=is_run_dir(job_dir), callback=TrainRecorder(profile, cfg, callback))
 
 
-def _extend_job(cfg: Any, job_dir: Path, parent_dir: Path, sweep_dir: Path | None) -> None:
+def _extend_job(cfg: Any, job_dir: Path, parent_dir: Path, sweep_dir: Path | None, profile: JobProfile) -> None:
     from posenc_cli.extend import extend_run
+    from posenc_cli.profiling import TrainRecorder
 
     with _job_display(cfg) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
-        extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads, callback=callback)
+        booked, start = sum(profile.seconds.values()), time.perf_counter()
+        recorder = TrainRecorder(profile, cfg, callback)
+        extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads, callback=recorder)
+        fine_tune = sum(profile.seconds.values()) - booked  # its setup, steps, validation and saves
+        profile.add("extend", time.perf_counter() - start - fine_tune)
 
 
-def _evaluate_job(cfg: Any, job_dir: Path) -> None:
+def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None) -> None:
     """Passkey retrieval for runs trained on `data=passkey`, then eval-extrapolate for every job, on one loaded
     model. extrapolate.json comes last because it marks the job done (`job_status`): a job stopped during either
     evaluation is redone."""
     from posenc_cli.evaluate import evaluate_each_run, evaluate_run
+    from posenc_cli.profiling import EvalRecorder, JobProfile, eval_facts
+
+    profile = profile if profile is not None else JobProfile()
+    loading = time.perf_counter()
 
     def evaluate(run: Any, device: Any) -> dict[str, Any]:
+        profile.add("eval load", time.perf_counter() - loading)
         if cfg.data.source == "passkey":
             from posenc_cli.passkey import PasskeyConfig, evaluate_passkey_run
 
-            evaluate_passkey_run(run, PasskeyConfig(lengths=cfg.eval.lengths), device=device)
-        return evaluate_run(run, cfg.eval, device=device)
+            with profile.phase("passkey"):
+                evaluate_passkey_run(run, PasskeyConfig(lengths=cfg.eval.lengths), device=device)
+        recorder = EvalRecorder(profile, run)
+        result = evaluate_run(run, cfg.eval, device=device, progress=recorder)
+        entries = result.get("entries") or []
+        recorder.book_flops(entries)
+        eval_facts(profile, entries, device)
+        return result
 
     evaluate_each_run([job_dir], evaluate, device=cfg.train.device, threads=cfg.train.threads)
 

@@ -3,11 +3,11 @@ validation, atomic checkpoints, exact resume, graceful SIGTERM/SIGINT and non-fi
 
 `train()` never prints: it reports through `callback(event)` with dicts whose "event" is one of
   data        {stage, done, total}                 while the corpus is read/tokenized
-  start       {run_dir, step, steps, resumed, device, precision, threads, n_params, tokens_per_step}
+  start       {run_dir, step, steps, resumed, device, precision, threads, n_params, tokens_per_step, seq_len}
   step        {step, steps, loss, lr, grad_norm, tokens, tokens_per_s (session mean), interval_tokens_per_s
                (since the last logged step), elapsed_s, logged}                             after every update
-  eval        {step, val_loss}
-  checkpoint  {step, status}
+  eval        {step, val_loss, seconds}               seconds: how long it took (for profiling)
+  checkpoint  {step, status, seconds}
   end         {result}
 The CLI renders them (rich progress bar on a terminal, plain lines otherwise). Around the loop: `run_meta` (run
 names, config checks, results), `interrupts` (signals, the run lock), `validation` (the validation loss).
@@ -70,7 +70,6 @@ from posenc_cli.optim import build_optimizer, lr_at
 from posenc_cli.run_meta import (
     RUNTIME_KEYS,
     TrainResult,
-    claim_run_dir,
     config_diff,
     default_run_dir,
     existing_meta,
@@ -146,8 +145,6 @@ def train(
                 return result_from_meta(run_dir, meta)
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
-            if meta is None:
-                claim_run_dir(run_dir)  # before anything else is written: its contents are posenc's from now on
         lock = run_lock(run_dir) if info.is_main else contextlib.nullcontext()
         with lock, threads(cfg.train.threads) as n_threads:
             trainer = _Trainer(cfg, run_dir, meta, force_config, init_from, meta_extra, emit, n_threads, info, device)
@@ -287,6 +284,7 @@ class _Trainer:
                 "threads": self.n_threads,
                 "n_params": sum(p.numel() for p in self.params),
                 "tokens_per_step": tokens_per_step,
+                "seq_len": tc.seq_len,
             }
         )
         V = self.tokenizer.vocab_size
@@ -399,6 +397,7 @@ class _Trainer:
 
     def _evaluate(self) -> float:
         """Validation loss on the fixed windows; in a job each rank scores its rows and the mean is all-reduced."""
+        start = time.perf_counter()
         val = evaluate_loss(self.model, self.windows, self.device, self.precision)
         if self.dist.enabled:
             t = distributed.all_reduce_(torch.tensor(val, dtype=torch.float64, device=self.device), self.dist)
@@ -406,7 +405,7 @@ class _Trainer:
         self.val_loss = val
         if math.isfinite(val) and (self.best_val is None or val < self.best_val):
             self.best_val = val
-        self.emit({"event": "eval", "step": self.step, "val_loss": val})
+        self.emit({"event": "eval", "step": self.step, "val_loss": val, "seconds": time.perf_counter() - start})
         return val
 
     def _elapsed(self) -> float:
@@ -414,6 +413,7 @@ class _Trainer:
 
     # -- saving --------------------------------------------------------------------------------------------------
     def _save(self, status: str) -> None:
+        start = time.perf_counter()
         if not all(bool(torch.isfinite(p).all()) for p in self.params):
             raise TrainingDiverged(self.step, "weights", float("nan"), self.run_dir, self.saved[0] if self.saved else 0)
         if not self.dist.is_main:  # rank 0 writes for the job
@@ -442,7 +442,7 @@ class _Trainer:
         }
         commit_checkpoint(self.run_dir, files, self._meta(status))
         self.saved = (self.step, status)
-        self.emit({"event": "checkpoint", "step": self.step, "status": status})
+        self.emit({"event": "checkpoint", "step": self.step, "status": status, "seconds": time.perf_counter() - start})
 
     def _meta(self, status: str) -> dict[str, Any]:
         now = datetime.now(UTC).isoformat(timespec="seconds")

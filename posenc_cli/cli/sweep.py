@@ -45,17 +45,26 @@ def sweep_command(
         bool, typer.Option("--viz", help="Also draw attention-by-distance panels of every run (attention.png).")
     ] = False,
     config_dir: ConfigDirOption = None,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile", help="Measure the matmul peak and print where the time went (profile.json is always written)."
+        ),
+    ] = False,
 ) -> None:
     """Run a sweep file from configs/sweep/ through Hydra's multirun, then print the comparison table.
 
     Example: [bold]posenc sweep extrapolation train.steps=200 pos=rope,alibi[/]. Parallel:
     [bold]hydra/launcher=joblib hydra.launcher.n_jobs=2[/]; Slurm: [bold]hydra/launcher=submitit_slurm[/].
     """
+    from posenc_cli.cli.profile import print_profile
     from posenc_cli.compare import comparison_outputs, gather
     from posenc_cli.hydra_bridge import config_dir as packaged_config_dir
     from posenc_cli.hydra_bridge import launcher_settings
+    from posenc_cli.profiling import StageClock, process_age_s, write_sweep_profile
     from posenc_cli.sweep import find_sweep_file, load_sweep_spec, plan_sweep, run_sweep, validate_plan
 
+    startup_s = process_age_s()  # interpreter start-up and the CLI's imports, before any work
     names, overrides = split_args(args)
     if len(names) > 1:
         raise UserError(f"one sweep name expected, got {', '.join(names)} (overrides need '=')")
@@ -76,15 +85,18 @@ def sweep_command(
     sweep_dir = out or Path("outputs") / "sweeps" / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.name}"
     console.print(f"[bold]sweep[/] {spec.name} → {sweep_dir}", highlight=False)
     start = time.perf_counter()
-    run_sweep(
+    clock = StageClock(lambda kind, text: console.print(f"[cyan]{kind}[/] {text}", highlight=False))
+    plans = run_sweep(
         spec,
         task,
         sweep_dir,
         launcher_overrides=launcher,
         user_config_dir=user_dir,
-        on_event=lambda kind, text: console.print(f"[cyan]{kind}[/] {text}", highlight=False),
+        on_event=clock,
     )
+    clock.finish()
     console.print(f"sweep finished in {time.perf_counter() - start:.0f} s", highlight=False)
+    report_start = time.perf_counter()
     records = gather([sweep_dir])
     failed = comparison_outputs(records, sweep_dir, console=console)
     if viz:
@@ -93,6 +105,10 @@ def sweep_command(
         done = [r.run_dir for r in records if r.status == "ok"]
         if done:
             console.print(f"wrote {write_attention_comparison(done, Path(sweep_dir) / 'attention.png')}")
+    parent = {"start-up": startup_s or 0.0, "report": time.perf_counter() - report_start}
+    doc = write_sweep_profile(sweep_dir, plans, clock, parent, measure_peak=profile)
+    if profile:
+        print_profile(doc, console)
     if failed:
         raise typer.Exit(1)
 

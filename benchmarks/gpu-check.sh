@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# bash benchmarks/gpu-check.sh            # on a machine with an NVIDIA GPU, from the repository root (< 8 min)
+# bash benchmarks/gpu-check.sh --check    # only check the environment and list the steps; run nothing
+#
+# One prepared check of posenc's GPU path, with one summary at the end:
+#   1. the CUDA-marked tests (bf16 autocast training, the chunked attention-bias path in bf16 vs fp32,
+#      ALiBi/T5/FIRE bias precision at 8k tokens, DDP over NCCL when more than one GPU is present);
+#   2. the rest of the test suite with CUDA available (bounded by GPU_CHECK_SUITE_S seconds, default 150);
+#   3. posenc bench --vs hf on model=small, in fp32 and in bf16;
+#   4. the main job (posenc sweep --profile) and its wall time.
+# Without a GPU (or with CUDA_VISIBLE_DEVICES="") it prints "no GPU: skipped" and exits 0.
+# Outputs go to GPU_CHECK_OUT (default outputs/gpu-check-<date>-<time>); the summary is also summary.txt there.
+# Exit status: 0 when every step passed (or there is no GPU), 1 otherwise.
+set -u -o pipefail
+
+PY="${PYTHON:-python}"
+CHECK_ONLY=0
+for arg in "$@"; do
+    case "$arg" in
+        --check) CHECK_ONLY=1 ;;
+        -h | --help) sed -n '2,13p' "$0"; exit 0 ;;
+        *) echo "gpu-check: unknown argument $arg (use --check or --help)" >&2; exit 2 ;;
+    esac
+done
+
+cd "$(dirname "$0")/.." || exit 2
+
+gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null)
+if [ -z "$gpus" ]; then
+    echo "gpu-check: '$PY' cannot import torch (activate posenc's environment first)" >&2
+    exit 2
+fi
+if [ "$gpus" -eq 0 ]; then
+    echo "gpu-check: no GPU: skipped (torch sees no CUDA device)"
+    exit 0
+fi
+
+OUT="${GPU_CHECK_OUT:-outputs/gpu-check-$(date +%Y%m%d-%H%M%S)}"
+SUITE_S="${GPU_CHECK_SUITE_S:-150}"
+STEPS=(cuda-tests test-suite bench-fp32 bench-bf16 main-job)
+if [ "$CHECK_ONLY" -eq 1 ]; then
+    echo "gpu-check: $gpus GPU(s) visible; would run: ${STEPS[*]} (outputs in $OUT)"
+    exit 0
+fi
+mkdir -p "$OUT"
+
+declare -a SUMMARY
+failed=0
+note() { SUMMARY+=("$(printf '%-12s %-5s %s' "$1" "$2" "$3")"); [ "$2" = FAIL ] && failed=1; return 0; }
+seconds() { echo $(($(date +%s) - $1)); }
+last_line() { grep -E "$1" "$2" | tail -n 1; }
+
+echo "== environment"
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi: n/a"
+    "$PY" -c 'import torch, posenc_cli; print("torch", torch.__version__, "cuda", torch.version.cuda,
+"bf16", torch.cuda.is_bf16_supported(), "posenc", posenc_cli.__version__)'
+} | tee "$OUT/environment.txt"
+
+echo "== 1. CUDA-marked tests"
+t=$(date +%s)
+if "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/cuda-tests.log"; then
+    note cuda-tests PASS "$(last_line 'passed|failed|skipped' "$OUT/cuda-tests.log") ($(seconds "$t") s)"
+else
+    note cuda-tests FAIL "$(last_line 'passed|failed|error' "$OUT/cuda-tests.log") ($(seconds "$t") s)"
+fi
+
+echo "== 2. test suite with CUDA available (at most $SUITE_S s)"
+t=$(date +%s)
+workers=$(($(nproc) > 8 ? 8 : $(nproc)))
+timeout "$SUITE_S" "$PY" -m pytest -q -n "$workers" -m "not cuda" -p no:cacheprovider 2>&1 | tee "$OUT/test-suite.log"
+rc=${PIPESTATUS[0]}
+if [ "$rc" -eq 0 ]; then
+    note test-suite PASS "$(last_line 'passed|failed' "$OUT/test-suite.log") ($(seconds "$t") s)"
+elif [ "$rc" -eq 124 ]; then
+    note test-suite FAIL "did not finish within $SUITE_S s (GPU_CHECK_SUITE_S raises the bound)"
+else
+    note test-suite FAIL "$(last_line 'passed|failed|error' "$OUT/test-suite.log") ($(seconds "$t") s)"
+fi
+
+for dtype in fp32 bf16; do
+    echo "== 3. posenc bench --vs hf, model=small, $dtype"
+    t=$(date +%s)
+    if timeout 150 "$PY" -m posenc_cli bench model=small --vs hf --dtypes "$dtype" --rounds 3 \
+        --json "$OUT/bench-$dtype.json" 2>&1 | tee "$OUT/bench-$dtype.log"; then
+        detail=$("$PY" - "$OUT/bench-$dtype.json" <<'EOF'
+import json, sys
+entry = next(v for k, v in json.load(open(sys.argv[1])).items() if k in ("fp32", "bf16"))
+if "skipped" in entry:
+    print("skipped:", entry["skipped"])
+else:
+    keys = ("posenc_tokens_per_s", "hf_tokens_per_s", "ratio_vs_hf", "mfu", "matmul_peak_gflops")
+    print(" ".join(f"{k}={entry[k]:.4g}" for k in keys if isinstance(entry.get(k), (int, float))))
+EOF
+)
+        note "bench-$dtype" PASS "${detail:-ok} ($(seconds "$t") s)"
+    else
+        note "bench-$dtype" FAIL "see $OUT/bench-$dtype.log ($(seconds "$t") s)"
+    fi
+done
+
+echo "== 4. the main job"
+t=$(date +%s)
+if timeout 300 "$PY" -m posenc_cli sweep --out "$OUT/main-job" --profile 2>&1 | tee "$OUT/main-job.log"; then
+    note main-job PASS "wall $(seconds "$t") s; $(last_line '^whole sweep' "$OUT/main-job.log")"
+else
+    note main-job FAIL "after $(seconds "$t") s; see $OUT/main-job.log"
+fi
+
+{
+    echo "== gpu-check summary ($gpus GPU(s); outputs in $OUT)"
+    head -n 2 "$OUT/environment.txt"
+    printf '%s\n' "${SUMMARY[@]}"
+} | tee "$OUT/summary.txt"
+exit "$failed"
