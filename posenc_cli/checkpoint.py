@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -430,10 +431,48 @@ def unpack_optimizer(
     for g in groups:
         if isinstance(g.get("betas"), list):
             g["betas"] = tuple(g["betas"])
+    check_optimizer_state(optimizer, state, groups, path)
     try:
         optimizer.load_state_dict({"state": dict(state), "param_groups": groups})
     except (ValueError, KeyError, RuntimeError) as e:
         raise CheckpointError(f"{path}: optimizer state could not be restored ({e})") from e
+
+
+def check_optimizer_state(
+    optimizer: torch.optim.Optimizer, state: dict[int, dict[str, Any]], groups: list[Any], path: Path
+) -> None:
+    """Before AdamW sees it: every moment has its parameter's shape and dtype and is finite (exp_avg_sq >= 0),
+    every step is a finite whole number >= 0, and the groups' hyperparameters are numbers in range. A wrong-shaped
+    moment would otherwise crash the fused kernel or be broadcast silently."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for g in groups:
+        betas = g.get("betas")
+        numbers = [g.get("lr"), g.get("eps"), g.get("weight_decay"), *(betas if isinstance(betas, tuple) else [None])]
+        if not all(_finite_number(v) and v >= 0 for v in numbers) or not all(0 <= b < 1 for b in betas):
+            raise CheckpointError(f"{path}: optimizer hyperparameters are invalid")
+    for pid, entries in state.items():
+        if not 0 <= pid < len(params):
+            raise CheckpointError(f"{path}: optimizer state for parameter {pid}, which this model does not have")
+        p = params[pid]
+        for key, value in entries.items():
+            if key == "step":
+                v = float(value) if isinstance(value, Tensor) and value.numel() == 1 else value
+                if not _finite_number(v) or v < 0 or v != int(v):
+                    raise CheckpointError(f"{path}: optimizer step of parameter {pid} is invalid")
+            elif key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+                if not isinstance(value, Tensor) or value.shape != p.shape or value.dtype != p.dtype:
+                    got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
+                    raise CheckpointError(
+                        f"{path}: optimizer {key} of parameter {pid} is {got}, expected {p.dtype} {tuple(p.shape)}"
+                    )
+                if not bool(torch.isfinite(value).all()) or (key != "exp_avg" and bool((value < 0).any())):
+                    raise CheckpointError(f"{path}: optimizer {key} of parameter {pid} has invalid values")
+            else:
+                raise CheckpointError(f"{path}: unexpected optimizer state '{key}' for parameter {pid}")
+
+
+def _finite_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def capture_rng(sampler: torch.Generator) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -456,12 +495,16 @@ def capture_rng(sampler: torch.Generator) -> tuple[dict[str, Tensor], dict[str, 
 def restore_rng(
     tensors: dict[str, Tensor], info: dict[str, Any], sampler: torch.Generator, *, sampler_too: bool = True
 ) -> None:
-    version, state, gauss = info["python"]
-    random.setstate((version, tuple(state), gauss))
-    n = info["numpy"]
-    keys = tensors["rng.numpy"].numpy().astype(np.uint32)
-    np.random.set_state((n["name"], keys, n["pos"], n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(tensors["rng.torch"])
+    try:
+        version, state, gauss = info["python"]
+        random.setstate((version, tuple(state), gauss))
+        n = info["numpy"]
+        keys = tensors["rng.numpy"].numpy().astype(np.uint32)
+        np.random.set_state((n["name"], keys, n["pos"], n["has_gauss"], n["gauss"]))
+        torch.set_rng_state(tensors["rng.torch"])
+        torch.Generator().set_state(tensors["rng.sampler"])  # checked before anything is changed below
+    except (TypeError, ValueError, KeyError, IndexError, RuntimeError) as e:
+        raise CheckpointError(f"resume state: the saved random-number state is invalid ({type(e).__name__})") from e
     cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda)
@@ -486,6 +529,17 @@ def read_state(run_dir: Path, meta: dict[str, Any]) -> tuple[dict[str, Tensor], 
     required = ("step", "tokens", "optimizer", "rng")
     if not isinstance(info, dict) or any(k not in info for k in required):
         raise CheckpointError(f"{path}: incomplete resume state")
+    counts = (info["step"], info["tokens"])
+    if (
+        not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts)
+        or info["step"] != meta["step"]
+    ):
+        raise CheckpointError(f"{path}: step or tokens are not whole numbers >= 0 matching {META_FILE}")
+    for key in ("elapsed_s", "best_val_loss", "train_loss", "val_loss"):
+        if info.get(key) is not None and not (isinstance(info[key], int | float) and not isinstance(info[key], bool)):
+            raise CheckpointError(f"{path}: {key} is not a number")
+    if not isinstance(info["optimizer"], dict) or not isinstance(info["optimizer"].get("extra", {}), dict):
+        raise CheckpointError(f"{path}: optimizer state is not a mapping")
     missing = [k for k in ("rng.torch", "rng.sampler", "rng.numpy") if k not in tensors]
     if missing:
         raise CheckpointError(f"{committed_file(run_dir, STATE_FILE)}: missing tensor '{missing[0]}'")

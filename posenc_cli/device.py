@@ -111,7 +111,7 @@ def cpu_name() -> str:
 
 
 def describe_device(device: torch.device) -> str:
-    """'cpu (AMD EPYC 7B13)' or 'cuda (NVIDIA H200)': what evaluation results record next to their dtype."""
+    """'cpu (AMD EPYC)' or 'cuda (NVIDIA H200)': what evaluation results record next to their dtype."""
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
     name = cpu_name() if device.type == "cpu" else ""

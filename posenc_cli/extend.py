@@ -15,10 +15,11 @@ sequence length at run time (plain RoPE up to L), also while fine-tuning at L'.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +27,8 @@ from typing import Any, Literal
 
 from posenc_cli import __version__
 from posenc_cli.config import Config, ExtendConfig, replace
-from posenc_cli.errors import CheckpointError, ConfigError
+from posenc_cli.errors import CheckpointError, ConfigError, UserError
+from posenc_cli.run_meta import claim_run_dir
 
 if typing.TYPE_CHECKING:
     from posenc_cli.checkpoint import LoadedRun
@@ -46,8 +48,7 @@ __all__ = [
 ]
 
 EXTEND_METHODS: tuple[str, ...] = typing.get_args(typing.get_type_hints(ExtendConfig)["method"])
-# Leftovers of a fine-tune killed before its first checkpoint; an out dir holding only these counts as empty.
-_LEFTOVERS = frozenset({".lock", ".pending", "metrics.jsonl"})
+LOCK_FILE = ".extend.lock"  # held by the one `extend` writing an out directory (filelock; the loser changes nothing)
 # Keys of the `extend` record that must match for a re-run to reuse (or resume) an existing child.
 _IDENTITY_KEYS = ("method", "scaling", "finetune", "parent_weights_sha256")
 
@@ -211,8 +212,10 @@ def _frequency_numbers(
 
 
 def _existing_child(out_dir: Path) -> dict[str, Any] | None:
-    """meta.json of a posenc run in `out_dir`; None when absent or empty; ConfigError when it holds other files."""
+    """meta.json of a posenc run in `out_dir`; None when absent, empty or posenc's unfinished attempt (claimed);
+    ConfigError when it holds anything else."""
     from posenc_cli.checkpoint import is_run_dir, read_meta
+    from posenc_cli.run_meta import check_claimable
 
     if not out_dir.exists():
         return None
@@ -220,10 +223,53 @@ def _existing_child(out_dir: Path) -> dict[str, Any] | None:
         raise ConfigError(f"output directory {out_dir} exists and is not a directory")
     if is_run_dir(out_dir):
         return read_meta(out_dir)
-    names = {p.name for p in out_dir.iterdir()}
-    if names - _LEFTOVERS:
-        raise ConfigError(f"output directory {out_dir} exists and is not empty; choose another --out")
+    try:
+        check_claimable(out_dir)
+    except CheckpointError as e:
+        raise ConfigError(f"output directory {out_dir} exists and is not empty; choose another --out") from e
     return None
+
+
+def _is_complete(out_dir: Path, meta: dict[str, Any]) -> bool:
+    """A copied child is complete when its meta says so and every file it lists is there and verifies (a directory
+    holding only meta.json, as a killed or raced writer could leave, is redone, not reported as done)."""
+    from posenc_cli.checkpoint import read_verified
+
+    if meta.get("status") != "complete":
+        return False
+    try:
+        for name in meta["files"]:
+            read_verified(out_dir, meta, name)
+    except (CheckpointError, OSError):
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _writer_lock(out_dir: Path) -> Iterator[None]:
+    """Hold `out_dir`'s extend lock, or refuse at once: a second `extend` into the same directory changes nothing."""
+    from filelock import FileLock, Timeout
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(out_dir / LOCK_FILE, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout as e:
+        raise UserError(f"{out_dir} is being written by another posenc extend; nothing was changed") from e
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _check_out_dir(out: Path, record: dict[str, Any], resume: bool) -> dict[str, Any] | None:
+    """The meta of this same extension already in `out` (None: nothing there yet); refuses anything else."""
+    existing = _existing_child(out)
+    if existing is not None:
+        _check_same_extension(out, existing, record)
+    elif resume:
+        raise CheckpointError(f"{out} holds no extension to resume")
+    return existing
 
 
 def _check_same_extension(out_dir: Path, meta: dict[str, Any], record: dict[str, Any]) -> None:
@@ -291,47 +337,47 @@ def extend_run(
     record = extension_record(scaling, ext, str(parent.meta["files"][MODEL_FILE]), parent_length)
     child_cfg = child_config(cfg, scaling, ext, threads)
 
-    existing = _existing_child(out)
-    if existing is not None:
-        _check_same_extension(out, existing, record)
-    elif resume:
-        raise CheckpointError(f"{out} holds no extension to resume")
+    _check_out_dir(out, record, resume)  # refuses a user's directory before the lock is written into it
+    with _writer_lock(out):
+        existing = _check_out_dir(out, record, resume)  # again under the lock: another writer may have finished
+        if existing is None:
+            claim_run_dir(out)
 
-    result = ExtendResult(
-        parent_dir=parent_path,
-        out_dir=out,
-        status="created",
-        method=scaling.method,
-        factor=scaling.factor,
-        original_length=int(scaling.original_length or parent_length),
-        attention_factor=attention,
-        rotary_dim=rotary,
-        base=float(cfg.pos.base),  # type: ignore[attr-defined]
-        regions=regions,
-        longest_wavelength=wavelengths,
-        parent_scaling=describe_scaling(getattr(cfg.pos, "scaling", None)),
-        parent_train_length=parent_length,
-        base_length=base_length,
-        train_length=child_cfg.train.seq_len if ext.finetune_steps > 0 else parent_length,
-    )
-    extra = {"parent": str(parent_path.resolve()), "base_length": base_length, "extend": record}
-    if ext.finetune_steps > 0:
-        from posenc_cli.train import train
+        result = ExtendResult(
+            parent_dir=parent_path,
+            out_dir=out,
+            status="created",
+            method=scaling.method,
+            factor=scaling.factor,
+            original_length=int(scaling.original_length or parent_length),
+            attention_factor=attention,
+            rotary_dim=rotary,
+            base=float(cfg.pos.base),  # type: ignore[attr-defined]
+            regions=regions,
+            longest_wavelength=wavelengths,
+            parent_scaling=describe_scaling(getattr(cfg.pos, "scaling", None)),
+            parent_train_length=parent_length,
+            base_length=base_length,
+            train_length=child_cfg.train.seq_len if ext.finetune_steps > 0 else parent_length,
+        )
+        extra = {"parent": str(parent_path.resolve()), "base_length": base_length, "extend": record}
+        if ext.finetune_steps > 0:
+            from posenc_cli.train import train
 
-        res = train(child_cfg, out, init_from=parent_path, meta_extra=extra, callback=callback)
-        result.finetune = res
-        if res.stopped_reason == "complete":
-            result.status = "finetuned"
-        elif res.stopped_reason == "already_complete":
+            res = train(child_cfg, out, init_from=parent_path, meta_extra=extra, callback=callback)
+            result.finetune = res
+            if res.stopped_reason == "complete":
+                result.status = "finetuned"
+            elif res.stopped_reason == "already_complete":
+                result.status = "already_complete"
+            else:
+                result.status = "interrupted"
+            return result
+        if existing is not None and _is_complete(out, existing):
             result.status = "already_complete"
-        else:
-            result.status = "interrupted"
+            return result
+        _write_scaled_copy(parent, out, child_cfg, extra, parent_length)
         return result
-    if existing is not None:
-        result.status = "already_complete"
-        return result
-    _write_scaled_copy(parent, out, child_cfg, extra, parent_length)
-    return result
 
 
 def _write_scaled_copy(

@@ -36,6 +36,7 @@ class TrainDisplay:
         self.train_task: TaskID | None = None
         self.stages: set[str] = set()
         self.ema: float | None = None
+        self.first_step: tuple[int, float] | None = None  # (step, elapsed_s) of this process's first step
 
     def __enter__(self) -> TrainDisplay:
         if self.live:
@@ -95,10 +96,9 @@ class TrainDisplay:
             info = f"loss {self.ema:.4f} | lr {e['lr']:.2e} | {e['tokens_per_s']:,.0f} tok/s"
             self.progress.update(self.train_task, completed=e["step"], info=info)
         elif e["logged"]:
-            self.print(
-                f"step {e['step']}/{e['steps']} | loss {loss:.4f} | lr {e['lr']:.2e} | "
-                f"{e['interval_tokens_per_s']:,.0f} tok/s | {_duration(e['elapsed_s'])}"
-            )
+            self.print(log_line(e, self.first_step))
+        if self.first_step is None:
+            self.first_step = (e["step"], e["elapsed_s"])
 
     def _on_eval(self, e: dict[str, Any]) -> None:
         ppl = _ppl(e["val_loss"])
@@ -140,6 +140,25 @@ def _ppl(loss: float | None) -> str:
     if loss is None or not math.isfinite(loss) or loss > 700:
         return "-"
     return f"{math.exp(loss):.2f}"
+
+
+def log_line(e: dict[str, Any], first_step: tuple[int, float] | None) -> str:
+    """A plain-log step line: step, loss, lr, tokens/s, time since the run began (resumes included) and the ETA
+    (`eta_seconds`), each labelled."""
+    eta = eta_seconds(e["step"], e["steps"], e["elapsed_s"], first_step)
+    return (
+        f"step {e['step']}/{e['steps']} | loss {e['loss']:.4f} | lr {e['lr']:.2e} | "
+        f"{e['interval_tokens_per_s']:,.0f} tok/s | elapsed {_duration(e['elapsed_s'])} | "
+        f"ETA {_duration(eta) if eta is not None else '-'}"
+    )
+
+
+def eta_seconds(step: int, steps: int, elapsed_s: float, first_step: tuple[int, float] | None) -> float | None:
+    """Time left at this process's pace since its first step (a resumed run's earlier time does not count)."""
+    if first_step is None or step <= first_step[0]:
+        return None
+    per_step = (elapsed_s - first_step[1]) / (step - first_step[0])
+    return max(0.0, per_step * (steps - step))
 
 
 def _duration(seconds: float) -> str:

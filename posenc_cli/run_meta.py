@@ -23,11 +23,17 @@ from posenc_cli.checkpoint import (
 )
 from posenc_cli.config import Config, config_to_dict
 from posenc_cli.errors import CheckpointError, UserError
+from posenc_cli.fsutil import atomic_write_text
 from posenc_cli.metrics import read_metrics
 
 # Keys that may differ when a run is continued: they change speed or logging, not what is learned.
 RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger", "eval.", "extend.")
 _OWN_FILES = (MODEL_FILE, STATE_FILE, STATE_JSON, CONFIG_FILE, META_FILE, "tokenizer.json")
+# Written first into a directory posenc starts a run in: what such a directory holds before its first checkpoint
+# (a .pending/ journal, metrics.jsonl) is then posenc's to finish or remove, never a user's.
+CLAIM_FILE = ".posenc-run"
+# Names posenc may leave in a directory before it claims it (the lock files, a sweep job's failure record).
+_LEFTOVER_NAMES = frozenset({".lock", ".extend.lock", CLAIM_FILE, "failed.json"})
 
 
 @dataclass
@@ -106,7 +112,27 @@ def existing_meta(run_dir: Path) -> dict[str, Any] | None:
     foreign = [n for n in _OWN_FILES if (run_dir / n).exists()]
     if foreign:
         raise CheckpointError(f"{run_dir} is not a posenc run directory but holds {foreign[0]}; choose another --out")
+    check_claimable(run_dir)
     return None
+
+
+def check_claimable(run_dir: Path) -> None:
+    """`CheckpointError` unless `run_dir` (an existing directory without a run) is empty, holds only posenc's
+    leftovers, or was claimed by posenc (`CLAIM_FILE`): a user's files are never overwritten or removed."""
+    if (run_dir / CLAIM_FILE).is_file():
+        return
+    others = sorted(p.name for p in run_dir.iterdir() if p.name not in _LEFTOVER_NAMES)
+    if others:
+        raise CheckpointError(
+            f"{run_dir} is not empty and not a posenc run (it holds {others[0]}); choose another --out"
+        )
+
+
+def claim_run_dir(run_dir: Path) -> None:
+    """Create `run_dir` and mark it as posenc's (`CLAIM_FILE`) before anything else is written into it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / CLAIM_FILE).is_file():
+        atomic_write_text(run_dir / CLAIM_FILE, "a posenc run directory: posenc created it and manages its files\n")
 
 
 def result_from_meta(run_dir: Path, meta: dict[str, Any]) -> TrainResult:
@@ -135,8 +161,11 @@ def read_run_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 __all__ = [
+    "CLAIM_FILE",
     "RUNTIME_KEYS",
     "TrainResult",
+    "check_claimable",
+    "claim_run_dir",
     "config_diff",
     "default_run_dir",
     "existing_meta",

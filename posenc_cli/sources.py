@@ -368,20 +368,43 @@ def _offline_mode(offline: bool) -> Iterator[None]:
         datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """One TCP connection to the Hub's endpoint ($HF_ENDPOINT, default huggingface.co:443). Without it, `datasets`
+    retries every request with back-off (about 26 s of warnings) before failing, so posenc checks once first."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def _load_hf(data: DataConfig, split: str) -> Any:
     import datasets
 
     where = f"'{data.name}'" + (f" config '{data.config}'" if data.config else "") + f" split '{split}'"
     offline = hf_offline()
+    unreachable = not offline and not hub_reachable()  # then read the local cache only, without retries
     try:
-        with _offline_mode(offline):
+        with _offline_mode(offline or unreachable):
             ds = datasets.load_dataset(data.name, data.config, split=split)
     except ValueError as e:  # unknown config or split name
+        if unreachable:
+            raise DataError(
+                f"dataset {where} could not be fetched: the Hugging Face Hub is unreachable (no network?) and it is "
+                "not in the local cache; to use local files instead: data=text data.paths=[FILE_OR_DIR,...]"
+            ) from e
         raise DataError(f"dataset {where} could not be loaded: {_first_line(e)}") from e
     except Exception as e:
         reason = (
             "offline mode is on (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE) and it is not in the local cache"
             if offline
+            else "the Hub is unreachable (no network?) and it is not in the local cache"
+            if unreachable
             else _first_line(e)
         )
         raise DataError(

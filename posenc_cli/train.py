@@ -70,6 +70,7 @@ from posenc_cli.optim import build_optimizer, lr_at
 from posenc_cli.run_meta import (
     RUNTIME_KEYS,
     TrainResult,
+    claim_run_dir,
     config_diff,
     default_run_dir,
     existing_meta,
@@ -145,6 +146,8 @@ def train(
                 return result_from_meta(run_dir, meta)
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
+            if meta is None:
+                claim_run_dir(run_dir)  # before anything else is written: its contents are posenc's from now on
         lock = run_lock(run_dir) if info.is_main else contextlib.nullcontext()
         with lock, threads(cfg.train.threads) as n_threads:
             trainer = _Trainer(cfg, run_dir, meta, force_config, init_from, meta_extra, emit, n_threads, info, device)

@@ -78,3 +78,12 @@ def test_data_command_missing_path(tmp_path: Path, corpus_dir: Path) -> None:
     result = runner.invoke(app, ["data", "data=text", f"data.paths=[{missing}]"])
     assert result.exit_code == 2
     assert "not found" in result.output and "nope.txt" in result.output
+
+
+def test_files_note_explains_files_vs_documents() -> None:
+    from posenc_cli.cli.data import files_note
+
+    # `posenc data` printed 1,790 files and 1,727 + 35 documents with no word why
+    assert files_note(1790, {"train": 1727, "val": 35}) == "1,790 (28 empty files skipped: no document)"
+    assert files_note(3, {"train": 2, "val": 1}) == "3"
+    assert files_note(1, {"train": 1, "val": 1}) == "1"  # one file cut into train and val

@@ -114,3 +114,14 @@ def test_compare_figure_one_panel_per_run(runs: dict[str, Path], tmp_path: Path)
     assert len(panels) == 2 and all("trained at 16" in ax.get_title() for ax in panels)
     labels = [line.get_label() for line in panels[1].get_lines()]  # learned: 1× drawn, 4× n/a
     assert any("(4×): n/a" in label for label in labels) and any("(1×), mean distance" in label for label in labels)
+
+
+def test_out_help_names_each_default() -> None:
+    expected = {
+        "encoding": "outputs/viz/encoding-<scheme>.png",
+        "attention": "RUN_DIR/viz/attention.png",
+        "compare": "outputs/viz/attention-compare.png",
+    }
+    for command, default in expected.items():
+        result = runner.invoke(app, ["viz", command, "--help"], terminal_width=200)
+        assert result.exit_code == 0 and f"(default: {default})" in result.output, command

@@ -16,6 +16,7 @@ from posenc_cli.cli import app
 from posenc_cli.config import Config, EvalConfig, ModelConfig, config_to_yaml
 from posenc_cli.eval_results import new_results_doc, save_results
 from posenc_cli.positional import config_class
+from posenc_cli.sweep import _mark_done
 
 runner = CliRunner()
 
@@ -46,11 +47,19 @@ def fake_run(run_dir: Path, scheme: str, ppls: dict[int, float | None], lengths:
     commit_checkpoint(
         run_dir,
         {"config.yaml": config_to_yaml(cfg).encode()},
-        {"kind": "posenc-run", "schema_version": 1, "step": 1, "train_length": 16, "base_length": 16},
+        {
+            "kind": "posenc-run",
+            "schema_version": 1,
+            "step": 1,
+            "train_length": 16,
+            "base_length": 16,
+            "status": "complete",
+        },
     )
     doc = new_results_doc(run_dir.name, scheme, 16, 16)
     doc["entries"] = [entry(n, p) for n, p in ppls.items()]
     save_results(run_dir, doc)
+    _mark_done(run_dir, run_dir.name)  # a sweep job counts only with its done marker
 
 
 @pytest.fixture

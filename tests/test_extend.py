@@ -266,3 +266,30 @@ def test_tokenizer_file_is_copied(tmp_path: Path) -> None:
     assert (tmp_path / "child" / "tokenizer.json").read_bytes() == (tmp_path / "bpe" / "tokenizer.json").read_bytes()
     child = load_run(tmp_path / "child")  # verifies the tokenizer's fingerprint against meta.json
     assert child.tokenizer.vocab_size == 300
+
+
+# -- concurrent and half-written extensions ------------------------------------------------------------------------
+
+
+def test_a_second_writer_changes_nothing_and_says_so(runs: dict[str, Path], tmp_path: Path) -> None:
+    from filelock import FileLock
+
+    from posenc_cli.extend import LOCK_FILE
+
+    out = tmp_path / "child"
+    out.mkdir()
+    with FileLock(out / LOCK_FILE):  # another `extend` is writing this directory
+        before = snapshot(out)
+        with pytest.raises(UserError, match="being written by another posenc extend; nothing was changed"):
+            extend_run(runs["rope"], out, ExtendConfig(method="linear", factor=2))
+        assert snapshot(out) == before
+    assert extend_run(runs["rope"], out, ExtendConfig(method="linear", factor=2)).status == "created"
+
+
+def test_a_half_written_extension_is_redone_not_reported_done(runs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "child"
+    extend_run(runs["rope"], out, ExtendConfig(method="linear", factor=2))
+    for name in ("model.safetensors", "config.yaml"):  # what a raced or killed writer left: meta.json alone
+        (out / name).unlink()
+    assert extend_run(runs["rope"], out, ExtendConfig(method="linear", factor=2)).status == "created"
+    assert load_run(out).config.pos.scaling.factor == 2.0  # type: ignore[attr-defined]

@@ -38,7 +38,7 @@ def rope_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
 
 def one_line_error(result, *needles: str) -> None:
     assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in result.output, result.output
     for needle in needles:
         assert needle in lines[0], lines[0]
@@ -179,3 +179,90 @@ def test_memory_estimate_matches_the_model() -> None:
     check_fits(cfg, 257, 16, "training", available=2**30)
     with pytest.raises(ConfigError, match="training needs about 0.0 GiB of memory and 0.0 GiB is available"):
         check_fits(cfg, 257, 16, "training", available=1000)
+
+
+# -- a directory that is not a run ---------------------------------------------------------------------------------
+
+
+def test_train_into_a_users_directory_touches_nothing(corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "mine"
+    (out / ".pending").mkdir(parents=True)
+    (out / ".pending" / "draft.txt").write_text("my notes")
+    (out / "metrics.jsonl").write_text('{"mine": 1}\n')
+    result = runner.invoke(app, ["train", *tiny_overrides(corpus, steps=2), "--out", str(out)])
+    one_line_error(result, "is not empty and not a posenc run", "choose another --out")
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert left == [".pending", ".pending/draft.txt", "metrics.jsonl"]
+    assert (out / "metrics.jsonl").read_text() == '{"mine": 1}\n'
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_started_again(corpus: Path, tmp_path: Path) -> None:
+    from posenc_cli.run_meta import claim_run_dir
+
+    out = tmp_path / "run"
+    claim_run_dir(out)  # what train wrote first, before it was killed
+    (out / ".pending").mkdir()
+    (out / ".pending" / "model.safetensors").write_bytes(b"half")
+    train(tiny_config(corpus, steps=2), out)
+    assert load_run(out).meta["status"] == "complete"
+
+
+# -- resume state validated against the model ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def stopped_run(corpus: Path, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    train(tiny_config(corpus, steps=2), run)
+    return run
+
+
+def _resume(corpus: Path, run: Path) -> None:
+    train(tiny_config(corpus, steps=4), run, force_config=True)
+
+
+def _edit_state(run: Path, edit) -> None:
+    import safetensors.torch
+
+    tensors = safetensors.torch.load_file(run / "state.safetensors")
+    edit(tensors)
+    safetensors.torch.save_file(tensors, run / "state.safetensors", metadata={"format": "pt"})
+    _set_file(run, "state.safetensors", (run / "state.safetensors").read_bytes())
+
+
+def test_wrong_shaped_optimizer_moment_is_refused(corpus: Path, stopped_run: Path) -> None:
+    def shrink(tensors: dict) -> None:
+        key = next(k for k in sorted(tensors) if k.endswith(".exp_avg"))
+        tensors[key] = torch.zeros(4)
+
+    _edit_state(stopped_run, shrink)
+    with pytest.raises(CheckpointError, match=r"optimizer exp_avg of parameter \d+ is torch.float32 \(4,\), expected"):
+        _resume(corpus, stopped_run)
+
+
+def test_negative_optimizer_step_is_refused(corpus: Path, stopped_run: Path) -> None:
+    def negative(tensors: dict) -> None:
+        tensors[next(k for k in sorted(tensors) if k.endswith(".step"))] = torch.tensor(-3.0)
+
+    _edit_state(stopped_run, negative)
+    with pytest.raises(CheckpointError, match=r"optimizer step of parameter \d+ is invalid"):
+        _resume(corpus, stopped_run)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("step", "abc", "step or tokens are not whole numbers"),
+        ("tokens", -1, "step or tokens are not whole numbers"),
+        ("elapsed_s", "soon", "elapsed_s is not a number"),
+        ("rng", {"python": [3, "x", None], "numpy": {}}, "random-number state is invalid"),
+    ],
+)
+def test_bad_state_json_fields_are_one_line(
+    corpus: Path, stopped_run: Path, field: str, value: object, message: str
+) -> None:
+    info = json.loads((stopped_run / "state.json").read_text())
+    info[field] = value
+    _set_file(stopped_run, "state.json", json.dumps(info).encode())
+    with pytest.raises(CheckpointError, match=message):
+        _resume(corpus, stopped_run)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from corpus_utils import BYTE, docs_of
 
+from posenc_cli import sources
 from posenc_cli.config import DataConfig
 from posenc_cli.data import load_corpus
 from posenc_cli.errors import DataError
@@ -165,6 +166,7 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
         return datasets.Dataset.from_dict({"text": HF_ROWS, "label": list(range(len(HF_ROWS)))})
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: True)  # no network in tests
     return calls
 
 
@@ -200,6 +202,7 @@ def test_hf_unreachable_message(monkeypatch: pytest.MonkeyPatch) -> None:
         raise ConnectionError("Couldn't reach 'wikitext' on the Hub (ConnectError)")
 
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: True)  # reachable, then the fetch fails
     for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
@@ -228,3 +231,27 @@ def test_hf_offline_env_is_honoured_without_network(tmp_path: Path, monkeypatch:
     assert "data=text data.paths=" in str(err.value)
     assert attempts == []
     assert before == datasets.config.HF_HUB_OFFLINE  # the library setting is restored afterwards
+
+
+def test_hf_without_network_fails_fast_from_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No network: one connection attempt, then `datasets` runs in offline mode (no ~26 s of retries)."""
+    attempts: list[object] = []
+    offline_during_load: list[bool] = []
+
+    def no_network(*args: object, **kwargs: object) -> None:
+        attempts.append(args)
+        raise OSError("Network is unreachable")
+
+    def load_dataset(*args: object, **kwargs: object) -> None:
+        offline_during_load.append(bool(datasets.config.HF_HUB_OFFLINE))
+        raise ConnectionError("Couldn't reach 'wikitext' on the Hub (offline mode is enabled)")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    with pytest.raises(DataError, match="Hub is unreachable .no network.. and it is not in the local cache"):
+        load_corpus(DataConfig(source="hf", name="wikitext", config="wikitext-2-raw-v1"), BYTE)
+    assert len(attempts) == 1 and offline_during_load == [True]  # was: online, retrying with back-off
+    assert datasets.config.HF_HUB_OFFLINE is False  # restored

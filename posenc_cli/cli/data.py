@@ -44,6 +44,18 @@ def _splits(values: dict[str, int]) -> str:
     return f"{values['train']:,} train / {values['val']:,} val"
 
 
+def files_note(files: int, documents: dict[str, int]) -> str:
+    """'1,790 (28 empty files skipped: no document)': why the file count is not the document count. In data=stdlib
+    every non-empty file is one document (undecodable bytes are replaced, not dropped) and empty ones (most
+    `__init__.py`) are skipped; a lone document is cut into train and val."""
+    skipped = files - documents["train"] - documents["val"]
+    return (
+        f"{files:,} ({skipped:,} empty file{'s' if skipped != 1 else ''} skipped: no document)"
+        if skipped > 0
+        else f"{files:,}"
+    )
+
+
 def summary_table(info: dict[str, Any]) -> Table:
     """One row per fact of a prepared corpus (`Corpus.info`)."""
     table = Table(title="posenc data", show_header=False, title_justify="left")
@@ -64,7 +76,7 @@ def summary_table(info: dict[str, Any]) -> Table:
         config = f" ({info['config']})" if info.get("config") else ""
         table.add_row("source", f"hf: {info['name']}{config}, split {info['split']}")
     if "files" in info:
-        table.add_row("files", f"{info['files']:,}")
+        table.add_row("files", files_note(info["files"], info["documents"]))
     table.add_row("documents", _splits(info["documents"]))
     table.add_row("bytes", _splits(info["bytes"]))
     table.add_row("tokens", _splits(info["tokens"]))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -23,7 +23,12 @@ app.add_typer(viz_app, name="viz")
 
 DEFAULT_DIR = Path("outputs/viz")
 
-OutOption = Annotated[Path | None, typer.Option("--out", metavar="PNG", help="Figure file.", show_default=False)]
+
+def out_option(default: str) -> Any:
+    """`--out PNG` whose help names where the figure goes without it."""
+    return typer.Option("--out", metavar="PNG", help=f"Figure file (default: {default}).", show_default=False)
+
+
 DeviceOption = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")]
 WindowsOption = Annotated[int, typer.Option("--windows", min=1, help="Held-out validation windows per length.")]
 
@@ -64,7 +69,7 @@ def encoding_command(
             show_default=False,
         ),
     ] = None,
-    out: OutOption = None,
+    out: Annotated[Path | None, out_option(f"{DEFAULT_DIR}/encoding-<scheme>.png")] = None,
     length: Annotated[
         int | None, typer.Option("--length", metavar="N", help="Positions drawn (default: the training length).")
     ] = None,
@@ -119,7 +124,7 @@ def attention_command(
         str, typer.Option("--head", metavar="H|all|mean", help="Head(s) of the maps; mean averages the heads.")
     ] = "mean",
     windows: WindowsOption = 4,
-    out: OutOption = None,
+    out: Annotated[Path | None, out_option("RUN_DIR/viz/attention.png")] = None,
     device: DeviceOption = "auto",
 ) -> None:
     """Attention maps at the training length and a longer one, side by side, and attention mass by distance."""
@@ -151,7 +156,7 @@ def compare_command(
     ],
     multiple: Annotated[float, typer.Option("--multiple", help="Longer length as a multiple of each run's.")] = 4.0,
     windows: WindowsOption = 4,
-    out: OutOption = None,
+    out: Annotated[Path | None, out_option(f"{DEFAULT_DIR}/attention-compare.png")] = None,
     device: DeviceOption = "auto",
 ) -> None:
     """One small panel per run: attention mass by distance at 1× and at --multiple × the training length."""
