@@ -165,9 +165,12 @@ def _publish(tmp: Path, out: Path) -> None:
     for path in tmp.iterdir():
         with open(path, "rb") as f:
             os.fsync(f.fileno())
-    if out.is_dir():
-        out.rmdir()  # empty: checked before anything was written
-    os.replace(tmp, out)
+    try:
+        if out.is_dir():
+            out.rmdir()  # empty: checked before anything was written
+        os.replace(tmp, out)
+    except OSError as e:  # another process filled `out` meanwhile
+        raise ConfigError(f"output directory {out} was written by another process meanwhile ({e.strerror})") from e
     fsync_dir(out.parent)
 
 

@@ -137,3 +137,19 @@ def test_extend_eval_scores_parent_and_child(sources: dict[str, Path], tmp_path:
     result = _extend(str(sources["gpt_neox"]), "--yarn", "--factor", "2", "--out", str(out), "--eval")
     assert result.exit_code == 0, result.output
     assert "ext" in result.output and "gpt_neox" in result.output
+
+
+def test_out_filled_meanwhile_is_one_line_and_leaves_no_temp(
+    sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import posenc_cli.hf_extend as hf_extend
+
+    def busy(src: object, dst: object) -> None:
+        raise OSError(errno.ENOTEMPTY, "Directory not empty")
+
+    monkeypatch.setattr(hf_extend.os, "replace", busy)
+    result = _extend(str(sources["llama"]), "--yarn", "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2 and "written by another process meanwhile" in result.output
+    assert list(tmp_path.iterdir()) == []
