@@ -190,3 +190,18 @@ def test_cli_memory_refusal_is_one_line(dirs: dict[str, Path], tmp_path: Path, m
     result = _eval(str(dirs["qwen2"]), *args)
     assert result.exit_code == 2, result.output
     assert len(result.output.strip().splitlines()) == 1 and "more than the 0.0 GiB available" in result.output
+
+
+def test_cli_bf16_evaluates_close_to_fp32(dirs: dict[str, Path], tmp_path: Path) -> None:
+    corpus = write_text_corpus(tmp_path)
+    data = ["data=text", f"data.paths=[{corpus}]", "data.val_fraction=0.5", "--force"]
+    ppl = {}
+    for dtype in ("fp32", "bf16"):
+        out = tmp_path / f"{dtype}.json"
+        args = ["--lengths", "1", "--tokens", "64", "--dtype", dtype, "--json", str(out)]
+        result = _eval(str(dirs["llama"]), *args, *data)
+        assert result.exit_code == 0, result.output
+        (entry,) = json.loads(out.read_text())["runs"][0]["entries"]
+        assert entry["dtype"] == dtype
+        ppl[dtype] = entry["ppl"]
+    assert ppl["bf16"] == pytest.approx(ppl["fp32"], rel=0.05)
