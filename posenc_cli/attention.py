@@ -29,6 +29,12 @@ from posenc_cli.positional.base import PositionalScheme, PositionContext
 BIAS_CHUNK_BYTES = 64 * 2**20
 # Devices on which an available `key_bias` replaces the chunked bias path (fp32/fp64 only; see the module docstring).
 KEY_BIAS_DEVICES: tuple[str, ...] = ("cpu",)
+# Where SDPA's backward is slower in bf16 than in fp32, training under bf16 autocast attends in fp32 (forward-only
+# calls stay in bf16). PyTorch's fused CPU kernel, AMD EPYC with AVX512-BF16, H=4, hd=32, one thread, forward and
+# backward: bf16 took 2.7x the fp32 time at T=64, 1.9x at 128, 1.3x at 256, 1.0x at 512 and 0.7x at 1024 (so up to
+# FP32_GRAD_MAX_LEN only); a model=tiny training step at T=128 drops to 0.64-0.74x (benchmarks/ab_step.py).
+FP32_GRAD_DEVICES: tuple[str, ...] = ("cpu",)
+FP32_GRAD_MAX_LEN = 256
 _KEY_BIAS = "attention.key_bias"  # ctx.tables entries this module caches per forward
 _MASKS = "attention.masks"
 
@@ -70,8 +76,23 @@ def attend(
     """softmax(q·kᵀ/√hd + bias + mask)·v for q, k, v (B, H, T, hd) -> (B, H, T, hd).
 
     `chunk_size` forces the number of queries per chunk on the bias path (None: from `BIAS_CHUNK_BYTES`, or the
-    key-bias road where the scheme and the dtype allow it).
+    key-bias road where the scheme and the dtype allow it). bf16 inputs that need gradients on `FP32_GRAD_DEVICES`
+    at most `FP32_GRAD_MAX_LEN` long are attended in fp32 (see there) and the result is cast back to bf16.
     """
+    if q.requires_grad and q.dtype == torch.bfloat16 and _fp32_grad(q):
+        with torch.autocast(q.device.type, enabled=False):  # autocast would cast SDPA's inputs back to bf16
+            out = attend(
+                q.float(),
+                k.float(),
+                v.float(),
+                scheme,
+                layer,
+                ctx,
+                causal=causal,
+                dropout_p=dropout_p,
+                chunk_size=chunk_size,
+            )
+        return out.to(q.dtype)
     if not scheme.has_bias:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
     if causal and chunk_size is None and key_bias_applies(q):
@@ -99,6 +120,10 @@ def attend(
         mask = fold_causal_mask(bias, q_pos, k_pos, q.dtype, causal)
         outs.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=dropout_p))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+def _fp32_grad(q: Tensor) -> bool:
+    return q.device.type in FP32_GRAD_DEVICES and q.shape[-2] <= FP32_GRAD_MAX_LEN
 
 
 def key_bias_applies(q: Tensor) -> bool:

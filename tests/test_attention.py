@@ -292,3 +292,43 @@ def test_alibi_key_bias_road_is_accurate_at_8192_tokens() -> None:
     err = (out[:, :, rows].double() - ref).abs().amax(dim=(0, 2, 3))  # (H,)
     bound = torch.clamp(2 * torch.finfo(torch.float32).eps * slopes.double() * T, min=1e-5)
     assert (err <= bound).all(), f"errors {err.tolist()} exceed {bound.tolist()}"
+
+
+def sdpa_dtypes(monkeypatch: pytest.MonkeyPatch) -> list[torch.dtype]:
+    """Record the dtype of q at every SDPA call of the attention module."""
+    import posenc_cli.attention as attention
+
+    seen: list[torch.dtype] = []
+    real = attention.F.scaled_dot_product_attention
+
+    def spy(q: Tensor, *args: object, **kwargs: object) -> Tensor:
+        seen.append(q.dtype)
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["nope", "alibi"])
+def test_bf16_training_attends_in_fp32_on_cpu_up_to_the_length_limit(name: str, monkeypatch) -> None:
+    """CPU's fused bf16 SDPA backward is slower than fp32's at short lengths: training attends in fp32 there; the
+    result is the fp32 attention rounded once to bf16. Forward-only calls and longer inputs stay in bf16."""
+    from posenc_cli.attention import FP32_GRAD_MAX_LEN
+    from posenc_cli.positional import scheme_class
+
+    model_cfg = ModelConfig(d_model=32, n_head=4)
+    scheme = scheme_class(name)(AlibiConfig() if name == "alibi" else NopeConfig(), model_cfg, 16)
+    seen = sdpa_dtypes(monkeypatch)
+    cases = ((40, True, torch.float32), (40, False, torch.bfloat16), (FP32_GRAD_MAX_LEN + 1, True, None))
+    for T, grad, expect in cases:
+        seen.clear()
+        q, k, v = (t.bfloat16().requires_grad_(grad) for t in qkv(B=1, T=T))
+        ctx = PositionContext(positions=torch.arange(T))
+        scheme.prepare(ctx)
+        out = attend(q, k, v, scheme, 0, ctx)
+        assert out.dtype == torch.bfloat16 and set(seen) == {expect or torch.bfloat16}, (T, grad)
+        if expect == torch.float32:
+            ref = attend(q.detach().float(), k.detach().float(), v.detach().float(), scheme, 0, ctx).bfloat16()
+            assert torch.equal(out.detach(), ref)
+            out.float().sum().backward()
+            assert q.grad is not None and q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad).all()
