@@ -474,10 +474,11 @@ def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None) ->
 
             with profile.phase("passkey"):
                 evaluate_passkey_run(run, PasskeyConfig(lengths=cfg.eval.lengths), device=device)
-        recorder = EvalRecorder(profile, run.config.model, sum(p.numel() for p in run.model.parameters()))
+        recorder = EvalRecorder(profile, run)
         result = evaluate_run(run, cfg.eval, device=device, progress=recorder)
-        recorder.book_flops(result["entries"])
-        eval_facts(profile, result["entries"], device)
+        entries = result.get("entries") or []
+        recorder.book_flops(entries)
+        eval_facts(profile, entries, device)
         return result
 
     evaluate_each_run([job_dir], evaluate, device=cfg.train.device, threads=cfg.train.threads)
