@@ -190,6 +190,11 @@ def committed_file(run_dir: Path, name: str) -> Path:
     return Path(run_dir) / name
 
 
+class NotARunError(CheckpointError):
+    """`read_meta` on a directory that is not a posenc run at all (no meta.json, or one of another kind), as opposed
+    to a posenc run whose meta.json is corrupt, unsupported or incomplete."""
+
+
 def is_run_dir(path: Path | str) -> bool:
     """True when `path` holds a committed posenc run (meta.json of kind posenc-run); checksums are not checked."""
     try:
@@ -200,19 +205,22 @@ def is_run_dir(path: Path | str) -> bool:
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
-    """meta.json of the committed checkpoint; `CheckpointError` when `run_dir` is not a posenc run."""
+    """meta.json of the committed checkpoint; `NotARunError` when `run_dir` is not a posenc run, `CheckpointError`
+    when its meta.json is unreadable, corrupt (not a JSON object), unsupported or incomplete."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
-        raise CheckpointError(f"run directory {run_dir} does not exist")
+        raise NotARunError(f"run directory {run_dir} does not exist")
     path = committed_file(run_dir, META_FILE)
     if not run_dir.is_dir() or not path.is_file() or run_dir.name == PENDING:
-        raise CheckpointError(f"{run_dir} is not a posenc run directory (no {META_FILE})")
+        raise NotARunError(f"{run_dir} is not a posenc run directory (no {META_FILE})")
     try:
         meta = json.loads(path.read_bytes())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: unreadable or corrupt ({type(e).__name__})") from e
-    if not isinstance(meta, dict) or meta.get("kind") != KIND:
-        raise CheckpointError(f"{run_dir} is not a posenc run directory ({META_FILE} is not of kind {KIND})")
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: unreadable or corrupt (not a JSON object)")
+    if meta.get("kind") != KIND:
+        raise NotARunError(f"{run_dir} is not a posenc run directory ({META_FILE} is not of kind {KIND})")
     version = meta.get("schema_version")
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise CheckpointError(

@@ -259,8 +259,8 @@ def evaluate_model(
 
 def find_runs(paths: Iterable[Path | str]) -> list[Path]:
     """Run directories named by `paths`: each is a run (or a transformers model directory, see `hf_run`), or a
-    directory searched recursively for posenc runs."""
-    from posenc_cli.checkpoint import is_run_dir
+    directory searched recursively for posenc runs. A named run whose meta.json is corrupt, and a search that finds
+    only such runs, raise `read_meta`'s error (naming the file) rather than "no run"."""
     from posenc_cli.hf_run import is_hf_dir
 
     found: list[Path] = []
@@ -270,15 +270,12 @@ def find_runs(paths: Iterable[Path | str]) -> list[Path]:
             raise CheckpointError(f"{path}: no such directory")
         if not path.is_dir():
             raise CheckpointError(f"{path}: not a directory (expected a run or sweep directory)")
-        if is_run_dir(path) or is_hf_dir(path):
+        if is_hf_dir(path) or _is_run(path):
             found.append(path)
             continue
-        # Hidden directories (a checkpoint's `.pending/` mid-save) are not runs.
-        below = sorted(
-            p.parent
-            for p in path.rglob("meta.json")
-            if not any(part.startswith(".") for part in p.relative_to(path).parts) and is_run_dir(p.parent)
-        )
+        below, broken = _runs_below(path)
+        if not below and broken:
+            raise broken[0]
         if not below:
             raise CheckpointError(f"{path}: not a run directory and contains none (no meta.json of kind posenc-run)")
         found.extend(below)
@@ -286,6 +283,33 @@ def find_runs(paths: Iterable[Path | str]) -> list[Path]:
     for p in found:
         unique.setdefault(p.resolve(), p)
     return list(unique.values())
+
+
+def _is_run(path: Path) -> bool:
+    """True for a posenc run; False for a directory that is none; `read_meta`'s error for a broken run."""
+    from posenc_cli.checkpoint import NotARunError, read_meta
+
+    try:
+        read_meta(path)
+    except NotARunError:
+        return False
+    return True
+
+
+def _runs_below(path: Path) -> tuple[list[Path], list[CheckpointError]]:
+    """Runs found below `path` (hidden directories, such as a checkpoint's `.pending/`, are not searched), sorted,
+    and the errors of the posenc runs below it that cannot be read."""
+    runs: list[Path] = []
+    broken: list[CheckpointError] = []
+    for meta in sorted(path.rglob("meta.json")):
+        if any(part.startswith(".") for part in meta.relative_to(path).parts):
+            continue
+        try:
+            if _is_run(meta.parent):
+                runs.append(meta.parent)
+        except CheckpointError as e:
+            broken.append(e)
+    return runs, broken
 
 
 def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> DataConfig:

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from posenc_cli.checkpoint import load_run
 from posenc_cli.cli import app
 from posenc_cli.errors import CheckpointError, ConfigError
+from posenc_cli.evaluate import find_runs
 from posenc_cli.train import train
 
 runner = CliRunner()
@@ -266,3 +267,40 @@ def test_bad_state_json_fields_are_one_line(
     _set_file(stopped_run, "state.json", json.dumps(info).encode())
     with pytest.raises(CheckpointError, match=message):
         _resume(corpus, stopped_run)
+
+
+# -- garbage meta.json: reported as corrupt, naming the file, not as "no run" ------------------------------------
+
+
+def _dir_with_meta(run: Path, text: str) -> Path:
+    run.mkdir(parents=True)
+    (run / "meta.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+    return run
+
+
+def _minimal_run(run: Path) -> Path:
+    return _dir_with_meta(run, json.dumps({"kind": "posenc-run", "schema_version": 1, "step": 0, "files": {}}))
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2, 3]", '"posenc-run"', "\udcff\udcfe\x00"])
+@pytest.mark.parametrize("command", ["eval-extrapolate", "compare"])
+def test_garbage_meta_json_is_reported_as_corrupt(tmp_path: Path, text: str, command: str) -> None:
+    run = _dir_with_meta(tmp_path / "run", text)
+    result = runner.invoke(app, [command, str(run)])
+    one_line_error(result, f"{run / 'meta.json'}: unreadable or corrupt")
+    assert "contains none" not in result.stderr
+
+
+def test_search_finding_only_corrupt_runs_names_the_corrupt_file(tmp_path: Path) -> None:
+    _dir_with_meta(tmp_path / "sweep" / "train" / "rope", "{not json")
+    with pytest.raises(CheckpointError, match="rope/meta.json: unreadable or corrupt"):
+        find_runs([tmp_path / "sweep"])
+
+
+def test_run_search_skips_foreign_meta_json_and_corrupt_runs_beside_readable_ones(tmp_path: Path) -> None:
+    top = _dir_with_meta(tmp_path / "project", json.dumps({"kind": "something-else"}))
+    with pytest.raises(CheckpointError, match="not a run directory and contains none"):
+        find_runs([top])
+    good = _minimal_run(top / "runs" / "alibi")
+    _dir_with_meta(top / "runs" / "rope", "{not json")
+    assert find_runs([top]) == [good]
