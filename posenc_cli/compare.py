@@ -196,8 +196,24 @@ def _run_record(run: Path, name: RunName, keep: set[tuple[str, float]] | None = 
     return record
 
 
+def current_checkpoint(run_dir: Path) -> tuple[Any, Any]:
+    """(step, weights sha256) of the run as it is on disk now (`eval_results.checkpoint_key`): what a stored cell
+    must have measured to be shown. A transformers directory is step 0 with `hf_run.weights_identity`."""
+    from posenc_cli.checkpoint import read_meta
+    from posenc_cli.eval_results import checkpoint_identity, checkpoint_key
+    from posenc_cli.hf_run import is_hf_dir, weights_identity
+
+    if is_hf_dir(run_dir):
+        meta: dict[str, Any] = {"step": 0, "files": {"model.safetensors": weights_identity(Path(run_dir))}}
+    else:
+        meta = read_meta(run_dir)
+    return checkpoint_key({"checkpoint": checkpoint_identity(meta)})
+
+
 def _fill(record: RunRecord, keep: set[tuple[str, float]] | None = None) -> None:
-    from posenc_cli.eval_results import load_results
+    """The run's stored entries of its current checkpoint (cells of an earlier one, or of none recorded, are not
+    measured), within `keep`'s lengths."""
+    from posenc_cli.eval_results import checkpoint_key, load_results
 
     doc = load_results(record.run_dir, missing_ok=True)
     if not doc or not doc.get("entries"):
@@ -206,7 +222,15 @@ def _fill(record: RunRecord, keep: set[tuple[str, float]] | None = None) -> None
     record.scheme = str(doc.get("scheme", ""))
     record.train_length = doc.get("train_length")
     record.base_length = doc.get("base_length")
-    record.entries = [e for e in doc["entries"] if keep is None or _in_lengths(e, keep)]
+    current = current_checkpoint(record.run_dir)
+    entries = [e for e in doc["entries"] if checkpoint_key(e) == current]
+    if not entries:
+        record.status = "missing"
+        record.error = (
+            f"evaluated only on an earlier checkpoint, not on step {current[0]} (run posenc eval-extrapolate)"
+        )
+        return
+    record.entries = [e for e in entries if keep is None or _in_lengths(e, keep)]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from posenc_cli import compare
 from posenc_cli.checkpoint import commit_checkpoint
 from posenc_cli.cli import app
 from posenc_cli.config import Config, EvalConfig, ModelConfig, config_to_yaml
-from posenc_cli.eval_results import new_results_doc, save_results
+from posenc_cli.eval_results import checkpoint_identity, new_results_doc, save_results
 from posenc_cli.positional import config_class
 from posenc_cli.sweep import _mark_done
 
@@ -38,6 +38,7 @@ def entry(length: int, ppl: float | None, base: int = 16) -> dict[str, Any]:
         "bpb": None,
         "per_position": [],
         "created": "2025-01-01T00:00:00+00:00",
+        "checkpoint": {"step": 1, "model_sha256": None},  # what `fake_run`'s meta.json names
     }
 
 
@@ -155,3 +156,33 @@ def test_compare_cli_all_lengths(sweep_dir: Path) -> None:
     assert "3×" not in result.output and "0.5×" not in result.output
     result = runner.invoke(app, ["compare", str(sweep_dir), "--all-lengths", "--format", "markdown"])
     assert result.exit_code == 0 and "3× 48" in result.output
+
+
+def _checkpoint(run_dir: Path, step: int, weights: bytes) -> dict[str, Any]:
+    """Commit fake weights as the run's checkpoint at `step`; its identity, as evaluation records it."""
+    meta = {"kind": "posenc-run", "schema_version": 1, "step": step, "train_length": 16, "status": "complete"}
+    return checkpoint_identity(commit_checkpoint(run_dir, {"model.safetensors": weights}, meta))
+
+
+def test_cells_of_an_earlier_checkpoint_are_not_measured(tmp_path: Path) -> None:
+    fake_run(tmp_path / "runs" / "alibi", "alibi", {16: 9.0, 32: 9.0, 64: 12.0}, [1.0, 2.0, 4.0])
+    run = tmp_path / "runs" / "rope"
+    old = _checkpoint(run, 1, b"weights at step 1")
+    doc = new_results_doc("rope", "rope", 16, 16)
+    doc["entries"] = [{**entry(n, p), "checkpoint": old} for n, p in {16: 10.0, 32: 12.0, 64: 20.0}.items()]
+    save_results(run, doc)
+    new = _checkpoint(run, 2, b"weights at step 2")  # trained further: every stored cell is of step 1
+
+    rope = next(r for r in compare.gather([tmp_path / "runs"]) if r.run_dir == run)
+    assert (rope.status, rope.entries) == ("missing", [])
+    assert "earlier checkpoint, not on step 2" in rope.error
+
+    later = "2025-02-01T00:00:00+00:00"
+    doc["entries"].append({**entry(16, 8.0), "checkpoint": new, "created": later})  # 1× measured again
+    doc["entries"].append({**entry(32, 5.0), "checkpoint": {**new, "model_sha256": "0" * 64}, "created": later})
+    doc["entries"].append({k: v for k, v in entry(64, 4.0).items() if k != "checkpoint"})  # checkpoint unknown
+    save_results(run, doc)
+    text = render(compare.gather([tmp_path / "runs"]))
+    row = next(line for line in text.splitlines() if line.startswith("│ rope"))
+    assert [c.strip() for c in row.split("│")[2:-1]] == ["8.000", "–", "–", "–"]
+    assert "[missing]" not in text
