@@ -5,9 +5,10 @@
 # One prepared check of posenc's GPU path, with one summary at the end:
 #   1. the CUDA-marked tests (bf16 autocast training, the chunked attention-bias path in bf16 vs fp32,
 #      ALiBi/T5/FIRE bias precision at 8k tokens, DDP over NCCL when more than one GPU is present);
-#   2. the rest of the test suite with CUDA available (bounded by GPU_CHECK_SUITE_S seconds, default 150);
-#   3. posenc bench --vs hf on model=small, in fp32 and in bf16;
+#   2. the rest of the test suite with CUDA available (bounded by GPU_CHECK_SUITE_S seconds, default 120);
+#   3. posenc bench --vs hf on model=small, in fp32 and in bf16 (evaluation cases: rope and alibi at 1x and 8x);
 #   4. the main job (posenc sweep --profile) and its wall time.
+# Each step has a time limit (CUDA tests 60 s, suite 120 s, each bench 75 s, main job 120 s): under 8 minutes in all.
 # Without a GPU (or with CUDA_VISIBLE_DEVICES="") it prints "no GPU: skipped" and exits 0.
 # Outputs go to GPU_CHECK_OUT (default outputs/gpu-check-<date>-<time>); the summary is also summary.txt there.
 # Exit status: 0 when every step passed (or there is no GPU), 1 otherwise.
@@ -18,7 +19,7 @@ CHECK_ONLY=0
 for arg in "$@"; do
     case "$arg" in
         --check) CHECK_ONLY=1 ;;
-        -h | --help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument $arg (use --check or --help)" >&2; exit 2 ;;
     esac
 done
@@ -36,13 +37,14 @@ if [ "$gpus" -eq 0 ]; then
 fi
 
 OUT="${GPU_CHECK_OUT:-outputs/gpu-check-$(date +%Y%m%d-%H%M%S)}"
-SUITE_S="${GPU_CHECK_SUITE_S:-150}"
+SUITE_S="${GPU_CHECK_SUITE_S:-120}"
 STEPS=(cuda-tests test-suite bench-fp32 bench-bf16 main-job)
 if [ "$CHECK_ONLY" -eq 1 ]; then
     echo "gpu-check: $gpus GPU(s) visible; would run: ${STEPS[*]} (outputs in $OUT)"
     exit 0
 fi
 mkdir -p "$OUT"
+T0=$(date +%s)
 
 declare -a SUMMARY
 failed=0
@@ -59,7 +61,7 @@ echo "== environment"
 
 echo "== 1. CUDA-marked tests"
 t=$(date +%s)
-if "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/cuda-tests.log"; then
+if timeout 60 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/cuda-tests.log"; then
     note cuda-tests PASS "$(last_line 'passed|failed|skipped' "$OUT/cuda-tests.log") ($(seconds "$t") s)"
 else
     note cuda-tests FAIL "$(last_line 'passed|failed|error' "$OUT/cuda-tests.log") ($(seconds "$t") s)"
@@ -81,8 +83,8 @@ fi
 for dtype in fp32 bf16; do
     echo "== 3. posenc bench --vs hf, model=small, $dtype"
     t=$(date +%s)
-    if timeout 150 "$PY" -m posenc_cli bench model=small --vs hf --dtypes "$dtype" --rounds 3 \
-        --json "$OUT/bench-$dtype.json" 2>&1 | tee "$OUT/bench-$dtype.log"; then
+    if timeout 75 "$PY" -m posenc_cli bench model=small --vs hf --dtypes "$dtype" --rounds 3 \
+        --lengths 1,8 --schemes rope,alibi --json "$OUT/bench-$dtype.json" 2>&1 | tee "$OUT/bench-$dtype.log"; then
         detail=$("$PY" - "$OUT/bench-$dtype.json" <<'EOF'
 import json, sys
 entry = next(v for k, v in json.load(open(sys.argv[1])).items() if k in ("fp32", "bf16"))
@@ -101,14 +103,14 @@ done
 
 echo "== 4. the main job"
 t=$(date +%s)
-if timeout 300 "$PY" -m posenc_cli sweep --out "$OUT/main-job" --profile 2>&1 | tee "$OUT/main-job.log"; then
+if timeout 120 "$PY" -m posenc_cli sweep --out "$OUT/main-job" --profile 2>&1 | tee "$OUT/main-job.log"; then
     note main-job PASS "wall $(seconds "$t") s; $(last_line '^whole sweep' "$OUT/main-job.log")"
 else
     note main-job FAIL "after $(seconds "$t") s; see $OUT/main-job.log"
 fi
 
 {
-    echo "== gpu-check summary ($gpus GPU(s); outputs in $OUT)"
+    echo "== gpu-check summary ($gpus GPU(s); $(seconds "$T0") s in all; outputs in $OUT)"
     head -n 2 "$OUT/environment.txt"
     printf '%s\n' "${SUMMARY[@]}"
 } | tee "$OUT/summary.txt"
