@@ -8,7 +8,7 @@
 #   2. the rest of the test suite with CUDA available (bounded by GPU_CHECK_SUITE_S seconds, default 120);
 #   3. posenc bench --vs hf on model=small, in fp32 and in bf16 (evaluation cases: rope and alibi at 1x and 8x);
 #   4. the main job (posenc sweep --profile) and its wall time.
-# Each step has a time limit (CUDA tests 60 s, suite 120 s, each bench 75 s, main job 120 s): under 8 minutes in all.
+# Each step has a time limit (CUDA tests 90 s, suite 120 s, each bench 75 s, main job 110 s): under 8 minutes in all.
 # Without a GPU (or with CUDA_VISIBLE_DEVICES="") it prints "no GPU: skipped" and exits 0.
 # Outputs go to GPU_CHECK_OUT (default outputs/gpu-check-<date>-<time>); the summary is also summary.txt there.
 # Exit status: 0 when every step passed (or there is no GPU), 1 otherwise.
@@ -61,7 +61,7 @@ echo "== environment"
 
 echo "== 1. CUDA-marked tests"
 t=$(date +%s)
-if timeout 60 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/cuda-tests.log"; then
+if timeout 90 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/cuda-tests.log"; then
     note cuda-tests PASS "$(last_line 'passed|failed|skipped' "$OUT/cuda-tests.log") ($(seconds "$t") s)"
 else
     note cuda-tests FAIL "$(last_line 'passed|failed|error' "$OUT/cuda-tests.log") ($(seconds "$t") s)"
@@ -103,7 +103,7 @@ done
 
 echo "== 4. the main job"
 t=$(date +%s)
-if timeout 120 "$PY" -m posenc_cli sweep --out "$OUT/main-job" --profile 2>&1 | tee "$OUT/main-job.log"; then
+if timeout 110 "$PY" -m posenc_cli sweep --out "$OUT/main-job" --profile 2>&1 | tee "$OUT/main-job.log"; then
     note main-job PASS "wall $(seconds "$t") s; $(last_line '^whole sweep' "$OUT/main-job.log")"
 else
     note main-job FAIL "after $(seconds "$t") s; see $OUT/main-job.log"
