@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from posenc_cli.reference_tables import separated_best
+
 Result = dict[str, Any]  # one run: {"run", "scheme", "train_length", "base_length", "entries": [...], ...}
 
 
@@ -111,11 +113,13 @@ def render_table(
     for col in columns:
         width = max([len(fmt_cell(r.cells.get(col.key, Cell()))) for r in rows] + [3])
         table.add_column(col.header, justify="right", no_wrap=True, min_width=width)
-    best: dict[Any, float] = {}
+    best: dict[Any, float] = {}  # bold only when ahead of the next by more than the seed spread
     for col in columns:
-        means = [m for r in rows if (m := _mean(r, col.key)) is not None]
-        if col.best and len(means) > 1:
-            best[col.key] = min(means) if col.best == "min" else max(means)
+        spread = {str(i): (m, r.cells[col.key].std) for i, r in enumerate(rows) if (m := _mean(r, col.key)) is not None}
+        if col.best and len(spread) > 1:
+            winner = separated_best(spread, lower_is_better=col.best == "min")
+            if winner is not None:
+                best[col.key] = spread[winner][0]
     previous_group: str | None = None
     for i, row in enumerate(rows):
         if i and row.group != previous_group:
@@ -305,7 +309,10 @@ def extrapolation_caption(results: Sequence[Result], by: str, label: Callable[[R
     tokens = sorted({e["tokens"] for r in results for e in r["entries"] if e.get("status") == "ok"})
     budget = f"{tokens[0]:,}" if len(tokens) == 1 else f"{tokens[0]:,}–{tokens[-1]:,}" if tokens else "0"
     cols = "columns: multiples of each run's base length (tokens below)" if by == "multiple" else "columns: tokens"
-    lines = [f"Token-weighted perplexity over {budget} scored tokens per length; {cols}; bold = best per column."]
+    lines = [
+        f"Token-weighted perplexity over {budget} scored tokens per length; {cols}; "
+        "bold = best per column, when ahead of the next by more than both seed spreads."
+    ]
     lines.append(f"Measured in {describe_measurement(results)}.")
     lines.extend(reason_lines(results, label))
     return "\n".join(lines)
