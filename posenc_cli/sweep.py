@@ -5,29 +5,41 @@ and one or more stages. Each stage is one Hydra multirun (see `hydra_bridge.laun
 train and evaluate a run; `extend` jobs derive a run from an earlier stage's run (RoPE scaling, optional
 fine-tune) and evaluate it. Job directories are `<sweep dir>/<stage>/<swept key=value,...>/`, so a job's identity
 is stable across re-runs and a re-run skips or resumes each job in place.
+
+A job is done only by its marker `done.json`, written last and atomically after its training finished (meta status
+"complete", not "interrupted") and its evaluation wrote every cell; it names the checkpoint it vouches for, so a job
+trained further afterwards is not done any more. `job_status` is the one reader of that definition. A job whose
+training a signal stopped is neither evaluated nor marked: the sweep stops (`SweepInterrupted`) and a re-run resumes
+it from its checkpoint (Slurm's requeue path). One sweep at a time writes a sweep directory (`SWEEP_LOCK`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import signal
 import time
 import traceback
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from posenc_cli.errors import ConfigError
+from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.fsutil import atomic_write_json
 
 if TYPE_CHECKING:
     from posenc_cli.profiling import JobProfile
 
 FAILED_FILE = "failed.json"
+DONE_FILE = "done.json"  # a job's completion marker, written last
+SWEEP_LOCK = ".sweep.lock"
+FAULT_ENV = "POSENC_DEBUG_SWEEP_FAULT"  # test hook, see `_Fault`
 PLAN_FILE = "sweep.json"
 INTERNAL_KEY = "posenc_job"
 DEFAULT_JOB = "default"  # the directory of the one job of a stage that sweeps nothing
@@ -281,6 +293,16 @@ def validate_plan(plans: list[StagePlan], user_config_dir: Path | None) -> None:
 # Running a sweep (parent process).
 
 
+class SweepInterrupted(Exception):
+    """A signal stopped a job's training: it saved its checkpoint, and re-running the sweep resumes it."""
+
+    def __init__(self, jobs: list[str], signum: int | None) -> None:
+        self.jobs = jobs
+        self.signum = signum
+        name = signal.Signals(signum).name if signum else "a signal"
+        super().__init__(f"interrupted by {name}: {', '.join(jobs)} saved a checkpoint and will resume")
+
+
 def run_sweep(
     spec: SweepSpec,
     user_overrides: list[str],
@@ -292,53 +314,96 @@ def run_sweep(
 ) -> list[StagePlan]:
     """Validate every job, then run each stage (one Hydra multirun per parent group); returns the plan.
 
-    Jobs whose results already exist are skipped; interrupted ones resume in their own directory.
+    Done jobs (`job_status`) are skipped; others resume in their own directory. The sweep directory is locked for
+    the whole run: a second sweep into it fails at once (`UserError`) and changes nothing. A job stopped by a signal
+    ends the sweep with `SweepInterrupted` before any later job or stage starts.
     """
-    from posenc_cli.hydra_bridge import check_launcher, launch_multirun
+    from posenc_cli.hydra_bridge import check_launcher
 
-    say = on_event or (lambda kind, text: None)
     launcher_overrides = launcher_overrides or []
     check_launcher(launcher_overrides)
     plans = plan_sweep(spec, user_overrides)
     validate_plan(plans, user_config_dir)
     sweep_dir = Path(sweep_dir).resolve()
-    write_plan(spec, user_overrides, sweep_dir, plans)
-    for plan in plans:
-        groups: dict[str | None, list[Job]] = {}
-        for job in plan.jobs:
-            groups.setdefault(job.parent, []).append(job)
-        if not groups:
-            say("skip", f"stage {plan.stage.name}: no parent run matches '{plan.stage.parent}'")
-        for parent, jobs in groups.items():
-            title = f"stage {plan.stage.name}" + (f" from {parent}" if parent else "")
-            todo = [j for j in jobs if job_status(j.dir(sweep_dir)) != "done"]
-            if not todo:
-                say("skip", f"{title}: all {len(jobs)} job(s) already done")
-                continue
-            internal = [
-                f"+{INTERNAL_KEY}.action={plan.stage.action}",
-                f"+{INTERNAL_KEY}.sweep_dir={_hydra_quote(str(sweep_dir))}",
-            ]
-            if parent is not None:
-                parent_dir = sweep_dir / parent
-                if job_status(parent_dir) != "done":
-                    for job in jobs:
-                        _record_failure(job.dir(sweep_dir), job.name, f"parent run {parent} did not finish")
-                    say("fail", f"{title}: parent run did not finish; {len(jobs)} job(s) marked failed")
-                    continue
-                internal.append(f"+{INTERNAL_KEY}.parent_dir={_hydra_quote(str(parent_dir))}")
-            say("run", f"{title}: {len(todo)} of {len(jobs)} job(s) to run")
-            swept = [f"{key}={','.join(values)}" for key, values in plan.swept.items()]
-            exclude = [*plan.fixed, *(f"{INTERNAL_KEY}.{key}" for key in ("action", "sweep_dir", "parent_dir"))]
-            launch_multirun(
-                [*plan.fixed.values(), *swept, *internal],
-                stage_dir=jobs[0].dir(sweep_dir).parent,
-                subdir=None if plan.swept else DEFAULT_JOB,
-                exclude_keys=exclude,
-                launcher_overrides=launcher_overrides,
-                user_config_dir=user_config_dir,
-            )
+    with sweep_lock(sweep_dir):
+        write_plan(spec, user_overrides, sweep_dir, plans)
+        session = uuid.uuid4().hex
+        for plan in plans:
+            _run_stage(plan, sweep_dir, session, launcher_overrides, user_config_dir, on_event)
     return plans
+
+
+@contextlib.contextmanager
+def sweep_lock(sweep_dir: Path) -> Iterator[None]:
+    """Hold `SWEEP_LOCK` in `sweep_dir` (created if needed); another holder makes this fail at once, one line."""
+    from filelock import FileLock, Timeout
+
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(sweep_dir / SWEEP_LOCK, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout as e:
+        raise UserError(
+            f"{sweep_dir} is in use by another posenc sweep; wait for it to finish or choose another --out"
+        ) from e
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _run_stage(
+    plan: StagePlan,
+    sweep_dir: Path,
+    session: str,
+    launcher_overrides: list[str],
+    user_config_dir: Path | None,
+    on_event: Callable[[str, str], None] | None,
+) -> None:
+    """One stage: a Hydra multirun per parent group, for the groups with jobs that are not done."""
+    from posenc_cli.hydra_bridge import launch_multirun
+
+    say = on_event or (lambda kind, text: None)
+    groups: dict[str | None, list[Job]] = {}
+    for job in plan.jobs:
+        groups.setdefault(job.parent, []).append(job)
+    if not groups:
+        say("skip", f"stage {plan.stage.name}: no parent run matches '{plan.stage.parent}'")
+    for parent, jobs in groups.items():
+        title = f"stage {plan.stage.name}" + (f" from {parent}" if parent else "")
+        todo = [j for j in jobs if job_status(j.dir(sweep_dir)) != "done"]
+        if not todo:
+            say("skip", f"{title}: all {len(jobs)} job(s) already done")
+            continue
+        internal = [
+            f"+{INTERNAL_KEY}.action={plan.stage.action}",
+            f"+{INTERNAL_KEY}.sweep_dir={_hydra_quote(str(sweep_dir))}",
+            f"+{INTERNAL_KEY}.session={session}",
+        ]
+        if parent is not None:
+            parent_dir = sweep_dir / parent
+            if job_status(parent_dir) != "done":
+                for job in todo:
+                    _record_failure(job.dir(sweep_dir), job.name, f"parent run {parent} did not finish")
+                say("fail", f"{title}: parent run did not finish; {len(todo)} job(s) marked failed")
+                continue
+            internal.append(f"+{INTERNAL_KEY}.parent_dir={_hydra_quote(str(parent_dir))}")
+        say("run", f"{title}: {len(todo)} of {len(jobs)} job(s) to run")
+        swept = [f"{key}={','.join(values)}" for key, values in plan.swept.items()]
+        internal_keys = ("action", "sweep_dir", "session", "parent_dir")
+        exclude = [*plan.fixed, *(f"{INTERNAL_KEY}.{key}" for key in internal_keys)]
+        launch_multirun(
+            [*plan.fixed.values(), *swept, *internal],
+            stage_dir=jobs[0].dir(sweep_dir).parent,
+            subdir=None if plan.swept else DEFAULT_JOB,
+            exclude_keys=exclude,
+            launcher_overrides=launcher_overrides,
+            user_config_dir=user_config_dir,
+        )
+        stopped = [j for j in jobs if job_status(j.dir(sweep_dir)) == "interrupted"]
+        if stopped or session in _STOPPED:
+            names = [f"{j.stage}/{j.name}" for j in stopped] or ["a job"]
+            raise SweepInterrupted(names, _STOPPED.get(session))
 
 
 def _hydra_quote(value: str) -> str:
@@ -389,16 +454,28 @@ def _record_failure(job_dir: Path, name: str, message: str) -> None:
 # The job function (runs in the launcher's process: locally, in a joblib worker or on a Slurm node).
 
 
+_STOPPED: dict[str, int | None] = {}  # sweep sessions in which this process saw a job's training interrupted
+
+
 def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
-    """Train or extend, then evaluate; record a failure in the job directory instead of raising."""
+    """Train or extend, then evaluate, then mark the job done; record a failure in the job directory instead of
+    raising. A done job returns at once; a job whose training a signal stopped is not evaluated (status
+    "interrupted"), and later jobs of the same sweep in this process do not start."""
     from posenc_cli.config import config_from_dict, replace
     from posenc_cli.profiling import JobProfile, write_job_profile
 
     job = raw.pop(INTERNAL_KEY, {}) or {}
     job_dir = info.output_dir
+    session = str(job.get("session", ""))
+    if session in _STOPPED:
+        return {"status": "interrupted", "dir": str(job_dir)}
+    if job_status(job_dir) == "done":
+        return {"status": "ok", "dir": str(job_dir)}
     started, profile = time.perf_counter(), JobProfile()
     print(f"== job {job_dir} ==", flush=True)  # the job's own log (a file under Slurm)
     (job_dir / FAILED_FILE).unlink(missing_ok=True)
+    (job_dir / DONE_FILE).unlink(missing_ok=True)  # one of an earlier checkpoint
+    fault = _Fault.from_env(job_dir)
     try:
         cfg = config_from_dict(raw)
         if cfg.train.threads == 0 and info.parallel_jobs != 1:
@@ -406,11 +483,16 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
             cfg = replace(cfg, train=replace(cfg.train, threads=max(1, (os.cpu_count() or 1) // jobs)))
         sweep_dir = Path(job["sweep_dir"]) if job.get("sweep_dir") else None
         if job.get("action", "train") == "train":
-            _train_job(cfg, job_dir, sweep_dir, profile)
+            finished = _train_job(cfg, job_dir, sweep_dir, profile, fault)
         else:
-            _extend_job(cfg, job_dir, Path(job["parent_dir"]), sweep_dir, profile)
-        _evaluate_job(cfg, job_dir, profile)
+            finished = _extend_job(cfg, job_dir, Path(job["parent_dir"]), sweep_dir, profile, fault)
+        if finished is not None:  # a signal stopped training: resume it, do not evaluate it
+            _STOPPED[session] = finished
+            return {"status": "interrupted", "dir": str(job_dir)}
+        fault.hit("evaluate", 0)
+        _evaluate_job(cfg, job_dir, profile, fault)
         write_job_profile(job_dir, profile, time.perf_counter() - started)  # informative; not a done marker
+        _mark_done(job_dir, info.name)
         return {"status": "ok", "dir": str(job_dir)}
     except Exception as e:  # one failed job must not hide the others' results
         record = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(), "job": info.name}
@@ -436,31 +518,38 @@ def _tracked(display: Any, cfg: Any, job_dir: Path, sweep_dir: Path | None) -> A
     return tracked(display, cfg, job_dir, group=sweep_dir.name, store=sweep_dir)
 
 
-def _train_job(cfg: Any, job_dir: Path, sweep_dir: Path | None, profile: JobProfile) -> None:
+def _train_job(cfg: Any, job_dir: Path, sweep_dir: Path | None, profile: JobProfile, fault: _Fault) -> int | None:
+    """Train (or resume) the job's run; None when training finished, else the signal that stopped it (0: unknown)."""
     from posenc_cli.checkpoint import is_run_dir
     from posenc_cli.profiling import TrainRecorder
     from posenc_cli.train import train
 
     with _job_display(cfg) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
-        train(cfg, job_dir, resume=is_run_dir(job_dir), callback=TrainRecorder(profile, cfg, callback))
+        recorder = TrainRecorder(profile, cfg, fault.on_step(callback))
+        result = train(cfg, job_dir, resume=is_run_dir(job_dir), callback=recorder)
+    return (result.signal or 0) if result.stopped_reason == "interrupted" else None
 
 
-def _extend_job(cfg: Any, job_dir: Path, parent_dir: Path, sweep_dir: Path | None, profile: JobProfile) -> None:
+def _extend_job(
+    cfg: Any, job_dir: Path, parent_dir: Path, sweep_dir: Path | None, profile: JobProfile, fault: _Fault
+) -> int | None:
+    """Extend (or resume the fine-tune of) the job's run; like `_train_job`, None when it finished."""
     from posenc_cli.extend import extend_run
     from posenc_cli.profiling import TrainRecorder
 
     with _job_display(cfg) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
         booked, start = sum(profile.seconds.values()), time.perf_counter()
-        recorder = TrainRecorder(profile, cfg, callback)
-        extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads, callback=recorder)
+        recorder = TrainRecorder(profile, cfg, fault.on_step(callback))
+        result = extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads, callback=recorder)
         fine_tune = sum(profile.seconds.values()) - booked  # its setup, steps, validation and saves
         profile.add("extend", time.perf_counter() - start - fine_tune)
+    return (getattr(result, "signal", None) or 0) if result.status == "interrupted" else None
 
 
-def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None) -> None:
+def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None, fault: _Fault | None = None) -> None:
     """Passkey retrieval for runs trained on `data=passkey`, then eval-extrapolate for every job, on one loaded
-    model. extrapolate.json comes last because it marks the job done (`job_status`): a job stopped during either
-    evaluation is redone."""
+    model. Each cell is stored when measured; the job's done marker comes after both (`run_job`), so a job stopped
+    during either evaluation measures its missing cells on the next run."""
     from posenc_cli.evaluate import evaluate_each_run, evaluate_run
     from posenc_cli.profiling import EvalRecorder, JobProfile, eval_facts
 
@@ -475,7 +564,8 @@ def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None) ->
             with profile.phase("passkey"):
                 evaluate_passkey_run(run, PasskeyConfig(lengths=cfg.eval.lengths), device=device)
         recorder = EvalRecorder(profile, run)
-        result = evaluate_run(run, cfg.eval, device=device, progress=recorder)
+        progress = recorder if fault is None else fault.on_progress(recorder)
+        result = evaluate_run(run, cfg.eval, device=device, progress=progress)
         entries = result.get("entries") or []
         recorder.book_flops(entries)
         eval_facts(profile, entries, device)
@@ -484,13 +574,88 @@ def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None) ->
     evaluate_each_run([job_dir], evaluate, device=cfg.train.device, threads=cfg.train.threads)
 
 
+def _mark_done(job_dir: Path, name: str) -> None:
+    """Write the job's done marker (last, atomically), naming the checkpoint its results measured."""
+    from posenc_cli.checkpoint import read_meta
+    from posenc_cli.eval_results import checkpoint_identity
+
+    meta = read_meta(job_dir)
+    if meta.get("status") != "complete":  # training must have finished; never mark a half-trained run done
+        raise RuntimeError(f"{job_dir}: training status is {meta.get('status')!r}, not 'complete'")
+    record = {"job": name, "checkpoint": checkpoint_identity(meta)}
+    atomic_write_json(job_dir / DONE_FILE, record)
+
+
 def job_status(job_dir: Path) -> str:
-    """'failed', 'done' (evaluation results exist), 'partial' (started) or 'pending'."""
+    """The one definition of a job's state, from disk.
+
+    'done': its marker exists and names the run's current checkpoint (training complete, every cell evaluated);
+    'failed': failed.json; 'interrupted': a signal stopped its training (a re-run resumes it); 'partial': started
+    but not done (killed, or stopped during evaluation: a re-run finishes it); 'pending': not started.
+    """
+    from posenc_cli.checkpoint import read_meta
+    from posenc_cli.errors import CheckpointError
+    from posenc_cli.eval_results import checkpoint_identity
+
+    job_dir = Path(job_dir)
+    try:
+        meta: dict[str, Any] | None = read_meta(job_dir)
+    except (CheckpointError, OSError):
+        meta = None
+    try:
+        marker = json.loads((job_dir / DONE_FILE).read_text())
+    except (OSError, ValueError):
+        marker = None
+    if meta is not None and isinstance(marker, dict) and marker.get("checkpoint") == checkpoint_identity(meta):
+        return "done"
     if (job_dir / FAILED_FILE).is_file():
         return "failed"
-    if (job_dir / "eval" / "extrapolate.json").is_file():
-        return "done"
+    if meta is not None and meta.get("status") == "interrupted":
+        return "interrupted"
     return "partial" if job_dir.is_dir() and any(job_dir.iterdir()) else "pending"
+
+
+class _Fault:
+    """Test hook: `POSENC_DEBUG_SWEEP_FAULT=PHASE:N:SIGNAL[:JOB]` sends SIGNAL (TERM, INT, KILL) to this process.
+
+    PHASE `train` fires after the N-th training (or fine-tuning) step, `evaluate` just before the evaluation starts
+    (N = 0), `eval` at the N-th progress report of the evaluation (mid-cell); JOB, when given, must occur in the job
+    directory's path. Used by the fault tests to stop a sweep at a chosen moment.
+    """
+
+    def __init__(self, phase: str = "", at: int = -1, signum: int = 0) -> None:
+        self.phase, self.at, self.signum = phase, at, signum
+        self.count = 0
+
+    @classmethod
+    def from_env(cls, job_dir: Path) -> _Fault:
+        spec = os.environ.get(FAULT_ENV, "")
+        if not spec:
+            return cls()
+        phase, at, name, *job = spec.split(":", 3)
+        if job and job[0] not in Path(job_dir).as_posix():
+            return cls()
+        return cls(phase, int(at), int(signal.Signals[f"SIG{name}"]))
+
+    def hit(self, phase: str, n: int) -> None:
+        if self.signum and phase == self.phase and n == self.at:
+            os.kill(os.getpid(), self.signum)
+
+    def on_step(self, callback: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+        def wrapped(event: dict[str, Any]) -> None:
+            callback(event)
+            if event.get("event") == "step":
+                self.hit("train", int(event["step"]))
+
+        return wrapped
+
+    def on_progress(self, progress: Callable[[str, int, int], None]) -> Callable[[str, int, int], None]:
+        def wrapped(what: str, done: int, total: int) -> None:
+            progress(what, done, total)
+            self.count += 1
+            self.hit("eval", self.count)
+
+        return wrapped
 
 
 def read_failure(job_dir: Path) -> str:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -62,7 +63,14 @@ def sweep_command(
     from posenc_cli.hydra_bridge import config_dir as packaged_config_dir
     from posenc_cli.hydra_bridge import launcher_settings
     from posenc_cli.profiling import StageClock, process_age_s, write_sweep_profile
-    from posenc_cli.sweep import find_sweep_file, load_sweep_spec, plan_sweep, run_sweep, validate_plan
+    from posenc_cli.sweep import (
+        SweepInterrupted,
+        find_sweep_file,
+        load_sweep_spec,
+        plan_sweep,
+        run_sweep,
+        validate_plan,
+    )
 
     startup_s = process_age_s()  # interpreter start-up and the CLI's imports, before any work
     names, overrides = split_args(args)
@@ -86,14 +94,13 @@ def sweep_command(
     console.print(f"[bold]sweep[/] {spec.name} → {sweep_dir}", highlight=False)
     start = time.perf_counter()
     clock = StageClock(lambda kind, text: console.print(f"[cyan]{kind}[/] {text}", highlight=False))
-    plans = run_sweep(
-        spec,
-        task,
-        sweep_dir,
-        launcher_overrides=launcher,
-        user_config_dir=user_dir,
-        on_event=clock,
-    )
+    try:
+        plans = run_sweep(spec, task, sweep_dir, launcher_overrides=launcher, user_config_dir=user_dir, on_event=clock)
+    except SweepInterrupted as e:
+        again = ["posenc", "sweep", name, *overrides, "--out", str(sweep_dir)]
+        again += ["--config-dir", str(config_dir)] if config_dir else []
+        err_console.print(f"sweep {e}; it was not evaluated. Resume with: {shlex.join(again)}", markup=False)
+        raise typer.Exit(128 + (e.signum or 2)) from None
     clock.finish()
     console.print(f"sweep finished in {time.perf_counter() - start:.0f} s", highlight=False)
     report_start = time.perf_counter()
@@ -158,6 +165,20 @@ def _print_plan(name: str, plans: list, out: Path | None, launcher_name: str, la
         console.print(table)
 
 
+def _print_reference(table: Any, records: list[Any]) -> None:
+    """posenc's ppl(m·L)/ppl(L) next to the paper's, one row per run label (`reference_tables.side_by_side`)."""
+    from posenc_cli.compare import to_results
+    from posenc_cli.reference_tables import side_by_side
+
+    headers, rows = side_by_side(table, to_results(records))
+    out = Table(title=f"ppl(L') / ppl(L): posenc / paper ({table.name})", caption=table.citation, title_justify="left")
+    for i, h in enumerate(headers):
+        out.add_column(h, justify="left" if i < 2 else "right")
+    for row in rows:
+        out.add_row(*row)
+    console.print(out)
+
+
 @app.command("compare", context_settings=_EXTRA)
 @handles_errors
 def compare_command(
@@ -173,12 +194,17 @@ def compare_command(
             help="Runs below a sweep: also show lengths evaluated later, outside the sweep (default: the sweep's).",
         ),
     ] = False,
+    reference: Annotated[
+        str | None,
+        typer.Option("--reference", help="Also print posenc's ratios next to a paper's table: alibi-table2."),
+    ] = None,
 ) -> None:
     """Comparison table (and plots with --out) from run or sweep directories already on disk.
 
     Example: [bold]posenc compare outputs/sweeps/*-extrapolation --metric bpb --format markdown[/]
     """
     from posenc_cli.compare import gather, render
+    from posenc_cli.reference_tables import reference_table
 
     stray = [str(p) for p in paths if str(p).startswith("-")]  # unknown options arrive as paths (_EXTRA)
     if stray:
@@ -188,4 +214,7 @@ def compare_command(
     if fmt not in ("table", "csv", "json", "markdown"):
         raise UserError(f"--format must be table, csv, json or markdown, got {fmt}")
     records = gather(paths, all_lengths=all_lengths)
+    table = reference_table(reference) if reference is not None else None  # an unknown name fails before output
     render(records, metric=metric, baseline=baseline, fmt=fmt, out=out, console=console)
+    if table is not None:
+        _print_reference(table, records)
