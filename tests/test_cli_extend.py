@@ -130,3 +130,18 @@ def test_help_shows_an_example() -> None:
     result = runner.invoke(app, ["extend", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     assert "posenc extend outputs/runs/rope --yarn --factor 4" in result.output
+
+
+def test_eval_labels_a_sweep_job_as_compare_does(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The parent, a sweep's job, keeps its plan label in extend --eval's table (one label per run everywhere)."""
+    import shutil
+
+    sweep = tmp_path / "sweep"
+    job = sweep / "train" / "pos=rope"
+    shutil.copytree(runs["rope"], job, ignore=shutil.ignore_patterns("eval"))
+    plan = {"stage": "train", "name": "pos=rope", "dir": "train/pos=rope", "label": "my-rope", "parent": None}
+    (sweep / "sweep.json").write_text(json.dumps({"schema_version": 1, "sweep": "t", "jobs": [{**plan, "swept": {}}]}))
+    result = invoke(str(job), "--ntk", "--factor", "2", "--out", str(tmp_path / "ntk"), "--eval")
+    assert result.exit_code == 0, result.output
+    rows = [line.split("│")[1].split()[0] for line in result.output.splitlines() if line.startswith("│ ")]
+    assert "my-rope" in rows and "pos=rope" not in rows

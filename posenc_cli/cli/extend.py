@@ -220,6 +220,7 @@ def _tokens(x: float) -> str:
 
 
 def _evaluate_both(result: ExtendResult, threads: int) -> None:
+    from posenc_cli.compare import labelled_in_order
     from posenc_cli.config import EvalConfig
     from posenc_cli.evaluate import CorpusCache, evaluate_run_dir
     from posenc_cli.report import extrapolation_table
@@ -230,4 +231,5 @@ def _evaluate_both(result: ExtendResult, threads: int) -> None:
     for path, store in ((result.parent_dir, False), (result.out_dir, True)):  # the source run is never written
         with console.status(f"evaluating {escape(str(path))} ...", spinner="dots"):
             docs.append(evaluate_run_dir(path, cfg, threads=threads, corpora=corpora, store=store))
-    console.print(extrapolation_table(docs))
+    docs = labelled_in_order(docs)  # the labels compare gives these runs (a sweep's job: its plan label)
+    console.print(extrapolation_table(docs, label=lambda r: r["label"]))
