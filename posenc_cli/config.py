@@ -421,6 +421,18 @@ def load_config_file(path: Path) -> Config:
         raise ConfigError(f"{path}: {e}") from e
 
 
+ROOT_CONFIG = "config"  # configs/config.yaml, the root that every Hydra composition starts from
+
+
+def config_dir() -> Path:
+    """The packaged configs (inside the wheel) or, in a source checkout, the top-level `configs/`."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "configs", here.parent / "configs"):
+        if (candidate / f"{ROOT_CONFIG}.yaml").is_file():
+            return candidate
+    raise ConfigError(f"posenc's configs/ directory was not found next to {here}; reinstall posenc")
+
+
 def replace(cfg: Any, **changes: Any) -> Any:
     """`dataclasses.replace`, re-exported for readability at call sites."""
     return dataclasses.replace(cfg, **changes)

@@ -349,7 +349,7 @@ def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> Da
 def _data_group_defaults(name: str) -> dict[str, Any]:
     import yaml
 
-    from posenc_cli.hydra_bridge import config_dir
+    from posenc_cli.config import config_dir
 
     group = config_dir() / "data"
     path = group / f"{name}.yaml"

@@ -10,19 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.config import Config, config_from_dict, unknown_key_message
+from posenc_cli.config import ROOT_CONFIG, Config, config_dir, config_from_dict, unknown_key_message
 from posenc_cli.errors import ConfigError
-
-ROOT_CONFIG = "config"
-
-
-def config_dir() -> Path:
-    """The packaged configs (inside the wheel) or, in a source checkout, the top-level `configs/`."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "configs", here.parent / "configs"):
-        if (candidate / f"{ROOT_CONFIG}.yaml").is_file():
-            return candidate
-    raise ConfigError(f"posenc's configs/ directory was not found next to {here}; reinstall posenc")
 
 
 def register_schemes() -> None:

@@ -78,7 +78,7 @@ def model_preset_name(cfg: Config) -> str:
     """'tiny'/'small'/'base' when the sizes match a preset in configs/model, else e.g. 'd96l3'."""
     import yaml
 
-    from posenc_cli.hydra_bridge import config_dir
+    from posenc_cli.config import config_dir
 
     m = cfg.model
     with contextlib.suppress(UserError, OSError):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from posenc_cli.config import config_dir
 from posenc_cli.errors import ConfigError
-from posenc_cli.hydra_bridge import compose_config, config_dir
+from posenc_cli.hydra_bridge import compose_config
 
 
 def test_defaults_compose_to_the_documented_sizes() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from posenc_cli.config import config_dir
 from posenc_cli.errors import ConfigError
-from posenc_cli.hydra_bridge import config_dir
 from posenc_cli.sweep import find_sweep_file, load_sweep_spec, plan_sweep, validate_plan
 
 

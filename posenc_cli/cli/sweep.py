@@ -22,7 +22,7 @@ def shipped_sweeps_help() -> str:
     """'Shipped sweeps (configs/sweep/): extrapolation: ..., seeds: ...' for `posenc sweep --help`."""
     import yaml
 
-    from posenc_cli.hydra_bridge import config_dir
+    from posenc_cli.config import config_dir
 
     lines = []
     for path in sorted((config_dir() / "sweep").glob("*.yaml")):
@@ -60,7 +60,7 @@ def sweep_command(
     """
     from posenc_cli.cli.profile import print_profile
     from posenc_cli.compare import comparison_outputs, gather
-    from posenc_cli.hydra_bridge import config_dir as packaged_config_dir
+    from posenc_cli.config import config_dir as packaged_config_dir
     from posenc_cli.hydra_bridge import launcher_settings
     from posenc_cli.profiling import StageClock, process_age_s, write_sweep_profile
     from posenc_cli.sweep import (
