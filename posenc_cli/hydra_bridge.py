@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,7 @@ def job_name(lines: list[str]) -> str:
 def launch_multirun(
     task_overrides: list[str],
     *,
+    job: Callable[[dict[str, Any], JobInfo], Any],
     stage_dir: Path,
     exclude_keys: list[str],
     launcher_overrides: list[str],
@@ -127,7 +129,7 @@ def launch_multirun(
     """Run one sweep stage through Hydra's multirun, so any installed launcher plugin works unchanged.
 
     Each job's directory is `stage_dir/<override_dirname>` (swept keys only; `subdir` when nothing is swept), and
-    the job runs `hydra_task`.
+    the job runs `job(raw_config, JobInfo)` (see `HydraTask`).
     """
     from hydra._internal.utils import _run_hydra, get_args_parser
 
@@ -149,7 +151,7 @@ def launch_multirun(
         _run_hydra(
             args=args,
             args_parser=parser,
-            task_function=hydra_task,
+            task_function=HydraTask(job),
             config_path=str(config_dir()),
             config_name=ROOT_CONFIG,
         )
@@ -243,23 +245,36 @@ def _did_you_mean(word: str, options: list[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def hydra_task(cfg: Any) -> Any:
-    """The module-level task function that launchers pickle: plain dict + job facts to `sweep.run_job`."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
+@dataclasses.dataclass(frozen=True)
+class JobInfo:
+    """Facts about the running job that only the launcher knows (given to the sweep's job function)."""
 
-    from posenc_cli.sweep import JobInfo, run_job
+    output_dir: Path
+    name: str
+    parallel_jobs: int = 1
 
-    hc = HydraConfig.get()
-    raw = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(raw, dict)
-    n_jobs = OmegaConf.select(hc, "launcher.n_jobs", default=None)
-    info = JobInfo(
-        output_dir=Path(hc.runtime.output_dir),
-        name=str(hc.job.override_dirname),
-        parallel_jobs=int(n_jobs) if n_jobs is not None else 1,
-    )
-    return run_job(raw, info)
+
+@dataclasses.dataclass(frozen=True)
+class HydraTask:
+    """The task function that launchers pickle: the composed config as a plain dict, plus the job's facts, to
+    `job` (a module-level function, so that the task pickles by reference)."""
+
+    job: Callable[[dict[str, Any], JobInfo], Any]
+
+    def __call__(self, cfg: Any) -> Any:
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
+
+        hc = HydraConfig.get()
+        raw = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(raw, dict)
+        n_jobs = OmegaConf.select(hc, "launcher.n_jobs", default=None)
+        info = JobInfo(
+            output_dir=Path(hc.runtime.output_dir),
+            name=str(hc.job.override_dirname),
+            parallel_jobs=int(n_jobs) if n_jobs is not None else 1,
+        )
+        return self.job(raw, info)
 
 
 def quote_value(value: str) -> str:

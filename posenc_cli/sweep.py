@@ -32,6 +32,7 @@ import yaml
 
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.fsutil import atomic_write_json
+from posenc_cli.hydra_bridge import JobInfo
 
 if TYPE_CHECKING:
     from posenc_cli.profiling import JobProfile
@@ -81,15 +82,6 @@ class Job:
     @property
     def parent_group(self) -> str | None:
         return None if self.parent is None else self.parent.split("/", 1)[1]
-
-
-@dataclass
-class JobInfo:
-    """Facts about the running job that only the launcher knows (passed by `hydra_bridge.hydra_task`)."""
-
-    output_dir: Path
-    name: str
-    parallel_jobs: int = 1
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -394,6 +386,7 @@ def _run_stage(
         exclude = [*plan.fixed, *(f"{INTERNAL_KEY}.{key}" for key in internal_keys)]
         launch_multirun(
             [*plan.fixed.values(), *swept, *internal],
+            job=run_job,
             stage_dir=jobs[0].dir(sweep_dir).parent,
             subdir=None if plan.swept else DEFAULT_JOB,
             exclude_keys=exclude,
