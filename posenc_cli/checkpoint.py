@@ -46,6 +46,9 @@ from torch import Tensor, nn
 from posenc_cli.config import Config, config_from_dict
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.fsutil import atomic_write_bytes, atomic_write_json
+from posenc_cli.memory import LOAD_BYTES_PER_PARAM, available_memory, check_fits
+from posenc_cli.model import build_model
+from posenc_cli.tokenizer import Tokenizer, load_tokenizer
 
 KIND = "posenc-run"
 SCHEMA_VERSION = 1
@@ -67,7 +70,7 @@ class LoadedRun:
     model: nn.Module  # posenc_cli.model.GPT
     config: Config
     meta: dict[str, Any]
-    tokenizer: Any  # posenc_cli.data.Tokenizer
+    tokenizer: Tokenizer
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -171,7 +174,7 @@ def tied_groups(state: dict[str, Tensor]) -> list[list[str]]:
     return list(groups.values())
 
 
-def tokenizer_files(tokenizer: Any) -> dict[str, bytes]:
+def tokenizer_files(tokenizer: Tokenizer) -> dict[str, bytes]:
     """The files `tokenizer.save(dir)` writes (none for the byte tokenizer), as bytes for `commit_checkpoint`."""
     with tempfile.TemporaryDirectory(prefix="posenc-tok-") as tmp:
         tokenizer.save(Path(tmp))
@@ -287,8 +290,6 @@ def _safetensors_size(fd: int, size: int, path: Path) -> int:
     """The size a safetensors file may have: what its header describes (8 + header + end of the last tensor), or
     `MAX_SMALL_FILE` when the header is unreadable (the checksum or the parser then reports the damage); a
     `CheckpointError` when the header describes more tensor data than memory holds."""
-    from posenc_cli.memory import available_memory
-
     n = int.from_bytes(_read_at(fd, 0, 8), "little") if size >= 8 else -1
     if not 0 <= n <= MAX_SAFETENSORS_HEADER or 8 + n > size:
         return MAX_SMALL_FILE
@@ -380,10 +381,6 @@ def load_run(path: Path | str, device: str | torch.device = "cpu") -> LoadedRun:
 
 
 def _load_run_once(run_dir: Path, meta: dict[str, Any], device: str | torch.device) -> LoadedRun:
-    from posenc_cli.data import load_tokenizer
-    from posenc_cli.memory import LOAD_BYTES_PER_PARAM, check_fits
-    from posenc_cli.model import build_model
-
     for name in sorted(meta["files"]):  # every file, resume state included, must match its checksum
         if name not in (MODEL_FILE, CONFIG_FILE):
             read_verified(run_dir, meta, name)

@@ -28,12 +28,11 @@ from typing import Any, Literal
 from posenc_cli import __version__
 from posenc_cli.config import Config, ExtendConfig, replace
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
-from posenc_cli.run_meta import claim_run_dir
+from posenc_cli.run_meta import TrainResult, claim_run_dir
 
 if typing.TYPE_CHECKING:
     from posenc_cli.checkpoint import LoadedRun
     from posenc_cli.positional.scaling import RopeScalingConfig
-    from posenc_cli.train import TrainResult
 
 __all__ = [
     "EXTEND_METHODS",

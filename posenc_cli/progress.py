@@ -21,7 +21,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from posenc_cli.train import TrainResult
+from posenc_cli.run_meta import TrainResult
 
 
 class TrainDisplay:

@@ -68,14 +68,11 @@ from posenc_cli.memory import TRAIN_BYTES_PER_PARAM, check_fits, planned_vocab_s
 from posenc_cli.metrics import MetricsLog
 from posenc_cli.optim import build_optimizer, lr_at
 from posenc_cli.run_meta import (
-    RUNTIME_KEYS,
     TrainResult,
     claim_run_dir,
     config_diff,
-    default_run_dir,
     existing_meta,
     model_preset_name,
-    read_run_metrics,
     result_from_meta,
 )
 from posenc_cli.validation import evaluate_loss, validation_batches
@@ -513,14 +510,4 @@ class _Trainer:
         return result
 
 
-__all__ = [
-    "RUNTIME_KEYS",
-    "TrainResult",
-    "TrainingDiverged",
-    "config_diff",
-    "default_run_dir",
-    "evaluate_loss",
-    "model_preset_name",
-    "read_run_metrics",
-    "train",
-]
+__all__ = ["NAN_ENV", "TrainingDiverged", "train"]

@@ -94,8 +94,9 @@ def run(cfg: Config, resume: str | None, out: str | None, force_config: bool) ->
     from posenc_cli.cpu_load import training_busy_warning
     from posenc_cli.distributed import env_info
     from posenc_cli.progress import TrainDisplay, interrupted_message, summary_table
+    from posenc_cli.run_meta import default_run_dir
     from posenc_cli.trackers import tracked
-    from posenc_cli.train import default_run_dir, train
+    from posenc_cli.train import train
 
     run_dir = Path(resume or out) if (resume or out) else default_run_dir(cfg)
     if (busy := training_busy_warning(cfg.train.device, cfg.train.threads)) and env_info().is_main:
