@@ -13,6 +13,10 @@ per-row constant c_h(i) leaves each softmax row unchanged. No bias or mask tenso
 T. This road is taken for fp32/fp64 on CPU (`KEY_BIAS_DEVICES`): the score then carries an absolute rounding error of
 about eps·max|b| (b is centred per head to halve it; a slope-1/2 penalty at T = 8192: ~2e-4, tested), too coarse in
 bf16, where the chunked path is used.
+
+Position ids (see `posenc_cli.positional.base`): the causal mask and the chunks follow token order, always; the
+bias hooks receive token indexes and read the chunk's ids from the context, so with per-token ids the chunked path
+still builds only (B, H, chunk, T) biases, and `key_bias` may be per row, (B, H, T).
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ def attend(
         if kb is not None:
             return attend_key_bias(q, k, v, kb, dropout_p=dropout_p)
     B, H, T, _ = q.shape
-    pos = ctx.positions
+    pos = ctx.token_index  # (T,) token order: the causal mask and the chunks; hooks look the ids up (`ctx.ids_at`)
     chunk = chunk_size if chunk_size is not None else bias_chunk_size(B, H, T)
     if chunk >= T and scheme.bias_shared_across_layers:  # one chunk: build bias + mask once per forward
         key = (q.dtype, causal, T)
@@ -132,14 +136,16 @@ def key_bias_applies(q: Tensor) -> bool:
 
 
 def cached_key_bias(scheme: PositionalScheme, ctx: PositionContext) -> Tensor | None:
-    """The scheme's `key_bias` (H, T) for this forward's positions, computed once per forward (all layers share it)."""
+    """The scheme's `key_bias` (H, T) or (B, H, T) for this forward's positions, computed once per forward (all layers
+    share it)."""
     if _KEY_BIAS not in ctx.tables:
-        ctx.tables[_KEY_BIAS] = scheme.key_bias(ctx.positions, ctx)
+        ctx.tables[_KEY_BIAS] = scheme.key_bias(ctx.token_index, ctx)
     return ctx.tables[_KEY_BIAS]
 
 
 def attend_key_bias(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor, dropout_p: float = 0.0) -> Tensor:
-    """Causal softmax(q·kᵀ/√hd + b_h(j))·v through SDPA's fused causal kernel; q, k, v (B, H, T, hd), key_bias (H, T).
+    """Causal softmax(q·kᵀ/√hd + b_h(j))·v through SDPA's fused causal kernel; q, k, v (B, H, T, hd), key_bias (H, T)
+    or, per row, (B, H, T).
 
     q' = [q, 1], k' = [k, (b − centre_h)·√hd], v' = [v, 0], head dim hd + 1; scale = 1/√hd explicitly, so
     q'·k'ᵀ·scale = q·kᵀ/√hd + b_h(j) − centre_h. Subtracting a per-head constant (the midpoint of b's range) changes
@@ -148,8 +154,8 @@ def attend_key_bias(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor, dropout_p
     """
     B, H, T, hd = q.shape
     b = key_bias.to(q.dtype)
-    b = b - (b.amax(dim=-1, keepdim=True) + b.amin(dim=-1, keepdim=True)) / 2  # (H, T), centred per head
-    col = (b * hd**0.5)[None, :, :, None].expand(B, H, T, 1)  # (B, H, T, 1)
+    b = b - (b.amax(dim=-1, keepdim=True) + b.amin(dim=-1, keepdim=True)) / 2  # (H, T) or (B, H, T), centred per head
+    col = (b * hd**0.5)[..., None].expand(B, H, T, 1)  # (B, H, T, 1)
     qa = torch.cat([q, q.new_ones(()).expand(B, H, T, 1)], dim=-1)  # (B, H, T, hd + 1)
     ka = torch.cat([k, col], dim=-1)  # (B, H, T, hd + 1)
     va = torch.cat([v, v.new_zeros(()).expand(B, H, T, 1)], dim=-1)  # (B, H, T, hd + 1)

@@ -97,11 +97,21 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n if include_embedding else n - self.wte.weight.numel()
 
-    def context(self, idx: Tensor) -> PositionContext:
-        """Check the length and build the per-forward position context (positions 0..T−1, scheme tables)."""
+    def context(self, idx: Tensor, position_ids: Tensor | None = None) -> PositionContext:
+        """Check the length and build the per-forward position context (position ids, scheme tables).
+
+        position_ids: None for 0..T−1 (nothing extra is computed), or int ids (T,), (1, T) or (B, T), non-negative,
+        one per token of idx (B, T); a scheme with a position limit (`max_length`) refuses ids at or past it.
+        """
         T = idx.shape[1]
-        self.scheme.check_length(T)
-        ctx = PositionContext(positions=torch.arange(T, device=idx.device))
+        if position_ids is None:
+            self.scheme.check_length(T)
+            ctx = PositionContext(positions=torch.arange(T, device=idx.device))
+        else:
+            ids, max_position = checked_position_ids(position_ids, idx)
+            self.scheme.check_length(max_position + 1)
+            index = torch.arange(T, device=idx.device)
+            ctx = PositionContext(positions=ids, index=index, max_position=max_position)
         self.scheme.prepare(ctx)
         return ctx
 
@@ -112,13 +122,38 @@ class GPT(nn.Module):
             tokens = tokens * self.embed_scale
         return self.drop(self.scheme.embed(tokens, ctx))
 
-    def forward(self, idx: Tensor, *, causal: bool = True) -> Tensor:
-        """idx (B, T) int64 -> logits (B, T, V). `causal=False` drops the mask (analysis/tests only)."""
-        ctx = self.context(idx)
+    def forward(self, idx: Tensor, *, causal: bool = True, position_ids: Tensor | None = None) -> Tensor:
+        """idx (B, T) int64 -> logits (B, T, V). `causal=False` drops the mask (analysis/tests only).
+
+        position_ids: (T,) or (B, T) position ids (default 0..T−1), what the scheme encodes; the causal mask keeps
+        following token order whatever the ids (see `PositionContext`).
+        """
+        ctx = self.context(idx, position_ids)
         x = self.embed(idx, ctx)  # (B, T, D)
         for block in self.blocks:
             x = block(x, self.scheme, ctx, causal)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
+
+
+def checked_position_ids(position_ids: Tensor, idx: Tensor) -> tuple[Tensor, int]:
+    """Position ids for tokens idx (B, T) -> (ids as int64 on idx's device, the largest id).
+
+    ids: (T,), (1, T) or (B, T). Raises ValueError naming the shapes for any other shape, for a non-integer dtype
+    and for a negative id. One host sync (min and max together)."""
+    B, T = idx.shape
+    ids = position_ids
+    fits = ids.dim() == 1 or (ids.dim() == 2 and ids.shape[0] in (1, B))
+    if not fits or ids.shape[-1] != T:
+        raise ValueError(f"position_ids of shape {tuple(ids.shape)} do not fit tokens of shape {(B, T)}")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"position_ids must be integers, got {ids.dtype}")
+    ids = ids.to(device=idx.device, dtype=torch.long)
+    if ids.numel() == 0:
+        return ids, -1
+    lo, hi = (int(v) for v in torch.aminmax(ids))
+    if lo < 0:
+        raise ValueError(f"position_ids must be >= 0, got {lo}")
+    return ids, hi
 
 
 def build_model(cfg: Config, vocab_size: int) -> GPT:

@@ -4,7 +4,8 @@ Slopes are fairseq's `get_slopes` (the paper's reference code), including its ru
 powers of two. The bias is a pure function of i − j and the head, so nothing is learned or stored in checkpoints.
 For causal attention −m_h·(i − j) = m_h·j − m_h·i, and the per-query term −m_h·i leaves every softmax row unchanged
 (fairseq adds m_h·j to its causal mask for the same reason): `key_bias` offers m_h·j, which lets attention use the
-fused causal kernel without building an (H, T, T) bias.
+fused causal kernel without building an (H, T, T) bias. With position ids, i and j are the ids (relative: a
+common shift of the ids changes nothing), and m_h·j stays a key-only bias, per row for (B, T) ids.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch import Tensor
 
 from posenc_cli.config import PosConfig
 from posenc_cli.positional import register
-from posenc_cli.positional.base import PositionalScheme, PositionContext, relative_distance
+from posenc_cli.positional.base import PositionalScheme, PositionContext, batch_bias, relative_distance
 
 
 @dataclass(kw_only=True)
@@ -42,14 +43,16 @@ def alibi_slopes(n_head: int) -> Tensor:
 
 
 def alibi_bias(slopes: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    """slopes (H,), q_pos (Tq,), k_pos (Tk,) -> (1, H, Tq, Tk) fp32 bias −m_h·(i − j)."""
-    dist = relative_distance(q_pos, k_pos).to(torch.float32)  # (Tq, Tk)
-    return (-slopes[:, None, None] * dist[None]).unsqueeze(0)  # (1, H, Tq, Tk)
+    """slopes (H,), ids q_pos (Tq,), k_pos (Tk,) -> (1, H, Tq, Tk) fp32 bias −m_h·(i − j); (B, Tq), (B, Tk) ->
+    (B, H, Tq, Tk)."""
+    dist = relative_distance(q_pos, k_pos).to(torch.float32)  # (..., Tq, Tk)
+    return batch_bias(-slopes[:, None, None] * dist.unsqueeze(-3))  # (1 or B, H, Tq, Tk)
 
 
 def alibi_key_bias(slopes: Tensor, k_pos: Tensor) -> Tensor:
-    """slopes (H,), k_pos (Tk,) -> (H, Tk) fp32 m_h·j: the ALiBi bias up to the per-query constant −m_h·i."""
-    return slopes[:, None] * k_pos.to(torch.float32)[None, :]
+    """slopes (H,), ids k_pos (Tk,) -> (H, Tk) fp32 m_h·j: the ALiBi bias up to the per-query constant −m_h·i;
+    (B, Tk) -> (B, H, Tk)."""
+    return slopes[:, None] * k_pos.to(torch.float32).unsqueeze(-2)
 
 
 @register
@@ -59,6 +62,7 @@ class ALiBi(PositionalScheme):
     hooks = ("bias",)
     paper = "Press et al. 2022, arXiv:2108.12409"
     bias_shared_across_layers = True
+    relative = True
 
     def prepare(self, ctx: PositionContext) -> None:
         # Built per forward (H floats) rather than kept as a buffer, so `model.to(bfloat16)` cannot round the slopes.
@@ -67,7 +71,7 @@ class ALiBi(PositionalScheme):
     def bias(
         self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext
     ) -> Tensor | None:
-        return alibi_bias(ctx.tables["alibi_slopes"], q_pos, k_pos)
+        return alibi_bias(ctx.tables["alibi_slopes"], ctx.ids_at(q_pos), ctx.ids_at(k_pos))
 
     def key_bias(self, k_pos: Tensor, ctx: PositionContext) -> Tensor | None:
-        return alibi_key_bias(ctx.tables["alibi_slopes"], k_pos)
+        return alibi_key_bias(ctx.tables["alibi_slopes"], ctx.ids_at(k_pos))

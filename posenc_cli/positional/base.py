@@ -5,6 +5,12 @@ Each hook defaults to doing nothing, so a scheme overrides only what it uses. On
 model: `prepare` runs once per forward and returns the content-independent tables (rotation angles, ...) that every
 layer then reuses. Tables that depend only on shapes are kept in non-persistent buffers or recomputed, so a
 checkpoint holds only learned parameters.
+
+Position ids. Every token has a position id, by default its index 0..T−1. A forward may give other ids per token,
+(T,) for every row or (B, T) one row per sequence, separately from the token's index, which is what causality uses
+(the causal mask always follows token order). Hooks read the ids from `PositionContext.positions` (embed, rotate) or
+through `PositionContext.ids_at` (bias, key_bias: these receive token indexes, as the mask does). A scheme computes
+its positions from the ids only; `relative` says whether it sees them only through differences id_i − id_j.
 """
 
 from __future__ import annotations
@@ -25,16 +31,36 @@ Hook = Literal["embed", "rotate", "bias"]
 class PositionContext:
     """What one forward pass shares between layers.
 
-    positions: (T,) int64 absolute positions of the tokens in this forward.
+    positions: int64 position ids of the tokens, (T,) shared by every row or (B, T) one row per sequence.
     tables: scheme-owned tensors computed once by `prepare` (e.g. cos/sin tables), read by every layer.
+    index: (T,) token indexes 0..T−1 when the ids were given explicitly; None for the default ids, where `positions`
+        is arange(T) and serves as both (nothing extra is built or gathered).
+    max_position: the largest id (a host int) when the ids were given explicitly; None for the default ids.
     """
 
     positions: Tensor
     tables: dict[str, Any] = field(default_factory=dict)
+    index: Tensor | None = None
+    max_position: int | None = None
 
     @property
     def seq_len(self) -> int:
-        return int(self.positions.shape[0])
+        """T, the number of tokens."""
+        return int(self.positions.shape[-1])
+
+    @property
+    def length(self) -> int:
+        """Positions the ids reach, max id + 1 (T for the default ids): what a length-dependent scaling sees."""
+        return self.seq_len if self.max_position is None else self.max_position + 1
+
+    @property
+    def token_index(self) -> Tensor:
+        """(T,) the tokens' indexes 0..T−1: the order causality uses."""
+        return self.positions if self.index is None else self.index
+
+    def ids_at(self, index: Tensor) -> Tensor:
+        """Position ids of the tokens at `index` (N,) -> (N,) or (B, N); `index` itself for the default ids."""
+        return index if self.index is None else self.positions[..., index]
 
 
 class PositionalScheme(nn.Module):
@@ -48,6 +74,9 @@ class PositionalScheme(nn.Module):
     # True when `bias` returns the same tensor for every layer and reads neither q nor k (only positions and the
     # scheme's parameters): the model may then build it once per forward and share it between layers.
     bias_shared_across_layers: ClassVar[bool] = False
+    # True when the logits depend on the position ids only through differences id_i − id_j, so that shifting every
+    # id by one constant changes nothing (up to rounding). Vacuously true for a scheme that ignores the ids.
+    relative: ClassVar[bool] = False
 
     def __init__(self, cfg: PosConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__()
@@ -91,23 +120,35 @@ class PositionalScheme(nn.Module):
     ) -> Tensor | None:
         """Hook (c): additive attention-score bias.
 
-        q: (B, H, Tq, hd) queries of one chunk, k: (B, H, Tk, hd) keys, q_pos: (Tq,), k_pos: (Tk,) positions.
-        Returns a tensor broadcastable to (B, H, Tq, Tk), or None. The causal mask is applied by the model.
+        q: (B, H, Tq, hd) queries of one chunk, k: (B, H, Tk, hd) keys, q_pos: (Tq,), k_pos: (Tk,) their token
+        indexes (the order causality uses); their position ids are `ctx.ids_at(q_pos)`, `ctx.ids_at(k_pos)`, (Tq,)
+        or (B, Tq). Returns a tensor broadcastable to (B, H, Tq, Tk), or None. The causal mask is applied by the
+        model.
         """
         return None
 
     def key_bias(self, k_pos: Tensor, ctx: PositionContext) -> Tensor | None:
-        """Optional fast form of hook (c), for causal attention: (H, Tk) fp32 b with, for every layer and j ≤ i,
-        bias(layer, ...)[h, i, j] = b[h, j] + c_h(i) for some per-query constant c_h(i), which no softmax row sees.
-        k_pos: (Tk,) key positions. The model may then add b to the scores instead of calling `bias` (see
-        `posenc_cli.attention`). Default None: not available; `bias` is used.
+        """Optional fast form of hook (c), for causal attention: (H, Tk) or (B, H, Tk) fp32 b with, for every layer
+        and j ≤ i, bias(layer, ...)[h, i, j] = b[h, j] + c_h(i) for some per-query constant c_h(i), which no softmax
+        row sees. k_pos: (Tk,) key token indexes (ids: `ctx.ids_at(k_pos)`). The model may then add b to the scores
+        instead of calling `bias` (see `posenc_cli.attention`). Default None: not available; `bias` is used.
         """
         return None
 
 
 def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    """(Tq,), (Tk,) -> (Tq, Tk) distances i - j (non-negative where causal attention looks)."""
-    return q_pos[:, None] - k_pos[None, :]
+    """(..., Tq), (..., Tk) -> (..., Tq, Tk) distances i − j (non-negative where causal attention looks)."""
+    return q_pos[..., :, None] - k_pos[..., None, :]
+
+
+def batch_bias(bias: Tensor) -> Tensor:
+    """A bias (H, Tq, Tk) or (B, H, Tq, Tk) -> 4-D: (1, H, Tq, Tk) for ids shared by every row."""
+    return bias if bias.dim() == 4 else bias.unsqueeze(0)
+
+
+def per_head(table: Tensor) -> Tensor:
+    """A per-position table (T, X) or (B, T, X) -> broadcastable against (B, H, T, X): (B, 1, T, X) for (B, T) ids."""
+    return table if table.dim() == 2 else table.unsqueeze(-3)
 
 
 def default_device_dtype(ref: Tensor) -> dict[str, Any]:

@@ -10,6 +10,10 @@ here is exactly q·e[p]. e is zero-initialised, shared by the heads of a layer, 
 holds one CoPE per attention layer). The bias depends on content, so it is computed from the hook's q and k in
 every layer; under the chunked attention path a chunk of queries sees keys [0, end), and since gates of future keys
 are zeroed here, each query's sum is the same as unchunked. Causal only (future gates are always excluded).
+
+Position ids: CoPE ignores them. Its positions are counted by the gates over the keys a query sees, and which keys
+those are is token order (the hook's q_pos, k_pos are token indexes), never the ids: gating by ids would let a future
+token with a repeated or smaller id into a query's count. So CoPE is trivially `relative` (ids change nothing).
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ class CoPE(PositionalScheme):
     config_cls = CopeConfig
     hooks = ("bias",)
     paper = "Golovneva et al. 2024, arXiv:2405.18719"
+    relative = True  # ids are ignored (see the module docstring)
 
     def __init__(self, cfg: CopeConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__(cfg, model, train_length)

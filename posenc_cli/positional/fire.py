@@ -19,6 +19,9 @@ defined) and ε = 1e-6 is added to the normaliser.
 Layer sharing: by default every layer has its own FIRE (the paper's main setting; `pos.shared=true` gives the
 paper's FIRE-S variant, one FIRE for all layers).
 
+Position ids: i and j are the ids. FIRE is not relative in the sense of `PositionalScheme.relative`: the normaliser
+ψ(max(L, i)) reads the query's own id, so a common shift of the ids changes the bias.
+
 Evaluation. With a scalar input the MLP is piecewise linear in u (one breakpoint per hidden unit), so it is evaluated
 exactly as slope_s·u + intercept_s on the segment s that holds u (`relu_mlp_piecewise`): no (Tq, Tk, width) hidden
 tensor, which would be width/(B·H) times the bias chunk the attention path budgets for, and ~2.5× faster on CPU.
@@ -37,7 +40,7 @@ from torch import Tensor, nn
 from posenc_cli.config import ModelConfig, PosConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import register
-from posenc_cli.positional.base import PositionalScheme, PositionContext, relative_distance
+from posenc_cli.positional.base import PositionalScheme, PositionContext, batch_bias, relative_distance
 
 EPS = 1e-6  # added to the normaliser ψ(max(L, i)) (paper's code)
 THRESHOLD_FRACTION = 0.25  # L0 / training length: the paper's code default 512 at its training length 2048
@@ -80,11 +83,11 @@ def fire_psi(x: Tensor, c: Tensor) -> Tensor:
 
 
 def fire_input(q_pos: Tensor, k_pos: Tensor, c: Tensor, threshold: Tensor) -> Tensor:
-    """(Tq,), (Tk,) -> (Tq, Tk) fp32 MLP input ψ(i − j) / (ψ(max(L, i)) + ε)."""
+    """ids (..., Tq), (..., Tk) -> (..., Tq, Tk) fp32 MLP input ψ(i − j) / (ψ(max(L, i)) + ε)."""
     c = c.float()
-    dist = relative_distance(q_pos, k_pos).to(torch.float32)  # (Tq, Tk)
-    normaliser = torch.maximum(q_pos.to(torch.float32), threshold.float())  # (Tq,) max(L, i)
-    return fire_psi(dist, c) / (fire_psi(normaliser, c) + EPS)[:, None]
+    dist = relative_distance(q_pos, k_pos).to(torch.float32)  # (..., Tq, Tk)
+    normaliser = torch.maximum(q_pos.to(torch.float32), threshold.float())  # (..., Tq) max(L, i)
+    return fire_psi(dist, c) / (fire_psi(normaliser, c) + EPS)[..., :, None]
 
 
 def relu_mlp_piecewise(u: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
@@ -129,11 +132,11 @@ class Fire(nn.Module):
         return (self.L_mult.float() * self.init_L).abs()
 
     def forward(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """(Tq,), (Tk,) -> (1, H, Tq, Tk) fp32 bias."""
-        u = fire_input(q_pos, k_pos, self.c, self.threshold())  # (Tq, Tk)
+        """ids (Tq,), (Tk,) -> (1, H, Tq, Tk) fp32 bias; (B, Tq), (B, Tk) -> (B, H, Tq, Tk)."""
+        u = fire_input(q_pos, k_pos, self.c, self.threshold())  # (..., Tq, Tk)
         lin1, lin2 = self.mlp[0], self.mlp[2]
-        out = relu_mlp_piecewise(u, lin1.weight[:, 0], lin1.bias, lin2.weight, lin2.bias)  # (Tq, Tk, H) = mlp(u)
-        return out.permute(2, 0, 1).unsqueeze(0)  # (1, H, Tq, Tk)
+        out = relu_mlp_piecewise(u, lin1.weight[:, 0], lin1.bias, lin2.weight, lin2.bias)  # (..., Tq, Tk, H) = mlp(u)
+        return batch_bias(out.movedim(-1, -3))  # (1 or B, H, Tq, Tk)
 
 
 @register
@@ -152,4 +155,4 @@ class FIRE(PositionalScheme):
     def bias(
         self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext
     ) -> Tensor | None:
-        return self.fires[0 if len(self.fires) == 1 else layer](q_pos, k_pos)
+        return self.fires[0 if len(self.fires) == 1 else layer](ctx.ids_at(q_pos), ctx.ids_at(k_pos))

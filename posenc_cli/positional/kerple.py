@@ -8,7 +8,7 @@ initialisation p ~ U(0, 2), a ~ U(0, 1); one set of parameters shared by every l
 module and hands it to all layers); positivity by clamping at 0.01 (p also at 2 for `power`). The reference clamps
 the stored parameters in place before each use; here the clamp is applied in the forward (same values; a parameter
 pushed below 0.01 gets no gradient until the optimiser's momentum moves it back, where the reference would restart
-it from 0.01).
+it from 0.01). With position ids the distance is |id_i − id_j| (relative: a common shift changes nothing).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class Kerple(PositionalScheme):
     hooks = ("bias",)
     paper = "Chi et al. 2022, arXiv:2205.09921"
     bias_shared_across_layers = True  # a function of positions only, the same in every layer
+    relative = True
 
     def __init__(self, cfg: KerpleConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__(cfg, model, train_length)
@@ -70,4 +71,5 @@ class Kerple(PositionalScheme):
     def bias(
         self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext
     ) -> Tensor | None:
-        return lookup_by_distance(ctx.tables["kerple"], relative_distance(q_pos, k_pos).abs())
+        dist = relative_distance(ctx.ids_at(q_pos), ctx.ids_at(k_pos)).abs()  # (..., Tq, Tk)
+        return lookup_by_distance(ctx.tables["kerple"], dist)

@@ -1,7 +1,7 @@
 """Learned absolute positions: x_t ← x_t + E[t], E ∈ R^(L×D) trained with the model (GPT-2, BERT).
 
 L is the training length, so the table has no row for positions ≥ L: longer inputs raise `LengthBeyondScheme`
-(evaluation reports them as "n/a").
+(evaluation reports them as "n/a"). With position ids, row E[id] is added, and ids ≥ L are refused the same way.
 """
 
 from __future__ import annotations
@@ -38,4 +38,4 @@ class Learned(PositionalScheme):
         return self.train_length
 
     def embed(self, x: Tensor, ctx: PositionContext) -> Tensor:
-        return x + self.wpe(ctx.positions).to(x.dtype)  # (B, T, D) + (T, D)
+        return x + self.wpe(ctx.positions).to(x.dtype)  # (B, T, D) + (T, D) or (B, T, D)

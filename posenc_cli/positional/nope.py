@@ -1,4 +1,7 @@
-"""NoPE: no positional information; order enters only through the causal mask (Kazemnejad et al. 2023)."""
+"""NoPE: no positional information; order enters only through the causal mask (Kazemnejad et al. 2023).
+
+Position ids are ignored, so NoPE is trivially `relative`.
+"""
 
 from __future__ import annotations
 
@@ -20,3 +23,4 @@ class NoPE(PositionalScheme):
     config_cls = NopeConfig
     hooks = ()
     paper = "Kazemnejad et al. 2023, arXiv:2305.19466"
+    relative = True  # ignores the ids

@@ -7,6 +7,10 @@ Two layouts pair the dimensions differently and are equivalent up to a fixed per
 - `interleaved` (GPT-J, Meta Llama, x-transformers): pairs (x_2k, x_2k+1).
 cos/sin tables are built once per forward in fp32 (also under autocast). With `scaling.method != none` the inverse
 frequencies come from `scaling.scaled_inv_freq`, and cos and sin are both multiplied by its attention factor.
+
+Position ids: p is the token's id (relative: a common shift of the ids changes nothing but rounding). A scaling
+that depends on the sequence length (dynamic NTK) sees max id + 1 (`PositionContext.length`), as in `transformers`;
+for (B, T) ids that is the largest over the rows, so rows differ from what they would get alone only there.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from torch import Tensor
 from posenc_cli.config import ModelConfig, PosConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import register
-from posenc_cli.positional.base import PositionalScheme, PositionContext
+from posenc_cli.positional.base import PositionalScheme, PositionContext, per_head
 from posenc_cli.positional.scaling import RopeScalingConfig, scaled_inv_freq
 
 Layout = Literal["rotate_half", "interleaved"]
@@ -60,15 +64,16 @@ def rope_inv_freq(dim: int, base: float = 10000.0) -> Tensor:
 
 
 def rope_cos_sin(positions: Tensor, inv_freq: Tensor, layout: Layout) -> tuple[Tensor, Tensor]:
-    """positions (T,), inv_freq (d/2,) -> the tables `apply_rope` takes, (T, d) fp32, laid out to match `layout`'s
-    pairing: cos, and sin signed for the rotation. rotate_half: (−sin θ_0..−sin θ_{d/2-1}, sin θ_0..sin θ_{d/2-1}),
-    the sign rotate_half gives x_2, folded in once per forward instead of once per q/k rotation; interleaved: sin."""
-    angles = positions.to(torch.float32)[:, None] * inv_freq.to(positions.device, torch.float32)[None, :]  # (T, d/2)
+    """positions (T,) or (B, T), inv_freq (d/2,) -> the tables `apply_rope` takes, (T, d) or (B, T, d) fp32, laid
+    out to match `layout`'s pairing: cos, and sin signed for the rotation. rotate_half: (−sin θ_0..−sin θ_{d/2-1},
+    sin θ_0..sin θ_{d/2-1}), the sign rotate_half gives x_2, folded in once per forward instead of once per q/k
+    rotation; interleaved: sin."""
+    angles = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device, torch.float32)  # (..., T, d/2)
     if layout == "rotate_half":  # (θ_0..θ_{d/2-1}, θ_0..θ_{d/2-1})
         cos, sin = angles.cos(), angles.sin()
-        return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)  # (T, d)
+        return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)  # (..., T, d)
     paired = angles.repeat_interleave(2, dim=-1)  # (θ_0, θ_0, θ_1, θ_1, ...)
-    return paired.cos(), paired.sin()  # (T, d)
+    return paired.cos(), paired.sin()  # (..., T, d)
 
 
 def rotate_interleaved(x: Tensor) -> Tensor:
@@ -78,8 +83,8 @@ def rotate_interleaved(x: Tensor) -> Tensor:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout) -> Tensor:
-    """x (..., T, hd) with cos, sin (T, d) from `rope_cos_sin`, d ≤ hd: rotate the first d dims (in fp32), pass the
-    rest through.
+    """x (..., T, hd) with cos, sin (T, d) (or (B, 1, T, d) for per-row ids) from `rope_cos_sin`, d ≤ hd: rotate
+    the first d dims (in fp32), pass the rest through.
 
     rotate_half: x·cos + (−x_2, x_1)·sin = x·cos + roll(x, d/2)·(sign·sin) with sign = (−1 … −1, +1 … +1), already
     folded into the sin table, which `addcmul` evaluates in three kernels instead of five (measured ~25% less time
@@ -101,6 +106,7 @@ class RoPE(PositionalScheme):
     config_cls = RopeConfig
     hooks = ("rotate",)
     paper = "Su et al. 2021, arXiv:2104.09864"
+    relative = True
 
     def __init__(self, cfg: RopeConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__(cfg, model, train_length)
@@ -129,11 +135,11 @@ class RoPE(PositionalScheme):
         return inv_freq, float(attn)
 
     def prepare(self, ctx: PositionContext) -> None:
-        inv_freq, attn = self.frequencies(ctx.seq_len)
+        inv_freq, attn = self.frequencies(ctx.length)
         cos, sin = rope_cos_sin(ctx.positions, inv_freq, self.layout)
         if attn != 1.0:
             cos, sin = cos * attn, sin * attn
-        ctx.tables["rope_cos"], ctx.tables["rope_sin"] = cos, sin
+        ctx.tables["rope_cos"], ctx.tables["rope_sin"] = per_head(cos), per_head(sin)  # (T, d) or (B, 1, T, d)
 
     def rotate(self, q: Tensor, k: Tensor, ctx: PositionContext) -> tuple[Tensor, Tensor]:
         cos, sin = ctx.tables["rope_cos"], ctx.tables["rope_sin"]

@@ -80,6 +80,7 @@ class Sandwich(PositionalScheme):
     hooks = ("bias",)
     paper = "Chi et al. 2023, arXiv:2212.10356"
     bias_shared_across_layers = True  # a function of positions only, the same in every layer
+    relative = True  # |id_i − id_j| only
 
     def __init__(self, cfg: SandwichConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__(cfg, model, train_length)
@@ -91,4 +92,5 @@ class Sandwich(PositionalScheme):
     def bias(
         self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext
     ) -> Tensor | None:
-        return lookup_by_distance(ctx.tables["sandwich"], relative_distance(q_pos, k_pos).abs())
+        dist = relative_distance(ctx.ids_at(q_pos), ctx.ids_at(k_pos)).abs()  # (..., Tq, Tk)
+        return lookup_by_distance(ctx.tables["sandwich"], dist)

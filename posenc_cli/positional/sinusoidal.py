@@ -9,6 +9,7 @@ Scale. Vaswani and fairseq multiply token embeddings (init std D^−1/2) by √D
 output layer, and are not rescaled. To keep the same token:position ratio at initialisation we add `scale · PE` with
 `scale = init_std` by default: the embedding sum is then exactly fairseq's divided by the constant 1/init_std.
 Set `pos.scale=1.0` for the unscaled sum. Under `model.embedding=fairseq` (tokens × √D) the default is 1, fairseq's.
+With position ids, PE(id) is added.
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ def sinusoid_frequencies(dim: int, variant: Variant = "vaswani", base: float = 1
 
 
 def sinusoid_table(positions: Tensor, dim: int, variant: Variant = "vaswani", base: float = 10000.0) -> Tensor:
-    """positions (T,) -> (T, dim) fp32 table PE(p) in the variant's layout (interleaved or [sin ‖ cos])."""
+    """positions (T,) or (B, T) -> (T, dim) or (B, T, dim) fp32 table PE(p) in the variant's layout (interleaved or
+    [sin ‖ cos])."""
     freq = sinusoid_frequencies(dim, variant, base).to(positions.device)
-    angles = positions.to(torch.float32)[:, None] * freq[None, :]  # (T, dim/2)
+    angles = positions.to(torch.float32)[..., None] * freq  # (..., T, dim/2)
     if variant == "vaswani":
         return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # (T, dim): sin, cos, sin, cos, ...
     return torch.cat([angles.sin(), angles.cos()], dim=-1)  # (T, dim): sin ... sin, cos ... cos
@@ -78,4 +80,4 @@ class Sinusoidal(PositionalScheme):
         ctx.tables["sinusoid"] = self.scale * sinusoid_table(ctx.positions, self.d_model, self.variant, self.base)
 
     def embed(self, x: Tensor, ctx: PositionContext) -> Tensor:
-        return x + ctx.tables["sinusoid"].to(x.dtype)  # (B, T, D) + (T, D)
+        return x + ctx.tables["sinusoid"].to(x.dtype)  # (B, T, D) + (T, D) or (B, T, D)

@@ -4,7 +4,8 @@ Bucketing follows HF `T5Attention._relative_position_bucket`: half the buckets h
 the other half cover max_exact..max_distance logarithmically; everything beyond max_distance shares the last bucket
 (so the bias is constant far away and the scheme runs at any length). The model is causal, so buckets are causal
 (n = max(i − j, 0)); the bidirectional variant is kept as a pure function for completeness and tests. Buckets
-depend on n only, so they are computed once per forward for n = 0..T−1 and looked up by distance.
+depend on n only, so they are computed once per forward for n = 0..T−1 and looked up by distance. With position
+ids, n = max(id_i − id_j, 0) over the span of the ids (relative: a common shift of the ids changes nothing).
 
 As in T5, one table serves every layer (T5 computes the bias in the first layer and passes it on). Initialisation
 is HF's, N(0, d_model^−1/2). The bias is added to the scaled scores q·k/√d of SDPA, in logit units.
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 from posenc_cli.config import ModelConfig, PosConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import register
-from posenc_cli.positional.base import PositionalScheme, PositionContext, relative_distance
+from posenc_cli.positional.base import PositionalScheme, PositionContext, batch_bias, relative_distance
 
 
 @dataclass(kw_only=True)
@@ -66,15 +67,16 @@ def relative_position_bucket(
 
 
 def lookup_by_distance(table: Tensor, index: Tensor) -> Tensor:
-    """table (N, H) per distance, index (Tq, Tk) distances -> (1, H, Tq, Tk) fp32 bias table[index, h].
+    """table (N, H) per distance, index (Tq, Tk) distances -> (1, H, Tq, Tk) fp32 bias table[index, h]; index
+    (B, Tq, Tk) -> (B, H, Tq, Tk).
 
     For biases that depend on i − j only: the (N, H) table is computed once per forward, and each layer and chunk
     pays one lookup instead of evaluating the formula on Tq·Tk entries (also used by kerple and sandwich)."""
-    return nn.functional.embedding(index, table).float().permute(2, 0, 1).unsqueeze(0)  # (Tq, Tk, H) -> (1, H, ..)
+    return batch_bias(nn.functional.embedding(index, table).float().movedim(-1, -3))  # (..., Tq, Tk, H) -> (., H, ..)
 
 
 def distance_span(positions: Tensor) -> Tensor:
-    """(T,) positions -> (N,) distances 0..max − min: every |i − j| a forward can ask for."""
+    """(T,) or (B, T) position ids -> (N,) distances 0..max − min: every |i − j| a forward can ask for."""
     n = int(positions.max() - positions.min()) + 1 if positions.numel() else 1
     return torch.arange(n, device=positions.device)
 
@@ -86,6 +88,7 @@ class T5Bias(PositionalScheme):
     hooks = ("bias",)
     paper = "Raffel et al. 2020, arXiv:1910.10683 §2.1"
     bias_shared_across_layers = True  # a function of positions only, the same in every layer
+    relative = True
 
     def __init__(self, cfg: T5Config, model: ModelConfig, train_length: int) -> None:
         super().__init__(cfg, model, train_length)
@@ -103,5 +106,5 @@ class T5Bias(PositionalScheme):
         self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext
     ) -> Tensor | None:
         per_distance = self.relative_attention_bias.weight[ctx.tables["t5_buckets"]]  # (N, H)
-        dist = relative_distance(q_pos, k_pos).clamp(min=0)  # (Tq, Tk); future keys share bucket 0 with n = 0
+        dist = relative_distance(ctx.ids_at(q_pos), ctx.ids_at(k_pos)).clamp(min=0)  # (..., Tq, Tk); n < 0: bucket 0
         return lookup_by_distance(per_distance, dist)

@@ -10,6 +10,9 @@ Only i − j matters, so positions are shifted by a common centre c (the middle 
 q gets ζ^((i−c)/s), k gets ζ^(−(j−c)/s), with exponents at most |T/2|/s·ln(1/ζ_0) ≈ 1.25·T/(2s) in size (fp32 is
 safe to T ≈ 70k; the product is exact). Scales are computed in fp32 as exp(((p − c)/s)·ln ζ) and folded into RoPE's
 cos/sin tables, so `apply_rope` does rotation and scaling in one fp32 pass.
+
+Position ids: i and j are the ids and c is the midpoint of each row's ids (relative: a common shift of the ids moves
+c with them and changes nothing but RoPE's rounding).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torch import Tensor
 from posenc_cli.config import ModelConfig, PosConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import register
-from posenc_cli.positional.base import PositionalScheme, PositionContext
+from posenc_cli.positional.base import PositionalScheme, PositionContext, per_head
 from posenc_cli.positional.rope import Layout, apply_rope, rope_cos_sin, rope_inv_freq
 
 
@@ -50,16 +53,19 @@ def xpos_zeta(dim: int, gamma: float = 0.4) -> Tensor:
 
 
 def xpos_scale(positions: Tensor, zeta: Tensor, scale_base: float, center: Tensor | float, layout: Layout) -> Tensor:
-    """positions (T,) -> (T, d) fp32 factors ζ_k^((p − center)/s), laid out like RoPE's cos/sin for `layout`."""
-    power = (positions.to(torch.float32) - center) / scale_base  # (T,)
-    log_scale = power[:, None] * zeta.to(positions.device).log()[None, :]  # (T, d/2)
+    """positions (T,) or (B, T) -> (T, d) or (B, T, d) fp32 factors ζ_k^((p − center)/s), laid out like RoPE's cos/sin
+    for `layout`; center: a number, 0-d, or (B, 1) per row."""
+    power = (positions.to(torch.float32) - center) / scale_base  # (..., T)
+    log_scale = power[..., None] * zeta.to(positions.device).log()  # (..., T, d/2)
     paired = torch.cat([log_scale, log_scale], -1) if layout == "rotate_half" else log_scale.repeat_interleave(2, -1)
     return paired.exp()  # (T, d)
 
 
 def sequence_center(positions: Tensor) -> Tensor:
-    """Midpoint of the positions of a forward (a 0-d fp32 tensor, no host sync)."""
+    """Midpoint of the positions of a forward (a 0-d fp32 tensor, no host sync); (B, T) ids: (B, 1), one per row."""
     p = positions.to(torch.float32)
+    if p.dim() == 2:
+        return (p.amin(-1, keepdim=True) + p.amax(-1, keepdim=True)) / 2
     return (p.min() + p.max()) / 2
 
 
@@ -69,6 +75,7 @@ class XPos(PositionalScheme):
     config_cls = XposConfig
     hooks = ("rotate",)
     paper = "Sun et al. 2022, arXiv:2212.10554"
+    relative = True
 
     def __init__(self, cfg: XposConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__(cfg, model, train_length)
@@ -80,8 +87,8 @@ class XPos(PositionalScheme):
         cos, sin = rope_cos_sin(ctx.positions, rope_inv_freq(self.head_dim, cfg.base), self.layout)  # (T, hd)
         zeta = xpos_zeta(self.head_dim, cfg.gamma)
         scale = xpos_scale(ctx.positions, zeta, cfg.scale_base, sequence_center(ctx.positions), self.layout)  # (T, hd)
-        ctx.tables["xpos_q"] = (cos * scale, sin * scale)
-        ctx.tables["xpos_k"] = (cos / scale, sin / scale)
+        ctx.tables["xpos_q"] = (per_head(cos * scale), per_head(sin * scale))  # (T, hd) or (B, 1, T, hd)
+        ctx.tables["xpos_k"] = (per_head(cos / scale), per_head(sin / scale))
 
     def rotate(self, q: Tensor, k: Tensor, ctx: PositionContext) -> tuple[Tensor, Tensor]:
         (cq, sq), (ck, sk) = ctx.tables["xpos_q"], ctx.tables["xpos_k"]
