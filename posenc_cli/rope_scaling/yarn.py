@@ -1,0 +1,135 @@
+"""YaRN ("NTK-by-parts" + temperature), Peng et al. 2023 (arXiv 2309.00071, ICLR 2024) Eq. 17-22, HF semantics.
+
+correction_dim(r) = d·ln(L/(2π·r)) / (2·ln base) is the pair whose wavelength fits r times in L; the ramp runs from
+low = floor(correction_dim(β_fast)) to high = ceil(correction_dim(β_slow)) (no rounding without `truncate`), clamped
+to [0, d-1]; ramp_k = clamp((k - low)/(high - low), 0, 1) and inv_k' = (inv_k/s)·ramp_k + inv_k·(1 - ramp_k).
+Attention factor √(1/t) = 0.1·ln s + 1 on cos and sin (Eq. 22), unless given. transformers: rope_type yarn.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posenc_cli.errors import ConfigError
+from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, base_inv_freq, param, register
+
+__all__ = ["YaRN", "YarnParams", "yarn_attention_factor", "yarn_correction_range", "yarn_ramp"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class YarnParams(ScalingParams):
+    beta_fast: float = param(32.0, help="YaRN: β_fast.", positive=True)
+    beta_slow: float = param(1.0, help="YaRN: β_slow.", positive=True)
+    attention_factor: float | None = param(
+        None, help="YaRN: factor on cos and sin (default 0.1·ln s + 1).", metavar="F", positive=True
+    )
+    truncate: bool = param(True, help="YaRN: round the ramp's ends to whole pairs.")
+    # transformers' DeepSeek-style options, accepted by `scaled_inv_freq` but not saved in configs
+    mscale: float | None = param(None, help="", saved=False)
+    mscale_all_dim: float | None = param(None, help="", saved=False)
+
+
+def yarn_attention_factor(factor: float, *, mscale: float | None = None, mscale_all_dim: float | None = None) -> float:
+    """Default YaRN factor on cos and sin: √(1/t) = 0.1·ln s + 1 (paper Eq. 22), 1 for s <= 1.
+
+    As in `transformers`: when both `mscale` and `mscale_all_dim` are given (DeepSeek style) it is
+    (0.1·mscale·ln s + 1) / (0.1·mscale_all_dim·ln s + 1).
+    """
+
+    def get(m: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    if mscale and mscale_all_dim:
+        return get(mscale) / get(mscale_all_dim)
+    return get(1.0)
+
+
+def yarn_correction_range(
+    head_dim: int,
+    base: float,
+    original_length: int,
+    *,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+) -> tuple[float, float]:
+    """(low, high) pair indices of YaRN's ramp (paper Eq. 17-18 / "NTK-by-parts").
+
+    correction_dim(r) = d·ln(L/(2π·r)) / (2·ln base) is the pair whose wavelength fits r times in L; low comes from
+    beta_fast, high from beta_slow, floored/ceiled when `truncate`, then clamped to [0, d-1] (the upper clamp uses
+    the rotary dim d, not d/2, exactly as `transformers` does). The +0.001 for low == high is applied in `yarn_ramp`.
+    """
+    if beta_fast <= 0 or beta_slow <= 0:
+        raise ConfigError(f"YaRN betas must be > 0, got beta_fast={beta_fast}, beta_slow={beta_slow}")
+
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(original_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return float(max(low, 0)), float(min(high, head_dim - 1))
+
+
+def yarn_ramp(
+    head_dim: int,
+    base: float,
+    original_length: int,
+    *,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+) -> Tensor:
+    """ramp_k = clamp((k - low)/(high - low), 0, 1), (d/2,) float64: 0 keeps inv_k, 1 fully interpolates (inv_k/s)."""
+    low, high = yarn_correction_range(
+        head_dim, base, original_length, beta_fast=beta_fast, beta_slow=beta_slow, truncate=truncate
+    )
+    if low == high:
+        high += 0.001  # avoid 0/0, as in the reference implementation
+    k = torch.arange(head_dim // 2, dtype=torch.float64)  # (d/2,)
+    return ((k - low) / (high - low)).clamp(0.0, 1.0)
+
+
+@register
+class YaRN(ScalingMethod):
+    name = "yarn"
+    title = "YaRN"
+    summary = "NTK-by-parts ramp between kept and interpolated pairs, plus attention temperature"
+    paper = "Peng et al. 2023, arXiv:2309.00071"
+    published = "2023-08-31"
+    params_cls = YarnParams
+    rope_type = "yarn"
+
+    def _ramp(self, p: YarnParams, head_dim: int, base: float, original_length: int) -> Tensor:
+        return yarn_ramp(
+            head_dim, base, original_length, beta_fast=p.beta_fast, beta_slow=p.beta_slow, truncate=p.truncate
+        )
+
+    def inv_freq(
+        self, p: YarnParams, head_dim: int, base: float, factor: float, original_length: int, seq_len: int | None
+    ) -> Tensor:
+        ramp = self._ramp(p, head_dim, base, original_length)
+        inv = base_inv_freq(head_dim, base)
+        return (inv / factor) * ramp + inv * (1.0 - ramp)  # Eq. 18-19: h(θ_k) = (1-γ)θ_k/s + γθ_k, γ = 1 - ramp
+
+    def attention_factor(self, p: YarnParams, factor: float) -> float:
+        if p.attention_factor is not None:  # used as given, whatever the factor (as in transformers)
+            return p.attention_factor
+        return yarn_attention_factor(factor, mscale=p.mscale, mscale_all_dim=p.mscale_all_dim)
+
+    def regions(self, p: YarnParams, head_dim: int, base: float, factor: float, original_length: int) -> dict:
+        """ramp 0 → keep, 0 < ramp < 1 → blend, ramp 1 → interpolate."""
+        ramp = self._ramp(p, head_dim, base, original_length)
+        keep, interpolate = int((ramp == 0).sum()), int((ramp == 1).sum())
+        return {"keep": keep, "blend": head_dim // 2 - keep - interpolate, "interpolate": interpolate}
+
+    def transformers(self, p: YarnParams, factor: float, original_length: int, rotary_dim: int) -> TransformersRope:
+        params = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": original_length}
+        params.update(beta_fast=float(p.beta_fast), beta_slow=float(p.beta_slow), truncate=bool(p.truncate))
+        if p.attention_factor is not None:
+            params["attention_factor"] = float(p.attention_factor)
+        return TransformersRope(params, 1.0, max(original_length, round(factor * original_length)))
