@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from posenc_cli.errors import ConfigError
+from posenc_cli.rope_scaling import param_fields, settings_class
 
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes [-2**63, 2**64) and seed + 1 seeds the sampler; numpy: seed mod 2**32
 
@@ -88,43 +89,16 @@ class PosConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    """Where text comes from (`data=stdlib|text|hf|passkey`) and how it is split and cached.
+    """Options every data source has; `source` selects the source in `posenc_cli.sources` (`data=stdlib|text|hf|
+    passkey`), whose own config class (a subclass: hub fields, `passkey_*`, ...) adds its options."""
 
-    `passkey_*` configure `data=passkey` (synthetic retrieval episodes, see `posenc_cli.passkey`): the number of
-    episodes (both splits; `val_fraction` of them go to validation), their length range in characters (= byte
-    tokens; raised to the shortest possible episode), the digits of each key, and the generator's seed.
-    """
-
-    source: Literal["stdlib", "text", "hf", "passkey"] = "stdlib"
-    paths: list[str] = field(default_factory=list)
-    val_paths: list[str] = field(default_factory=list)
+    source: str = "stdlib"
     val_fraction: float = 0.02
-    name: str | None = None
-    config: str | None = None
-    split: str = "train"
-    val_split: str | None = None
-    text_column: str = "text"
     cache_dir: str | None = None
-    passkey_episodes: int = 8000
-    passkey_min_len: int = 0
-    passkey_max_len: int = 128
-    passkey_digits: int = 5
-    passkey_seed: int = 0
 
     def validate(self) -> None:
+        """Range checks (subclasses extend)."""
         _probability(self, "data", "val_fraction")
-        _positive(self, "data", "passkey_episodes", "passkey_digits")
-        _non_negative(self, "data", "passkey_min_len", "passkey_seed")
-        if self.passkey_max_len < self.passkey_min_len:
-            raise ConfigError(
-                f"data.passkey_max_len={self.passkey_max_len} is below data.passkey_min_len={self.passkey_min_len}"
-            )
-        if self.passkey_digits > 18:
-            raise ConfigError(f"data.passkey_digits must be <= 18, got {self.passkey_digits}")
-        if self.source == "text" and not self.paths:
-            raise ConfigError("data=text needs data.paths=[FILE_OR_DIR_OR_GLOB,...]")
-        if self.source == "hf" and not self.name:
-            raise ConfigError("data=hf needs data.name=<hub dataset name>")
 
 
 @dataclass(kw_only=True)
@@ -203,19 +177,17 @@ class EvalConfig:
             raise ConfigError("eval.target must be >= 1")
 
 
-@dataclass(kw_only=True)
-class ExtendConfig:
-    """Defaults of `posenc extend` (flags mirror these fields)."""
+# method (a registered RoPE scaling method), factor, original_length, then every method's parameters
+_ExtendScaling = settings_class(
+    "_ExtendScaling", method="yarn", factor=4.0, allow_none=False, module=__name__, doc="`extend`'s scaling settings."
+)
 
-    method: Literal["linear", "ntk", "dynamic", "yarn", "llama3"] = "yarn"
-    factor: float = 4.0
-    original_length: int | None = None
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    attention_factor: float | None = None
-    truncate: bool = True
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
+
+@dataclass(kw_only=True)
+class ExtendConfig(_ExtendScaling):  # type: ignore[misc, valid-type]
+    """Defaults of `posenc extend` (flags mirror these fields): the scaling settings (fields and method choices
+    from `posenc_cli.rope_scaling`'s registry), then the optional fine-tune."""
+
     finetune_steps: int = 0
     finetune_seq_len: int | None = None
     finetune_lr: float = 3e-4
@@ -228,7 +200,7 @@ class ExtendConfig:
         _non_negative(self, "extend", "finetune_steps", "finetune_warmup")
         if self.original_length is not None and self.original_length < 2:
             raise ConfigError("extend.original_length must be >= 2")
-        for name in ("beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "attention_factor"):
+        for name in (f.name for f in param_fields().values() if f.positive):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"extend.{name} must be > 0, got {value}")
@@ -267,6 +239,7 @@ def config_from_dict(raw: dict[str, Any], *, saved: bool = False) -> Config:
     it (`PosConfig.legacy_defaults`); otherwise they take today's defaults (`PosConfig.resolve`).
     """
     from posenc_cli.positional import config_class  # local import: the registry imports this module
+    from posenc_cli.sources import build_data_config  # local import: the registry imports this module
 
     if not isinstance(raw, dict):
         raise ConfigError("config must be a mapping")
@@ -279,6 +252,7 @@ def config_from_dict(raw: dict[str, Any], *, saved: bool = False) -> Config:
     if saved:
         pos.legacy_defaults(build_dataclass(ModelConfig, raw.get("model", {}) or {}, "model"))
     raw["pos"] = pos
+    raw["data"] = build_data_config(raw.get("data", {}) or {}, drop_foreign=saved)
     cfg = build_dataclass(Config, raw, "")
     cfg.validate()
     return cfg
@@ -322,7 +296,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         return [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp):
-        if tp is PosConfig:  # already built by config_from_dict with the scheme's own class
+        if tp in (PosConfig, DataConfig):  # already built by config_from_dict with the scheme's/source's own class
             return value
         return build_dataclass(tp, value, key)
     if tp is bool:

@@ -1,6 +1,7 @@
 """The on-disk token cache behind `load_corpus`, and batching (`sample_batch`, `eval_windows`).
 
-The corpus sources (stdlib, text, hf, passkey) and their train/validation split live in `posenc_cli.sources`.
+The corpus sources (stdlib, text, hf, passkey; one module each) and their train/validation split live in
+`posenc_cli.sources`.
 Each split is tokenized once into a flat array of ids, stored as raw `uint16`/`int32` under
 `<cache>/tokens/<key>/` with key = hash(source fingerprint, tokenizer fingerprint), and memory-mapped afterwards.
 Arrays are written atomically and the manifest last: an entry without a matching manifest is never trusted.
@@ -24,18 +25,8 @@ import numpy as np
 from posenc_cli.config import DataConfig, TokenizerConfig
 from posenc_cli.errors import CheckpointError, DataError
 from posenc_cli.fsutil import atomic_path, atomic_write_json, atomic_write_text
-from posenc_cli.sources import (
-    FORMAT_VERSION,
-    Docs,
-    ProgressFn,
-    Source,
-    expand_paths,
-    open_source,
-    report_progress,
-    short_hash,
-    stdlib_files,
-    stdlib_root,
-)
+from posenc_cli.sources import open_source
+from posenc_cli.sources.base import FORMAT_VERSION, Docs, ProgressFn, Source, report_progress, short_hash
 from posenc_cli.tokenizer import (
     EOD_TOKEN,
     BPETokenizer,
@@ -54,12 +45,9 @@ __all__ = [
     "Tokenizer",
     "cache_root",
     "eval_windows",
-    "expand_paths",
     "load_corpus",
     "load_tokenizer",
     "sample_batch",
-    "stdlib_files",
-    "stdlib_root",
     "token_dtype",
 ]
 

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc_cli import __version__
-from posenc_cli.config import DataConfig, EvalConfig, build_dataclass
+from posenc_cli.config import DataConfig, EvalConfig
 from posenc_cli.device import describe_device
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme, disk_error_message, is_disk_error
 from posenc_cli.eval_results import (
@@ -55,6 +55,7 @@ from posenc_cli.eval_results import (
     save_results,
     update_results_file,
 )
+from posenc_cli.sources import build_data_config, source_class
 
 if TYPE_CHECKING:
     from posenc_cli.checkpoint import LoadedRun
@@ -341,7 +342,8 @@ def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> Da
             raise ConfigError(f"bad data override: {str(e).splitlines()[0]}") from e
         assert isinstance(parsed, dict)
         raw.update(parsed.get("data", {}))
-    cfg = build_dataclass(DataConfig, raw, "data")
+    # keys of the run's own source do not carry over to another one (data.source=stdlib on a data=text run)
+    cfg = build_data_config(raw, drop_foreign=raw.get("source") != base.source)
     cfg.validate()
     return cfg
 
@@ -361,12 +363,7 @@ def _data_group_defaults(name: str) -> dict[str, Any]:
 
 def data_name(cfg: DataConfig) -> str:
     """Short human name of a data config, stored with each entry."""
-    if cfg.source == "hf":
-        return f"hf:{cfg.name}" + (f"/{cfg.config}" if cfg.config else "")
-    if cfg.source == "text":
-        names = [Path(p).name or p for p in (cfg.val_paths or cfg.paths)]
-        return "text:" + ",".join(names)
-    return cfg.source
+    return source_class(cfg.source).describe(cfg)
 
 
 class CorpusCache:

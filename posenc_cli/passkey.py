@@ -1,4 +1,6 @@
-"""Passkey retrieval (Mohtashami & Jaggi 2023, landmark attention; used by YaRN): a training task and an evaluation.
+"""Passkey retrieval (Mohtashami & Jaggi 2023, landmark attention; used by YaRN): the evaluation.
+
+The episodes and their text pieces live with the `data=passkey` source (`posenc_cli.sources.passkey`).
 
 An episode is filler text repeated to a target length with one key sentence hidden at a depth, then a question:
 
@@ -13,10 +15,6 @@ pieces one by one (its pre-tokenizer splits before " word" / " 123"), and token-
 model trained on. The landmark/YaRN preamble sentence is left out: at a training length of 128 bytes it would not
 fit.
 
-- `data=passkey` (`corpus_documents`): a seeded list of episodes whose lengths (in characters, = byte tokens) are
-  uniform in [data.passkey_min_len, data.passkey_max_len], depths uniform in [0, 1]; tokenized by the ordinary
-  token cache, so `train()` runs unchanged. Short episodes (about the training length) teach retrieval; longer
-  ones at evaluation test whether it survives beyond the training length.
 - `posenc eval-passkey` (`evaluate_passkey_run`): for each length × depth, `trials` prompts of exactly that many
   tokens (prompt + answer) with fresh seeded keys, greedy decoding of the answer's tokens (batched; one forward
   per generated token), exact match. Results go to `eval/passkey.json` in the style of `eval/extrapolate.json`.
@@ -36,7 +34,7 @@ import torch
 from torch import nn
 
 from posenc_cli import __version__
-from posenc_cli.config import DataConfig, EvalConfig
+from posenc_cli.config import EvalConfig
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
 from posenc_cli.eval_results import (
     checkpoint_identity,
@@ -46,115 +44,39 @@ from posenc_cli.eval_results import (
     update_results_file,
 )
 from posenc_cli.evaluate import check_not_training, evaluate_each_run, find_runs, plan_lengths, resolve_dtype
+from posenc_cli.sources.passkey import (
+    DEFAULT_DIGITS,
+    FILLER,
+    KEY_SENTENCE,
+    QUESTION,
+    filler_before,
+    random_keys,
+)
 
 if TYPE_CHECKING:
     from posenc_cli.checkpoint import LoadedRun
     from posenc_cli.tokenizer import Tokenizer
 
-FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-KEY_SENTENCE = " The pass key is {key}. Remember it. {key} is the pass key."
-QUESTION = " What is the pass key? The pass key is"
-GENERATOR_VERSION = 1  # bump when the episode text or the sampling changes (part of the corpus fingerprint)
 SCHEMA_VERSION = 1
 RESULTS_FILE = Path("eval") / "passkey.json"
 SAMPLES_PER_CELL = 3
 Progress = Callable[[str, int, int], None]  # (description, done, total)
 
 __all__ = [
-    "FILLER",
-    "KEY_SENTENCE",
-    "QUESTION",
     "RESULTS_FILE",
     "PasskeyConfig",
     "PromptBatch",
     "PromptTooShort",
     "build_prompts",
     "combined_json",
-    "corpus_documents",
-    "corpus_info",
-    "episode_text",
     "evaluate_passkey_model",
     "evaluate_passkey_paths",
     "evaluate_passkey_run",
     "exact_match",
     "greedy_decode",
     "load_passkey_results",
-    "make_episodes",
-    "random_keys",
     "token_share",
 ]
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Episode text (training corpus).
-
-
-def random_keys(rng: np.random.Generator, n: int, digits: int) -> list[str]:
-    """`n` uniform keys of exactly `digits` digits (no leading zero)."""
-    low = 10 ** (digits - 1) if digits > 1 else 0
-    return [str(k) for k in rng.integers(low, 10**digits, size=n)]
-
-
-def filler_before(n_filler: int, depth: float) -> int:
-    """Filler units placed before the key sentence: round(depth · n_filler)."""
-    return round(depth * n_filler)
-
-
-def episode_text(key: str, n_filler: int, depth: float) -> tuple[str, str]:
-    """(prompt, answer) with `n_filler` characters of filler, the key sentence after `depth` of them."""
-    filler = (FILLER * math.ceil(n_filler / len(FILLER)))[:n_filler]
-    b = filler_before(n_filler, depth)
-    return filler[:b] + KEY_SENTENCE.format(key=key) + filler[b:] + QUESTION, " " + key
-
-
-def fixed_chars(digits: int) -> int:
-    """Characters of an episode without filler (key sentence, question, answer)."""
-    prompt, answer = episode_text("0" * digits, 0, 0.0)
-    return len(prompt) + len(answer)
-
-
-def make_episodes(n: int, *, min_len: int, max_len: int, digits: int, seed: int) -> list[str]:
-    """`n` episode texts (prompt + answer), lengths uniform in [min_len, max_len] characters (raised to the
-    shortest possible episode), depths uniform in [0, 1], keys uniform; the same arguments give the same list."""
-    rng = np.random.default_rng([seed, GENERATOR_VERSION])
-    fixed = fixed_chars(digits)
-    lengths = rng.integers(max(min_len, fixed), max(max_len, fixed) + 1, size=n)  # (n,)
-    depths = rng.random(n)  # (n,)
-    keys = random_keys(rng, n, digits)
-    texts = []
-    for key, length, depth in zip(keys, lengths.tolist(), depths.tolist(), strict=True):  # one step per episode
-        prompt, answer = episode_text(key, length - fixed, depth)
-        texts.append(prompt + answer)
-    return texts
-
-
-def corpus_documents(data: DataConfig) -> tuple[list[str], list[str]]:
-    """(train, val) episodes of `data=passkey`: the first round(val_fraction · N) episodes (at least one when
-    val_fraction > 0) are the validation split."""
-    docs = make_episodes(
-        data.passkey_episodes,
-        min_len=data.passkey_min_len,
-        max_len=data.passkey_max_len,
-        digits=data.passkey_digits,
-        seed=data.passkey_seed,
-    )
-    n_val = max(1, round(data.val_fraction * len(docs))) if data.val_fraction > 0 else 0
-    n_val = min(n_val, len(docs) - 1)
-    return docs[n_val:], docs[:n_val]
-
-
-def corpus_info(data: DataConfig) -> dict[str, Any]:
-    """JSON-safe summary of a passkey corpus; also what its cache fingerprint is made of."""
-    return {
-        "source": "passkey",
-        "generator_version": GENERATOR_VERSION,
-        "episodes": data.passkey_episodes,
-        "min_len": max(data.passkey_min_len, fixed_chars(data.passkey_digits)),
-        "max_len": max(data.passkey_max_len, fixed_chars(data.passkey_digits)),
-        "digits": data.passkey_digits,
-        "seed": data.passkey_seed,
-        "val_fraction": data.val_fraction,
-    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -403,7 +325,7 @@ def evaluate_passkey_run(
     train_length = int(run.meta.get("train_length") or run.config.train.seq_len)
     base_length = int(run.meta.get("base_length") or train_length)
     scheme = str(run.config.pos.name)
-    digits = cfg.digits if cfg.digits is not None else run.config.data.passkey_digits
+    digits = cfg.digits if cfg.digits is not None else getattr(run.config.data, "passkey_digits", DEFAULT_DIGITS)
     dtype = resolve_dtype(cfg.dtype, run.meta, device)
 
     header = new_results_doc(run.path.name, scheme, train_length, base_length)

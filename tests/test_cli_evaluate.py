@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from posenc_cli import evaluate as ev
 from posenc_cli.cli import app
-from posenc_cli.config import DataConfig
+from posenc_cli.sources.text import TextDataConfig
 
 runner = CliRunner()
 SCHEMES = ("alibi", "learned", "rope")
@@ -28,7 +28,7 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("eval-runs")
     corpus = root / "corpus.txt"
     corpus.write_text(corpus_text(1500))
-    data = DataConfig(source="text", paths=[str(corpus)], val_fraction=0.1)
+    data = TextDataConfig(paths=[str(corpus)], val_fraction=0.1)
     train_scheme_runs(root / "sweep", SCHEMES, data, seq_len=16, batch_size=4, steps=10, warmup_steps=2, log_every=5)
     return root
 

@@ -10,7 +10,7 @@ from train_utils import train_scheme_runs
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
-from posenc_cli.config import DataConfig
+from posenc_cli.sources.passkey import PasskeyDataConfig
 
 runner = CliRunner()
 SCHEMES = ("learned", "nope")
@@ -20,7 +20,7 @@ SCHEMES = ("learned", "nope")
 def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two tiny runs (seq_len 128, 4 steps) on 60 passkey episodes."""
     root = tmp_path_factory.mktemp("passkey-runs")
-    data = DataConfig(source="passkey", passkey_episodes=60, val_fraction=0.2)
+    data = PasskeyDataConfig(passkey_episodes=60, val_fraction=0.2)
     train_scheme_runs(root / "sweep", SCHEMES, data, seq_len=128, batch_size=2, steps=4, warmup_steps=1, log_every=2)
     return root
 

@@ -14,10 +14,13 @@ import torch
 from corpus_utils import BYTE, docs_of
 
 import posenc_cli.data as data_mod
-import posenc_cli.sources as sources_mod
+import posenc_cli.sources.base as sources_base
+import posenc_cli.sources.stdlib as stdlib_source
 from posenc_cli.config import DataConfig, TokenizerConfig
-from posenc_cli.data import cache_root, eval_windows, expand_paths, load_corpus, sample_batch
+from posenc_cli.data import cache_root, eval_windows, load_corpus, sample_batch
 from posenc_cli.errors import DataError
+from posenc_cli.sources.stdlib import StdlibDataConfig
+from posenc_cli.sources.text import TextDataConfig, expand_paths
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +44,7 @@ def test_cache_root_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_second_run_does_no_tokenization(fake_stdlib: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = DataConfig(source="stdlib", val_fraction=0.2)
+    cfg = StdlibDataConfig(val_fraction=0.2)
     first = load_corpus(cfg, BYTE)
     assert first.info["reused"] is False
 
@@ -56,7 +59,7 @@ def test_second_run_does_no_tokenization(fake_stdlib: Path, monkeypatch: pytest.
 
 
 def test_bpe_corpus_is_cached(text_dir: Path, monkeypatch: pytest.MonkeyPatch, _cache: Path) -> None:
-    cfg = DataConfig(source="text", paths=[str(text_dir)], val_fraction=0.2)
+    cfg = TextDataConfig(paths=[str(text_dir)], val_fraction=0.2)
     bpe = TokenizerConfig(kind="bpe", vocab_size=300)
     first = load_corpus(cfg, bpe)
     assert first.tokenizer.kind == "bpe"
@@ -86,8 +89,8 @@ def _entry_files(cache: Path) -> list[str]:
 def test_crash_while_tokenizing_leaves_nothing_trusted(
     fake_stdlib: Path, monkeypatch: pytest.MonkeyPatch, _cache: Path
 ) -> None:
-    cfg = DataConfig(source="stdlib", val_fraction=0.2)
-    monkeypatch.setattr(sources_mod, "BATCH_BYTES", 200)  # many small batches
+    cfg = StdlibDataConfig(val_fraction=0.2)
+    monkeypatch.setattr(sources_base, "BATCH_BYTES", 200)  # many small batches
     real = data_mod.tokenize
     calls = {"n": 0}
 
@@ -108,7 +111,7 @@ def test_crash_while_tokenizing_leaves_nothing_trusted(
 
 
 def test_crash_before_manifest_is_rebuilt(fake_stdlib: Path, monkeypatch: pytest.MonkeyPatch, _cache: Path) -> None:
-    cfg = DataConfig(source="stdlib", val_fraction=0.2)
+    cfg = StdlibDataConfig(val_fraction=0.2)
 
     def killed(*args: object) -> None:
         raise SystemExit(137)
@@ -118,7 +121,7 @@ def test_crash_before_manifest_is_rebuilt(fake_stdlib: Path, monkeypatch: pytest
         load_corpus(cfg, BYTE)
     assert _entry_files(_cache) == ["train.bin", "val.bin"]  # arrays, but no manifest: untrusted
     monkeypatch.undo()
-    monkeypatch.setattr(sources_mod, "stdlib_root", lambda: fake_stdlib)
+    monkeypatch.setattr(stdlib_source, "stdlib_root", lambda: fake_stdlib)
     monkeypatch.setenv("POSENC_CACHE_DIR", str(_cache))
     corpus = load_corpus(cfg, BYTE)
     assert corpus.info["reused"] is False
@@ -126,7 +129,7 @@ def test_crash_before_manifest_is_rebuilt(fake_stdlib: Path, monkeypatch: pytest
 
 
 def test_truncated_array_is_not_trusted(fake_stdlib: Path, _cache: Path) -> None:
-    cfg = DataConfig(source="stdlib", val_fraction=0.2)
+    cfg = StdlibDataConfig(val_fraction=0.2)
     first = load_corpus(cfg, BYTE)
     n = first.info["tokens"]["train"]
     train_file = Path(first.info["cache_path"]) / "train.bin"
@@ -144,9 +147,11 @@ def test_hard_kill_mid_write_leaves_no_trusted_file(fake_stdlib: Path, tmp_path:
         import os
         from pathlib import Path
         import posenc_cli.data as d
-        import posenc_cli.sources as s
-        from posenc_cli.config import DataConfig, TokenizerConfig
-        s.stdlib_root = lambda: Path({str(fake_stdlib)!r})
+        import posenc_cli.sources.base as s
+        import posenc_cli.sources.stdlib as stdlib_source
+        from posenc_cli.config import TokenizerConfig
+        from posenc_cli.sources.stdlib import StdlibDataConfig
+        stdlib_source.stdlib_root = lambda: Path({str(fake_stdlib)!r})
         s.BATCH_BYTES = 200
         real, n = d.tokenize, [0]
         def tokenize(tok, docs):
@@ -155,7 +160,7 @@ def test_hard_kill_mid_write_leaves_no_trusted_file(fake_stdlib: Path, tmp_path:
                 os._exit(9)
             return real(tok, docs)
         d.tokenize = tokenize
-        d.load_corpus(DataConfig(source="stdlib", val_fraction=0.2), TokenizerConfig(kind="byte"))
+        d.load_corpus(StdlibDataConfig(val_fraction=0.2), TokenizerConfig(kind="byte"))
         """
     )
     env = {**os.environ, "POSENC_CACHE_DIR": str(_cache)}
@@ -163,7 +168,7 @@ def test_hard_kill_mid_write_leaves_no_trusted_file(fake_stdlib: Path, tmp_path:
     assert proc.returncode == 9, proc.stderr
     left = _entry_files(_cache)
     assert left and all(name.endswith(".tmp") for name in left)  # a partial temp file, never a .bin
-    corpus = load_corpus(DataConfig(source="stdlib", val_fraction=0.2), BYTE)
+    corpus = load_corpus(StdlibDataConfig(val_fraction=0.2), BYTE)
     assert corpus.info["reused"] is False
     assert len(docs_of(corpus, "train")) == corpus.info["documents"]["train"]
 
@@ -203,7 +208,7 @@ def test_sample_batch_covers_every_start() -> None:
 
 
 def test_sample_batch_on_memmap(fake_stdlib: Path) -> None:
-    corpus = load_corpus(DataConfig(source="stdlib", val_fraction=0.2), BYTE)
+    corpus = load_corpus(StdlibDataConfig(val_fraction=0.2), BYTE)
     x, y = sample_batch(corpus.train, 4, 8, torch.Generator().manual_seed(1))
     assert x.shape == (4, 8) and torch.equal(y[:, :-1], x[:, 1:])
     train = np.asarray(corpus.train).astype(np.int64)

@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from posenc_cli import evaluate as ev
-from posenc_cli.config import Config, DataConfig, EvalConfig, ModelConfig, TrainConfig
+from posenc_cli.config import Config, EvalConfig, ModelConfig, TrainConfig
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry
+from posenc_cli.sources.stdlib import StdlibDataConfig
 
 V = 257  # byte vocabulary + end-of-document
 TRAIN_LEN = 16
@@ -301,7 +302,7 @@ def test_find_runs(tmp_path: Path) -> None:
 
 
 def test_data_overrides() -> None:
-    base = DataConfig(source="stdlib", val_fraction=0.05)
+    base = StdlibDataConfig(val_fraction=0.05)
     cfg = ev.data_config_with_overrides(base, ["data=text", "data.paths=[a.txt,b/]"])
     assert cfg.source == "text" and cfg.paths == ["a.txt", "b/"] and cfg.val_fraction == 0.02  # group defaults
     cfg = ev.data_config_with_overrides(base, ["data.val_fraction=0.1"])

@@ -15,9 +15,11 @@ from torch import nn
 from posenc_cli import passkey as pk
 from posenc_cli import passkey_report
 from posenc_cli.checkpoint import LoadedRun
-from posenc_cli.config import Config, DataConfig, TokenizerConfig, TrainConfig
+from posenc_cli.config import Config, TokenizerConfig, TrainConfig
 from posenc_cli.data import load_corpus
 from posenc_cli.errors import LengthBeyondScheme
+from posenc_cli.sources import passkey as pk_source
+from posenc_cli.sources.passkey import PasskeyDataConfig
 from posenc_cli.tokenizer import ByteTokenizer, train_bpe
 
 BYTES = ByteTokenizer()
@@ -72,16 +74,16 @@ class RandomModel(nn.Module):
 
 
 def test_episode_without_filler_is_the_landmark_prompt() -> None:
-    prompt, answer = pk.episode_text("12345", 0, 0.5)
+    prompt, answer = pk_source.episode_text("12345", 0, 0.5)
     assert prompt == KEY_TEXT.format(k="12345") + QUESTION_TEXT
     assert answer == " 12345"
-    assert pk.fixed_chars(5) == len(prompt + answer) == 103
+    assert pk_source.fixed_chars(5) == len(prompt + answer) == 103
 
 
 @pytest.mark.parametrize("depth", [0.0, 0.1, 0.25, 0.5, 0.75, 1.0])
 def test_key_sentence_sits_at_the_requested_depth(depth: float) -> None:
     n = 700
-    prompt, answer = pk.episode_text("40821", n, depth)
+    prompt, answer = pk_source.episode_text("40821", n, depth)
     sentence = KEY_TEXT.format(k="40821")
     assert prompt.count(sentence) == 1 and prompt.endswith(QUESTION_TEXT) and answer == " 40821"
     start = prompt.index(sentence)
@@ -92,9 +94,9 @@ def test_key_sentence_sits_at_the_requested_depth(depth: float) -> None:
 
 def test_episodes_are_deterministic_and_well_formed() -> None:
     kwargs = {"min_len": 0, "max_len": 300, "digits": 5}
-    a = pk.make_episodes(200, seed=3, **kwargs)
-    assert a == pk.make_episodes(200, seed=3, **kwargs)
-    assert a != pk.make_episodes(200, seed=4, **kwargs)
+    a = pk_source.make_episodes(200, seed=3, **kwargs)
+    assert a == pk_source.make_episodes(200, seed=3, **kwargs)
+    assert a != pk_source.make_episodes(200, seed=4, **kwargs)
     lengths = np.array([len(t) for t in a])
     assert lengths.min() >= 103 and lengths.max() <= 300 and lengths.std() > 30
     depths = []
@@ -117,19 +119,19 @@ def test_episodes_are_deterministic_and_well_formed() -> None:
 
 
 def test_passkey_source_through_load_corpus(tmp_path: Path) -> None:
-    data = DataConfig(source="passkey", passkey_episodes=50, val_fraction=0.1, cache_dir=str(tmp_path))
+    data = PasskeyDataConfig(passkey_episodes=50, val_fraction=0.1, cache_dir=str(tmp_path))
     corpus = load_corpus(data, TokenizerConfig())
     assert corpus.info["documents"] == {"train": 45, "val": 5}
     assert corpus.info["source"] == "passkey" and corpus.info["min_len"] == 103
     eod = corpus.tokenizer.eod_id
     train, val = np.asarray(corpus.train), np.asarray(corpus.val)
     docs = BYTES.decode(train).split("<|endoftext|>")[:-1]
-    assert docs == pk.make_episodes(50, min_len=0, max_len=128, digits=5, seed=0)[5:]
+    assert docs == pk_source.make_episodes(50, min_len=0, max_len=128, digits=5, seed=0)[5:]
     assert int((train == eod).sum()) == 45 and int((val == eod).sum()) == 5 and train[-1] == eod
 
     again = load_corpus(data, TokenizerConfig())
     assert again.info["reused"] and again.info["fingerprint"] == corpus.info["fingerprint"]
-    other = load_corpus(DataConfig(**{**data.__dict__, "passkey_seed": 1}), TokenizerConfig())
+    other = load_corpus(PasskeyDataConfig(**{**data.__dict__, "passkey_seed": 1}), TokenizerConfig())
     assert other.info["fingerprint"] != corpus.info["fingerprint"]
 
 
@@ -149,13 +151,13 @@ def test_data_passkey_composes_from_the_config_group() -> None:
 
 @pytest.mark.parametrize("length", [104, 128, 300, 1000])
 def test_byte_prompts_have_exact_length_and_match_the_training_text(length: int) -> None:
-    keys = pk.random_keys(np.random.default_rng(0), 5, 5)
+    keys = pk_source.random_keys(np.random.default_rng(0), 5, 5)
     depths = [0.0, 0.25, 0.5, 0.75, 1.0]
     batch = pk.build_prompts(BYTES, keys, depths, length)
     assert batch.prompts.shape == (5, length - 5) and (batch.answer_len == 5).all()
     assert (batch.prompts[:, 0] == BYTES.eod_id).all()  # a document start, as in training
     for i, (key, depth) in enumerate(zip(keys, depths, strict=True)):
-        prompt, answer = pk.episode_text(key, int(batch.n_filler[i]), depth)
+        prompt, answer = pk_source.episode_text(key, int(batch.n_filler[i]), depth)
         assert BYTES.decode(batch.prompts[i][1:]) + BYTES.decode(batch.answers[i]) == prompt + answer
         assert BYTES.decode(batch.answers[i]) == key
         assert batch.key_start[i] == 1 + round(depth * batch.n_filler[i])
@@ -169,7 +171,7 @@ def test_prompt_too_short_for_the_fixed_text() -> None:
 
 def test_bpe_pieces_tokenize_like_the_joined_episode() -> None:
     """The pieces start with a space, so BPE of the whole episode equals the pieces' tokens joined."""
-    bpe = train_bpe(pk.make_episodes(300, min_len=0, max_len=400, digits=5, seed=0), 400)
+    bpe = train_bpe(pk_source.make_episodes(300, min_len=0, max_len=400, digits=5, seed=0), 400)
     n_cycle = len(bpe.encode(FILLER_TEXT))
     question = len(bpe.encode(QUESTION_TEXT))
     checked = 0

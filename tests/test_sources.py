@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 from corpus_utils import BYTE, docs_of
 
-from posenc_cli import sources
-from posenc_cli.config import DataConfig
 from posenc_cli.data import load_corpus
 from posenc_cli.errors import DataError
-from posenc_cli.sources import expand_paths, split_document, stdlib_files, validation_mask
+from posenc_cli.sources import hf as hf_source
+from posenc_cli.sources.base import split_document, validation_mask
+from posenc_cli.sources.hf import HfDataConfig
+from posenc_cli.sources.stdlib import StdlibDataConfig, stdlib_files
+from posenc_cli.sources.text import TextDataConfig, expand_paths
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +41,7 @@ def test_stdlib_files_skip_packages_and_sort(fake_stdlib: Path) -> None:
 
 
 def test_stdlib_source_split_and_info(fake_stdlib: Path) -> None:
-    corpus = load_corpus(DataConfig(source="stdlib", val_fraction=0.2), BYTE)
+    corpus = load_corpus(StdlibDataConfig(val_fraction=0.2), BYTE)
     info = corpus.info
     assert info["source"] == "stdlib" and info["files"] == 122
     assert info["python_version"] == platform.python_version()
@@ -56,7 +58,7 @@ def test_stdlib_source_split_and_info(fake_stdlib: Path) -> None:
 
 
 def test_stdlib_split_follows_path_not_content(fake_stdlib: Path) -> None:
-    cfg = DataConfig(source="stdlib", val_fraction=0.2)
+    cfg = StdlibDataConfig(val_fraction=0.2)
     first = load_corpus(cfg, BYTE)
     val_names = {d.splitlines()[0] for d in docs_of(first, "val")}
     for r in stdlib_files(fake_stdlib):
@@ -109,7 +111,7 @@ def test_expand_paths(text_dir: Path) -> None:
 
 
 def test_text_source_documents_and_split(text_dir: Path) -> None:
-    corpus = load_corpus(DataConfig(source="text", paths=[str(text_dir)], val_fraction=0.2), BYTE)
+    corpus = load_corpus(TextDataConfig(paths=[str(text_dir)], val_fraction=0.2), BYTE)
     train, val = docs_of(corpus, "train"), docs_of(corpus, "val")
     expected = {p.read_text() for p in expand_paths([str(text_dir)])}
     assert len(train) + len(val) == 32  # one document per file
@@ -122,7 +124,7 @@ def test_text_source_documents_and_split(text_dir: Path) -> None:
 
 def test_text_source_explicit_val_paths(text_dir: Path) -> None:
     held = text_dir / "doc_03.txt"
-    cfg = DataConfig(source="text", paths=[str(text_dir / "*.txt")], val_paths=[str(held)])
+    cfg = TextDataConfig(paths=[str(text_dir / "*.txt")], val_paths=[str(held)])
     corpus = load_corpus(cfg, BYTE)
     assert docs_of(corpus, "val") == [held.read_text()]
     assert held.read_text() not in docs_of(corpus, "train")  # listed in both: validation wins
@@ -133,7 +135,7 @@ def test_text_source_explicit_val_paths(text_dir: Path) -> None:
 def test_text_source_single_file_holds_out_tail(tmp_path: Path) -> None:
     book = tmp_path / "book.txt"
     book.write_text("".join(f"sentence number {i} of the book.\n" for i in range(500)))
-    corpus = load_corpus(DataConfig(source="text", paths=[str(book)], val_fraction=0.05), BYTE)
+    corpus = load_corpus(TextDataConfig(paths=[str(book)], val_fraction=0.05), BYTE)
     train, val = docs_of(corpus, "train"), docs_of(corpus, "val")
     assert len(train) == len(val) == 1
     assert train[0] + val[0] == book.read_text()
@@ -141,7 +143,7 @@ def test_text_source_single_file_holds_out_tail(tmp_path: Path) -> None:
 
 
 def test_text_missing_paths_named(tmp_path: Path) -> None:
-    cfg = DataConfig(source="text", paths=[str(tmp_path / "a.txt"), str(tmp_path / "b" / "*.txt")])
+    cfg = TextDataConfig(paths=[str(tmp_path / "a.txt"), str(tmp_path / "b" / "*.txt")])
     with pytest.raises(DataError, match=r"a\.txt.*b/\*\.txt"):
         load_corpus(cfg, BYTE)
 
@@ -166,12 +168,12 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
         return datasets.Dataset.from_dict({"text": HF_ROWS, "label": list(range(len(HF_ROWS)))})
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: True)  # no network in tests
+    monkeypatch.setattr(hf_source, "hub_reachable", lambda timeout=3.0: True)  # no network in tests
     return calls
 
 
 def test_hf_split_by_document(fake_hub: list[tuple]) -> None:
-    cfg = DataConfig(source="hf", name="someone/corpus", config="v1", val_fraction=0.25)
+    cfg = HfDataConfig(name="someone/corpus", config="v1", val_fraction=0.25)
     corpus = load_corpus(cfg, BYTE)
     assert fake_hub == [("someone/corpus", "v1", "train")]
     train, val = docs_of(corpus, "train"), docs_of(corpus, "val")
@@ -181,7 +183,7 @@ def test_hf_split_by_document(fake_hub: list[tuple]) -> None:
 
 
 def test_hf_val_split(fake_hub: list[tuple]) -> None:
-    cfg = DataConfig(source="hf", name="someone/corpus", val_split="validation")
+    cfg = HfDataConfig(name="someone/corpus", val_split="validation")
     corpus = load_corpus(cfg, BYTE)
     assert docs_of(corpus, "val") == ["held out A\n", "held out B\n"]
     assert len(docs_of(corpus, "train")) == 61  # every non-empty row; "   " is a (whitespace) document
@@ -190,11 +192,11 @@ def test_hf_val_split(fake_hub: list[tuple]) -> None:
 
 def test_hf_bad_column_and_split(fake_hub: list[tuple]) -> None:
     with pytest.raises(DataError, match=r"text_column='body'.*columns: text, label"):
-        load_corpus(DataConfig(source="hf", name="someone/corpus", text_column="body"), BYTE)
+        load_corpus(HfDataConfig(name="someone/corpus", text_column="body"), BYTE)
     with pytest.raises(DataError, match="holds"):
-        load_corpus(DataConfig(source="hf", name="someone/corpus", text_column="label"), BYTE)
+        load_corpus(HfDataConfig(name="someone/corpus", text_column="label"), BYTE)
     with pytest.raises(DataError, match="Unknown split"):
-        load_corpus(DataConfig(source="hf", name="someone/corpus", split="bogus"), BYTE)
+        load_corpus(HfDataConfig(name="someone/corpus", split="bogus"), BYTE)
 
 
 def test_hf_unreachable_message(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -202,12 +204,12 @@ def test_hf_unreachable_message(monkeypatch: pytest.MonkeyPatch) -> None:
         raise ConnectionError("Couldn't reach 'wikitext' on the Hub (ConnectError)")
 
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
-    monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: True)  # reachable, then the fetch fails
+    monkeypatch.setattr(hf_source, "hub_reachable", lambda timeout=3.0: True)  # reachable, then the fetch fails
     for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     with pytest.raises(DataError) as err:
-        load_corpus(DataConfig(source="hf", name="wikitext", config="wikitext-2-raw-v1"), BYTE)
+        load_corpus(HfDataConfig(name="wikitext", config="wikitext-2-raw-v1"), BYTE)
     message = str(err.value)
     assert "\n" not in message
     assert "could not be fetched" in message and "data=text data.paths=" in message and "Couldn't reach" in message
@@ -227,7 +229,7 @@ def test_hf_offline_env_is_honoured_without_network(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
     with pytest.raises(DataError, match="offline mode is on") as err:
-        load_corpus(DataConfig(source="hf", name="posenc-tests/no-such-dataset"), BYTE)
+        load_corpus(HfDataConfig(name="posenc-tests/no-such-dataset"), BYTE)
     assert "data=text data.paths=" in str(err.value)
     assert attempts == []
     assert before == datasets.config.HF_HUB_OFFLINE  # the library setting is restored afterwards
@@ -252,6 +254,6 @@ def test_hf_without_network_fails_fast_from_the_cache(monkeypatch: pytest.Monkey
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     with pytest.raises(DataError, match="Hub is unreachable .no network.. and it is not in the local cache"):
-        load_corpus(DataConfig(source="hf", name="wikitext", config="wikitext-2-raw-v1"), BYTE)
+        load_corpus(HfDataConfig(name="wikitext", config="wikitext-2-raw-v1"), BYTE)
     assert len(attempts) == 1 and offline_during_load == [True]  # was: online, retrying with back-off
     assert datasets.config.HF_HUB_OFFLINE is False  # restored
