@@ -20,15 +20,14 @@ import dataclasses
 import math
 import typing
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from posenc_cli import __version__
 from posenc_cli.config import Config, ExtendConfig, replace
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
-from posenc_cli.run_meta import TrainResult, claim_run_dir
+from posenc_cli.run_meta import ExtendResult, claim_run_dir
 
 if typing.TYPE_CHECKING:
     from posenc_cli.checkpoint import LoadedRun
@@ -36,7 +35,6 @@ if typing.TYPE_CHECKING:
 
 __all__ = [
     "EXTEND_METHODS",
-    "ExtendResult",
     "child_config",
     "default_out_dir",
     "extend_run",
@@ -50,31 +48,6 @@ EXTEND_METHODS: tuple[str, ...] = typing.get_args(typing.get_type_hints(ExtendCo
 LOCK_FILE = ".extend.lock"  # held by the one `extend` writing an out directory (filelock; the loser changes nothing)
 # Keys of the `extend` record that must match for a re-run to reuse (or resume) an existing child.
 _IDENTITY_KEYS = ("method", "scaling", "finetune", "parent_weights_sha256")
-
-Status = Literal["created", "finetuned", "already_complete", "interrupted"]
-
-
-@dataclass
-class ExtendResult:
-    """What `extend_run` did, plus the before/after numbers of the summary."""
-
-    parent_dir: Path
-    out_dir: Path
-    status: Status
-    method: str
-    factor: float
-    original_length: int
-    attention_factor: float  # multiplies cos and sin (yarn; 1 for the others)
-    rotary_dim: int
-    base: float
-    regions: dict[str, int]  # frequency pairs that keep / blend / interpolate (`scaling.frequency_regions`)
-    longest_wavelength: tuple[float, float]  # tokens, (before, after); dynamic: after = at factor·L tokens
-    parent_scaling: str  # "none", or the parent's own scaling when it was already extended
-    parent_train_length: int
-    base_length: int
-    train_length: int
-    finetune: TrainResult | None = None
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # Pure pieces.

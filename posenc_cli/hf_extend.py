@@ -33,7 +33,7 @@ from typing import Any
 from posenc_cli import __version__
 from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
-from posenc_cli.extend import ExtendResult
+from posenc_cli.run_meta import ExtendResult
 
 __all__ = ["HF_METHODS", "RECORD_FILE", "extend_hf_dir", "hf_rope_parameters"]
 

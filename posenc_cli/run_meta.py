@@ -1,5 +1,6 @@
 """A training run's directory seen from outside the loop: its name, whether a config may continue it, what it
-already holds, and the `TrainResult` a session reports (rebuilt from meta.json for a run that is already done).
+already holds, and the results a session reports: `TrainResult` (rebuilt from meta.json for a run that is already
+done) and `ExtendResult`.
 """
 
 from __future__ import annotations
@@ -52,6 +53,31 @@ class TrainResult:
     device: str
     stopped_reason: Literal["complete", "already_complete", "interrupted"]
     signal: int | None = None
+
+
+ExtendStatus = Literal["created", "finetuned", "already_complete", "interrupted"]
+
+
+@dataclass
+class ExtendResult:
+    """What `extend.extend_run` (or `hf_extend.extend_hf_dir`) did, plus the before/after numbers of the summary."""
+
+    parent_dir: Path
+    out_dir: Path
+    status: ExtendStatus
+    method: str
+    factor: float
+    original_length: int
+    attention_factor: float  # multiplies cos and sin (yarn; 1 for the others)
+    rotary_dim: int
+    base: float
+    regions: dict[str, int]  # frequency pairs that keep / blend / interpolate (`scaling.frequency_regions`)
+    longest_wavelength: tuple[float, float]  # tokens, (before, after); dynamic: after = at factor·L tokens
+    parent_scaling: str  # "none", or the parent's own scaling when it was already extended
+    parent_train_length: int
+    base_length: int
+    train_length: int
+    finetune: TrainResult | None = None
 
 
 def config_diff(old: Config, new: Config) -> list[str]:
@@ -163,6 +189,8 @@ def read_run_metrics(run_dir: Path) -> list[dict[str, Any]]:
 __all__ = [
     "CLAIM_FILE",
     "RUNTIME_KEYS",
+    "ExtendResult",
+    "ExtendStatus",
     "TrainResult",
     "check_claimable",
     "claim_run_dir",

@@ -16,7 +16,7 @@ from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
 
 if TYPE_CHECKING:
-    from posenc_cli.extend import ExtendResult
+    from posenc_cli.run_meta import ExtendResult
 
 _D = ExtendConfig()  # flag defaults = configs/extend/default.yaml = ExtendConfig's defaults
 _SHORTHANDS = ("linear", "ntk", "dynamic", "yarn", "llama3")
