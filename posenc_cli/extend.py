@@ -8,16 +8,16 @@ further at L' (default factor·L) by `train.train`, which brings progress events
 
 Metadata: `parent` = the parent run's absolute path, `base_length` = the parent's (the root run's training length),
 `train_length` = the parent's (no fine-tune) or L', and `extend` = the settings record that makes a re-run
-idempotent. Maths and defaults: `positional/scaling.py` and ../shared/reference/rope-scaling.md. YaRN's attention
-factor multiplies both cos and sin (logits scale by its square), as in `transformers`. `dynamic` rescales per
-sequence length at run time (plain RoPE up to L), also while fine-tuning at L'.
+idempotent. Maths and defaults: `posenc_cli/rope_scaling/` (one file per method) and
+../shared/reference/rope-scaling.md. YaRN's attention factor multiplies both cos and sin (logits scale by its
+square), as in `transformers`. `dynamic` rescales per sequence length at run time (plain RoPE up to L), also while
+fine-tuning at L'.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import typing
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -27,11 +27,11 @@ from typing import Any
 from posenc_cli import __version__
 from posenc_cli.config import Config, ExtendConfig, replace
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
+from posenc_cli.rope_scaling import RopeScalingConfig, frequency_summary, method_names
 from posenc_cli.run_meta import ExtendResult, claim_run_dir
 
 if typing.TYPE_CHECKING:
     from posenc_cli.checkpoint import LoadedRun
-    from posenc_cli.positional.scaling import RopeScalingConfig
 
 __all__ = [
     "EXTEND_METHODS",
@@ -44,7 +44,7 @@ __all__ = [
     "validate_extend",
 ]
 
-EXTEND_METHODS: tuple[str, ...] = typing.get_args(typing.get_type_hints(ExtendConfig)["method"])
+EXTEND_METHODS: tuple[str, ...] = method_names()  # the registry's (posenc_cli/rope_scaling/)
 LOCK_FILE = ".extend.lock"  # held by the one `extend` writing an out directory (filelock; the loser changes nothing)
 # Keys of the `extend` record that must match for a re-run to reuse (or resume) an existing child.
 _IDENTITY_KEYS = ("method", "scaling", "finetune", "parent_weights_sha256")
@@ -74,18 +74,11 @@ def resolve_scaling(ext: ExtendConfig, parent_cfg: Config, parent_meta: dict[str
 
     Explicit because a fine-tuned child trains at L' (its `train.seq_len`), and RoPE would otherwise take L' as L.
     """
-    from posenc_cli.positional.scaling import RopeScalingConfig
-
     return RopeScalingConfig(
-        method=ext.method,  # type: ignore[arg-type]
+        method=ext.method,
         factor=float(ext.factor),
         original_length=ext.original_length or parent_train_length(parent_cfg, parent_meta),
-        beta_fast=ext.beta_fast,
-        beta_slow=ext.beta_slow,
-        attention_factor=ext.attention_factor,
-        truncate=ext.truncate,
-        low_freq_factor=ext.low_freq_factor,
-        high_freq_factor=ext.high_freq_factor,
+        **ext.param_values(),
     )
 
 
@@ -159,24 +152,10 @@ def _frequency_numbers(
     scaling: RopeScalingConfig, rotary: int, base: float
 ) -> tuple[float, dict[str, int], tuple[float, float]]:
     """(attention factor, regions, longest wavelength before/after); raises ConfigError for bad parameters."""
-    from posenc_cli.positional.scaling import frequency_regions, scaled_inv_freq
-
     assert scaling.original_length is not None
-    L = scaling.original_length
-    params = {
-        "beta_fast": scaling.beta_fast,
-        "beta_slow": scaling.beta_slow,
-        "attention_factor": scaling.attention_factor,
-        "truncate": scaling.truncate,
-        "low_freq_factor": scaling.low_freq_factor,
-        "high_freq_factor": scaling.high_freq_factor,
-    }
-    before, _ = scaled_inv_freq("none", rotary, base, 1.0, L)
-    seq_len = round(scaling.factor * L) if scaling.method == "dynamic" else None
-    after, attention = scaled_inv_freq(scaling.method, rotary, base, scaling.factor, L, seq_len, **params)
-    regions = frequency_regions(scaling.method, rotary, base, scaling.factor, L, **params)
-    wavelengths = (2 * math.pi / float(before.min()), 2 * math.pi / float(after.min()))
-    return float(attention), regions, wavelengths
+    return frequency_summary(
+        scaling.method, rotary, base, scaling.factor, scaling.original_length, **scaling.param_values()
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
