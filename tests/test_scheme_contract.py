@@ -1,0 +1,271 @@
+"""The contract every positional scheme keeps, parametrised over the registry: a new file in `posenc_cli/positional/`
+is tested here the moment it exists, with no list to extend.
+
+Shapes, causality, a finite loss with gradients for every scheme parameter, training on a fixed batch, bf16
+autocast, a save/load round trip through the saved config, inputs longer than training (or the scheme's refusal),
+chunked attention, and position ids: explicit `arange` ids give the default result, a common shift of the ids
+changes nothing for the schemes marked `relative` (and something for the others), (B, T) ids give each row what it
+would get alone, and causality follows token order whatever the ids.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from posenc_cli.config import Config, ModelConfig, TrainConfig, config_to_dict
+from posenc_cli.config_load import config_from_dict
+from posenc_cli.errors import LengthBeyondScheme
+from posenc_cli.model import GPT, build_model
+from posenc_cli.positional import config_class, registry
+
+SCHEMES = sorted(registry())
+TINY = ModelConfig(d_model=32, n_layer=2, n_head=2)
+VOCAB = 48
+TRAIN_LENGTH = 16
+
+
+def make(name: str, seed: int = 0, train_length: int = TRAIN_LENGTH) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(TINY, config_class(name)(), VOCAB, train_length)
+
+
+def lively(model: GPT) -> GPT:
+    """Scheme parameters initialised to zero (CoPE's e) drawn from N(0, 0.5²), so that the checks see the scheme act;
+    eval mode."""
+    with torch.no_grad():
+        for p in model.scheme.parameters():
+            if not p.any():
+                p.normal_(std=0.5)
+    return model.eval()
+
+
+def extrapolates(name: str) -> bool:
+    return registry()[name].extrapolates
+
+
+def tokens(B: int, T: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def logits(model: GPT, idx: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+    with torch.no_grad():
+        return model(idx, position_ids=ids)
+
+
+# -- shapes, causality, loss and gradients ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_logits_have_the_vocabulary_shape(name: str) -> None:
+    model = lively(make(name))
+    assert logits(model, tokens(3, 11)).shape == (3, 11, VOCAB)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_future_tokens_do_not_change_past_logits(name: str) -> None:
+    T, cut = (24, 12) if extrapolates(name) else (16, 10)  # past the training length where the scheme allows it
+    model = lively(make(name))
+    idx = tokens(2, T)
+    changed = idx.clone()
+    changed[:, cut:] = (changed[:, cut:] + 1) % VOCAB
+    a, b = logits(model, idx), logits(model, changed)
+    torch.testing.assert_close(a[:, :cut], b[:, :cut])
+    assert not torch.allclose(a[:, cut:], b[:, cut:])
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_loss_is_finite_and_every_scheme_parameter_gets_a_gradient(name: str) -> None:
+    model = make(name)
+    data = tokens(2, TRAIN_LENGTH + 1)
+    loss = F.cross_entropy(model(data[:, :-1]).flatten(0, 1), data[:, 1:].flatten())
+    assert torch.isfinite(loss)
+    loss.backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), pname
+    for pname, p in model.scheme.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"{name}: no gradient reaches {pname}"
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_trains_on_a_fixed_batch(name: str) -> None:
+    model = make(name, seed=1)
+    g = torch.Generator().manual_seed(0)
+    data = torch.randint(0, VOCAB, (4, TRAIN_LENGTH + 1), generator=g)
+    x, y = data[:, :-1], data[:, 1:]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(20):
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(math.log(VOCAB), rel=0.05)  # small init: uniform predictions
+    assert losses[-1] < 0.7 * losses[0]
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_bf16_autocast_forward(name: str) -> None:
+    model = make(name)
+    idx = tokens(2, TRAIN_LENGTH)
+    ref = model(idx)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(idx)
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max() < 0.05
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(lively(model)(idx).float()).all()
+
+
+# -- checkpoints -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_checkpoint_holds_only_learned_parameters(name: str) -> None:
+    scheme = make(name).scheme
+    assert set(scheme.state_dict()) == {k for k, _ in scheme.named_parameters()}
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_save_load_round_trip(name: str, tmp_path: Path) -> None:
+    """Weights and the saved config rebuild a model with the same logits, bit for bit."""
+    torch.manual_seed(0)
+    cfg = Config(model=TINY, pos=config_class(name)(), train=TrainConfig(seq_len=TRAIN_LENGTH))
+    model = lively(build_model(cfg, VOCAB))
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    saved = config_to_dict(cfg)
+    torch.manual_seed(1)  # a different initialisation, overwritten by the load
+    again = build_model(config_from_dict(saved, saved=True), VOCAB).eval()
+    again.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True))
+    idx = tokens(2, TRAIN_LENGTH)
+    assert torch.equal(logits(model, idx), logits(again, idx))
+
+
+# -- longer inputs and chunked attention ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_runs_at_four_times_training_length_or_refuses(name: str) -> None:
+    model = lively(make(name))
+    idx = tokens(1, 4 * TRAIN_LENGTH)
+    if not extrapolates(name):
+        with pytest.raises(LengthBeyondScheme):
+            model(idx)
+        return
+    out = logits(model, idx)
+    assert out.shape == (1, 4 * TRAIN_LENGTH, VOCAB) and torch.isfinite(out).all()
+
+
+def set_chunk(model: GPT, chunk: int | None) -> None:
+    for block in model.blocks:
+        block.attn.chunk_size = chunk
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_chunked_attention_equals_unchunked(name: str) -> None:
+    T = 4 * TRAIN_LENGTH if extrapolates(name) else TRAIN_LENGTH
+    model = lively(make(name))
+    idx = tokens(2, T)
+    full = logits(model, idx)
+    set_chunk(model, 5)  # uneven chunks of queries
+    chunked = logits(model, idx)
+    assert torch.isfinite(full).all()
+    torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5)
+
+
+# -- position ids ----------------------------------------------------------------------------------------------------
+
+
+def skipping_ids(T: int, skip: int) -> torch.Tensor:
+    """0..T/2−1, then the rest of the ids `skip` further on (the shape of a PoSE chunk)."""
+    ids = torch.arange(T)
+    ids[T // 2 :] += skip
+    return ids
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_explicit_arange_ids_give_the_default_logits(name: str) -> None:
+    """Measured bitwise equal for every scheme; 1e-6 leaves room for a path that legitimately differs."""
+    model = lively(make(name))
+    for T in (TRAIN_LENGTH, 24) if extrapolates(name) else (TRAIN_LENGTH,):
+        idx = tokens(2, T)
+        ref = logits(model, idx)
+        for ids in (torch.arange(T), torch.arange(T)[None], torch.arange(T).expand(2, T)):
+            torch.testing.assert_close(logits(model, idx, ids), ref, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_chunked_attention_with_ids_equals_unchunked(name: str) -> None:
+    T = 24 if extrapolates(name) else 12
+    model = lively(make(name))
+    idx = tokens(2, T)
+    ids = torch.stack([skipping_ids(T, 3 if T == 12 else 29), torch.arange(T) + 2])  # (B, T), rows differ
+    full = logits(model, idx, ids)
+    set_chunk(model, 5)
+    torch.testing.assert_close(logits(model, idx, ids), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_a_common_shift_of_the_ids_changes_exactly_the_non_relative_schemes(name: str) -> None:
+    """`relative` schemes see ids only through id_i − id_j: shifting them all leaves the logits to 1e-5 (RoPE and
+    xPos round their angles differently); every other scheme reads absolute ids, and the shift shows."""
+    T = 12
+    model = lively(make(name))
+    idx = tokens(2, T)
+    base = torch.arange(T)
+    ref = logits(model, idx, base)
+    for shift in (1, 3):  # within a 16-row learned table
+        shifted = logits(model, idx, base + shift)
+        if model.scheme.relative:
+            torch.testing.assert_close(shifted, ref, rtol=0, atol=1e-5)
+        else:
+            assert (shifted - ref).abs().max() > 1e-4, f"{name} is not marked relative but ignores a shift"
+    if model.scheme.relative and extrapolates(name):
+        far = torch.stack([base + 37, skipping_ids(T, 5) + 200])  # per-row shifts of two different id patterns
+        alone = logits(model, idx, torch.stack([base, skipping_ids(T, 5)]))
+        torch.testing.assert_close(logits(model, idx, far), alone, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_each_row_of_batched_ids_gets_what_it_would_get_alone(name: str) -> None:
+    T = 12
+    model = lively(make(name))
+    idx = tokens(3, T)
+    ids = torch.stack([torch.arange(T), skipping_ids(T, 3), torch.arange(T) + 4])  # all < 16: fits learned tables
+    together = logits(model, idx, ids)
+    for b in range(3):
+        alone = logits(model, idx[b : b + 1], ids[b])
+        torch.testing.assert_close(together[b : b + 1], alone, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_causality_follows_token_order_whatever_the_ids(name: str) -> None:
+    """Ids out of token order (reversed, repeated): a later token still never reaches an earlier one's logits."""
+    T, cut = 12, 7
+    model = lively(make(name))
+    idx = tokens(2, T)
+    changed = idx.clone()
+    changed[:, cut:] = (changed[:, cut:] + 1) % VOCAB
+    reversed_ids = torch.arange(T).flip(0)
+    repeated = torch.arange(T) // 3  # groups of three tokens share an id
+    for ids in (reversed_ids, torch.stack([reversed_ids, repeated])):
+        a, b = logits(model, idx, ids), logits(model, changed, ids)
+        torch.testing.assert_close(a[:, :cut], b[:, :cut])
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_ids_past_the_schemes_limit_are_refused_like_lengths(name: str) -> None:
+    model = lively(make(name))
+    limit = model.scheme.max_length
+    idx = tokens(1, 4)
+    if limit is None:
+        assert torch.isfinite(logits(model, idx, torch.tensor([0, 1, 500, 1000]))).all()
+        return
+    logits(model, idx, torch.tensor([0, 1, 2, limit - 1]))  # the last row of the table: served
+    with pytest.raises(LengthBeyondScheme, match=rf"at most {limit} positions; {limit + 1} were requested"):
+        logits(model, idx, torch.tensor([0, 1, 2, limit]))
