@@ -43,7 +43,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.config import Config, config_from_dict
+from posenc_cli.config import Config
+from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.fsutil import atomic_write_bytes, atomic_write_json
 from posenc_cli.memory import LOAD_BYTES_PER_PARAM, available_memory, check_fits

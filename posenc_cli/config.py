@@ -1,9 +1,10 @@
 """Typed configuration: one dataclass per config group, validation, and (de)serialisation.
 
-Hydra composes YAML into a plain dict (see `hydra_bridge`); `config_from_dict` turns that dict into these
-dataclasses, rejecting unknown keys, wrong types and out-of-range values with one line that names the key. The same
-function rebuilds the config saved in a run directory, so evaluation and extension never need Hydra. Model code only
-ever sees these dataclasses.
+Hydra composes YAML into a plain dict (see `hydra_bridge`); `config_load.config_from_dict` turns that dict into
+these dataclasses (with `build_dataclass` below), rejecting unknown keys, wrong types and out-of-range values with one
+line that names the key. The same function rebuilds the config saved in a run directory, so evaluation and extension
+never need Hydra. Model code only ever sees these dataclasses. The positional schemes and data sources subclass
+`PosConfig` and `DataConfig`, so this module sits below their registries and never imports them.
 """
 
 from __future__ import annotations
@@ -232,32 +233,6 @@ class Config:
 # Building dataclasses from plain dicts, with one-line errors naming the key.
 
 
-def config_from_dict(raw: dict[str, Any], *, saved: bool = False) -> Config:
-    """Validate a plain (resolved) dict and build a `Config`; raises `ConfigError` naming the bad key.
-
-    `saved`: `raw` is a run's config.yaml, whose unset scheme options mean the defaults of the posenc that wrote
-    it (`PosConfig.legacy_defaults`); otherwise they take today's defaults (`PosConfig.resolve`).
-    """
-    from posenc_cli.positional import config_class  # local import: the registry imports this module
-    from posenc_cli.sources import build_data_config  # local import: the registry imports this module
-
-    if not isinstance(raw, dict):
-        raise ConfigError("config must be a mapping")
-    raw = dict(raw)
-    pos_raw = raw.get("pos", {}) or {}
-    if not isinstance(pos_raw, dict):
-        raise ConfigError("pos must be a mapping with a 'name'")
-    pos_cls = config_class(str(pos_raw.get("name", "nope")))
-    pos = build_dataclass(pos_cls, pos_raw, "pos")
-    if saved:
-        pos.legacy_defaults(build_dataclass(ModelConfig, raw.get("model", {}) or {}, "model"))
-    raw["pos"] = pos
-    raw["data"] = build_data_config(raw.get("data", {}) or {}, drop_foreign=saved)
-    cfg = build_dataclass(Config, raw, "")
-    cfg.validate()
-    return cfg
-
-
 def build_dataclass(cls: type, raw: Any, prefix: str) -> Any:
     """Build dataclass `cls` from `raw`, checking keys and types recursively."""
     if dataclasses.is_dataclass(raw) and isinstance(raw, cls):
@@ -379,20 +354,6 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 def config_to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
-
-
-def load_config_file(path: Path) -> Config:
-    """Read a resolved `config.yaml` (safe YAML only) and validate it."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError as e:
-        raise ConfigError(f"config file not found: {path}") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
-    try:
-        return config_from_dict(raw, saved=True)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from e
 
 
 ROOT_CONFIG = "config"  # configs/config.yaml, the root that every Hydra composition starts from

@@ -430,7 +430,7 @@ def weights_identity(path: Path) -> str:
 
 def run_config(info: HFInfo, train_length: int) -> Any:
     """A posenc `Config` naming the scheme and training length (what evaluation reads from a run's config)."""
-    from posenc_cli.config import config_from_dict
+    from posenc_cli.config_load import config_from_dict
 
     return config_from_dict({"pos": {"name": info.scheme}, "train": {"seq_len": train_length}})
 

@@ -1,6 +1,6 @@
 """The only module that touches Hydra: compose configs from `configs/` plus overrides.
 
-Everything else receives the plain `Config` dataclasses built by `config.config_from_dict`.
+Everything else receives the plain `Config` dataclasses built by `config_load.config_from_dict`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.config import ROOT_CONFIG, Config, config_dir, config_from_dict, unknown_key_message
+from posenc_cli.config import ROOT_CONFIG, Config, config_dir, unknown_key_message
+from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import ConfigError
 
 

@@ -454,7 +454,8 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
     """Train or extend, then evaluate, then mark the job done; record a failure in the job directory instead of
     raising. A done job returns at once; a job whose training a signal stopped is not evaluated (status
     "interrupted"), and later jobs of the same sweep in this process do not start."""
-    from posenc_cli.config import config_from_dict, replace
+    from posenc_cli.config import replace
+    from posenc_cli.config_load import config_from_dict
     from posenc_cli.profiling import JobProfile, write_job_profile
 
     job = raw.pop(INTERNAL_KEY, {}) or {}
@@ -540,28 +541,33 @@ def _extend_job(
 
 
 def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None, fault: _Fault | None = None) -> None:
-    """Passkey retrieval for runs trained on `data=passkey`, then eval-extrapolate for every job, on one loaded
-    model. Each cell is stored when measured; the job's done marker comes after both (`run_job`), so a job stopped
-    during either evaluation measures its missing cells on the next run."""
-    from posenc_cli.evaluate import evaluate_each_run, evaluate_run
+    """The evaluation tasks of the job's data source (`DataSource.tasks`: eval-extrapolate for every source, passkey
+    retrieval first for `data=passkey`), on one loaded model. Each cell is stored when measured; the job's done
+    marker comes after all of them (`run_job`), so a job stopped during any evaluation measures its missing cells on
+    the next run."""
+    from posenc_cli.evaluate import evaluate_each_run
     from posenc_cli.profiling import EvalRecorder, JobProfile, eval_facts
+    from posenc_cli.sources import source_class
+    from posenc_cli.tasks import task_class
 
     profile = profile if profile is not None else JobProfile()
+    tasks = [task_class(name) for name in source_class(cfg.data.source).tasks]
     loading = time.perf_counter()
 
     def evaluate(run: Any, device: Any) -> dict[str, Any]:
         profile.add("eval load", time.perf_counter() - loading)
-        if cfg.data.source == "passkey":
-            from posenc_cli.passkey import PasskeyConfig, evaluate_passkey_run
-
-            with profile.phase("passkey"):
-                evaluate_passkey_run(run, PasskeyConfig(lengths=cfg.eval.lengths), device=device)
-        recorder = EvalRecorder(profile, run)
-        progress = recorder if fault is None else fault.on_progress(recorder)
-        result = evaluate_run(run, cfg.eval, device=device, progress=progress)
-        entries = result.get("entries") or []
-        recorder.book_flops(entries)
-        eval_facts(profile, entries, device)
+        result: dict[str, Any] = {}
+        for task in tasks:
+            if not task.profiled_per_length:
+                with profile.phase(task.name):
+                    task.evaluate_job(run, cfg, device=device)
+                continue
+            recorder = EvalRecorder(profile, run)
+            progress = recorder if fault is None else fault.on_progress(recorder)
+            result = task.evaluate_job(run, cfg, device=device, progress=progress)
+            entries = result.get("entries") or []
+            recorder.book_flops(entries)
+            eval_facts(profile, entries, device)
         return result
 
     evaluate_each_run([job_dir], evaluate, device=cfg.train.device, threads=cfg.train.threads)

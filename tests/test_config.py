@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from posenc_cli.config import Config, config_from_dict, config_to_dict, config_to_yaml, load_config_file
+from posenc_cli.config import Config, config_to_dict, config_to_yaml
+from posenc_cli.config_load import config_from_dict, load_config_file
 from posenc_cli.errors import ConfigError
 
 

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from posenc_cli.config import Config, DataConfig, ModelConfig, TrainConfig, config_from_dict
+from posenc_cli.config import Config, DataConfig, ModelConfig, TrainConfig
+from posenc_cli.config_load import config_from_dict
 from posenc_cli.positional import config_class
 
 TEXT = (

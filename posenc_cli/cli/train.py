@@ -9,7 +9,8 @@ import typer
 from rich.markup import escape
 
 from posenc_cli.cli.app import ConfigDirOption, app, console, err_console, handles_errors, stdout_is_terminal
-from posenc_cli.config import Config, config_from_dict, config_to_dict, config_to_yaml
+from posenc_cli.config import Config, config_to_dict, config_to_yaml
+from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import ConfigError
 
 

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from posenc_cli.config import ModelConfig, config_from_dict
+from posenc_cli.config import ModelConfig
+from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import PositionContext
 from posenc_cli.positional.cope import CoPE, CopeConfig, cope_bias, cope_gates, cope_positions, interpolate_logits
