@@ -7,9 +7,10 @@ posenc's block is GPT-2's pre-norm block (LayerNorm, fused QKV, exact-erf GELU M
   x + mlp(ln(x))), `partial_rotary_factor` = rotary dim / head dim and NeoX's rotate_half pairing. NeoX fuses QKV
   per head ([q_h, k_h, v_h] for each head h), so posenc's [q, k, v] rows are regrouped; an `interleaved` run's q/k
   rows are also permuted within each head's rotary dims (pair (2k, 2k+1) -> (k, k + d/2): the same rotation).
-  RoPE scaling maps onto `transformers`' rope parameters: linear, dynamic, yarn and llama3 by name, with the
-  original length L as `original_max_position_embeddings` (dynamic reads L from `max_position_embeddings`), and
-  static NTK as plain RoPE with base' = base·s^(d/(d-2)). YaRN's attention factor multiplies cos and sin in both.
+  RoPE scaling maps onto `transformers`' rope parameters by each method's `transformers` hook
+  (posenc_cli/rope_scaling/<method>.py): linear, dynamic, yarn and llama3 by name, with the original length L as
+  `original_max_position_embeddings` (dynamic reads L from `max_position_embeddings`), and static NTK as plain RoPE
+  with base' = base·s^(d/(d-2)). YaRN's attention factor multiplies cos and sin in both.
 - Every other scheme (or `model.norm=rmsnorm`) is refused with `NotExportable` before anything is written.
 Missing biases (`model.bias=false`) are written as zeros, which is exact. The tokenizer is exported as a
 `tokenizers` JSON that `AutoTokenizer` loads: byte runs get a byte-level model whose ids are the byte values and
@@ -37,6 +38,7 @@ from torch import Tensor
 from posenc_cli import __version__
 from posenc_cli.config import Config
 from posenc_cli.errors import ConfigError, UserError
+from posenc_cli.rope_scaling import get_method
 
 if TYPE_CHECKING:
     from posenc_cli.checkpoint import LoadedRun
@@ -128,24 +130,12 @@ def neox_rope(pos: RopeConfig, head_dim: int, train_length: int) -> tuple[dict[s
     s = pos.scaling
     if s.method == "none":
         return None, float(pos.base), partial, train_length
-    L = s.original_length or train_length
-    extended = max(L, round(s.factor * L))
-    if s.method == "ntk":  # static NTK-aware: a plain RoPE with a larger base (YaRN paper Eq. 16)
-        return None, float(pos.base * s.factor ** (d / (d - 2))), partial, extended
-    if s.method == "dynamic":  # transformers takes L from max_position_embeddings and rescales per forward
-        return {"rope_type": "dynamic", "factor": float(s.factor)}, float(pos.base), partial, L
-    if s.method == "linear":
-        return {"rope_type": "linear", "factor": float(s.factor)}, float(pos.base), partial, extended
-    scaling: dict[str, Any] = {"rope_type": s.method, "factor": float(s.factor), "original_max_position_embeddings": L}
-    if s.method == "yarn":
-        scaling.update(beta_fast=float(s.beta_fast), beta_slow=float(s.beta_slow), truncate=bool(s.truncate))
-        if s.attention_factor is not None:
-            scaling["attention_factor"] = float(s.attention_factor)
-    elif s.method == "llama3":
-        scaling.update(low_freq_factor=float(s.low_freq_factor), high_freq_factor=float(s.high_freq_factor))
-    else:  # a scaling method added to posenc but not mapped here
+    hf = get_method(s.method).transformers(s.params, s.factor, s.original_length or train_length, d)
+    if hf is None:  # a scaling method transformers has no rope type for
         raise NotExportable(f"not exportable: RoPE scaling '{s.method}' has no transformers rope type")
-    return scaling, float(pos.base), partial, extended
+    base = float(pos.base * hf.theta_scale) if hf.theta_scale != 1.0 else float(pos.base)  # static NTK: new base
+    scaling = None if hf.parameters["rope_type"] == "default" else hf.parameters
+    return scaling, base, partial, hf.max_position_embeddings
 
 
 def hf_config_kwargs(cfg: Config, vocab_size: int, eod_id: int, table_length: int | None) -> dict[str, Any]:

@@ -3,15 +3,9 @@
 The new directory's `config.json` carries the scaling in the installed `transformers`' own format (`rope_parameters`
 in 5.x, written by the config class's `save_pretrained`), so it loads in plain `transformers` (and in stacks that
 read the same config). Its weight files are hard links to the source's (copies across file systems); nothing in the
-source is ever modified. posenc's methods map onto `transformers`' rope types as `posenc export` maps them:
-
-| posenc | rope_parameters | max_position_embeddings |
-|---|---|---|
-| linear | rope_type linear, factor s | s·L |
-| ntk (static) | rope_type default, rope_theta · s^(d/(d−2)) (YaRN paper Eq. 16) | s·L |
-| dynamic | rope_type dynamic, factor s (transformers reads L from max_position_embeddings) | L |
-| yarn | rope_type yarn, factor, original_max_position_embeddings L, beta_fast, beta_slow, truncate | s·L |
-| llama3 | rope_type llama3, factor, low/high_freq_factor, original_max_position_embeddings L | s·L |
+source is ever modified. posenc's methods map onto `transformers`' rope types as `posenc export` maps them, by each
+method's `transformers` hook (posenc_cli/rope_scaling/<method>.py): linear, dynamic, yarn and llama3 by name (dynamic
+with max_position_embeddings = L, the others s·L), static NTK as rope_type default with rope_theta · s^(d/(d−2)).
 
 Any other method (one `transformers` has no rope type for, such as Self-Extend or ReRoPE) is refused with one line.
 `transformers`' `longrope` needs per-dimension factors searched offline; posenc has no search, so it offers none.
@@ -23,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -33,11 +26,12 @@ from typing import Any
 from posenc_cli import __version__
 from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
+from posenc_cli.rope_scaling import frequency_summary, get_method, registry
 from posenc_cli.run_meta import ExtendResult
 
 __all__ = ["HF_METHODS", "RECORD_FILE", "extend_hf_dir", "hf_rope_parameters"]
 
-HF_METHODS = ("linear", "ntk", "dynamic", "yarn", "llama3")
+HF_METHODS = tuple(name for name, m in registry().items() if m.rope_type is not None)  # the exportable methods
 RECORD_FILE = "posenc_hf_extend.json"
 _IDENTITY = ("method", "factor", "original_length", "rope_parameters", "max_position_embeddings", "parent_weights")
 
@@ -56,23 +50,12 @@ def hf_rope_parameters(
             f"{', '.join(HF_METHODS)}"
         )
     keep = {k: current[k] for k in ("rope_theta", "partial_rotary_factor") if k in current}
-    s, L = float(ext.factor), int(original_length)
-    extended = max(L, round(s * L))
-    if ext.method == "ntk":
-        theta = float(keep["rope_theta"]) * s ** (rotary_dim / (rotary_dim - 2))
-        return {**keep, "rope_type": "default", "rope_theta": theta}, extended
-    if ext.method == "linear":
-        return {**keep, "rope_type": "linear", "factor": s}, extended
-    if ext.method == "dynamic":
-        return {**keep, "rope_type": "dynamic", "factor": s}, L
-    params: dict[str, Any] = {**keep, "rope_type": ext.method, "factor": s, "original_max_position_embeddings": L}
-    if ext.method == "yarn":
-        params.update(beta_fast=float(ext.beta_fast), beta_slow=float(ext.beta_slow), truncate=bool(ext.truncate))
-        if ext.attention_factor is not None:
-            params["attention_factor"] = float(ext.attention_factor)
-    else:  # llama3
-        params.update(low_freq_factor=float(ext.low_freq_factor), high_freq_factor=float(ext.high_freq_factor))
-    return params, extended
+    hf = get_method(ext.method).transformers(ext.params, float(ext.factor), int(original_length), rotary_dim)
+    assert hf is not None  # HF_METHODS are the methods with a rope type
+    params: dict[str, Any] = {**keep, **hf.parameters}
+    if hf.theta_scale != 1.0:  # static NTK: a plain RoPE with a larger base
+        params["rope_theta"] = float(keep["rope_theta"]) * hf.theta_scale
+    return params, hf.max_position_embeddings
 
 
 def _rotary(config: Any, rope: dict[str, Any]) -> tuple[int, float]:
@@ -84,21 +67,7 @@ def _rotary(config: Any, rope: dict[str, Any]) -> tuple[int, float]:
 def _numbers(ext: ExtendConfig, rotary: int, base: float, L: int) -> tuple[float, dict[str, int], tuple[float, float]]:
     """(attention factor, frequency regions, longest wavelength before/after) for the summary (posenc's maths,
     tested equal to transformers')."""
-    from posenc_cli.positional.scaling import frequency_regions, scaled_inv_freq
-
-    params = {
-        "beta_fast": ext.beta_fast,
-        "beta_slow": ext.beta_slow,
-        "attention_factor": ext.attention_factor,
-        "truncate": ext.truncate,
-        "low_freq_factor": ext.low_freq_factor,
-        "high_freq_factor": ext.high_freq_factor,
-    }
-    before, _ = scaled_inv_freq("none", rotary, base, 1.0, L)
-    seq_len = round(ext.factor * L) if ext.method == "dynamic" else None
-    after, attention = scaled_inv_freq(ext.method, rotary, base, ext.factor, L, seq_len, **params)
-    regions = frequency_regions(ext.method, rotary, base, ext.factor, L, **params)
-    return float(attention), regions, (2 * math.pi / float(before.min()), 2 * math.pi / float(after.min()))
+    return frequency_summary(ext.method, rotary, base, ext.factor, L, **ext.param_values())
 
 
 def _describe(rope: dict[str, Any]) -> str:
