@@ -180,7 +180,7 @@ def bias_data(
     T, H, hd = ctx.seq_len, scheme.n_head, scheme.head_dim
     gen = torch.Generator().manual_seed(seed)
     q, k, q2, k2 = (torch.randn(1, H, T, hd, generator=gen) for _ in range(4))  # (1, H, T, hd) each
-    pos = ctx.positions
+    pos = ctx.token_index  # bias hooks and the causal mask take token indexes (ids: ctx.ids_at)
     with torch.no_grad():
         last = _broadcast_bias(scheme.bias(layer, q[:, :, -1:], k, pos[-1:], pos, ctx), H, 1, T)  # (H, 1, T)
         other = _broadcast_bias(scheme.bias(layer, q2[:, :, -1:], k2, pos[-1:], pos, ctx), H, 1, T)
@@ -262,7 +262,7 @@ def attention_chunks(
     """
     B, H, T, hd = q.shape
     chunk = chunk if chunk is not None else bias_chunk_size(B, H, T)
-    pos = ctx.positions
+    pos = ctx.token_index  # bias hooks and the causal mask take token indexes (ids: ctx.ids_at)
     for start in range(0, T, chunk):
         end = min(start + chunk, T)
         qc, kc = q[:, :, start:end], k[:, :, :end]  # (B, H, Tq, hd), (B, H, Tk, hd)
