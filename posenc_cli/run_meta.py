@@ -12,6 +12,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
+
 from posenc_cli.checkpoint import (
     CONFIG_FILE,
     META_FILE,
@@ -22,7 +24,7 @@ from posenc_cli.checkpoint import (
     STATE_JSON,
     read_meta,
 )
-from posenc_cli.config import Config, config_to_dict
+from posenc_cli.config import Config, config_dir, config_to_dict
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.fsutil import atomic_write_text
 from posenc_cli.metrics import read_metrics
@@ -102,10 +104,6 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def model_preset_name(cfg: Config) -> str:
     """'tiny'/'small'/'base' when the sizes match a preset in configs/model, else e.g. 'd96l3'."""
-    import yaml
-
-    from posenc_cli.config import config_dir
-
     m = cfg.model
     with contextlib.suppress(UserError, OSError):
         for path in sorted((config_dir() / "model").glob("*.yaml")):
