@@ -1,0 +1,79 @@
+"""The contract every registered evaluation task keeps (parametrised over the registry, so a new task is tested the
+moment its file exists): on a tiny model it plans and measures cells, stores them in its results file keyed by the
+checkpoint, reuses them on the next call, measures again after more training, and refuses a run being trained."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from posenc_cli.checkpoint import LoadedRun
+from posenc_cli.config import Config, EvalConfig, ModelConfig, TrainConfig
+from posenc_cli.errors import CheckpointError
+from posenc_cli.eval_results import checkpoint_identity
+from posenc_cli.interrupts import run_lock
+from posenc_cli.model import GPT
+from posenc_cli.positional import config_class
+from posenc_cli.sources import registry as source_registry
+from posenc_cli.sources.stdlib import StdlibDataConfig
+from posenc_cli.tasks import registry
+from posenc_cli.tokenizer import ByteTokenizer
+
+TRAIN_LEN = 128  # long enough for a passkey prompt at 1x
+
+
+@pytest.fixture(params=sorted(registry()))
+def task(request: pytest.FixtureRequest):
+    return registry()[request.param]
+
+
+def tiny_run(path: Path, step: int, sha: str) -> LoadedRun:
+    torch.manual_seed(0)
+    cfg = Config(
+        model=ModelConfig(d_model=32, n_layer=1, n_head=2),
+        pos=config_class("rope")(name="rope"),
+        data=StdlibDataConfig(val_fraction=0.5),
+        train=TrainConfig(seq_len=TRAIN_LEN),
+        eval=EvalConfig(lengths=[1.0, 2.0], tokens=64),
+    )
+    model = GPT(cfg.model, cfg.pos, ByteTokenizer().vocab_size, TRAIN_LEN).eval()
+    path.mkdir(parents=True, exist_ok=True)
+    meta = {"kind": "posenc-run", "train_length": TRAIN_LEN, "step": step, "files": {"model.safetensors": sha}}
+    (path / "meta.json").write_text(json.dumps(meta))
+    return LoadedRun(path=path, model=model, config=cfg, meta=meta, tokenizer=ByteTokenizer())
+
+
+def test_task_measures_stores_and_reuses_cells_by_checkpoint(task, tmp_path: Path, fake_stdlib: Path) -> None:
+    run = tiny_run(tmp_path / "run", 10, "a" * 64)
+    cpu = torch.device("cpu")
+    first = task.evaluate_job(run, run.config, device=cpu)
+    cells = first["entries"]
+    assert cells and first["reused"] == 0
+    assert all(e["checkpoint"] == checkpoint_identity(run.meta) for e in cells)
+    assert {e["length"] for e in cells} >= {TRAIN_LEN}  # lengths are multiples of the training length
+    stored = json.loads((run.path / task.results_file).read_text())
+    assert stored["train_length"] == TRAIN_LEN and len(stored["entries"]) == len(cells)
+
+    again = task.evaluate_job(run, run.config, device=cpu)
+    assert again["reused"] == len(cells) and again["entries"] == cells  # no forward: the stored cells
+
+    run.meta = {**run.meta, "step": 20, "files": {"model.safetensors": "b" * 64}}  # trained further
+    later = task.evaluate_job(run, run.config, device=cpu)
+    assert later["reused"] == 0
+    stored = json.loads((run.path / task.results_file).read_text())
+    assert {json.dumps(e["checkpoint"]) for e in stored["entries"]} == {json.dumps(checkpoint_identity(run.meta))}
+
+
+def test_task_refuses_a_run_being_trained(task, tmp_path: Path, fake_stdlib: Path) -> None:
+    run = tiny_run(tmp_path / "run", 10, "a" * 64)
+    with run_lock(run.path), pytest.raises(CheckpointError, match="being trained"):
+        task.evaluate_job(run, run.config, device=torch.device("cpu"))
+    assert not (run.path / task.results_file).exists()
+
+
+def test_every_task_is_run_by_some_source() -> None:
+    used = {name for source in source_registry().values() for name in source.tasks}
+    assert used == set(registry())
