@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -14,12 +16,12 @@ from rich.text import Text
 from posenc_cli.cli.app import app, console, err_console, handles_errors, stdout_is_terminal
 from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
+from posenc_cli.rope_scaling import get_method, param_fields, registry
 
 if TYPE_CHECKING:
     from posenc_cli.run_meta import ExtendResult
 
 _D = ExtendConfig()  # flag defaults = configs/extend/default.yaml = ExtendConfig's defaults
-_SHORTHANDS = ("linear", "ntk", "dynamic", "yarn", "llama3")
 _EPILOG = (
     "Examples:  posenc extend outputs/runs/rope --yarn --factor 4 --eval   "
     "|   posenc extend outputs/runs/rope --yarn --factor 4 --finetune-steps 60 --out outputs/runs/rope-yarn-ft   "
@@ -27,12 +29,58 @@ _EPILOG = (
 )
 
 
-def _flag(name: str) -> Any:
-    return typer.Option(f"--{name}", help=f"Shorthand for --method {name}.", rich_help_panel="Method")
+# ----------------------------------------------------------------------------------------------------------------
+# The registry's part of the command line: one `--<method>` shorthand per scaling method and one flag per method
+# parameter (`--beta-fast`, `--truncate/--no-truncate`, ...), in the method's help panel. Added to the command's
+# signature, so Typer builds them like the written-out options; a new method file brings its own.
+
+
+def _scaling_options() -> tuple[dict[str, str], list[inspect.Parameter]]:
+    """({parameter name: method} of the shorthands, the generated parameters)."""
+    aliases, params = {}, []
+    for name in registry():
+        arg = f"use_{name}"
+        aliases[arg] = name
+        option = typer.Option(f"--{name}", help=f"Shorthand for --method {name}.", rich_help_panel="Method")
+        params.append(inspect.Parameter(arg, inspect.Parameter.KEYWORD_ONLY, default=False,
+                                        annotation=Annotated[bool, option]))  # fmt: skip
+    for f in param_fields().values():
+        flag = "--" + f.name.replace("_", "-")
+        decl = f"{flag}/--no-{flag[2:]}" if f.type is bool else flag
+        panel = registry()[f.method].title
+        option = typer.Option(decl, help=f.help, metavar=f.metavar, rich_help_panel=panel)
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=getattr(_D, f.name),
+                                        annotation=Annotated[f.type, option]))  # fmt: skip
+    return aliases, params
+
+
+def _with_scaling_options(func: Callable[..., None]) -> Callable[..., None]:
+    """`func(..., chosen=[methods named by shorthands], scaling={parameter: value})` as a command that also takes
+    the generated options (inserted before `--factor`)."""
+    aliases, generated = _scaling_options()
+    names = {p.name for p in generated}
+
+    def command(**kwargs: Any) -> None:
+        chosen = [method for arg, method in aliases.items() if kwargs.pop(arg)]
+        scaling = {name: kwargs.pop(name) for name in list(kwargs) if name in names}
+        func(**kwargs, chosen=chosen, scaling=scaling)
+
+    own = [p for p in inspect.signature(func, eval_str=True).parameters.values() if p.name not in ("chosen", "scaling")]
+    at = next(i for i, p in enumerate(own) if p.name == "method")
+    params = [*own[:at], *generated[: len(aliases)], *own[at : at + 3], *generated[len(aliases) :], *own[at + 3 :]]
+    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
+    )
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.__name__, command.__qualname__ = func.__name__, func.__qualname__
+    titles = ", ".join(m.title for m in registry().values())
+    command.__doc__ = (func.__doc__ or "").replace("{methods}", titles)
+    return command
 
 
 @app.command("extend", epilog=_EPILOG)
 @handles_errors
+@_with_scaling_options
 def extend_command(
     run_dir: Annotated[Path, typer.Argument(help="The RoPE run directory to extend (never modified).")],
     out: Annotated[
@@ -41,17 +89,12 @@ def extend_command(
             "--out", metavar="DIR", help="New run directory (default: <RUN_DIR>-<method>x<factor> next to it)."
         ),
     ] = None,
-    yarn: Annotated[bool, _flag("yarn")] = False,
-    linear: Annotated[bool, _flag("linear")] = False,
-    ntk: Annotated[bool, _flag("ntk")] = False,
-    dynamic: Annotated[bool, _flag("dynamic")] = False,
-    llama3: Annotated[bool, _flag("llama3")] = False,
     method: Annotated[
         str | None,
         typer.Option(
             "--method",
             metavar="M",
-            help=f"linear|ntk|dynamic|yarn|llama3 (default {_D.method}).",
+            help=f"{'|'.join(registry())} (default {_D.method}).",
             rich_help_panel="Method",
         ),
     ] = None,
@@ -62,33 +105,6 @@ def extend_command(
             "--original-length", metavar="L", help="Original length L (default: the checkpoint's training length)."
         ),
     ] = _D.original_length,
-    beta_fast: Annotated[
-        float, typer.Option("--beta-fast", help="YaRN: β_fast.", rich_help_panel="YaRN")
-    ] = _D.beta_fast,
-    beta_slow: Annotated[
-        float, typer.Option("--beta-slow", help="YaRN: β_slow.", rich_help_panel="YaRN")
-    ] = _D.beta_slow,
-    attention_factor: Annotated[
-        float | None,
-        typer.Option(
-            "--attention-factor",
-            metavar="F",
-            help="YaRN: factor on cos and sin (default 0.1·ln s + 1).",
-            rich_help_panel="YaRN",
-        ),
-    ] = _D.attention_factor,
-    truncate: Annotated[
-        bool,
-        typer.Option(
-            "--truncate/--no-truncate", help="YaRN: round the ramp's ends to whole pairs.", rich_help_panel="YaRN"
-        ),
-    ] = _D.truncate,
-    low_freq_factor: Annotated[
-        float, typer.Option("--low-freq-factor", help="llama3: low-frequency factor.", rich_help_panel="llama3")
-    ] = _D.low_freq_factor,
-    high_freq_factor: Annotated[
-        float, typer.Option("--high-freq-factor", help="llama3: high-frequency factor.", rich_help_panel="llama3")
-    ] = _D.high_freq_factor,
     finetune_steps: Annotated[
         int,
         typer.Option(
@@ -112,8 +128,11 @@ def extend_command(
         bool, typer.Option("--eval", help="Run eval-extrapolate (default lengths) on parent and child, side by side.")
     ] = False,
     threads: Annotated[int, typer.Option("--threads", metavar="N", help="CPU threads (0: torch's default).")] = 0,
+    *,
+    chosen: list[str],
+    scaling: dict[str, Any],
 ) -> None:
-    """Scale a RoPE checkpoint's frequencies (linear, NTK, dynamic NTK, YaRN, Llama 3) into a new run directory.
+    """Scale a RoPE checkpoint's frequencies ({methods}) into a new run directory.
 
     The new run's config records the scaling, its weights are the parent's (unchanged, unless fine-tuned), and its
     metadata names the parent; `posenc eval-extrapolate` works on it as on any run. Re-running the same command is
@@ -122,21 +141,15 @@ def extend_command(
     """
     from posenc_cli.extend import default_out_dir, extend_run
 
-    chosen = [name for name, on in zip(_SHORTHANDS, (linear, ntk, dynamic, yarn, llama3), strict=True) if on]
     if method is not None:
         chosen.append(method)
     if len(set(chosen)) > 1:
         raise ConfigError(f"give one scaling method, got {', '.join(chosen)}")
     ext = ExtendConfig(
-        method=chosen[0] if chosen else _D.method,  # type: ignore[arg-type]  # validated by extend_run
+        method=chosen[0] if chosen else _D.method,
         factor=factor,
         original_length=original_length,
-        beta_fast=beta_fast,
-        beta_slow=beta_slow,
-        attention_factor=attention_factor,
-        truncate=truncate,
-        low_freq_factor=low_freq_factor,
-        high_freq_factor=high_freq_factor,
+        **scaling,
         finetune_steps=finetune_steps,
         finetune_seq_len=finetune_seq_len,
         finetune_lr=finetune_lr,
@@ -172,7 +185,7 @@ def extend_command(
 def summary_table(r: ExtendResult) -> Table:
     """Before/after: scaling, attention factor, frequency pairs, longest wavelength, lengths, directories."""
     pairs = r.rotary_dim // 2
-    at = " (at s·L tokens; it rescales per sequence length)" if r.method == "dynamic" else ""
+    at = " (at s·L tokens; it rescales per sequence length)" if get_method(r.method).length_dependent else ""
     title = {
         "created": "extended",
         "finetuned": "extended and fine-tuned",
