@@ -96,7 +96,7 @@ class ScalingMethod:
     params_cls: ClassVar[type[ScalingParams]] = ScalingParams
     min_rotary_dim: ClassVar[int] = 2
     length_dependent: ClassVar[bool] = False  # frequencies depend on the sequence length (dynamic)
-    identity_at_one: ClassVar[bool] = True  # factor 1 gives plain RoPE by the method's definition
+    identity_at_one: ClassVar[bool] = True  # factor 1 gives plain RoPE by definition (up to L if length-dependent)
     rope_type: ClassVar[str | None] = None  # transformers' rope type (None: not exportable)
 
     def inv_freq(
