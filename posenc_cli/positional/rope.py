@@ -6,7 +6,7 @@ Two layouts pair the dimensions differently and are equivalent up to a fixed per
 - `rotate_half` (GPT-NeoX, HF Llama): pairs (x_k, x_{k+d/2});
 - `interleaved` (GPT-J, Meta Llama, x-transformers): pairs (x_2k, x_2k+1).
 cos/sin tables are built once per forward in fp32 (also under autocast). With `scaling.method != none` the inverse
-frequencies come from `scaling.scaled_inv_freq`, and cos and sin are both multiplied by its attention factor.
+frequencies come from `rope_scaling.scaled_inv_freq`, and cos and sin are both multiplied by its attention factor.
 
 Position ids: p is the token's id (relative: a common shift of the ids changes nothing but rounding). A scaling
 that depends on the sequence length (dynamic NTK) sees max id + 1 (`PositionContext.length`), as in `transformers`;
@@ -25,7 +25,7 @@ from posenc_cli.config import ModelConfig, PosConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import register
 from posenc_cli.positional.base import PositionalScheme, PositionContext, per_head
-from posenc_cli.positional.scaling import RopeScalingConfig, scaled_inv_freq
+from posenc_cli.rope_scaling import RopeScalingConfig, scaled_inv_freq
 
 Layout = Literal["rotate_half", "interleaved"]
 
@@ -125,12 +125,7 @@ class RoPE(PositionalScheme):
             s.factor,
             s.original_length or self.train_length,
             seq_len=seq_len,
-            beta_fast=s.beta_fast,
-            beta_slow=s.beta_slow,
-            attention_factor=s.attention_factor,
-            truncate=s.truncate,
-            low_freq_factor=s.low_freq_factor,
-            high_freq_factor=s.high_freq_factor,
+            **s.param_values(),  # every method's parameters; the method reads its own
         )
         return inv_freq, float(attn)
 
