@@ -143,5 +143,6 @@ def test_eval_labels_a_sweep_job_as_compare_does(runs: dict[str, Path], tmp_path
     (sweep / "sweep.json").write_text(json.dumps({"schema_version": 1, "sweep": "t", "jobs": [{**plan, "swept": {}}]}))
     result = invoke(str(job), "--ntk", "--factor", "2", "--out", str(tmp_path / "ntk"), "--eval")
     assert result.exit_code == 0, result.output
-    rows = [line.split("│")[1].split()[0] for line in result.output.splitlines() if line.startswith("│ ")]
+    cells = [line.split("│")[1].split() for line in result.output.splitlines() if line.startswith("│ ")]
+    rows = [c[0] for c in cells if c]  # a wrapped cell continues on a line whose first column is empty
     assert "my-rope" in rows and "pos=rope" not in rows
