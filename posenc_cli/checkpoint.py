@@ -74,6 +74,13 @@ class LoadedRun:
     tokenizer: Tokenizer
 
 
+def run_lengths(meta: dict[str, Any], cfg: Config) -> tuple[int, int]:
+    """(train_length, base_length) of a run: meta.json's, else (older runs) the config's `train.seq_len`; the base
+    length (the root run's training length) defaults to the training length. The one place they are derived."""
+    train_length = int(meta.get("train_length") or cfg.train.seq_len)
+    return train_length, int(meta.get("base_length") or train_length)
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

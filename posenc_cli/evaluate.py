@@ -28,7 +28,8 @@ import dataclasses
 import datetime as _dt
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,9 +39,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc_cli import __version__
+from posenc_cli.checkpoint import run_lengths
 from posenc_cli.config import DataConfig, EvalConfig
 from posenc_cli.device import describe_device
-from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme, disk_error_message, is_disk_error
+from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
+from posenc_cli.eval_loop import Entry, measure, results_header
 from posenc_cli.eval_results import (
     RESULTS_FILE,
     SCHEMA_VERSION,
@@ -49,11 +52,9 @@ from posenc_cli.eval_results import (
     entry_key,
     load_results,
     merge_entry,
-    new_results_doc,
     pick_entries,
     results_path,
     save_results,
-    update_results_file,
 )
 from posenc_cli.sources import build_data_config, source_class
 
@@ -67,6 +68,7 @@ __all__ = [
     "RESULTS_FILE",
     "SCHEMA_VERSION",
     "CorpusCache",
+    "ExtrapolateEntry",
     "check_not_training",
     "data_config_with_overrides",
     "entry_key",
@@ -404,17 +406,15 @@ def evaluate_run(
     "path", "reused" (how many entries came from the file without a forward) and "not_saved" (None, or why the
     results file could not be written, e.g. read-only storage: the scores are returned all the same). `store=False`
     writes nothing into the run (`extend --eval` scoring the source run it must not modify). Entries are keyed by the
-    checkpoint they measured, and a run being trained right now is refused (`check_not_training`).
+    checkpoint they measured, and a run being trained right now is refused (`check_not_training`). One cell per
+    length, through the shared loop `eval_loop.measure`.
     """
     cfg.validate()
     check_not_training(run.path)
     force = cfg.force if force is None else force
     device = torch.device(device) if device is not None else next(run.model.parameters()).device
-    meta = run.meta
-    train_length = int(meta.get("train_length") or run.config.train.seq_len)
-    base_length = int(meta.get("base_length") or train_length)
-    scheme = str(run.config.pos.name)
-    dtype = resolve_dtype(cfg.dtype, meta, device)
+    train_length, base_length = run_lengths(run.meta, run.config)
+    dtype = resolve_dtype(cfg.dtype, run.meta, device)
 
     data_cfg = data if data is not None else run.config.data
     if corpus is None:
@@ -422,73 +422,67 @@ def evaluate_run(
     stream = corpus.val
     fingerprint = str(corpus.info.get("fingerprint") or "")
     data_info = {"name": data_name(data_cfg), "fingerprint": fingerprint}
+    checkpoint = checkpoint_identity(run.meta)
+    described_device = describe_device(device)  # results depend on precision and hardware: record both
 
-    # --force recomputes this call's cells but still keeps the other stored entries
-    header = new_results_doc(run.path.name, scheme, train_length, base_length)
-    header.pop("entries")
-    checkpoint = checkpoint_identity(meta)
-    doc = load_results(run.path, missing_ok=True) or {**header, "entries": []}
-    doc.update(header)
-    stored = {entry_key(e): e for e in doc["entries"]}
-
-    selected: list[dict[str, Any]] = []
-    reused = 0
-    not_saved: str | None = None  # why the results file could not be written (read-only storage, full disk)
-    for length, multiple in plan_lengths(cfg, base_length):
-        wanted = cfg.target if cfg.protocol == "fixed-target" else cfg.stride
-        stride = resolve_stride(cfg.protocol, wanted, length, base_length)
-        n_windows = len(plan_windows(len(stream), length, stride, cfg.tokens, cfg.protocol))
-        entry = _base_entry(cfg.protocol, stride, length, multiple, n_windows * stride, dtype, data_info)
-        entry["checkpoint"] = dict(checkpoint)
-        entry["device"] = describe_device(device)  # results depend on precision and hardware: record both
-        if not force and entry_key(entry) in stored:
-            selected.append(stored[entry_key(entry)])
-            reused += 1
-            continue
-        if n_windows == 0:
-            entry.update(reason=no_window_reason(cfg.protocol, len(stream), length, stride, cfg.tokens))
-        else:
-            try:
-                result = evaluate_model(
-                    run.model,
-                    stream,
-                    run.tokenizer.token_bytes,
-                    length=length,
+    def plan() -> Iterator[list[ExtrapolateEntry]]:
+        for length, multiple in plan_lengths(cfg, base_length):
+            wanted = cfg.target if cfg.protocol == "fixed-target" else cfg.stride
+            stride = resolve_stride(cfg.protocol, wanted, length, base_length)
+            n_windows = len(plan_windows(len(stream), length, stride, cfg.tokens, cfg.protocol))
+            yield [
+                ExtrapolateEntry(
                     protocol=cfg.protocol,
-                    stride=stride,
-                    n_tokens=cfg.tokens,
-                    batch_tokens=cfg.batch_tokens,
+                    stride=stride if cfg.protocol != "nonoverlap" else None,  # fixed-target: the target size
+                    length=length,
+                    multiple=multiple,
+                    tokens=n_windows * stride,
                     dtype=dtype,
-                    device=device,
-                    progress=progress,
+                    data=dict(data_info),
+                    created=_now(),
+                    checkpoint=dict(checkpoint),
+                    device=described_device,
                 )
-            except LengthBeyondScheme as e:  # same reason text at every length, so tables can group it
-                entry.update(reason=f"scheme '{e.scheme}' supports at most {e.limit} positions")
-            else:
-                _fill_ok(entry, result)
-        merge_entry(doc, entry)
-        if store and not_saved is None:
-            not_saved = _try_save(run.path, header, entry, checkpoint)  # after every cell: a kill loses one cell
-        selected.append(entry)
+            ]
 
-    out = {k: v for k, v in doc.items() if k != "entries"}
-    out.update(path=str(run.path), reused=reused, entries=selected, not_saved=not_saved)
+    def measure_cell(group: Sequence[ExtrapolateEntry]) -> list[ExtrapolateEntry]:
+        (entry,) = group
+        length, stride = entry.length, resolve_stride(cfg.protocol, entry.stride, entry.length, base_length)
+        if entry.tokens == 0:
+            return [replace(entry, reason=no_window_reason(cfg.protocol, len(stream), length, stride, cfg.tokens))]
+        try:
+            result = evaluate_model(
+                run.model,
+                stream,
+                run.tokenizer.token_bytes,
+                length=length,
+                protocol=cfg.protocol,
+                stride=stride,
+                n_tokens=cfg.tokens,
+                batch_tokens=cfg.batch_tokens,
+                dtype=dtype,
+                device=device,
+                progress=progress,
+            )
+        except LengthBeyondScheme as e:  # same reason text at every length, so tables can group it
+            return [replace(entry, reason=f"scheme '{e.scheme}' supports at most {e.limit} positions")]
+        return [_filled(entry, result)]
+
+    header = results_header(run.path.name, str(run.config.pos.name), train_length, base_length)
+    done = measure(
+        results_path(run.path),
+        "eval-extrapolate",
+        header,
+        checkpoint,
+        plan(),
+        measure_cell,
+        key=entry_key,
+        force=force,
+        store=store,
+    )
+    out = dict(done.header)
+    out.update(path=str(run.path), reused=done.reused, entries=done.entries, not_saved=done.not_saved)
     return out
-
-
-def _try_save(run_dir: Path, header: dict[str, Any], entry: dict[str, Any], checkpoint: dict[str, Any]) -> str | None:
-    """Merge `entry` into the stored results (re-read under a lock, so another evaluation of this run writing at the
-    same time keeps its cells); on storage that refuses writes (read-only, full) return the reason instead: the
-    scores stand."""
-    try:
-        update_results_file(
-            results_path(run_dir), "eval-extrapolate", header, [entry], key=entry_key, checkpoint=checkpoint
-        )
-    except OSError as e:
-        if not is_disk_error(e):
-            raise
-        return disk_error_message(e)
-    return None
 
 
 def check_not_training(run_dir: Path) -> None:
@@ -503,34 +497,40 @@ def check_not_training(run_dir: Path) -> None:
         raise CheckpointError(f"{run_dir} is being trained by another process; evaluate it once training has stopped")
 
 
-def _base_entry(
-    protocol: str, stride: int, length: int, multiple: float, tokens: int, dtype: str, data: dict[str, str]
-) -> dict[str, Any]:
-    return {
-        "protocol": protocol,
-        "stride": stride if protocol != "nonoverlap" else None,  # fixed-target: the target size
-        "length": length,
-        "multiple": multiple,
-        "tokens": tokens,
-        "dtype": dtype,
-        "data": dict(data),
-        "status": "n/a",
-        "reason": None,
-        "ppl": None,
-        "nll": None,
-        "bpb": None,
-        "per_position": [],
-        "posenc_version": __version__,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    }
+@dataclass(frozen=True, kw_only=True)
+class ExtrapolateEntry(Entry):
+    """One length of `eval/extrapolate.json`; the fields in the order of the stored keys. `stride` is None for
+    nonoverlap, the target size for fixed-target; `tokens` the scored tokens (0: no window fits)."""
+
+    protocol: str
+    stride: int | None
+    length: int
+    multiple: float
+    tokens: int
+    dtype: str
+    data: dict[str, str]
+    status: str = "n/a"
+    reason: str | None = None
+    ppl: float | None = None
+    nll: float | None = None
+    bpb: float | None = None
+    per_position: list[float] = field(default_factory=list)
+    posenc_version: str = __version__
+    created: str
+    checkpoint: dict[str, Any]
+    device: str
 
 
-def _fill_ok(entry: dict[str, Any], result: dict[str, Any]) -> None:
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def _filled(entry: ExtrapolateEntry, result: dict[str, Any]) -> ExtrapolateEntry:
     nll = result["nll"]
     if not math.isfinite(nll) or not math.isfinite(result["ppl"]):
-        entry.update(reason=f"non-finite loss (mean NLL {nll})", nll=nll if math.isfinite(nll) else None)
-        return
-    entry.update(
+        return replace(entry, reason=f"non-finite loss (mean NLL {nll})", nll=nll if math.isfinite(nll) else None)
+    return replace(
+        entry,
         status="ok",
         tokens=result["tokens"],
         ppl=result["ppl"],

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,15 +34,11 @@ import torch
 from torch import nn
 
 from posenc_cli import __version__
+from posenc_cli.checkpoint import run_lengths
 from posenc_cli.config import EvalConfig
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
-from posenc_cli.eval_results import (
-    checkpoint_identity,
-    checkpoint_key,
-    new_results_doc,
-    read_results_file,
-    update_results_file,
-)
+from posenc_cli.eval_loop import Entry, measure, results_header
+from posenc_cli.eval_results import checkpoint_identity, checkpoint_key, read_results_file
 from posenc_cli.evaluate import check_not_training, evaluate_each_run, find_runs, plan_lengths, resolve_dtype
 from posenc_cli.sources.passkey import (
     DEFAULT_DIGITS,
@@ -65,6 +61,7 @@ Progress = Callable[[str, int, int], None]  # (description, done, total)
 __all__ = [
     "RESULTS_FILE",
     "PasskeyConfig",
+    "PasskeyEntry",
     "PromptBatch",
     "PromptTooShort",
     "build_prompts",
@@ -282,27 +279,26 @@ def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
     return (*cell, *checkpoint_key(entry))
 
 
-def _entry(
-    length: int, multiple: float, depth: float, cfg: PasskeyConfig, digits: int, dtype: str, checkpoint: dict[str, Any]
-) -> dict[str, Any]:
-    return {
-        "length": length,
-        "multiple": multiple,
-        "depth": float(depth),
-        "trials": cfg.trials,
-        "digits": digits,
-        "seed": cfg.seed,
-        "dtype": dtype,
-        "checkpoint": dict(checkpoint),
-        "status": "n/a",
-        "reason": None,
-        "correct": None,
-        "accuracy": None,
-        "token_accuracy": None,
-        "samples": [],
-        "posenc_version": __version__,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    }
+@dataclass(frozen=True, kw_only=True)
+class PasskeyEntry(Entry):
+    """One length × depth cell of `eval/passkey.json`; the fields in the order of the stored keys."""
+
+    length: int
+    multiple: float
+    depth: float
+    trials: int
+    digits: int
+    seed: int
+    dtype: str
+    checkpoint: dict[str, Any]
+    status: str = "n/a"
+    reason: str | None = None
+    correct: int | None = None
+    accuracy: float | None = None
+    token_accuracy: float | None = None
+    samples: list[dict[str, str]] = field(default_factory=list)
+    posenc_version: str = __version__
+    created: str
 
 
 def evaluate_passkey_run(
@@ -316,37 +312,41 @@ def evaluate_passkey_run(
     """Measure (or reuse) every length × depth cell of `cfg` for a loaded run and store them in eval/passkey.json.
 
     Returns the results doc restricted to this call's entries (length-major, depth-minor) plus "path" and "reused".
-    Cells are keyed by the checkpoint they measured; a run being trained right now is refused.
+    Cells are keyed by the checkpoint they measured; a run being trained right now is refused. The depths of one
+    length are one group of the shared loop `eval_loop.measure` (decoded in one batch, stored together).
     """
     cfg.validate()
     check_not_training(run.path)
     force = cfg.force if force is None else force
     device = torch.device(device) if device is not None else next(run.model.parameters()).device
-    train_length = int(run.meta.get("train_length") or run.config.train.seq_len)
-    base_length = int(run.meta.get("base_length") or train_length)
-    scheme = str(run.config.pos.name)
     digits = cfg.digits if cfg.digits is not None else getattr(run.config.data, "passkey_digits", DEFAULT_DIGITS)
     dtype = resolve_dtype(cfg.dtype, run.meta, device)
-
-    header = new_results_doc(run.path.name, scheme, train_length, base_length)
-    header.pop("entries")
     checkpoint = checkpoint_identity(run.meta)
-    doc = load_passkey_results(run.path) or {**header, "entries": []}
-    doc.update(header)
-    stored = {entry_key(e): e for e in doc["entries"]}
-    selected: list[dict[str, Any]] = []
-    reused = 0
-    for length, multiple in cfg.planned_lengths(base_length):
-        cells = [_entry(length, multiple, d, cfg, digits, dtype, checkpoint) for d in cfg.depths]
-        if not force and all(entry_key(c) in stored for c in cells):
-            selected += [stored[entry_key(c)] for c in cells]
-            reused += len(cells)
-            continue
+    train_length, base_length = run_lengths(run.meta, run.config)
+
+    def plan() -> Iterator[list[PasskeyEntry]]:
+        for length, multiple in cfg.planned_lengths(base_length):
+            yield [
+                PasskeyEntry(
+                    length=length,
+                    multiple=multiple,
+                    depth=float(d),
+                    trials=cfg.trials,
+                    digits=digits,
+                    seed=cfg.seed,
+                    dtype=dtype,
+                    checkpoint=dict(checkpoint),
+                    created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                )
+                for d in cfg.depths
+            ]
+
+    def measure_length(cells: Sequence[PasskeyEntry]) -> list[PasskeyEntry]:
         try:
             measured = evaluate_passkey_model(
                 run.model,
                 run.tokenizer,
-                length=length,
+                length=cells[0].length,
                 depths=cfg.depths,
                 trials=cfg.trials,
                 digits=digits,
@@ -357,22 +357,26 @@ def evaluate_passkey_run(
                 progress=progress,
             )
         except LengthBeyondScheme as e:  # the same reason text as eval-extrapolate
-            for c in cells:
-                c.update(reason=f"scheme '{e.scheme}' supports at most {e.limit} positions")
+            return [replace(c, reason=f"scheme '{e.scheme}' supports at most {e.limit} positions") for c in cells]
         except PromptTooShort as e:
-            for c in cells:
-                c.update(reason=str(e))
-        else:
-            for c, m in zip(cells, measured, strict=True):
-                c.update(status="ok", **{k: m[k] for k in ("correct", "accuracy", "token_accuracy", "samples")})
-        # after every length, re-read and merged under a lock: a kill loses at most one length, and another
-        # evaluation of this run writing at the same time keeps its cells
-        doc = update_results_file(
-            results_path(run.path), "eval-passkey", header, cells, key=entry_key, checkpoint=checkpoint
-        )
-        selected += cells
-    out = {k: v for k, v in doc.items() if k != "entries"}
-    out.update(path=str(run.path), reused=reused, entries=selected)
+            return [replace(c, reason=str(e)) for c in cells]
+        keys = ("correct", "accuracy", "token_accuracy", "samples")
+        return [replace(c, status="ok", **{k: m[k] for k in keys}) for c, m in zip(cells, measured, strict=True)]
+
+    header = results_header(run.path.name, str(run.config.pos.name), train_length, base_length)
+    done = measure(
+        results_path(run.path),
+        "eval-passkey",
+        header,
+        checkpoint,
+        plan(),
+        measure_length,
+        key=entry_key,
+        force=force,
+        unwritable="raise",
+    )
+    out = dict(done.header)
+    out.update(path=str(run.path), reused=done.reused, entries=done.entries)
     return out
 
 
