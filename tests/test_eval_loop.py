@@ -1,0 +1,104 @@
+"""The shared measure loop (`posenc_cli.eval_loop`) on a toy task: groups, reuse by key, force, store=False,
+unwritable storage, typed entries that serialise in field order, and `EvalTask.load_results`."""
+
+from __future__ import annotations
+
+import errno
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from posenc_cli import eval_results
+from posenc_cli.eval_loop import Entry, measure, results_header
+from posenc_cli.eval_results import checkpoint_key
+from posenc_cli.tasks import registry
+
+CKPT = {"step": 5, "model_sha256": "b" * 64}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToyEntry(Entry):
+    length: int
+    depth: float
+    checkpoint: dict[str, Any]
+    status: str = "n/a"
+    reason: str | None = None
+    score: float | None = None
+
+
+def key(e: dict[str, Any]) -> tuple[Any, ...]:
+    return (e["length"], e["depth"], *checkpoint_key(e))
+
+
+def plan(lengths: Sequence[int]) -> list[list[ToyEntry]]:
+    return [[ToyEntry(length=n, depth=d, checkpoint=dict(CKPT)) for d in (0.0, 1.0)] for n in lengths]
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.groups = 0
+
+    def __call__(self, group: Sequence[ToyEntry]) -> list[ToyEntry]:
+        self.groups += 1
+        if group[0].length > 100:
+            return [replace(e, reason="too long") for e in group]
+        return [replace(e, status="ok", score=e.length * e.depth) for e in group]
+
+
+def run(path: Path, lengths: Sequence[int], counter: Counter, **kw: Any):
+    header = results_header("run", "rope", 64, 64)
+    return measure(path, "eval-toy", header, CKPT, plan(lengths), counter, key=key, **kw)
+
+
+def test_entry_serialises_in_field_order() -> None:
+    e = ToyEntry(length=3, depth=0.5, checkpoint=dict(CKPT))
+    assert list(e.to_json()) == ["length", "depth", "checkpoint", "status", "reason", "score"]
+
+
+def test_measures_stores_reuses_and_forces(tmp_path: Path) -> None:
+    path, counter = tmp_path / "eval" / "toy.json", Counter()
+    first = run(path, [64, 128, 256], counter)
+    assert counter.groups == 3 and first.reused == 0 and first.not_saved is None
+    assert [(e["length"], e["status"]) for e in first.entries][::2] == [(64, "ok"), (128, "n/a"), (256, "n/a")]
+    doc = json.loads(path.read_text())
+    assert list(doc) == ["schema_version", "run", "scheme", "train_length", "base_length", "entries"]
+    assert doc["entries"] == first.entries
+    again = run(path, [64, 512], counter)  # 64 reused, 512 new
+    assert counter.groups == 4 and again.reused == 2 and len(json.loads(path.read_text())["entries"]) == 8
+    run(path, [64], counter, force=True)
+    assert counter.groups == 5 and len(json.loads(path.read_text())["entries"]) == 8
+
+
+def test_store_false_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "eval" / "toy.json"
+    done = run(path, [64], Counter(), store=False)
+    assert len(done.entries) == 2 and not path.exists()
+
+
+@pytest.mark.parametrize("unwritable", ["report", "raise"])
+def test_unwritable_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unwritable: str) -> None:
+    def full(*args: Any, **kw: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("posenc_cli.eval_loop.update_results_file", full)
+    counter = Counter()
+    if unwritable == "raise":
+        with pytest.raises(OSError):
+            run(tmp_path / "toy.json", [64, 32], counter, unwritable=unwritable)
+        return
+    done = run(tmp_path / "toy.json", [64, 32], counter, unwritable=unwritable)
+    assert counter.groups == 2 and len(done.entries) == 4 and done.not_saved
+
+
+def test_every_task_reads_its_results_file(tmp_path: Path) -> None:
+    for task in registry().values():
+        assert task.load_results(tmp_path) is None
+        path = tmp_path / task.results_file
+        eval_results.update_results_file(
+            path, task.command, results_header("r", "rope", 8, 8), [], key=key, checkpoint=CKPT
+        )
+        assert task.load_results(tmp_path)["entries"] == []
