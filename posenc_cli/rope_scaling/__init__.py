@@ -105,7 +105,7 @@ class ScalingMethod:
         """(d/2,) float64 scaled inverse frequencies."""
         raise NotImplementedError
 
-    def attention_factor(self, p: Any, factor: float) -> float:
+    def attention_factor(self, p: Any, factor: float, original_length: int) -> float:
         """Factor on cos and sin (logits scale by its square)."""
         return 1.0
 
@@ -257,7 +257,7 @@ def scaled_inv_freq(
         return base_inv_freq(head_dim, base).to(torch.float32), 1.0
     p = make_params(spec, params)
     inv = spec.inv_freq(p, head_dim, base, factor, original_length, seq_len)
-    return inv.to(torch.float32), spec.attention_factor(p, factor)
+    return inv.to(torch.float32), spec.attention_factor(p, factor, original_length)
 
 
 def scaled_inv_freq_for(

@@ -25,7 +25,10 @@ class YarnParams(ScalingParams):
     beta_fast: float = param(32.0, help="YaRN: β_fast.", positive=True)
     beta_slow: float = param(1.0, help="YaRN: β_slow.", positive=True)
     attention_factor: float | None = param(
-        None, help="YaRN: factor on cos and sin (default 0.1·ln s + 1).", metavar="F", positive=True
+        None,
+        help="YaRN, LongRoPE: factor on cos and sin (default: YaRN 0.1·ln s + 1, LongRoPE √(1 + ln s / ln L)).",
+        metavar="F",
+        positive=True,
     )
     truncate: bool = param(True, help="YaRN: round the ramp's ends to whole pairs.")
     # transformers' DeepSeek-style options, accepted by `scaled_inv_freq` but not saved in configs
@@ -116,7 +119,7 @@ class YaRN(ScalingMethod):
         inv = base_inv_freq(head_dim, base)
         return (inv / factor) * ramp + inv * (1.0 - ramp)  # Eq. 18-19: h(θ_k) = (1-γ)θ_k/s + γθ_k, γ = 1 - ramp
 
-    def attention_factor(self, p: YarnParams, factor: float) -> float:
+    def attention_factor(self, p: YarnParams, factor: float, original_length: int) -> float:
         if p.attention_factor is not None:  # used as given, whatever the factor (as in transformers)
             return p.attention_factor
         return yarn_attention_factor(factor, mscale=p.mscale, mscale_all_dim=p.mscale_all_dim)
