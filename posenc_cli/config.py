@@ -135,9 +135,23 @@ class TrainConfig:
     eval_batches: int = 8
     save_every: int = 200
     logger: Literal["none", "tensorboard", "wandb", "mlflow"] = "none"
+    # Training-time position ids (posenc_cli/positional/ids.py; evaluation always uses 0..T−1). 0 = off.
+    random_positions: int = 0  # M: each sequence's ids a sorted random subset of [0, M) (Ruoss et al. 2023)
+    pose_length: int = 0  # PoSE: ids of each seq_len window skip-wise spanning [0, pose_length) (Zhu et al. 2023)
+    pose_chunks: int = 2  # PoSE: chunks per window (2 in the paper)
 
     def validate(self) -> None:
         _positive(self, "train", "seq_len", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches")
+        _positive(self, "train", "pose_chunks")
+        _non_negative(self, "train", "random_positions", "pose_length")
+        for name in ("random_positions", "pose_length"):
+            value = getattr(self, name)
+            if 0 < value < self.seq_len:
+                raise ConfigError(f"train.{name}={value} must be 0 (off) or >= train.seq_len={self.seq_len}")
+        if self.random_positions and self.pose_length:
+            raise ConfigError("train.random_positions and train.pose_length exclude each other; set one to 0")
+        if self.pose_length and self.pose_chunks > self.seq_len:
+            raise ConfigError(f"train.pose_chunks={self.pose_chunks} must be <= train.seq_len={self.seq_len}")
         _positive(self, "train", "save_every")
         _non_negative(self, "train", "steps", "warmup_steps", "threads", "weight_decay", "grad_clip")
         _check_finite(self, "train")
@@ -193,12 +207,17 @@ class ExtendConfig(_ExtendScaling):  # type: ignore[misc, valid-type]
     finetune_seq_len: int | None = None
     finetune_lr: float = 3e-4
     finetune_warmup: int = 5
+    pose: bool = False  # PoSE: fine-tune at the original length L with skip-wise ids spanning the fine-tune length
+    pose_chunks: int = 2
 
     def validate(self) -> None:
         _check_finite(self, "extend")
         if self.factor <= 1:
             raise ConfigError(f"extend.factor must be > 1, got {self.factor}")
         _non_negative(self, "extend", "finetune_steps", "finetune_warmup")
+        _positive(self, "extend", "pose_chunks")
+        if self.pose and self.finetune_steps == 0:
+            raise ConfigError("extend.pose (--pose) needs a fine-tune: set --finetune-steps N")
         if self.original_length is not None and self.original_length < 2:
             raise ConfigError("extend.original_length must be >= 2")
         for name in (f.name for f in param_fields().values() if f.positive):

@@ -92,19 +92,24 @@ def child_config(parent_cfg: Config, scaling: RopeScalingConfig, ext: ExtendConf
 
     `threads` (the fine-tune's `train.threads`) is a runtime setting; without a fine-tune `train` is the parent's.
     Same data, tokenizer, batch size, precision and seed; steps = N, lr = finetune_lr, warm-up = finetune_warmup
-    (the YaRN recipe scaled down: a short warm-up and a small learning rate).
+    (the YaRN recipe scaled down: a short warm-up and a small learning rate). With `ext.pose` (PoSE) the fine-tune
+    windows keep the original length L and their position ids skip-wise span L' (`train.pose_length`).
     """
     pos = replace(parent_cfg.pos, scaling=scaling)
     train = parent_cfg.train
     if ext.finetune_steps > 0:
         assert scaling.original_length is not None
+        target = finetune_length(ext, scaling.original_length)
         train = replace(
             train,
             threads=threads,
-            seq_len=finetune_length(ext, scaling.original_length),
+            seq_len=scaling.original_length if ext.pose else target,
             steps=ext.finetune_steps,
             lr=ext.finetune_lr,
             warmup_steps=min(ext.finetune_warmup, ext.finetune_steps),
+            random_positions=0,
+            pose_length=target if ext.pose else 0,
+            pose_chunks=ext.pose_chunks if ext.pose else train.pose_chunks,
         )
     return replace(parent_cfg, pos=pos, train=train, extend=ext)
 
@@ -122,6 +127,9 @@ def extension_record(
             "lr": ext.finetune_lr,
             "warmup": ext.finetune_warmup,
         }
+        if ext.pose:  # only then, so the records of earlier extensions stay what they were
+            target = finetune["seq_len"]
+            finetune.update(seq_len=scaling.original_length, pose_length=target, pose_chunks=ext.pose_chunks)
     return {
         "method": scaling.method,
         "scaling": dataclasses.asdict(scaling),
@@ -137,7 +145,7 @@ def default_out_dir(parent_dir: Path | str, ext: ExtendConfig) -> Path:
     parent = Path(parent_dir).resolve()
     name = f"{parent.name}-{ext.method}x{ext.factor:g}"
     if ext.finetune_steps > 0:
-        name += f"-ft{ext.finetune_steps}"
+        name += f"-ft{ext.finetune_steps}" + ("-pose" if ext.pose else "")
     return parent.with_name(name)
 
 

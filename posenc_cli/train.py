@@ -67,6 +67,7 @@ from posenc_cli.interrupts import Interrupts, run_lock
 from posenc_cli.memory import TRAIN_BYTES_PER_PARAM, check_fits, planned_vocab_size
 from posenc_cli.metrics import MetricsLog
 from posenc_cli.optim import build_optimizer, lr_at
+from posenc_cli.positional.ids import pose_position_ids, random_position_ids
 from posenc_cli.run_meta import (
     TrainResult,
     claim_run_dir,
@@ -117,6 +118,7 @@ def train(
     """
     cfg.validate()
     check_fits(cfg, planned_vocab_size(cfg), TRAIN_BYTES_PER_PARAM, "training")  # before any allocation
+    _check_position_reach(cfg)
     run_dir = Path(out_dir)
     info = distributed.env_info()  # under torchrun: this rank of a data-parallel job (see posenc_cli.distributed)
     distributed.check_batch(cfg.train.batch_size, info)
@@ -149,6 +151,23 @@ def train(
         with lock, threads(cfg.train.threads) as n_threads:
             trainer = _Trainer(cfg, run_dir, meta, force_config, init_from, meta_extra, emit, n_threads, info, device)
             return trainer.run()
+
+
+def _check_position_reach(cfg: Config) -> None:
+    """Refuse training ids (train.random_positions, train.pose_length) past what the scheme can encode."""
+    from posenc_cli.positional import build_scheme
+
+    reach = max(cfg.train.random_positions, cfg.train.pose_length)
+    if not reach:
+        return
+    limit = build_scheme(cfg.pos, cfg.model, cfg.train.seq_len).max_length
+    if limit is not None and reach > limit:
+        key = "random_positions" if cfg.train.random_positions else "pose_length"
+        hint = f"; set pos.table_size={reach}" if hasattr(cfg.pos, "table_size") else ""
+        raise ConfigError(
+            f"train.{key}={reach} gives position ids up to {reach - 1}, but pos={cfg.pos.name} encodes at most "
+            f"{limit} positions{hint}"
+        )
 
 
 def _restore_sampler(tensors: dict[str, Tensor], info: dict[str, Any], sampler: torch.Generator) -> None:
@@ -297,10 +316,11 @@ class _Trainer:
                 t0 = time.perf_counter()
                 loss_sum = torch.zeros((), device=self.device)
                 for micro in range(tc.grad_accum):
-                    x, y = self._batch()
+                    x, y, ids = self._batch()
                     with self._sync_grads(last=micro == tc.grad_accum - 1):
                         with autocast(self.device, self.precision):
-                            logits = self.ddp(x)  # (B, T, V); B/N rows per rank in a data-parallel job
+                            # (B, T, V); B/N rows per rank in a data-parallel job
+                            logits = self.ddp(x) if ids is None else self.ddp(x, position_ids=ids)
                         loss = F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
                         if nan_at == self.step + 1:
                             loss = loss * float("nan")
@@ -376,13 +396,22 @@ class _Trainer:
             self._save("complete")
         return self._finish("complete", None)
 
-    def _batch(self) -> tuple[Tensor, Tensor]:
-        """The next global batch (B, T) from the sampler stream; in a job, this rank's block of B/N rows of it."""
+    def _batch(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The next global batch (B, T) from the sampler stream and its position ids (B, T) (None: 0..T−1, unless
+        train.random_positions or train.pose_length, drawn from the same stream); in a job, this rank's B/N rows."""
         from posenc_cli.data import sample_batch
 
-        x, y = sample_batch(self.corpus.train, self.tc.batch_size, self.tc.seq_len, self.sampler)
+        tc = self.tc
+        x, y = sample_batch(self.corpus.train, tc.batch_size, tc.seq_len, self.sampler)
+        ids = None
+        if tc.random_positions:
+            ids = random_position_ids(tc.batch_size, tc.seq_len, tc.random_positions, self.sampler)
+        elif tc.pose_length:
+            ids = pose_position_ids(tc.batch_size, tc.seq_len, tc.pose_length, self.sampler, tc.pose_chunks)
         x, y = distributed.shard_rows(x, self.dist), distributed.shard_rows(y, self.dist)
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        if ids is not None:
+            ids = distributed.shard_rows(ids, self.dist).to(self.device, non_blocking=True)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True), ids
 
     def _sync_grads(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         """DDP averages gradients on the last micro-batch of a step only (no_sync before it)."""

@@ -124,6 +124,19 @@ def extend_command(
         int,
         typer.Option("--finetune-warmup", metavar="N", help="Fine-tune warm-up steps.", rich_help_panel="Fine-tune"),
     ] = _D.finetune_warmup,
+    pose: Annotated[
+        bool,
+        typer.Option(
+            "--pose",
+            help="PoSE: fine-tune at the original length L with position ids skip-wise spanning the fine-tune "
+            "length (Zhu et al. 2023).",
+            rich_help_panel="Fine-tune",
+        ),
+    ] = _D.pose,
+    pose_chunks: Annotated[
+        int,
+        typer.Option("--pose-chunks", metavar="N", help="PoSE chunks per window.", rich_help_panel="Fine-tune"),
+    ] = _D.pose_chunks,
     evaluate: Annotated[
         bool, typer.Option("--eval", help="Run eval-extrapolate (default lengths) on parent and child, side by side.")
     ] = False,
@@ -139,7 +152,7 @@ def extend_command(
     a no-op, or resumes an interrupted fine-tune. `dynamic` rescales per sequence length at run time (also while
     fine-tuning).
     """
-    from posenc_cli.extend import default_out_dir, extend_run
+    from posenc_cli.extend import default_out_dir, extend_run, finetune_length
 
     if method is not None:
         chosen.append(method)
@@ -154,6 +167,8 @@ def extend_command(
         finetune_seq_len=finetune_seq_len,
         finetune_lr=finetune_lr,
         finetune_warmup=finetune_warmup,
+        pose=pose,
+        pose_chunks=pose_chunks,
     )
     from posenc_cli.extend import validate_extend
 
@@ -168,6 +183,9 @@ def extend_command(
     else:
         result = extend_run(run_dir, out_dir, ext, threads=threads)
     console.print(summary_table(result))
+    if ext.pose:
+        span = finetune_length(ext, result.original_length)
+        console.print(f"PoSE: fine-tuned on {result.train_length}-token windows, position ids spanning {span}")
     if result.status == "interrupted":
         from posenc_cli.progress import interrupted_message
 
