@@ -149,6 +149,26 @@ def test_other_scalings_give_the_same_logits_at_4x(runs: dict[str, Path], tmp_pa
     assert_same_logits(child, tmp_path / "hf", L, 4 * L)
 
 
+def test_longrope_extended_run_carries_its_factors_and_gives_the_same_logits(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Short factors up to L, long ones beyond: transformers switches by length as posenc does (4 pairs here)."""
+    short, long = [1.0, 1.05, 1.1, 1.3], [1.0, 1.8, 3.5, 5.0]
+    child = tmp_path / "child"
+    extend_run(
+        runs["rope_il"], child, ExtendConfig(method="longrope", factor=4.0, short_factor=short, long_factor=long)
+    )
+    result = export_run(child, tmp_path / "hf", verify=False)
+    params = rope_params(tmp_path / "hf")
+    assert result.rope_type == "longrope" and params["rope_type"] == "longrope"
+    assert (params["short_factor"], params["long_factor"]) == (short, long)
+    assert (params["factor"], params["original_max_position_embeddings"]) == (4.0, L)
+    assert hf_model(tmp_path / "hf").gpt_neox.rotary_emb.attention_scaling == pytest.approx(
+        (1 + torch.log(torch.tensor(4.0)) / torch.log(torch.tensor(float(L)))) ** 0.5
+    )
+    assert_same_logits(child, tmp_path / "hf", L // 2, L, 4 * L)  # short, short at L, then long
+
+
 def test_finetuned_extension_keeps_its_original_length(runs: dict[str, Path], tmp_path: Path) -> None:
     """A fine-tuned child trains at L' = 32 but its YaRN ramp is L = 16's: original_max_position_embeddings = 16."""
     child = tmp_path / "child"
