@@ -57,6 +57,7 @@ EXAMPLES: dict[str, Callable[[Path, pytest.MonkeyPatch], dict]] = {
     "text": lambda tmp, mp: {"paths": _text_files(tmp)},
     "hf": lambda tmp, mp: (_hub(mp), {"name": "someone/corpus"})[1],
     "passkey": lambda tmp, mp: {"passkey_episodes": 40},
+    "tasks": lambda tmp, mp: {"episodes": 40, "corpus_share": 0.25, "haystack": "corpus"},
 }
 
 
@@ -108,6 +109,8 @@ def test_group_file_holds_exactly_the_source_defaults(source: str) -> None:
 
 
 def test_a_saved_flat_config_still_loads(example: DataConfig) -> None:
+    if example.source not in ("stdlib", "text", "hf", "passkey"):
+        pytest.skip(f"data={example.source} came after the flat config: no flat config.yaml holds its keys")
     flat = {**FLAT_KEYS, **{k: v for k, v in dataclasses.asdict(example).items() if k in FLAT_KEYS}}
     flat["source"] = example.source
     assert build_data_config(flat, drop_foreign=True) == example

@@ -72,6 +72,13 @@ def summary_table(info: dict[str, Any]) -> Table:
             f"passkey: {info['episodes']:,} episodes of {info['min_len']}–{info['max_len']} chars, "
             f"{info['digits']}-digit keys, seed {info['seed']}",
         )
+    elif source == "tasks":
+        share = f", {info['corpus_share']:.0%} {info['corpus']} text" if info["corpus_share"] else ""
+        table.add_row(
+            "source",
+            f"tasks: {info['episodes']:,} documents of {info['min_len']}–{info['max_len']} chars "
+            f"({', '.join(info['tasks'])}; {info['haystack']} haystack{share}), seed {info['seed']}",
+        )
     else:
         config = f" ({info['config']})" if info.get("config") else ""
         table.add_row("source", f"hf: {info['name']}{config}, split {info['split']}")
