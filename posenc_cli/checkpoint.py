@@ -8,6 +8,7 @@ Layout of a run directory::
     config.yaml         the resolved config (`config_from_dict` rebuilds it without Hydra)
     tokenizer.json      only for non-byte tokenizers
     meta.json           kind, step, status, versions, data fingerprint, sha256 of every file above, ...
+                        (`RunMeta`: the run's identity apart from the record of the command that made it)
     metrics.jsonl       one JSON object per logged step (append-only; cut back to the checkpoint step on resume)
 
 Consistency. A checkpoint is a *set* of files that must match each other (meta.json holds their checksums), and
@@ -35,7 +36,7 @@ import shutil
 import stat
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,56 @@ class LoadedRun:
     meta: dict[str, Any]
     tokenizer: Tokenizer
 
+    @property
+    def run_meta(self) -> RunMeta:
+        """`meta` as a type: the run's identity apart from the record of what made it."""
+        return RunMeta.from_json(self.meta)
+
+
+# Keys of meta.json that identify the checkpoint (what rebuilds the model and names its lineage); every other key is
+# the record of the command that made it (training statistics, versions, data fingerprint, an extension's record).
+IDENTITY_KEYS = ("kind", "schema_version", "status", "step", "train_length", "base_length", "parent", "files")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunMeta:
+    """meta.json as a type, read and written by this module only (`read_run_meta`, `commit_checkpoint`).
+
+    Identity: `kind`, `schema_version`, `status`, `step`, `train_length` (the length this checkpoint trained at; a
+    fine-tuned child's L'), `base_length` (the root run's), `parent` (absolute path of the run it was made from) and
+    `files` (sha256 per file). `record`: every other key, as read (unknown keys of older or newer files survive a
+    round trip). `order`: the key order of the JSON object, kept so a file written back reads the same.
+    """
+
+    step: int
+    files: dict[str, str] = field(default_factory=dict)
+    kind: str = KIND
+    schema_version: int = SCHEMA_VERSION
+    status: str | None = None
+    train_length: int | None = None
+    base_length: int | None = None
+    parent: str | None = None
+    record: dict[str, Any] = field(default_factory=dict)
+    order: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, meta: dict[str, Any]) -> RunMeta:
+        """A meta.json object (already checked by `read_meta`, or a transformers run's, see `hf_run`)."""
+        identity = {k: meta[k] for k in IDENTITY_KEYS if k in meta}
+        record = {k: v for k, v in meta.items() if k not in IDENTITY_KEYS}
+        return cls(**identity, record=record, order=tuple(meta))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object: keys in `order`, then identity keys set but absent from it, then new record keys. An
+        identity key left None that the original object did not hold stays absent."""
+        values = {k: getattr(self, k) for k in IDENTITY_KEYS} | self.record
+        keys = [k for k in self.order if k in values] + [k for k in values if k not in self.order]
+        return {k: values[k] for k in keys if k in self.order or k in self.record or values[k] is not None}
+
+    def lengths(self, cfg: Config) -> tuple[int, int]:
+        """(train_length, base_length); see `run_lengths`."""
+        return run_lengths(self.to_json(), cfg)
+
 
 def run_lengths(meta: dict[str, Any], cfg: Config) -> tuple[int, int]:
     """(train_length, base_length) of a run: meta.json's, else (older runs) the config's `train.seq_len`; the base
@@ -89,8 +140,11 @@ def sha256_bytes(data: bytes) -> str:
 # Writing: the journal described in the module docstring.
 
 
-def commit_checkpoint(run_dir: Path, files: dict[str, bytes], meta: dict[str, Any]) -> dict[str, Any]:
-    """Atomically replace the run's checkpoint by `files` + `meta` (meta gains `files`: sha256 per file)."""
+def commit_checkpoint(run_dir: Path, files: dict[str, bytes], meta: RunMeta | dict[str, Any]) -> dict[str, Any]:
+    """Atomically replace the run's checkpoint by `files` + `meta` (meta gains `files`: sha256 per file); the one
+    writer of meta.json. Returns the meta.json object written."""
+    if isinstance(meta, RunMeta):
+        meta = meta.to_json()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     recover(run_dir)
@@ -245,6 +299,11 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
             raise CheckpointError(f"{path}: the checksum of {name} is not a sha256 digest")
     return meta
+
+
+def read_run_meta(run_dir: Path) -> RunMeta:
+    """`read_meta` as a `RunMeta`."""
+    return RunMeta.from_json(read_meta(run_dir))
 
 
 def is_plain_name(name: object) -> bool:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc_cli import __version__
+from posenc_cli.checkpoint import run_lengths
 from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.rope_scaling import frequency_summary, get_method, registry
@@ -165,7 +166,7 @@ def extend_hf_dir(src_dir: Path | str, out_dir: Path | str, ext: ExtendConfig) -
     current = dict(config.rope_parameters or {})
     if "rope_theta" not in current:
         raise ConfigError(f"{src}: per-layer rope parameters are not supported by posenc extend")
-    parent_length, base_length = int(run.meta["train_length"]), int(run.meta["base_length"])
+    parent_length, base_length = run_lengths(run.meta, run.config)
     L = int(ext.original_length or parent_length)
     rotary, base = _rotary(config, current)
     rope, max_pos = hf_rope_parameters(ext, current, L, rotary)

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from posenc_cli.attention import bias_chunk_size, fold_causal_mask
+from posenc_cli.checkpoint import run_lengths
 from posenc_cli.config import Config
 from posenc_cli.errors import ConfigError, DataError, LengthBeyondScheme
 from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme
@@ -423,7 +424,7 @@ def parse_index(value: str, count: int, what: str, *, allow_mean: bool = False) 
 
 
 def run_train_length(run: Any) -> int:
-    return int(run.meta.get("train_length") or run.config.train.seq_len)
+    return run_lengths(run.meta, run.config)[0]
 
 
 def attention_report(

@@ -232,3 +232,46 @@ def test_half_applied_commit_reads_as_the_new_checkpoint_and_recovers(tmp_path: 
     assert [read_verified(tmp_path, meta, n) for n in ("a.bin", "b.bin")] == [b"a2", b"b2"]
     recover(tmp_path)
     assert not pending.exists() and (tmp_path / "b.bin").read_bytes() == b"b2" and read_meta(tmp_path)["step"] == 2
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# RunMeta: meta.json as a type (issue #19 item 3).
+
+
+def test_run_meta_round_trips_an_old_meta_json_key_for_key(tmp_path: Path) -> None:
+    from posenc_cli.checkpoint import RunMeta, commit_checkpoint, read_meta, read_run_meta, sha256_bytes
+
+    old = {
+        "kind": "posenc-run",
+        "schema_version": 1,
+        "status": "complete",
+        "step": 7,
+        "steps": 7,
+        "a_key_from_the_future": {"x": 1},
+        "train_length": 64,
+        "parent": None,
+        "extend": {"method": "yarn"},
+        "files": {"model.safetensors": "a" * 64},
+    }
+    meta = RunMeta.from_json(old)
+    assert (meta.step, meta.train_length, meta.base_length, meta.parent) == (7, 64, None, None)
+    assert set(meta.record) == {"steps", "a_key_from_the_future", "extend"}
+    assert json.dumps(meta.to_json()) == json.dumps(old)  # same keys, same order, nothing added
+    written = commit_checkpoint(tmp_path / "run", {"model.safetensors": b"w"}, meta)
+    assert list(written) == list(old) and read_meta(tmp_path / "run") == written
+    assert read_run_meta(tmp_path / "run").files == {"model.safetensors": sha256_bytes(b"w")}
+
+
+def test_run_lengths_default_from_the_config() -> None:
+    from dataclasses import replace
+
+    from posenc_cli.checkpoint import RunMeta, run_lengths
+    from posenc_cli.config import Config, TrainConfig
+
+    cfg = Config(train=TrainConfig(seq_len=96))
+    assert run_lengths({}, cfg) == (96, 96)
+    assert run_lengths({"train_length": 256, "base_length": 128}, cfg) == (256, 128)
+    meta = RunMeta(step=0, train_length=200)
+    assert meta.lengths(cfg) == (200, 200)
+    keys = ["kind", "schema_version", "step", "train_length", "base_length", "files"]  # unset identity keys left out
+    assert list(replace(meta, base_length=100).to_json()) == keys

@@ -95,10 +95,11 @@ def test_unwritable_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unw
 
 
 def test_every_task_reads_its_results_file(tmp_path: Path) -> None:
-    for task in registry().values():
-        assert task.load_results(tmp_path) is None
-        path = tmp_path / task.results_file
+    for name, task in registry().items():  # tasks may share a results file: one directory each
+        run_dir = tmp_path / name
+        assert task.load_results(run_dir) is None
+        path = run_dir / task.results_file
         eval_results.update_results_file(
             path, task.command, results_header("r", "rope", 8, 8), [], key=key, checkpoint=CKPT
         )
-        assert task.load_results(tmp_path)["entries"] == []
+        assert task.load_results(run_dir)["entries"] == []
