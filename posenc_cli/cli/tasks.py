@@ -1,0 +1,202 @@
+"""`posenc eval-tasks`: RULER-style retrieval tasks (posenc_cli.tasks.retrieval) per task × length × depth."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import numpy as np
+import typer
+
+from posenc_cli.cli.app import app, handles_errors
+from posenc_cli.cli.evaluate import (
+    DeviceOption,
+    JsonOption,
+    ThreadsOption,
+    _check_run_args,
+    _evaluate_timed,
+    _force_option,
+    _one_kind_of_lengths,
+    _option,
+    _report,
+    parse_list,
+)
+from posenc_cli.device import resolve_device
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from rich.table import Table
+
+_EXAMPLES = """
+[bold]Examples[/]
+
+  posenc train data=tasks tokenizer=bpe tokenizer.vocab_size=512 data.max_len=512 train.steps=1200 --out tk
+  posenc eval-tasks tk --tasks niah-multikey,variable-tracking --lengths 1,2,4,8 --depths 0,0.5,1 --trials 10
+  posenc eval-tasks outputs/sweeps/tasks --plot tasks.png --json tasks_all.json
+  posenc eval-tasks RUN --tasks niah-single --haystack corpus   [dim](real text from the run's corpus)[/]
+"""
+
+
+def _grid(result: dict[str, Any], task: str) -> tuple[list[tuple[int, float]], list[float], np.ndarray, list[str]]:
+    """((length, multiple) rows, depth columns, scores with NaN for n/a, n/a notes) of one run's task."""
+    entries = [e for e in result["entries"] if e["task"] == task]
+    rows = sorted({(int(e["length"]), float(e["multiple"])) for e in entries})
+    cols = sorted({float(e["depth"]) for e in entries})
+    grid = np.full((len(rows), len(cols)), np.nan)
+    reasons: dict[str, list[str]] = {}
+    for e in entries:
+        i, j = rows.index((int(e["length"]), float(e["multiple"]))), cols.index(float(e["depth"]))
+        if e.get("status") == "ok" and e.get("score") is not None:
+            grid[i, j] = float(e["score"])
+        elif str(e["length"]) not in reasons.setdefault(e.get("reason") or "not measured", []):
+            reasons[e.get("reason") or "not measured"].append(str(e["length"]))
+    return rows, cols, grid, [f"{', '.join(v)}: {k}" for k, v in reasons.items()]
+
+
+def tasks_tables(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> list[Table]:
+    """One table per task: rows = run × length, columns = depths and their mean; n/a dimmed with its reason."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from posenc_cli.passkey_report import _ink, accuracy_colour
+    from posenc_cli.report import LABEL_MAX_WIDTH, fit_to_content, run_label
+
+    tables = []
+    for task in tasks:
+        cols = sorted({float(e["depth"]) for r in results for e in r["entries"] if e["task"] == task})
+        trials = sorted({int(e["trials"]) for r in results for e in r["entries"] if e["task"] == task})
+        table = Table(title=f"{task} · RULER score", title_justify="left", caption_justify="left", header_style="bold")
+        table.add_column("run", no_wrap=True, overflow="ellipsis", max_width=LABEL_MAX_WIDTH)
+        table.add_column("length \\ depth", justify="right", no_wrap=True)
+        for d in cols:
+            table.add_column(f"{d * 100:g}%", justify="center", no_wrap=True)
+        table.add_column("mean", justify="right")
+        notes = []
+        for n, r in enumerate(results):
+            if n:
+                table.add_section()
+            rows, rcols, grid, reasons = _grid(r, task)
+            for i, (length, multiple) in enumerate(rows):
+                cells: list[Any] = [run_label(r) if i == 0 else "", f"{multiple:g}× · {length}"]
+                for d in cols:
+                    value = grid[i, rcols.index(d)] if d in rcols else math.nan
+                    if math.isnan(value):
+                        cells.append(Text("n/a", style="dim"))
+                    else:
+                        cells.append(Text(f" {value:.0%} ", style=f"bold {_ink(value)} on {accuracy_colour(value)}"))
+                full = grid[i].size > 0 and not np.isnan(grid[i]).any()
+                cells.append(f"{grid[i].mean():.0%}" if full else Text("n/a", style="dim"))
+                table.add_row(*cells)
+            notes += [f"n/a for {run_label(r)} at {reason}" for reason in reasons]
+        table.caption = "\n".join(
+            [
+                "Share of expected answers in the greedy output (exact match for one answer), "
+                f"{'/'.join(map(str, trials))} trials per cell; columns: depth of the first needle; rows: prompt + "
+                "answer tokens.",
+                *notes,
+            ]
+        )
+        tables.append(fit_to_content(table))
+    return tables
+
+
+def tasks_figure(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> Figure:
+    """Heatmaps: one row per run, one column per task (lengths × depths, RdYlGn from 0 to 1, n/a grey)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from posenc_cli.report import run_label
+
+    nrows, ncols = max(len(results), 1), max(len(tasks), 1)
+    fig = Figure(figsize=(3.4 * ncols + 1.2, 2.7 * nrows + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    image = None
+    for a, r in enumerate(results):
+        for b, task in enumerate(tasks):
+            ax = axes[a, b]
+            rows, cols, grid, _ = _grid(r, task)
+            image = ax.imshow(np.ma.masked_invalid(grid), cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
+            ax.set_facecolor("0.85")
+            for (i, j), value in np.ndenumerate(grid):
+                ax.text(j, i, "n/a" if math.isnan(value) else f"{value:.0%}", ha="center", va="center", fontsize=8)
+            ax.set_xticks(range(len(cols)), [f"{d * 100:g}%" for d in cols])
+            ax.set_yticks(range(len(rows)), [f"{m:g}× · {n}" for n, m in rows])
+            ax.set_title(f"{run_label(r)} · {task}", fontsize=9)
+    if image is not None:
+        fig.colorbar(image, ax=axes.ravel().tolist(), label="RULER score", shrink=0.9)
+    return fig
+
+
+@app.command("eval-tasks", epilog=_EXAMPLES)
+@handles_errors
+def eval_tasks_command(
+    paths: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Run or sweep directories (runs are found recursively).", metavar="RUN_DIR...", show_default=False
+        ),
+    ] = None,
+    tasks: Annotated[str | None, _option("Comma-separated tasks (default: all of them).")] = None,
+    lengths: Annotated[
+        str | None, _option("Prompt lengths as multiples of each run's base length (default 1,2,4,8).")
+    ] = None,
+    abs_lengths: Annotated[str | None, _option("Absolute prompt lengths in tokens instead, e.g. 128,512.")] = None,
+    depths: Annotated[str | None, _option("Depths of the first needle (default 0,0.5,1).")] = None,
+    trials: Annotated[int, typer.Option(help="Episodes per task × length × depth.")] = 10,
+    digits: Annotated[int | None, _option("Digits per value (default: the run's data.digits, 4).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the episodes (the same seed gives the same prompts).")] = 0,
+    haystack: Annotated[str, typer.Option(help="filler (repeated sentences) or corpus (the run's real text).")] = (
+        "filler"
+    ),
+    batch_tokens: Annotated[int, typer.Option(help="Prompt tokens per forward batch (memory bound).")] = 16384,
+    dtype: Annotated[str, typer.Option(help="auto, fp32 or bf16.")] = "auto",
+    device: DeviceOption = "auto",
+    threads: ThreadsOption = 0,
+    force: Annotated[bool, _force_option("eval/tasks.json")] = False,
+    plot: Annotated[Path | None, _option("Write a PNG heatmap (run × task) here.", dir_okay=False)] = None,
+    json_path: JsonOption = None,
+) -> None:
+    """RULER-style retrieval and tracking tasks per length × depth; scores stored in RUN/eval/tasks.json."""
+    from posenc_cli.plots import save_figure
+    from posenc_cli.ruler import registry
+    from posenc_cli.tasks.retrieval import TasksEvalConfig, combined_json, evaluate_tasks_paths, registry_task
+
+    paths = paths or []
+    _check_run_args(paths, [p for p in paths if p.startswith("-") or "=" in p], "unexpected argument", "eval-tasks")
+    _one_kind_of_lengths(lengths, abs_lengths)
+    names = parse_list(tasks, str, "--tasks") if tasks is not None else list(registry())
+    for name in names:
+        registry_task(name)
+    cfg = TasksEvalConfig(
+        trials=trials, digits=digits, seed=seed, haystack=haystack, batch_tokens=batch_tokens, dtype=dtype, force=force
+    )
+    for field, text, kind, flag in (
+        ("lengths", lengths, float, "--lengths"),
+        ("abs_lengths", abs_lengths, int, "--abs-lengths"),
+        ("depths", depths, float, "--depths"),
+    ):
+        if text is not None:
+            setattr(cfg, field, parse_list(text, kind, flag))
+    cfg.validate()
+    run_device = resolve_device(device, "--device")
+    results, seconds = _evaluate_timed(
+        "prompts",
+        lambda display: evaluate_tasks_paths(
+            paths, names, cfg, device=run_device, threads=threads, progress=display.progress, on_run=display.on_run
+        ),
+    )
+    from rich.console import Group
+
+    _report(
+        results,
+        seconds,
+        table=Group(*tasks_tables(results, names)),
+        results_file="eval/tasks.json",
+        plot=plot,
+        write_plot=lambda path: [save_figure(tasks_figure(results, names), path)],
+        json_path=json_path,
+        combined=combined_json(results),
+    )
