@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc_cli import __version__
+from posenc_cli.checkpoint import run_lengths
 from posenc_cli.config import Config, ExtendConfig, replace
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.rope_scaling import RopeScalingConfig, frequency_summary, method_names
@@ -66,7 +67,7 @@ def validate_extend(ext: ExtendConfig) -> None:
 
 def parent_train_length(cfg: Config, meta: dict[str, Any]) -> int:
     """The checkpoint's training length (meta `train_length`; a fine-tuned child's is its L')."""
-    return int(meta.get("train_length") or cfg.train.seq_len)
+    return run_lengths(meta, cfg)[0]
 
 
 def resolve_scaling(ext: ExtendConfig, parent_cfg: Config, parent_meta: dict[str, Any]) -> RopeScalingConfig:
@@ -291,8 +292,7 @@ def extend_run(
     scaling = resolve_scaling(ext, cfg, parent.meta)
     rotary = rotary_dim(cfg.model.head_dim, cfg.pos.rotary_fraction)  # type: ignore[attr-defined]
     attention, regions, wavelengths = _frequency_numbers(scaling, rotary, cfg.pos.base)  # type: ignore[attr-defined]
-    parent_length = parent_train_length(cfg, parent.meta)
-    base_length = int(parent.meta.get("base_length") or parent_length)
+    parent_length, base_length = run_lengths(parent.meta, cfg)
     record = extension_record(scaling, ext, str(parent.meta["files"][MODEL_FILE]), parent_length)
     child_cfg = child_config(cfg, scaling, ext, threads)
 
