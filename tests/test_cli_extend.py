@@ -99,7 +99,7 @@ def test_finetune_from_the_cli(runs: dict[str, Path], tmp_path: Path) -> None:
     [
         (["--yarn"], "pos=alibi; frequency scaling"),
         (["--factor", "1"], "factor must be > 1"),
-        (["--method", "longrope"], "unknown scaling method 'longrope'"),
+        (["--method", "nosuch"], "unknown scaling method 'nosuch'"),
         (["--yarn", "--linear"], "give one scaling method"),
         (["--factor", "nan"], "extend.factor must be a finite number"),
         (["--yarn", "--attention-factor", "nan"], "extend.attention_factor must be a finite number"),

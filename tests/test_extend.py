@@ -76,8 +76,15 @@ def test_factor_at_most_one_is_refused(runs: dict[str, Path], tmp_path: Path, fa
 
 
 def test_unknown_method_is_refused(runs: dict[str, Path], tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown scaling method 'longrope'"):
-        extend_run(runs["rope"], tmp_path / "child", ExtendConfig(method="longrope"))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="unknown scaling method 'nosuch'"):
+        extend_run(runs["rope"], tmp_path / "child", ExtendConfig(method="nosuch"))  # type: ignore[arg-type]
+    assert not (tmp_path / "child").exists()
+
+
+def test_longrope_factors_of_the_wrong_length_are_refused_before_writing(runs: dict[str, Path], tmp_path: Path) -> None:
+    ext = ExtendConfig(method="longrope", factor=4.0, long_factor=[1.0, 2.0, 3.0])
+    with pytest.raises(ConfigError, match="long_factor has 3 values; this RoPE has"):
+        extend_run(runs["rope"], tmp_path / "child", ext)
     assert not (tmp_path / "child").exists()
 
 

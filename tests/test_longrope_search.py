@@ -1,0 +1,126 @@
+"""LongRoPE's evolutionary search (posenc_cli/longrope_search.py): the pure pieces (constraint, seeds, mutation,
+crossover) as properties, and a tiny end-to-end search that writes a child run."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from train_utils import tiny_config, write_corpus
+
+from posenc_cli.checkpoint import load_run
+from posenc_cli.config import ExtendConfig
+from posenc_cli.errors import ConfigError
+from posenc_cli.longrope_search import (
+    FACTORS_FILE,
+    constrain,
+    crossover,
+    extend_with_search,
+    initial_candidates,
+    is_valid,
+    mutate,
+    search_bounds,
+)
+from posenc_cli.positional.scaling import scaled_inv_freq
+from posenc_cli.rope_scaling.longrope import read_factors_file
+from posenc_cli.train import train
+
+FACTOR = 4.0
+LOW, HIGH = search_bounds(FACTOR)
+values = st.lists(st.floats(min_value=0.01, max_value=50.0, allow_nan=False), min_size=1, max_size=32)
+
+
+@given(values)
+def test_constrain_is_a_valid_projection_and_idempotent(xs: list[float]) -> None:
+    c = constrain(xs, LOW, HIGH)
+    assert len(c) == len(xs) and is_valid(c, LOW, HIGH)
+    assert constrain(c, LOW, HIGH) == c  # identity on valid candidates
+
+
+@settings(max_examples=60)
+@given(values, st.integers(0, 2**32 - 1))
+def test_mutation_stays_in_the_space_and_is_seeded(xs: list[float], seed: int) -> None:
+    parent = constrain(xs, LOW, HIGH)
+    child = mutate(parent, random.Random(seed), LOW, HIGH)
+    assert len(child) == len(parent) and is_valid(child, LOW, HIGH)
+    assert child == mutate(parent, random.Random(seed), LOW, HIGH)
+
+
+@settings(max_examples=60)
+@given(
+    st.integers(1, 32).flatmap(lambda n: st.tuples(*[values.map(lambda v, n=n: (v * n)[:n])] * 2)), st.integers(0, 99)
+)
+def test_crossover_takes_each_value_from_a_parent(parents: tuple[list[float], list[float]], seed: int) -> None:
+    a, b = (constrain(p, LOW, HIGH) for p in parents)
+    child = crossover(a, b, random.Random(seed), LOW, HIGH)
+    assert is_valid(child, LOW, HIGH) and len(child) == len(a)
+    assert set(child) <= set(a) | set(b)
+    assert crossover(a, a, random.Random(seed), LOW, HIGH) == a
+
+
+def test_crossover_refuses_parents_of_different_lengths() -> None:
+    with pytest.raises(ValueError, match="different lengths"):
+        crossover((1.0, 2.0), (1.0,), random.Random(0), LOW, HIGH)
+
+
+@pytest.mark.parametrize(("head_dim", "length"), [(8, 16), (32, 128), (64, 4096)])
+def test_seeds_are_pi_ntk_and_yarn(head_dim: int, length: int) -> None:
+    """Each seed, used as long factors, gives its method's inverse frequencies (beyond L)."""
+    seeds = initial_candidates(head_dim, 10000.0, FACTOR, length)
+    assert list(seeds) == ["PI", "ntk", "yarn"]
+    assert seeds["PI"] == (FACTOR,) * (head_dim // 2)
+    for name, method in (("ntk", "ntk"), ("yarn", "yarn"), ("PI", "linear")):
+        assert is_valid(seeds[name], LOW, HIGH)
+        ours, _ = scaled_inv_freq("longrope", head_dim, 10000.0, FACTOR, length, 2 * length, long_factor=seeds[name])
+        ref, _ = scaled_inv_freq(method, head_dim, 10000.0, FACTOR, length)
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=0.0)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("longrope-runs")
+    corpus = write_corpus(root)
+    out = {"rope": root / "rope", "alibi": root / "alibi"}
+    train(tiny_config(corpus, pos="rope", steps=12), out["rope"])
+    train(tiny_config(corpus, pos="alibi", steps=1), out["alibi"])
+    return out
+
+
+def test_tiny_search_beats_or_ties_its_seeds_and_writes_the_child(runs: dict[str, Path], tmp_path: Path) -> None:
+    seen: list[tuple[int, int, float]] = []
+    out = tmp_path / "child"
+    ext = ExtendConfig(method="longrope", factor=FACTOR)
+    result, found = extend_with_search(runs["rope"], out, ext, budget=4, seed=1, tokens=512,
+                                       progress=lambda done, total, best: seen.append((done, total, best)))  # fmt: skip
+    assert [(d, t) for d, t, _ in seen] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert len(found.history) == 4 and set(found.initial) == {"PI", "ntk", "yarn"}
+    assert found.ppl <= found.initial_best and found.ppl == min(h["ppl"] for h in found.history)
+    assert found.target_length == 4 * 16 and is_valid(found.long_factor, LOW, HIGH)
+    assert result.status == "created" and result.method == "longrope"
+
+    child = load_run(out)  # the config carries the factors, reloaded
+    scaling = child.config.pos.scaling  # type: ignore[attr-defined]
+    assert scaling.method == "longrope" and scaling.long_factor == found.long_factor
+    assert scaling.short_factor == [1.0] * len(found.long_factor)
+    assert read_factors_file(out / FACTORS_FILE) == {"short_factor": scaling.short_factor,
+                                                     "long_factor": found.long_factor}  # fmt: skip
+    assert json.loads((out / FACTORS_FILE).read_text())["search"]["seed"] == 1
+
+    again, found_again = extend_with_search(runs["rope"], out, ext, budget=4, seed=1, tokens=512)
+    assert found_again.long_factor == found.long_factor and again.status == "already_complete"
+
+
+def test_search_refuses_other_schemes_and_methods_writing_nothing(runs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "child"
+    with pytest.raises(ConfigError, match="uses pos=alibi; frequency scaling"):
+        extend_with_search(runs["alibi"], out, ExtendConfig(method="longrope", factor=FACTOR), budget=2)
+    with pytest.raises(ConfigError, match="use it with --longrope, not --method yarn"):
+        extend_with_search(runs["rope"], out, ExtendConfig(method="yarn", factor=FACTOR), budget=2)
+    with pytest.raises(ConfigError, match="--search-budget must be >= 1"):
+        extend_with_search(runs["rope"], out, ExtendConfig(method="longrope", factor=FACTOR), budget=0)
+    assert not out.exists()
