@@ -21,12 +21,14 @@ still builds only (B, H, chunk, T) biases, and `key_bias` may be per row, (B, H,
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc_cli.config import ModelConfig
-from posenc_cli.positional.base import PositionalScheme, PositionContext
+from posenc_cli.positional.base import PositionalScheme, PositionContext, per_head
 
 # Budget for one chunk's fp32 bias, (B, H, chunk, T) · 4 bytes. SDPA's math path allocates a few tensors of the same
 # size (scores, softmax), so the transient peak is a small multiple of this.
@@ -41,6 +43,20 @@ FP32_GRAD_DEVICES: tuple[str, ...] = ("cpu",)
 FP32_GRAD_MAX_LEN = 256
 _KEY_BIAS = "attention.key_bias"  # ctx.tables entries this module caches per forward
 _MASKS = "attention.masks"
+_LOGN = "attention.logn"
+
+
+def logn_factor(positions: Tensor, length: int) -> Tensor:
+    """Qwen's `use_logn_attn`: max(1, log(n)/log(L)) fp32 for n = position id + 1, shaped like `positions` (T,) or
+    (B, T). Identity (1) at n ≤ L; multiplying q by it multiplies query n's logits by it."""
+    n = positions.to(torch.float32) + 1
+    return (n.log() / math.log(length)).clamp_min(1.0)
+
+
+def ssmax_factor(token_index: Tensor) -> Tensor:
+    """log(n) fp32 (T,) for n = token index + 1, the number of keys a causal query sees (Nakanishi 2025, SSMax:
+    logits × s·log n, s a trained parameter per head)."""
+    return (token_index.to(torch.float32) + 1).log()
 
 
 def bias_chunk_size(batch: int, n_head: int, k_len: int, budget: int | None = None) -> int:
@@ -176,16 +192,32 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
         self.chunk_size: int | None = None  # None: from BIAS_CHUNK_BYTES; tests force small chunks
+        self.attn_scale = cfg.attn_scale
+        self.logn_length = cfg.logn_length
+        if cfg.attn_scale == "ssmax":  # s_h, initialised to 1/log L: s·log n = 1 at the training length
+            self.ssmax_scale = nn.Parameter(torch.full((cfg.n_head,), 1.0 / math.log(max(cfg.logn_length, 2))))
+
+    def length_scale(self, q: Tensor, ctx: PositionContext) -> Tensor:
+        """q (B, H, T, hd) times the query's logit factor under `model.attn_scale` (q itself for `none`)."""
+        if self.attn_scale == "logn":
+            if _LOGN not in ctx.tables:  # once per forward, shared by the layers
+                ctx.tables[_LOGN] = per_head(logn_factor(ctx.positions, self.logn_length)[..., None])  # (.., T, 1)
+            return q * ctx.tables[_LOGN].to(q.dtype)
+        if self.attn_scale == "ssmax":
+            n = ssmax_factor(ctx.token_index).to(q.device)  # (T,)
+            factor = self.ssmax_scale.float()[:, None, None] * n[:, None]  # (H, T, 1)
+            return q * factor.to(q.dtype)
+        return q
 
     def qkv_heads(self, x: Tensor, scheme: PositionalScheme, ctx: PositionContext) -> tuple[Tensor, Tensor, Tensor]:
-        """x (B, T, D) -> q, k, v (B, H, T, hd), with q and k already rotated by the scheme."""
+        """x (B, T, D) -> q, k, v (B, H, T, hd), with q and k already rotated by the scheme (and q length-scaled)."""
         B, T, D = x.shape
         q, k, v = self.qkv(x).split(D, dim=2)  # 3 × (B, T, D)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
         k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
         v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
         q, k = scheme.rotate(q, k, ctx)
-        return q, k, v
+        return self.length_scale(q, ctx), k, v
 
     def forward(self, x: Tensor, scheme: PositionalScheme, ctx: PositionContext, causal: bool = True) -> Tensor:
         B, T, D = x.shape

@@ -38,9 +38,16 @@ class ModelConfig:
     dropout: float = 0.0
     init_std: float = 0.02
     embedding: Literal["gpt2", "fairseq"] = "gpt2"  # the embedding recipe, the same for every scheme
+    # Attention-logit length scaling (posenc_cli/attention.py, `length_scale`): `logn` multiplies query n's logits
+    # by max(1, log n / log L) (Qwen's use_logn_attn), `ssmax` by s_h·log n with s_h learned per head (SSMax).
+    attn_scale: Literal["none", "logn", "ssmax"] = "none"
+    logn_length: int = 0  # L of `logn` / SSMax's initial s_h = 1/log L (0: the training length, written explicitly)
 
     def validate(self) -> None:
         _positive(self, "model", "d_model", "n_layer", "n_head", "mlp_ratio")
+        _non_negative(self, "model", "logn_length")
+        if self.attn_scale != "none" and self.logn_length == 1:
+            raise ConfigError("model.logn_length must be 0 (the training length) or >= 2")
         if self.d_model % self.n_head:
             raise ConfigError(f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}")
         if (self.d_model // self.n_head) % 2:
@@ -209,6 +216,7 @@ class ExtendConfig(_ExtendScaling):  # type: ignore[misc, valid-type]
     finetune_warmup: int = 5
     pose: bool = False  # PoSE: fine-tune at the original length L with skip-wise ids spanning the fine-tune length
     pose_chunks: int = 2
+    logn: bool = False  # log-n attention scaling (model.attn_scale=logn, L = the original length) on top
 
     def validate(self) -> None:
         _check_finite(self, "extend")
@@ -240,6 +248,8 @@ class Config:
 
     def __post_init__(self) -> None:
         self.pos.resolve(self.model, self.train.seq_len)  # defaults that depend on the model, written explicitly
+        if self.model.attn_scale != "none" and not self.model.logn_length:
+            self.model.logn_length = self.train.seq_len
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):

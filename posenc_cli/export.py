@@ -104,6 +104,11 @@ def check_exportable(cfg: Config) -> None:
             f"not exportable: model.norm={cfg.model.norm} has no matching architecture in transformers "
             f"({ARCHITECTURES[scheme]} uses LayerNorm; train with model.norm=layernorm)"
         )
+    if cfg.model.attn_scale != "none":
+        raise NotExportable(
+            f"not exportable: model.attn_scale={cfg.model.attn_scale} (attention-logit length scaling) has no "
+            f"counterpart in {ARCHITECTURES[scheme]}"
+        )
     if cfg.model.embedding != "gpt2":
         raise NotExportable(
             f"not exportable: model.embedding={cfg.model.embedding} scales token embeddings by √D, which "

@@ -48,7 +48,7 @@ __all__ = [
 EXTEND_METHODS: tuple[str, ...] = method_names()  # the registry's (posenc_cli/rope_scaling/)
 LOCK_FILE = ".extend.lock"  # held by the one `extend` writing an out directory (filelock; the loser changes nothing)
 # Keys of the `extend` record that must match for a re-run to reuse (or resume) an existing child.
-_IDENTITY_KEYS = ("method", "scaling", "finetune", "parent_weights_sha256")
+_IDENTITY_KEYS = ("method", "scaling", "finetune", "parent_weights_sha256", "logn")
 
 # ----------------------------------------------------------------------------------------------------------------
 # Pure pieces.
@@ -112,7 +112,10 @@ def child_config(parent_cfg: Config, scaling: RopeScalingConfig, ext: ExtendConf
             pose_length=target if ext.pose else 0,
             pose_chunks=ext.pose_chunks if ext.pose else train.pose_chunks,
         )
-    return replace(parent_cfg, pos=pos, train=train, extend=ext)
+    model = parent_cfg.model
+    if ext.logn:  # log-n attention scaling beyond the original length, on top of the frequency scaling
+        model = replace(model, attn_scale="logn", logn_length=scaling.original_length)
+    return replace(parent_cfg, model=model, pos=pos, train=train, extend=ext)
 
 
 def extension_record(
@@ -131,7 +134,7 @@ def extension_record(
         if ext.pose:  # only then, so the records of earlier extensions stay what they were
             target = finetune["seq_len"]
             finetune.update(seq_len=scaling.original_length, pose_length=target, pose_chunks=ext.pose_chunks)
-    return {
+    record = {
         "method": scaling.method,
         "scaling": dataclasses.asdict(scaling),
         "finetune": finetune,
@@ -139,6 +142,9 @@ def extension_record(
         "parent_train_length": parent_length,
         "posenc_version": __version__,
     }
+    if ext.logn:  # only then, so the records of earlier extensions stay what they were
+        record["logn"] = {"length": scaling.original_length}
+    return record
 
 
 def default_out_dir(parent_dir: Path | str, ext: ExtendConfig) -> Path:
@@ -147,7 +153,7 @@ def default_out_dir(parent_dir: Path | str, ext: ExtendConfig) -> Path:
     name = f"{parent.name}-{ext.method}x{ext.factor:g}"
     if ext.finetune_steps > 0:
         name += f"-ft{ext.finetune_steps}" + ("-pose" if ext.pose else "")
-    return parent.with_name(name)
+    return parent.with_name(name + ("-logn" if ext.logn else ""))
 
 
 def describe_scaling(scaling: Any) -> str:
@@ -238,7 +244,7 @@ def _check_same_extension(out_dir: Path, meta: dict[str, Any], record: dict[str,
         raise ConfigError(
             f"output directory {out_dir} already holds a run that is not an extension; choose another --out"
         )
-    diffs = [k for k in _IDENTITY_KEYS if old.get(k) != record[k]]
+    diffs = [k for k in _IDENTITY_KEYS if old.get(k) != record.get(k)]
     if diffs:
         what = "parent weights" if diffs == ["parent_weights_sha256"] else ", ".join(diffs)
         raise ConfigError(
@@ -279,6 +285,8 @@ def extend_run(
     from posenc_cli.hf_run import is_hf_dir
 
     if is_hf_dir(parent_path):  # a transformers directory: a new transformers directory (posenc_cli/hf_extend.py)
+        if ext.logn:
+            raise ConfigError("--logn applies to posenc runs only; transformers directories have no log-n option")
         from posenc_cli.hf_extend import extend_hf_dir
 
         return extend_hf_dir(parent_path, out, ext)
@@ -289,6 +297,8 @@ def extend_run(
         raise ConfigError(
             f"{parent_path} uses pos={cfg.pos.name}; frequency scaling (extend) applies only to RoPE checkpoints"
         )
+    if ext.logn and cfg.model.attn_scale != "none":
+        raise ConfigError(f"{parent_path} already scales attention logits (model.attn_scale={cfg.model.attn_scale})")
     scaling = resolve_scaling(ext, cfg, parent.meta)
     rotary = rotary_dim(cfg.model.head_dim, cfg.pos.rotary_fraction)  # type: ignore[attr-defined]
     attention, regions, wavelengths = _frequency_numbers(scaling, rotary, cfg.pos.base)  # type: ignore[attr-defined]
