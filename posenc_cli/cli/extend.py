@@ -141,6 +141,36 @@ def extend_command(
         bool, typer.Option("--eval", help="Run eval-extrapolate (default lengths) on parent and child, side by side.")
     ] = False,
     threads: Annotated[int, typer.Option("--threads", metavar="N", help="CPU threads (0: torch's default).")] = 0,
+    factors: Annotated[
+        Path | None,
+        typer.Option(
+            "--factors",
+            metavar="FILE",
+            help='LongRoPE factors: JSON {"short_factor": [...], "long_factor": [...]}, d/2 values each.',
+            rich_help_panel="LongRoPE",
+        ),
+    ] = None,
+    search: Annotated[
+        bool,
+        typer.Option(
+            "--search",
+            help="Find LongRoPE's long factors by evolutionary search, scored by validation perplexity at s·L.",
+            rich_help_panel="LongRoPE",
+        ),
+    ] = False,
+    search_budget: Annotated[
+        int,
+        typer.Option("--search-budget", metavar="N", help="Candidates the search scores.", rich_help_panel="LongRoPE"),
+    ] = 16,
+    search_seed: Annotated[
+        int, typer.Option("--search-seed", metavar="N", help="Seed of the search.", rich_help_panel="LongRoPE")
+    ] = 0,
+    search_tokens: Annotated[
+        int,
+        typer.Option(
+            "--search-tokens", metavar="N", help="Validation tokens per candidate.", rich_help_panel="LongRoPE"
+        ),
+    ] = 8192,
     *,
     chosen: list[str],
     scaling: dict[str, Any],
@@ -158,6 +188,8 @@ def extend_command(
         chosen.append(method)
     if len(set(chosen)) > 1:
         raise ConfigError(f"give one scaling method, got {', '.join(chosen)}")
+    if (factors is not None or search) and not chosen:
+        chosen.append("longrope")  # --factors and --search are LongRoPE's
     ext = ExtendConfig(
         method=chosen[0] if chosen else _D.method,
         factor=factor,
@@ -172,8 +204,12 @@ def extend_command(
     )
     from posenc_cli.extend import validate_extend
 
+    ext = _longrope_factors(ext, factors, search)
     validate_extend(ext)  # before naming the default directory after the method
     out_dir = out if out is not None else default_out_dir(run_dir, ext)
+    found = None
+    if search:  # refuses a run that is not RoPE before anything is written
+        ext, found = _search(run_dir, ext, search_budget, search_seed, search_tokens, threads)
 
     if ext.finetune_steps > 0:
         from posenc_cli.progress import TrainDisplay
@@ -183,6 +219,8 @@ def extend_command(
     else:
         result = extend_run(run_dir, out_dir, ext, threads=threads)
     console.print(summary_table(result))
+    if found is not None and result.status != "interrupted":
+        _report_search(result, ext, found)
     if ext.pose:
         span = finetune_length(ext, result.original_length)
         console.print(f"PoSE: fine-tuned on {result.train_length}-token windows, position ids spanning {span}")
@@ -194,6 +232,66 @@ def extend_command(
         raise typer.Exit(128 + (result.finetune.signal or 2))
     if evaluate:
         _evaluate_both(result, threads)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# LongRoPE's factors: from --factors FILE, the --short-factor/--long-factor flags, or --search.
+
+
+def _longrope_factors(ext: ExtendConfig, factors: Path | None, search: bool) -> ExtendConfig:
+    """`ext` with the factors of --factors FILE; one-line errors for LongRoPE options given to another method,
+    for two sources of factors, and for LongRoPE without factors."""
+    from posenc_cli.config import replace
+    from posenc_cli.rope_scaling.longrope import FACTOR_KEYS, read_factors_file
+
+    flags = [k for k in FACTOR_KEYS if getattr(ext, k) is not None]
+    given = [*(["--factors"] if factors is not None else []), *(["--search"] if search else [])]
+    given += ["--" + k.replace("_", "-") for k in flags]
+    if ext.method != "longrope":
+        if given:
+            raise ConfigError(f"{given[0]} belongs to LongRoPE (--longrope), not --method {ext.method}")
+        return ext
+    if factors is not None and search:
+        raise ConfigError("give --factors FILE or --search, not both")
+    if (factors is not None or search) and flags:
+        raise ConfigError(f"give the factors once: {given[0]} or --{flags[0].replace('_', '-')}")
+    if not given:
+        raise ConfigError("LongRoPE needs its factors: --factors FILE, --search, or --long-factor (d/2 times)")
+    return replace(ext, **read_factors_file(factors)) if factors is not None else ext
+
+
+def _search(
+    run_dir: Path, ext: ExtendConfig, budget: int, seed: int, tokens: int, threads: int
+) -> tuple[ExtendConfig, Any]:
+    """LongRoPE's search with a progress bar (stderr, on a terminal): (ext with the found factors, the search)."""
+    from posenc_cli.cli.app import progress_bar
+    from posenc_cli.longrope_search import search_extension
+
+    with progress_bar() as bar:
+        task = bar.add_task(f"LongRoPE search ×{ext.factor:g}", total=budget)
+
+        def progress(done: int, total: int, best: float) -> None:
+            bar.update(task, completed=done, total=total,
+                       description=f"LongRoPE search ×{ext.factor:g} · best ppl {best:.4g}")  # fmt: skip
+
+        return search_extension(run_dir, ext, budget=budget, seed=seed, tokens=tokens, threads=threads,
+                                progress=progress)  # fmt: skip
+
+
+def _report_search(result: ExtendResult, ext: ExtendConfig, found: Any) -> None:
+    """Write the factors file into the child and say what the search found and what it cost."""
+    from posenc_cli.longrope_search import write_factors
+
+    assert ext.short_factor is not None
+    path = write_factors(result.out_dir, ext.short_factor, found)
+    n = len(found.history)
+    seed_name = min(found.initial, key=found.initial.get)
+    console.print(
+        f"LongRoPE search: {n} candidates in {found.seconds:.1f} s ({n / max(found.seconds, 1e-9):.2f}/s, "
+        f"{found.tokens} tokens each at {found.target_length}); best perplexity {found.ppl:.4g} "
+        f"(best seed {seed_name} {found.initial[seed_name]:.4g}); factors in {escape(_shown(path))}",
+        highlight=False,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
