@@ -104,6 +104,8 @@ def check_exportable(cfg: Config) -> None:
             f"not exportable: model.norm={cfg.model.norm} has no matching architecture in transformers "
             f"({ARCHITECTURES[scheme]} uses LayerNorm; train with model.norm=layernorm)"
         )
+    if (p := getattr(cfg.pos, "p", 1.0)) != 1.0:
+        raise NotExportable(f"not exportable: pos.p={p} (p-RoPE) has no counterpart in {ARCHITECTURES[scheme]}")
     if cfg.model.attn_scale != "none":
         raise NotExportable(
             f"not exportable: model.attn_scale={cfg.model.attn_scale} (attention-logit length scaling) has no "

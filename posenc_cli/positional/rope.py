@@ -5,6 +5,7 @@ the rest pass through). Pair k at position p is rotated by p·θ_k, so ⟨R(m)q,
 Two layouts pair the dimensions differently and are equivalent up to a fixed permutation of the q/k rows:
 - `rotate_half` (GPT-NeoX, HF Llama): pairs (x_k, x_{k+d/2});
 - `interleaved` (GPT-J, Meta Llama, x-transformers): pairs (x_2k, x_2k+1).
+`pos.p < 1` (p-RoPE) leaves the lowest-frequency 1 − p of the pairs unrotated.
 cos/sin tables are built once per forward in fp32 (also under autocast). With `scaling.method != none` the inverse
 frequencies come from `rope_scaling.scaled_inv_freq`, and cos and sin are both multiplied by its attention factor.
 
@@ -37,8 +38,11 @@ class RopeConfig(PosConfig):
     layout: Layout = "rotate_half"
     rotary_fraction: float = 1.0
     scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+    p: float = 1.0  # p-RoPE: the fraction of frequency pairs that rotate (the highest); the rest get frequency 0
 
     def validate(self) -> None:
+        if not 0.0 <= self.p <= 1.0:
+            raise ConfigError(f"pos.p must be in [0, 1], got {self.p}")
         if self.base <= 1:
             raise ConfigError(f"pos.base must be > 1, got {self.base}")
         if not 0.0 < self.rotary_fraction <= 1.0:
@@ -74,6 +78,16 @@ def rope_cos_sin(positions: Tensor, inv_freq: Tensor, layout: Layout) -> tuple[T
         return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)  # (..., T, d)
     paired = angles.repeat_interleave(2, dim=-1)  # (θ_0, θ_0, θ_1, θ_1, ...)
     return paired.cos(), paired.sin()  # (..., T, d)
+
+
+def p_rope_inv_freq(inv_freq: Tensor, p: float) -> Tensor:
+    """p-RoPE (Barbero et al. 2025, "Round and Round We Go!", §6): keep the round(p·d/2) highest frequencies (pairs
+    k = 0.. of θ_k = base^(−2k/d), decreasing in k) and set the lowest-frequency rest to 0, so those pairs never
+    rotate and carry content only. The kept frequencies are unchanged (partial rotary re-spaces them instead)."""
+    keep = round(p * inv_freq.shape[0])
+    out = inv_freq.clone()
+    out[keep:] = 0.0
+    return out
 
 
 def rotate_interleaved(x: Tensor) -> Tensor:
@@ -131,6 +145,8 @@ class RoPE(PositionalScheme):
 
     def prepare(self, ctx: PositionContext) -> None:
         inv_freq, attn = self.frequencies(ctx.length)
+        if self.cfg.p != 1.0:
+            inv_freq = p_rope_inv_freq(inv_freq, self.cfg.p)
         cos, sin = rope_cos_sin(ctx.positions, inv_freq, self.layout)
         if attn != 1.0:
             cos, sin = cos * attn, sin * attn
