@@ -140,3 +140,16 @@ def test_extend_logn_on_top_of_a_rope_scaling(parent: Path, tmp_path: Path) -> N
 def test_bad_model_settings(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="logn_length"):
         replace(ModelConfig(attn_scale="logn"), logn_length=1).validate()
+
+
+def test_cli_extend_logn(parent: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from posenc_cli.cli import app
+
+    out = tmp_path / "cli"
+    result = CliRunner().invoke(app, ["extend", str(parent), "--linear", "--factor", "2", "--logn", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    cfg = load_run(out).config
+    assert (cfg.model.attn_scale, cfg.model.logn_length, cfg.extend.logn) == ("logn", L, True)
+    assert cfg.pos.scaling.method == "linear"  # type: ignore[attr-defined]

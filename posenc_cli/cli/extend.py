@@ -137,6 +137,13 @@ def extend_command(
         int,
         typer.Option("--pose-chunks", metavar="N", help="PoSE chunks per window.", rich_help_panel="Fine-tune"),
     ] = _D.pose_chunks,
+    logn: Annotated[
+        bool,
+        typer.Option(
+            "--logn",
+            help="Also scale attention logits by max(1, log n / log L) beyond the original length L (Qwen's log-n).",
+        ),
+    ] = _D.logn,
     evaluate: Annotated[
         bool, typer.Option("--eval", help="Run eval-extrapolate (default lengths) on parent and child, side by side.")
     ] = False,
@@ -201,6 +208,7 @@ def extend_command(
         finetune_warmup=finetune_warmup,
         pose=pose,
         pose_chunks=pose_chunks,
+        logn=logn,
     )
     from posenc_cli.extend import validate_extend
 
