@@ -105,7 +105,8 @@ def test_shell_completion_completes_command_names() -> None:
     env = {**os.environ, "_POSENC_COMPLETE": "complete_bash", "COMP_WORDS": "posenc ev", "COMP_CWORD": "1"}
     code = "from posenc_cli.cli import main; main()"
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert result.stdout.split() == ["eval-extrapolate", "eval-passkey"], result.stderr
+    assert result.stdout.split() == ["eval-extrapolate", "eval-passkey", "eval-tasks"], result.stderr
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
 
 
 def test_flags_show_no_value_type_in_help() -> None:

@@ -19,8 +19,10 @@ from typer.core import TyperGroup, TyperOption
 
 try:  # typer >= 0.24 carries its own copy of click; its exceptions are the ones raised
     from typer import _click as click
+    from typer.exceptions import Abort
 except ImportError:  # pragma: no cover
     import click  # type: ignore[no-redef]
+    from click.exceptions import Abort  # type: ignore[no-redef,assignment]
 
 from posenc_cli.errors import UserError, disk_error_message, is_disk_error
 
@@ -51,7 +53,7 @@ class PosencGroup(TyperGroup):
         except click.exceptions.ClickException as e:
             err_console.print(f"[bold red]error:[/] {_escape(usage_error_line(e))}", highlight=False)
             sys.exit(2 if isinstance(e, click.exceptions.UsageError) else e.exit_code)
-        except click.exceptions.Abort:
+        except Abort:
             err_console.print("[bold red]error:[/] aborted", highlight=False)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
