@@ -153,3 +153,26 @@ def test_out_filled_meanwhile_is_one_line_and_leaves_no_temp(
     result = _extend(str(sources["llama"]), "--yarn", "--out", str(tmp_path / "out"))
     assert result.exit_code == 2 and "written by another process meanwhile" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("arch, pairs", [("llama", 4), ("gpt_neox", 2)])  # head dim 8; GPT-NeoX rotates half of it
+def test_longrope_extension_loads_in_transformers_with_posenc_logits(
+    sources: dict[str, Path], tmp_path: Path, arch: str, pairs: int
+) -> None:
+    """LongRoPE (per-pair factors from a file) is a rope type transformers has: same check as the other methods, in
+    the long regime (4x the original length)."""
+    from transformers import AutoModelForCausalLM
+
+    factors = tmp_path / "factors.json"
+    long = [1.0 + 3.0 * k / max(1, pairs - 1) for k in range(pairs)]  # 1 .. 4, non-decreasing over pairs
+    factors.write_text(json.dumps({"short_factor": [1.0] * pairs, "long_factor": long}))
+    out = tmp_path / "ext"
+    result = _extend(str(sources[arch]), "--factors", str(factors), "--factor", "4", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    rope = json.loads((out / "config.json").read_text())["rope_parameters"]
+    assert rope["rope_type"] == "longrope" and rope["long_factor"] == long
+    plain = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    run = load_hf_run(out)
+    ids = torch.randint(0, 250, (1, 128), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(run.model(ids), plain(input_ids=ids).logits, rtol=0, atol=0)
