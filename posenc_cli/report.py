@@ -319,15 +319,18 @@ def extrapolation_caption(results: Sequence[Result], by: str, label: Callable[[R
 
 
 def reason_lines(results: Sequence[Result], label: Callable[[Result], str]) -> list[str]:
-    """'n/a for LABEL at 256, 512: REASON' for every stored entry the scheme could not serve."""
-    lines = []
+    """'n/a for LABEL at 256, 512: REASON' for every stored entry the scheme could not serve; runs that share a label
+    (the seeds of one row) give one line."""
+    lines: list[str] = []
     for r in results:
         reasons: dict[str, list[str]] = {}
         for e in r["entries"]:
             if e.get("status") != "ok":
                 reasons.setdefault(e.get("reason") or "no reason recorded", []).append(str(e["length"]))
         for reason, lengths in reasons.items():
-            lines.append(f"n/a for {label(r)} at {', '.join(lengths)}: {reason}")
+            line = f"n/a for {label(r)} at {', '.join(lengths)}: {reason}"
+            if line not in lines:
+                lines.append(line)
     return lines
 
 

@@ -190,3 +190,9 @@ def test_markdown_marks_unmeasured_cells() -> None:
     columns, rows = report.extrapolation_rows([result("a", "rope", {8: 5.0, 16: 4.0}), result("b", "alibi", {16: 6.0})])
     lines = to_markdown(columns, rows).splitlines()
     assert lines[3] == "| b (alibi) | – | 6.000 | – |"  # no 0.5× entry: not measured (–), not n/a or empty
+
+
+def test_reason_lines_name_a_row_once_for_all_its_seeds() -> None:
+    seeds = [result(f"learned-s{i}", "learned", {16: 10.0 + i, 32: None}) for i in range(3)]
+    lines = report.reason_lines(seeds, label=lambda r: "learned (n=3)")
+    assert lines == ["n/a for learned (n=3) at 32: learned cannot serve 32"]
