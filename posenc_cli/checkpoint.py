@@ -36,7 +36,7 @@ import shutil
 import stat
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,8 @@ IDENTITY_KEYS = ("kind", "schema_version", "status", "step", "train_length", "ba
 
 @dataclass(frozen=True, kw_only=True)
 class RunMeta:
-    """meta.json as a type, read and written by this module only (`read_run_meta`, `commit_checkpoint`).
+    """meta.json as a type, read and written by this module only (`read_run_meta`, `commit_checkpoint`), built by
+    its two constructors only (`for_training`, `scaled_copy`).
 
     Identity: `kind`, `schema_version`, `status`, `step`, `train_length` (the length this checkpoint trained at; a
     fine-tuned child's L'), `base_length` (the root run's), `parent` (absolute path of the run it was made from) and
@@ -123,6 +124,81 @@ class RunMeta:
     def lengths(self, cfg: Config) -> tuple[int, int]:
         """(train_length, base_length); see `run_lengths`."""
         return run_lengths(self.to_json(), cfg)
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The keys the command that made this checkpoint added to its own record (named by the record's
+        `extra_keys`: an extension's `parent`, `base_length` and `extend`), with their values. A later save of the
+        same run (a resumed fine-tune) writes them again."""
+        values = self.to_json()
+        return {k: values[k] for k in self.record.get("extra_keys", []) if k in values}
+
+    # -- The two ways a checkpoint's meta.json comes to be; the only code that knows its key order. ---------------
+
+    @classmethod
+    def for_training(
+        cls, *, status: str, step: int, train_length: int, record: TrainingRecord, extra: dict[str, Any]
+    ) -> RunMeta:
+        """meta.json of a checkpoint `train` saves: a root run (its own base length, no parent) unless `extra` says
+        otherwise (`extra` keys override, new ones follow the training record; `extra_keys` lists them all)."""
+        own = {f.name: getattr(record, f.name) for f in fields(record)}
+        identity = {"status": status, "step": step, "train_length": train_length, "base_length": train_length}
+        values = {"kind": KIND, "schema_version": SCHEMA_VERSION, "parent": None} | identity | own
+        meta = {k: values[k] for k in _TRAINING_ORDER}
+        meta.update(extra)
+        meta["extra_keys"] = sorted(extra)
+        return cls.from_json(meta)
+
+    @classmethod
+    def scaled_copy(cls, parent: RunMeta, *, train_length: int, extra: dict[str, Any], now: str) -> RunMeta:
+        """meta.json of a new run holding the parent's weights unchanged under a new config (`extend` without a
+        fine-tune): the parent's meta with this command's `extra` keys, no validation loss (the new config was not
+        measured) and new timestamps."""
+        meta = {k: v for k, v in parent.to_json().items() if k not in ("files", "extra_keys")}
+        meta.update(
+            status="complete",
+            train_length=train_length,
+            val_loss=None,  # not measured with the new config; eval-extrapolate measures it
+            best_val_loss=None,
+            created=now,
+            updated=now,
+            **extra,
+        )
+        meta["extra_keys"] = sorted(extra)
+        return cls.from_json(meta)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingRecord:
+    """What `train` records in meta.json beside the identity: the run's progress, statistics and provenance."""
+
+    steps: int
+    tokens: int
+    train_loss: float | None
+    val_loss: float | None
+    best_val_loss: float | None
+    seed: int
+    pos: str
+    model: str
+    n_params: int
+    precision: str
+    device: str
+    threads: int
+    tokens_per_s: float | None
+    wall_time_s: float
+    created: str
+    updated: str
+    versions: dict[str, str]
+    data: dict[str, Any]
+    tokenizer: dict[str, Any]
+
+
+# meta.json's key order as `train` writes it (`files` follows: `commit_checkpoint` adds it).
+_TRAINING_ORDER = (
+    *("kind", "schema_version", "status", "step", "steps", "tokens", "train_loss", "val_loss", "best_val_loss"),
+    *("seed", "pos", "model", "n_params", "train_length", "base_length", "parent", "precision", "device"),
+    *("threads", "tokens_per_s", "wall_time_s", "created", "updated", "versions", "data", "tokenizer"),
+)
 
 
 def run_lengths(meta: dict[str, Any], cfg: Config) -> tuple[int, int]:

@@ -353,7 +353,7 @@ def _write_scaled_copy(
     parent: LoadedRun, out: Path, child_cfg: Config, extra: dict[str, Any], train_length: int
 ) -> None:
     """Commit config + byte-identical weights (+ tokenizer file) + meta as one checkpoint (see checkpoint.py)."""
-    from posenc_cli.checkpoint import CONFIG_FILE, MODEL_FILE, commit_checkpoint, read_verified
+    from posenc_cli.checkpoint import CONFIG_FILE, MODEL_FILE, RunMeta, commit_checkpoint, read_verified
     from posenc_cli.config import config_to_yaml
 
     files = {
@@ -363,15 +363,5 @@ def _write_scaled_copy(
     if "tokenizer.json" in parent.meta["files"]:
         files["tokenizer.json"] = read_verified(parent.path, parent.meta, "tokenizer.json")
     now = datetime.now(UTC).isoformat(timespec="seconds")
-    meta = {k: v for k, v in parent.meta.items() if k not in ("files", "extra_keys")}
-    meta.update(
-        status="complete",
-        train_length=train_length,
-        val_loss=None,  # not measured with the new frequencies; eval-extrapolate measures it
-        best_val_loss=None,
-        created=now,
-        updated=now,
-        **extra,
-    )
-    meta["extra_keys"] = sorted(extra)
+    meta = RunMeta.scaled_copy(parent.run_meta, train_length=train_length, extra=extra, now=now)
     commit_checkpoint(out, files, meta)

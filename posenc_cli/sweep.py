@@ -575,13 +575,13 @@ def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None, fa
 
 def _mark_done(job_dir: Path, name: str) -> None:
     """Write the job's done marker (last, atomically), naming the checkpoint its results measured."""
-    from posenc_cli.checkpoint import read_meta
+    from posenc_cli.checkpoint import read_run_meta
     from posenc_cli.eval_results import checkpoint_identity
 
-    meta = read_meta(job_dir)
-    if meta.get("status") != "complete":  # training must have finished; never mark a half-trained run done
-        raise RuntimeError(f"{job_dir}: training status is {meta.get('status')!r}, not 'complete'")
-    record = {"job": name, "checkpoint": checkpoint_identity(meta)}
+    meta = read_run_meta(job_dir)
+    if meta.status != "complete":  # training must have finished; never mark a half-trained run done
+        raise RuntimeError(f"{job_dir}: training status is {meta.status!r}, not 'complete'")
+    record = {"job": name, "checkpoint": checkpoint_identity(meta.to_json())}
     atomic_write_json(job_dir / DONE_FILE, record)
 
 
@@ -592,24 +592,28 @@ def job_status(job_dir: Path) -> str:
     'failed': failed.json; 'interrupted': a signal stopped its training (a re-run resumes it); 'partial': started
     but not done (killed, or stopped during evaluation: a re-run finishes it); 'pending': not started.
     """
-    from posenc_cli.checkpoint import read_meta
+    from posenc_cli.checkpoint import RunMeta, read_run_meta
     from posenc_cli.errors import CheckpointError
     from posenc_cli.eval_results import checkpoint_identity
 
     job_dir = Path(job_dir)
     try:
-        meta: dict[str, Any] | None = read_meta(job_dir)
+        meta: RunMeta | None = read_run_meta(job_dir)
     except (CheckpointError, OSError):
         meta = None
     try:
         marker = json.loads((job_dir / DONE_FILE).read_text())
     except (OSError, ValueError):
         marker = None
-    if meta is not None and isinstance(marker, dict) and marker.get("checkpoint") == checkpoint_identity(meta):
+    if (
+        meta is not None
+        and isinstance(marker, dict)
+        and marker.get("checkpoint") == checkpoint_identity(meta.to_json())
+    ):
         return "done"
     if (job_dir / FAILED_FILE).is_file():
         return "failed"
-    if meta is not None and meta.get("status") == "interrupted":
+    if meta is not None and meta.status == "interrupted":
         return "interrupted"
     return "partial" if job_dir.is_dir() and any(job_dir.iterdir()) else "pending"
 

@@ -35,12 +35,12 @@ from torch import Tensor
 from posenc_cli import __version__, distributed
 from posenc_cli.checkpoint import (
     CONFIG_FILE,
-    KIND,
     METRICS_FILE,
     MODEL_FILE,
-    SCHEMA_VERSION,
     STATE_FILE,
     STATE_JSON,
+    RunMeta,
+    TrainingRecord,
     capture_rng,
     commit_checkpoint,
     committed_file,
@@ -203,9 +203,8 @@ class _Trainer:
             if info.is_main:
                 recover(run_dir)
             meta = read_meta(run_dir)
-        self.prev_meta = meta or {}
-        extra_keys = self.prev_meta.get("extra_keys", [])
-        self.meta_extra = {k: self.prev_meta[k] for k in extra_keys if k in self.prev_meta} | (meta_extra or {})
+        self.prev_meta = RunMeta.from_json(meta) if meta is not None else RunMeta(step=0)
+        self.meta_extra = self.prev_meta.extra | (meta_extra or {})
 
         tokenizer, parent = None, None
         if meta is not None:
@@ -215,7 +214,7 @@ class _Trainer:
         elif init_from is not None:
             parent = load_run(init_from)
             tokenizer = parent.tokenizer
-            inherited = {"parent": str(init_from), "base_length": parent.meta.get("base_length")}
+            inherited = {"parent": str(init_from), "base_length": parent.run_meta.base_length}
             self.meta_extra = inherited | self.meta_extra
 
         def progress(stage: str, done: int, total: int) -> None:
@@ -259,7 +258,7 @@ class _Trainer:
             torch.manual_seed(distributed.rank_seed(seed, info.rank, self.step))
         windows = validation_batches(self.corpus.val, self.tc.batch_size, self.tc.seq_len, self.tc.eval_batches)
         self.windows = distributed.shard_rows(windows, info, dim=1).to(self.device)  # (n, B/N, T+1) per rank
-        self.saved: tuple[int, str] | None = (self.step, str(meta["status"])) if meta is not None else None
+        self.saved: tuple[int, str] | None = (self.step, str(self.prev_meta.status)) if meta is not None else None
 
     def _check_same_data(self, meta: dict[str, Any], force_config: bool) -> None:
         old = (meta.get("data") or {}).get("fingerprint")
@@ -473,49 +472,42 @@ class _Trainer:
         self.saved = (self.step, status)
         self.emit({"event": "checkpoint", "step": self.step, "status": status, "seconds": time.perf_counter() - start})
 
-    def _meta(self, status: str) -> dict[str, Any]:
+    def _meta(self, status: str) -> RunMeta:
         now = datetime.now(UTC).isoformat(timespec="seconds")
         tps = self.session_tokens / self.train_time if self.train_time else None
-        meta = {
-            "kind": KIND,
-            "schema_version": SCHEMA_VERSION,
-            "status": status,
-            "step": self.step,
-            "steps": self.tc.steps,
-            "tokens": self.tokens,
-            "train_loss": self.train_loss,
-            "val_loss": self.val_loss,
-            "best_val_loss": self.best_val,
-            "seed": self.tc.seed,
-            "pos": self.cfg.pos.name,
-            "model": model_preset_name(self.cfg),
-            "n_params": sum(p.numel() for p in self.params),
-            "train_length": self.tc.seq_len,
-            "base_length": self.tc.seq_len,
-            "parent": None,
-            "precision": self.precision,
-            "device": str(self.device),
-            "threads": self.n_threads,
-            "tokens_per_s": tps if tps is not None else self.prev_meta.get("tokens_per_s"),
-            "wall_time_s": self._elapsed(),
-            "created": self.prev_meta.get("created", now),
-            "updated": now,
-            "versions": {
+        record = TrainingRecord(
+            steps=self.tc.steps,
+            tokens=self.tokens,
+            train_loss=self.train_loss,
+            val_loss=self.val_loss,
+            best_val_loss=self.best_val,
+            seed=self.tc.seed,
+            pos=self.cfg.pos.name,
+            model=model_preset_name(self.cfg),
+            n_params=sum(p.numel() for p in self.params),
+            precision=self.precision,
+            device=str(self.device),
+            threads=self.n_threads,
+            tokens_per_s=tps if tps is not None else self.prev_meta.record.get("tokens_per_s"),
+            wall_time_s=self._elapsed(),
+            created=self.prev_meta.record.get("created", now),
+            updated=now,
+            versions={
                 "posenc": __version__,
                 "torch": torch.__version__,
                 "python": platform.python_version(),
                 "numpy": np.__version__,
             },
-            "data": self.data_info,
-            "tokenizer": {
+            data=self.data_info,
+            tokenizer={
                 "kind": self.tokenizer.kind,
                 "vocab_size": self.tokenizer.vocab_size,
                 "fingerprint": self.tokenizer.fingerprint,
             },
-        }
-        meta.update(self.meta_extra)
-        meta["extra_keys"] = sorted(self.meta_extra)
-        return meta
+        )
+        return RunMeta.for_training(
+            status=status, step=self.step, train_length=self.tc.seq_len, record=record, extra=self.meta_extra
+        )
 
     def _finish(self, reason: Literal["complete", "interrupted"], signum: int | None) -> TrainResult:
         self.metrics.close()
