@@ -35,6 +35,11 @@ def test_train_on_tasks_then_eval_tasks(tmp_path: Path) -> None:
     assert len(stored["entries"]) == 12
     again = runner.invoke(app, ["eval-tasks", *args], terminal_width=200)
     assert again.exit_code == 0 and "12 of 12 cells reused" in again.output
+    compared = runner.invoke(app, ["compare", str(run)], terminal_width=200)  # the sweep's end uses the same hook
+    assert compared.exit_code == 0, compared.output
+    assert "niah-multikey · RULER score, mean over depths" in compared.output
+    assert "variable-tracking · RULER score, mean over depths" in compared.output
+    assert "n/a" in compared.output  # learned positions at 2x
 
 
 def test_unknown_task_is_one_line(tmp_path: Path) -> None:

@@ -59,6 +59,7 @@ def sweep_command(
     [bold]hydra/launcher=joblib hydra.launcher.n_jobs=2[/]; Slurm: [bold]hydra/launcher=submitit_slurm[/].
     """
     from posenc_cli.cli.profile import print_profile
+    from posenc_cli.cli.tasks import print_task_summary
     from posenc_cli.compare import comparison_outputs, gather
     from posenc_cli.config import config_dir as packaged_config_dir
     from posenc_cli.hydra_bridge import launcher_settings
@@ -106,6 +107,7 @@ def sweep_command(
     report_start = time.perf_counter()
     records = gather([sweep_dir])
     failed = comparison_outputs(records, sweep_dir, console=console)
+    print_task_summary(records, console)  # retrieval scores, for sweeps that measured them (data=tasks)
     if viz:
         from posenc_cli.viz import write_attention_comparison
 
@@ -216,5 +218,9 @@ def compare_command(
     records = gather(paths, all_lengths=all_lengths)
     table = reference_table(reference) if reference is not None else None  # an unknown name fails before output
     render(records, metric=metric, baseline=baseline, fmt=fmt, out=out, console=console)
+    if fmt == "table":
+        from posenc_cli.cli.tasks import print_task_summary
+
+        print_task_summary(records, console)
     if table is not None:
         _print_reference(table, records)

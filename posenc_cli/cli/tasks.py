@@ -200,3 +200,80 @@ def eval_tasks_command(
         json_path=json_path,
         combined=combined_json(results),
     )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sweeps and `posenc compare`: the retrieval scores their runs already stored, next to the perplexity table.
+
+
+def stored_task_results(records: Sequence[Any]) -> list[dict[str, Any]]:
+    """eval-tasks results read from disk for the runs of `compare.gather`'s records that have eval/tasks.json: the
+    cells of the run's current checkpoint (the latest cell per task × length × depth), under the record's label.
+    Failed jobs and runs without retrieval cells are left out."""
+    from posenc_cli.compare import current_checkpoint
+    from posenc_cli.eval_results import checkpoint_key, read_results_file
+    from posenc_cli.tasks.retrieval import COMMAND, RESULTS_FILE
+
+    results = []
+    for record in records:
+        if record.status == "failed":
+            continue
+        doc = read_results_file(Path(record.run_dir) / RESULTS_FILE, COMMAND)
+        if doc is None:
+            continue
+        current = current_checkpoint(Path(record.run_dir))
+        ours = [e for e in doc["entries"] if checkpoint_key(e) == current]
+        cells = {(e["task"], int(e["length"]), float(e["depth"])): e for e in ours}
+        if cells:
+            scheme = record.scheme or str(doc.get("scheme", ""))
+            results.append({"run": record.label, "scheme": scheme, "entries": list(cells.values())})
+    return results
+
+
+def task_summary_tables(results: Sequence[dict[str, Any]]) -> list[Table]:
+    """One compact table per task for many runs: rows = runs, columns = lengths, cells = the mean score over the
+    measured depths (`posenc eval-tasks DIR` prints every depth)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from posenc_cli.passkey_report import _ink, accuracy_colour
+    from posenc_cli.report import LABEL_MAX_WIDTH, fit_to_content, run_label
+    from posenc_cli.ruler import registry
+
+    present = {e["task"] for r in results for e in r["entries"]}
+    tables = []
+    for task in [name for name in registry() if name in present]:
+        entries = [(r, e) for r in results for e in r["entries"] if e["task"] == task]
+        multiples = sorted({float(e["multiple"]) for _, e in entries})
+        depths = sorted({float(e["depth"]) for _, e in entries})
+        trials = sorted({int(e["trials"]) for _, e in entries})
+        table = Table(title=f"{task} · RULER score, mean over depths", title_justify="left", caption_justify="left")
+        table.add_column("run", no_wrap=True, overflow="ellipsis", max_width=LABEL_MAX_WIDTH)
+        for m in multiples:
+            table.add_column(f"{m:g}×", justify="center", no_wrap=True)
+        for r in results:
+            mine = [e for e in r["entries"] if e["task"] == task]
+            if not mine:
+                continue
+            cells: list[Any] = [run_label(r)]
+            for m in multiples:
+                at = [e for e in mine if float(e["multiple"]) == m]
+                scores = [float(e["score"]) for e in at if e.get("status") == "ok" and e.get("score") is not None]
+                if not at or len(scores) < len(at):
+                    cells.append(Text("n/a", style="dim"))
+                    continue
+                value = sum(scores) / len(scores)
+                cells.append(Text(f" {value:.0%} ", style=f"bold {_ink(value)} on {accuracy_colour(value)}"))
+            table.add_row(*cells)
+        table.caption = (
+            f"Depths {', '.join(f'{d * 100:g}%' for d in depths)}; {'/'.join(map(str, trials))} trials per cell; "
+            "n/a: a length the scheme cannot read (reasons: posenc eval-tasks DIR)."
+        )
+        tables.append(fit_to_content(table))
+    return tables
+
+
+def print_task_summary(records: Sequence[Any], console: Any) -> None:
+    """After a sweep's (or `compare`'s) perplexity table: the retrieval tables of the runs that have task cells."""
+    for table in task_summary_tables(stored_task_results(records)):
+        console.print(table)
