@@ -17,6 +17,11 @@ bf16, where the chunked path is used.
 Position ids (see `posenc_cli.positional.base`): the causal mask and the chunks follow token order, always; the
 bias hooks receive token indexes and read the chunk's ids from the context, so with per-token ids the chunked path
 still builds only (B, H, chunk, T) biases, and `key_bias` may be per row, (B, H, T).
+
+Position remapping (Self-Extend, ReRoPE: a scheme with `remap_window` W > 0): two score matrices, the normal one
+and the one of the scheme's remapped q and k, merged before the softmax (normal where the id distance i − j < W),
+computed in query chunks like the bias path (`attend_remapped`); ids spanning fewer than W positions take the plain
+road unchanged.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc_cli.config import ModelConfig
-from posenc_cli.positional.base import PositionalScheme, PositionContext, per_head
+from posenc_cli.positional.base import PositionalScheme, PositionContext, per_head, relative_distance
 
 # Budget for one chunk's fp32 bias, (B, H, chunk, T) · 4 bytes. SDPA's math path allocates a few tensors of the same
 # size (scores, softmax), so the transient peak is a small multiple of this.
@@ -113,6 +118,8 @@ def attend(
                 chunk_size=chunk_size,
             )
         return out.to(q.dtype)
+    if scheme.remap_window and remap_applies(scheme.remap_window, ctx):
+        return attend_remapped(q, k, v, scheme, layer, ctx, causal=causal, dropout_p=dropout_p, chunk_size=chunk_size)
     if not scheme.has_bias:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
     if causal and chunk_size is None and key_bias_applies(q):
@@ -139,6 +146,62 @@ def attend(
         bias = scheme.bias(layer, qc, kc, q_pos, k_pos, ctx)  # broadcastable to (B, H, Tq, Tk)
         mask = fold_causal_mask(bias, q_pos, k_pos, q.dtype, causal)
         outs.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=dropout_p))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+def remap_applies(window: int, ctx: PositionContext) -> bool:
+    """Whether some pair of ids is at least `window` apart (else every pair takes the normal score: plain road)."""
+    if ctx.max_position is None:
+        return ctx.seq_len > window  # ids 0..T−1: the largest distance is T − 1
+    return ctx.max_position - int(ctx.positions.min()) >= window
+
+
+def merged_scores(
+    q: Tensor, k: Tensor, q2: Tensor, k2: Tensor, window: int, ctx: PositionContext, start: int, end: int, k_end: int
+) -> Tensor:
+    """fp32 scores (B, H, Tq, Tk) of queries [start, end) against keys [0, k_end), no mask: q·kᵀ/√hd where the id
+    distance i − j < `window`, q2·k2ᵀ/√hd (the remapped q and k, `PositionalScheme.remap`) elsewhere."""
+    hd = q.shape[-1]
+    normal = (q[:, :, start:end] @ k[:, :, :k_end].transpose(-1, -2)).float()  # (B, H, Tq, Tk)
+    remapped = (q2[:, :, start:end] @ k2[:, :, :k_end].transpose(-1, -2)).float()  # (B, H, Tq, Tk)
+    pos = ctx.token_index
+    near = relative_distance(ctx.ids_at(pos[start:end]), ctx.ids_at(pos[:k_end])) < window  # (Tq, Tk) | (B, Tq, Tk)
+    near = near if near.dim() == 2 else near[:, None]  # (B, 1, Tq, Tk) for per-row ids
+    return torch.where(near, normal, remapped) * hd**-0.5  # (B, H, Tq, Tk)
+
+
+def attend_remapped(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scheme: PositionalScheme,
+    layer: int,
+    ctx: PositionContext,
+    *,
+    causal: bool = True,
+    dropout_p: float = 0.0,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """softmax(merged scores + bias + mask)·v for a remapping scheme, q, k, v (B, H, T, hd) -> (B, H, T, hd).
+
+    By query chunks: each holds two (B, H, chunk, Tk) fp32 score tensors, so the chunk is sized for half of
+    `BIAS_CHUNK_BYTES`. The remapped q and k are computed once per layer (elementwise rotations, (B, H, T, hd)).
+    """
+    B, H, T, _ = q.shape
+    chunk = chunk_size if chunk_size is not None else bias_chunk_size(B, H, T, BIAS_CHUNK_BYTES // 2)
+    q2, k2 = scheme.remap(q, k, ctx)  # (B, H, T, hd) each
+    pos = ctx.token_index
+    outs = []
+    for start in range(0, T, chunk):
+        end = min(start + chunk, T)
+        k_end = end if causal else T  # causal: later keys are all masked
+        scores = merged_scores(q, k, q2, k2, scheme.remap_window, ctx, start, end, k_end)  # (B, H, Tq, Tk)
+        q_pos, k_pos = pos[start:end], pos[:k_end]
+        bias = scheme.bias(layer, q[:, :, start:end], k[:, :, :k_end], q_pos, k_pos, ctx) if scheme.has_bias else None
+        probs = torch.softmax(scores + fold_causal_mask(bias, q_pos, k_pos, torch.float32, causal), dim=-1)
+        if dropout_p > 0:
+            probs = F.dropout(probs, dropout_p)
+        outs.append(probs.to(v.dtype) @ v[:, :, :k_end])  # (B, H, Tq, hd)
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from posenc_cli.attention import bias_chunk_size, fold_causal_mask
+from posenc_cli.attention import bias_chunk_size, fold_causal_mask, merged_scores, remap_applies
 from posenc_cli.checkpoint import run_lengths
 from posenc_cli.config import Config
 from posenc_cli.errors import ConfigError, DataError, LengthBeyondScheme
@@ -264,11 +264,16 @@ def attention_chunks(
     B, H, T, hd = q.shape
     chunk = chunk if chunk is not None else bias_chunk_size(B, H, T)
     pos = ctx.token_index  # bias hooks and the causal mask take token indexes (ids: ctx.ids_at)
+    window = scheme.remap_window if remap_applies(scheme.remap_window, ctx) else 0  # Self-Extend, ReRoPE
+    q2, k2 = scheme.remap(q.float(), k.float(), ctx) if window else (q, k)
     for start in range(0, T, chunk):
         end = min(start + chunk, T)
         qc, kc = q[:, :, start:end], k[:, :, :end]  # (B, H, Tq, hd), (B, H, Tk, hd)
         q_pos, k_pos = pos[start:end], pos[:end]
-        scores = (qc.float() @ kc.float().transpose(-1, -2)) / math.sqrt(hd)  # (B, H, Tq, Tk)
+        if window:  # the normal and the remapped scores, merged by distance as `attention.attend_remapped` does
+            scores = merged_scores(q.float(), k.float(), q2, k2, window, ctx, start, end, end)  # (B, H, Tq, Tk)
+        else:
+            scores = (qc.float() @ kc.float().transpose(-1, -2)) / math.sqrt(hd)  # (B, H, Tq, Tk)
         bias = scheme.bias(layer, qc, kc, q_pos, k_pos, ctx) if scheme.has_bias else None
         scores = scores + fold_causal_mask(bias, q_pos, k_pos, torch.float32, causal=True)
         yield start, torch.softmax(scores, dim=-1)

@@ -127,6 +127,17 @@ class PositionalScheme(nn.Module):
         """
         return None
 
+    @property
+    def remap_window(self) -> int:
+        """W > 0 when the scheme remaps positions beyond a window (Self-Extend, ReRoPE): pairs with id distance
+        i − j < W take the normal scores, the others the scores of `remap`'s q and k. 0 (default): no remapping."""
+        return 0
+
+    def remap(self, q: Tensor, k: Tensor, ctx: PositionContext) -> tuple[Tensor, Tensor]:
+        """Hook (b'), with `remap_window` > 0: q, k (B, H, T, hd) as `rotate` (and the length scale) left them ->
+        the q, k of the remapped scores, same shapes. Default: unchanged."""
+        return q, k
+
     def key_bias(self, k_pos: Tensor, ctx: PositionContext) -> Tensor | None:
         """Optional fast form of hook (c), for causal attention: (H, Tk) or (B, H, Tk) fp32 b with, for every layer
         and j ≤ i, bias(layer, ...)[h, i, j] = b[h, j] + c_h(i) for some per-query constant c_h(i), which no softmax

@@ -5,7 +5,8 @@ the rest pass through). Pair k at position p is rotated by p·θ_k, so ⟨R(m)q,
 Two layouts pair the dimensions differently and are equivalent up to a fixed permutation of the q/k rows:
 - `rotate_half` (GPT-NeoX, HF Llama): pairs (x_k, x_{k+d/2});
 - `interleaved` (GPT-J, Meta Llama, x-transformers): pairs (x_2k, x_2k+1).
-`pos.p < 1` (p-RoPE) leaves the lowest-frequency 1 − p of the pairs unrotated.
+`pos.p < 1` (p-RoPE) leaves the lowest-frequency 1 − p of the pairs unrotated. `pos.remap` (Self-Extend, ReRoPE;
+`posenc_cli.positional.remap`) adds a second, remapped rotation used beyond a window of distances (the `remap` hook).
 cos/sin tables are built once per forward in fp32 (also under autocast). With `scaling.method != none` the inverse
 frequencies come from `rope_scaling.scaled_inv_freq`, and cos and sin are both multiplied by its attention factor.
 
@@ -26,6 +27,7 @@ from posenc_cli.config import ModelConfig, PosConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import register
 from posenc_cli.positional.base import PositionalScheme, PositionContext, per_head
+from posenc_cli.positional.remap import RemapConfig, remapped_positions
 from posenc_cli.rope_scaling import RopeScalingConfig, scaled_inv_freq
 
 Layout = Literal["rotate_half", "interleaved"]
@@ -39,8 +41,10 @@ class RopeConfig(PosConfig):
     rotary_fraction: float = 1.0
     scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
     p: float = 1.0  # p-RoPE: the fraction of frequency pairs that rotate (the highest); the rest get frequency 0
+    remap: RemapConfig = field(default_factory=RemapConfig)  # Self-Extend / ReRoPE at inference (default none)
 
     def validate(self) -> None:
+        self.remap.validate()
         if not 0.0 <= self.p <= 1.0:
             raise ConfigError(f"pos.p must be in [0, 1], got {self.p}")
         if self.base <= 1:
@@ -151,6 +155,23 @@ class RoPE(PositionalScheme):
         if attn != 1.0:
             cos, sin = cos * attn, sin * attn
         ctx.tables["rope_cos"], ctx.tables["rope_sin"] = per_head(cos), per_head(sin)  # (T, d) or (B, 1, T, d)
+        if self.cfg.remap.active:  # rotations from the normal positions to the remapped ones (no attention factor)
+            q_to, k_to = remapped_positions(self.cfg.remap, ctx.positions)  # (T,) or (B, T) each
+            ids = ctx.positions.to(torch.float64)
+            for name, to in (("q", q_to), ("k", k_to)):
+                delta = (to.to(torch.float64) - ids).to(torch.float32)
+                c, s_ = rope_cos_sin(delta, inv_freq, self.layout)
+                ctx.tables[f"rope_remap_{name}"] = (per_head(c), per_head(s_))
+
+    @property
+    def remap_window(self) -> int:
+        return self.cfg.remap.window if self.cfg.remap.active else 0
+
+    def remap(self, q: Tensor, k: Tensor, ctx: PositionContext) -> tuple[Tensor, Tensor]:
+        """q, k as `rotate` left them -> rotated on to the remapped positions (R(a)·R(b) = R(a + b), so the
+        result is RoPE at the remapped positions, with the same attention factor and length scale)."""
+        (qc, qs), (kc, ks) = ctx.tables["rope_remap_q"], ctx.tables["rope_remap_k"]
+        return apply_rope(q, qc, qs, self.layout), apply_rope(k, kc, ks, self.layout)
 
     def rotate(self, q: Tensor, k: Tensor, ctx: PositionContext) -> tuple[Tensor, Tensor]:
         cos, sin = ctx.tables["rope_cos"], ctx.tables["rope_sin"]

@@ -1,0 +1,101 @@
+"""Inference-time position remapping of a RoPE model: Self-Extend and ReRoPE (`pos.remap`, `posenc extend --method`).
+
+Both keep the normal RoPE score for pairs closer than a window W and use a second, remapped score beyond it,
+merged before the softmax by a mask on the distance i − j (i, j the position ids of query and key):
+
+- Self-Extend (Jin et al. 2024, arXiv 2401.01325, "LLM Maybe LongLM", §3): neighbour window W, group size G. Beyond
+  the window, keys sit at ⌊j/G⌋ and queries at ⌊i/G⌋ + W − ⌊W/G⌋, so the grouped distance continues from about W
+  at the window's edge; the largest distance seen at length T is about W + (T − W)/G.
+- ReRoPE (Su 2023, "Rectified Rotary Position Embeddings", bojone/rerope): relative distance min(i − j, W), i.e.
+  queries at W and keys at 0 beyond the window; the leaky variant (k > 1) uses W + (i − j − W)/k, queries at
+  i/k + W − W/k and keys at j/k.
+
+RoPE encodes absolute angles, so the remapped score needs q and k rotated a second time (`remapped_positions`); the
+attention then computes both score matrices chunk by chunk (`posenc_cli.attention.attend_remapped`). Pairs with
+i − j < W always take the normal score, so a sequence whose ids span fewer than W positions is plain RoPE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from posenc_cli.errors import ConfigError
+
+RemapMethod = Literal["none", "self-extend", "rerope"]
+REMAP_METHODS: tuple[str, ...] = ("self-extend", "rerope")
+
+
+@dataclass(kw_only=True)
+class RemapConfig:
+    """`pos.remap`: method `none` (plain RoPE, the default), `self-extend` (window, group) or `rerope` (window,
+    leaky: 0 for ReRoPE, k > 1 for Leaky ReRoPE)."""
+
+    method: str = "none"
+    window: int = 0
+    group: int = 0
+    leaky: float = 0.0
+
+    def validate(self) -> None:
+        if self.method == "none":
+            return
+        if self.method not in REMAP_METHODS:
+            raise ConfigError(f"unknown pos.remap.method '{self.method}' (available: none, {', '.join(REMAP_METHODS)})")
+        if self.window < 1:
+            raise ConfigError(f"{self.method} needs a window >= 1 (pos.remap.window), got {self.window}")
+        if self.method == "self-extend" and self.group < 1:
+            raise ConfigError(f"self-extend needs a group size >= 1 (pos.remap.group), got {self.group}")
+        if self.method == "rerope" and self.leaky != 0 and not self.leaky > 1:
+            raise ConfigError(f"rerope's leaky k must be > 1 (0: not leaky), got {self.leaky}")
+        if self.method == "self-extend" and self.leaky != 0:
+            raise ConfigError("pos.remap.leaky belongs to rerope, not self-extend")
+        if self.method == "rerope" and self.group != 0:
+            raise ConfigError("pos.remap.group belongs to self-extend, not rerope")
+
+    @property
+    def active(self) -> bool:
+        return self.method != "none"
+
+    def describe(self) -> str:
+        """'self-extend W=64 G=4', 'rerope W=64', 'rerope W=64 k=16' or 'none'."""
+        if self.method == "self-extend":
+            return f"self-extend W={self.window} G={self.group}"
+        if self.method == "rerope":
+            return f"rerope W={self.window}" + (f" k={self.leaky:g}" if self.leaky else "")
+        return "none"
+
+
+def remapped_positions(cfg: RemapConfig, ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Position ids (..., T) int -> (query positions, key positions) of the remapped score, float32 (..., T) each.
+
+    Self-Extend: ⌊i/G⌋ + W − ⌊W/G⌋ and ⌊j/G⌋; ReRoPE: W and 0; Leaky ReRoPE: i/k + W − W/k and j/k. The remapped
+    distance (query position − key position) is what `remapped_distance` gives.
+    """
+    if cfg.method == "self-extend":
+        g, w = cfg.group, cfg.window
+        grouped = torch.div(ids, g, rounding_mode="floor")
+        return (grouped + (w - w // g)).to(torch.float32), grouped.to(torch.float32)
+    if cfg.method == "rerope":
+        if cfg.leaky:
+            k = float(cfg.leaky)
+            scaled = ids.to(torch.float64) / k
+            return (scaled + cfg.window * (1.0 - 1.0 / k)).to(torch.float32), scaled.to(torch.float32)
+        zeros = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+        return zeros + cfg.window, zeros
+    raise ValueError(f"no remapping for method '{cfg.method}'")
+
+
+def remapped_distance(cfg: RemapConfig, i: int, j: int) -> float:
+    """The paper's relative position of query i and key j (j ≤ i), written out per pair (tests, documentation)."""
+    w = cfg.window
+    if i - j < w:
+        return float(i - j)
+    if cfg.method == "self-extend":
+        g = cfg.group
+        return float(i // g + w - w // g - j // g)
+    if cfg.leaky:
+        return w + (i - j - w) / cfg.leaky
+    return float(w)
