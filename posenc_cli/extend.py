@@ -28,6 +28,7 @@ from posenc_cli import __version__
 from posenc_cli.checkpoint import run_lengths
 from posenc_cli.config import Config, ExtendConfig, replace
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
+from posenc_cli.positional.remap import RemapConfig, remapped_distance
 from posenc_cli.rope_scaling import RopeScalingConfig, frequency_summary, method_names
 from posenc_cli.run_meta import ExtendResult, claim_run_dir
 
@@ -41,6 +42,8 @@ __all__ = [
     "extend_run",
     "extension_record",
     "finetune_length",
+    "remap_out_dir",
+    "remap_run",
     "resolve_scaling",
     "validate_extend",
 ]
@@ -48,7 +51,7 @@ __all__ = [
 EXTEND_METHODS: tuple[str, ...] = method_names()  # the registry's (posenc_cli/rope_scaling/)
 LOCK_FILE = ".extend.lock"  # held by the one `extend` writing an out directory (filelock; the loser changes nothing)
 # Keys of the `extend` record that must match for a re-run to reuse (or resume) an existing child.
-_IDENTITY_KEYS = ("method", "scaling", "finetune", "parent_weights_sha256", "logn")
+_IDENTITY_KEYS = ("method", "scaling", "finetune", "parent_weights_sha256", "logn", "remap")
 
 # ----------------------------------------------------------------------------------------------------------------
 # Pure pieces.
@@ -365,3 +368,90 @@ def _write_scaled_copy(
     now = datetime.now(UTC).isoformat(timespec="seconds")
     meta = RunMeta.scaled_copy(parent.run_meta, train_length=train_length, extra=extra, now=now)
     commit_checkpoint(out, files, meta)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Position remapping (Self-Extend, ReRoPE): no new frequencies and no training, only `pos.remap` in the child.
+
+
+@dataclasses.dataclass
+class RemapResult:
+    """What `remap_run` did: the directories, the remapping, and the largest relative position at a few lengths."""
+
+    parent_dir: Path
+    out_dir: Path
+    status: str  # "created" or "already_complete"
+    remap: RemapConfig
+    parent_scaling: str
+    train_length: int
+    base_length: int
+    largest_distance: dict[int, float]  # tokens -> the largest relative position the model sees at that length
+
+
+def remap_out_dir(parent_dir: Path | str, remap: RemapConfig) -> Path:
+    """`<parent>-self-extend-w<W>g<G>`, `<parent>-rerope-w<W>` or `<parent>-rerope-w<W>k<k>` next to the parent."""
+    parent = Path(parent_dir).resolve()
+    tail = f"g{remap.group}" if remap.method == "self-extend" else (f"k{remap.leaky:g}" if remap.leaky else "")
+    return parent.with_name(f"{parent.name}-{remap.method}-w{remap.window}{tail}")
+
+
+def remap_run(parent_dir: Path | str, out_dir: Path | str, remap: RemapConfig, *, threads: int = 0) -> RemapResult:
+    """Write the child of RoPE run `parent_dir` that remaps positions as `remap` says (its config's `pos.remap`;
+    weights, tokenizer and everything else the parent's). Idempotent like `extend_run`. Refused with a one-line
+    `UserError` before anything is written: bad settings, a transformers directory, a parent that is not RoPE or
+    already remaps, an `out_dir` that is the parent or holds anything else."""
+    from posenc_cli.checkpoint import MODEL_FILE, load_run
+    from posenc_cli.device import threads as use_threads
+    from posenc_cli.hf_run import is_hf_dir
+
+    if remap.method == "none":
+        raise ConfigError("give a remapping method: self-extend or rerope")
+    remap.validate()
+    parent_path, out = Path(parent_dir), Path(out_dir)
+    if out.exists() and out.resolve() == parent_path.resolve():
+        raise ConfigError(f"the output directory is the parent run {parent_path}; extend never modifies its source")
+    if is_hf_dir(parent_path):
+        raise ConfigError(f"{remap.method} applies to posenc runs only; transformers directories have no remapping")
+    with use_threads(threads):
+        parent = load_run(parent_path)
+    cfg = parent.config
+    if cfg.pos.name != "rope":
+        raise ConfigError(
+            f"{parent_path} uses pos={cfg.pos.name}; {remap.method} remaps RoPE positions and applies only to RoPE "
+            "checkpoints"
+        )
+    if cfg.pos.remap.active:  # type: ignore[attr-defined]
+        raise ConfigError(f"{parent_path} already remaps positions ({cfg.pos.remap.describe()})")  # type: ignore[attr-defined]
+    parent_length, base_length = run_lengths(parent.meta, cfg)
+    record = {
+        "method": remap.method,
+        "scaling": None,
+        "remap": dataclasses.asdict(remap),
+        "finetune": None,
+        "parent_weights_sha256": str(parent.meta["files"][MODEL_FILE]),
+        "parent_train_length": parent_length,
+        "posenc_version": __version__,
+    }
+    child_cfg = replace(cfg, pos=replace(cfg.pos, remap=remap))
+    lengths = [m * parent_length for m in (1, 4, 16)]
+    result = RemapResult(
+        parent_dir=parent_path,
+        out_dir=out,
+        status="created",
+        remap=remap,
+        parent_scaling=describe_scaling(getattr(cfg.pos, "scaling", None)),
+        train_length=parent_length,
+        base_length=base_length,
+        largest_distance={n: remapped_distance(remap, n - 1, 0) for n in lengths},
+    )
+    _check_out_dir(out, record, resume=False)
+    with _writer_lock(out):
+        existing = _check_out_dir(out, record, resume=False)
+        if existing is not None and _is_complete(out, existing):
+            result.status = "already_complete"
+            return result
+        if existing is None:
+            claim_run_dir(out)
+        extra = {"parent": str(parent_path.resolve()), "base_length": base_length, "extend": record}
+        _write_scaled_copy(parent, out, child_cfg, extra, parent_length)
+        return result

@@ -22,10 +22,13 @@ if TYPE_CHECKING:
     from posenc_cli.run_meta import ExtendResult
 
 _D = ExtendConfig()  # flag defaults = configs/extend/default.yaml = ExtendConfig's defaults
+_REMAP = "Self-Extend / ReRoPE"
 _EPILOG = (
     "Examples:  posenc extend outputs/runs/rope --yarn --factor 4 --eval   "
     "|   posenc extend outputs/runs/rope --yarn --factor 4 --finetune-steps 60 --out outputs/runs/rope-yarn-ft   "
-    "|   posenc extend RUN --llama3 --factor 8 --low-freq-factor 1 --high-freq-factor 4"
+    "|   posenc extend RUN --llama3 --factor 8 --low-freq-factor 1 --high-freq-factor 4   "
+    "|   posenc extend RUN --method self-extend --window 64 --group 4   "
+    "|   posenc extend RUN --method rerope --window 96"
 )
 
 
@@ -94,7 +97,7 @@ def extend_command(
         typer.Option(
             "--method",
             metavar="M",
-            help=f"{'|'.join(registry())} (default {_D.method}).",
+            help=f"{'|'.join(registry())}|self-extend|rerope (default {_D.method}).",
             rich_help_panel="Method",
         ),
     ] = None,
@@ -178,6 +181,25 @@ def extend_command(
             "--search-tokens", metavar="N", help="Validation tokens per candidate.", rich_help_panel="LongRoPE"
         ),
     ] = 8192,
+    window: Annotated[
+        int | None,
+        typer.Option(
+            "--window", metavar="W", help="Neighbour window W (distances < W keep RoPE).", rich_help_panel=_REMAP
+        ),
+    ] = None,
+    group: Annotated[
+        int | None,
+        typer.Option("--group", metavar="G", help="Self-Extend's group size G.", rich_help_panel=_REMAP),
+    ] = None,
+    leaky: Annotated[
+        float | None,
+        typer.Option(
+            "--leaky",
+            metavar="K",
+            help="Leaky ReRoPE: W + (i - j - W)/K beyond the window (K > 1).",
+            rich_help_panel=_REMAP,
+        ),
+    ] = None,
     *,
     chosen: list[str],
     scaling: dict[str, Any],
@@ -187,10 +209,32 @@ def extend_command(
     The new run's config records the scaling, its weights are the parent's (unchanged, unless fine-tuned), and its
     metadata names the parent; `posenc eval-extrapolate` works on it as on any run. Re-running the same command is
     a no-op, or resumes an interrupted fine-tune. `dynamic` rescales per sequence length at run time (also while
-    fine-tuning).
+    fine-tuning). `--method self-extend --window W --group G` and `--method rerope --window W [--leaky K]` remap
+    positions beyond the window at inference instead (recorded as pos.remap; no scaling, no fine-tune).
     """
     from posenc_cli.extend import default_out_dir, extend_run, finetune_length
+    from posenc_cli.positional.remap import REMAP_METHODS
 
+    remap_given = {"--window": window, "--group": group, "--leaky": leaky}
+    if method in REMAP_METHODS:
+        if chosen:
+            raise ConfigError(f"give one method, got {', '.join([*chosen, method])}")
+        given = {
+            "--factor": factor != _D.factor,
+            "--original-length": original_length is not None,
+            "--finetune-steps": finetune_steps != _D.finetune_steps,
+            "--pose": pose,
+            "--logn": logn,
+            "--factors": factors is not None,
+            "--search": search,
+            **{"--" + k.replace("_", "-"): v != getattr(_D, k) for k, v in scaling.items()},
+        }
+        if wrong := [flag for flag, on in given.items() if on]:
+            raise ConfigError(f"{wrong[0]} does not apply to --method {method} (a remapping at inference, no scaling)")
+        _remap(run_dir, out, method, window, group, leaky, evaluate, threads)
+        return
+    if given_remap := [flag for flag, value in remap_given.items() if value is not None]:
+        raise ConfigError(f"{given_remap[0]} belongs to --method self-extend or rerope")
     if method is not None:
         chosen.append(method)
     if len(set(chosen)) > 1:
@@ -240,6 +284,50 @@ def extend_command(
         raise typer.Exit(128 + (result.finetune.signal or 2))
     if evaluate:
         _evaluate_both(result, threads)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Self-Extend and ReRoPE: position remapping at inference (`pos.remap`), no new frequencies, no training.
+
+
+def _remap(
+    run_dir: Path,
+    out: Path | None,
+    method: str,
+    window: int | None,
+    group: int | None,
+    leaky: float | None,
+    evaluate: bool,
+    threads: int,
+) -> None:
+    from posenc_cli.extend import remap_out_dir, remap_run
+    from posenc_cli.positional.remap import RemapConfig
+
+    if window is None:
+        raise ConfigError(f"--method {method} needs --window W")
+    if method == "self-extend" and group is None:
+        raise ConfigError("--method self-extend needs --group G")
+    if method == "self-extend" and leaky is not None:
+        raise ConfigError("--leaky belongs to --method rerope")
+    if method == "rerope" and group is not None:
+        raise ConfigError("--group belongs to --method self-extend")
+    remap = RemapConfig(method=method, window=window, group=group or 0, leaky=leaky or 0.0)
+    remap.validate()  # before naming the default directory after the settings
+    result = remap_run(run_dir, out if out is not None else remap_out_dir(run_dir, remap), remap, threads=threads)
+    title = "already remapped (nothing to do)" if result.status == "already_complete" else "positions remapped"
+    t = Table(title=f"posenc extend · {title}", title_justify="left", header_style="bold")
+    t.add_column("", style="bold")
+    t.add_column("before (parent)")
+    t.add_column("after (child)")
+    t.add_row("run", Text(_shown(result.parent_dir), overflow="fold"), Text(_shown(result.out_dir), overflow="fold"))
+    t.add_row("positions", f"RoPE ({result.parent_scaling} scaling)", result.remap.describe())
+    for n, d in result.largest_distance.items():
+        t.add_row(f"largest relative position at {n} tokens", str(n - 1), f"{d:g}")
+    t.add_row("training length", str(result.train_length), str(result.train_length))
+    t.add_row("weights", "", "copied unchanged")
+    console.print(t)
+    if evaluate:
+        _evaluate_both(result, threads)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------------------------------------

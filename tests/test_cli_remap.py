@@ -1,0 +1,109 @@
+"""`posenc extend --method self-extend|rerope` through Typer's CliRunner: the child records pos.remap, equals its
+parent within the window, evaluates at 4x; refusals exit 2 with one line and write nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from train_utils import tiny_config, write_corpus
+from typer.testing import CliRunner
+
+from posenc_cli.checkpoint import load_run
+from posenc_cli.cli import app
+from posenc_cli.positional.remap import RemapConfig
+from posenc_cli.train import train
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cli-remap")
+    corpus = write_corpus(root)
+    out = {}
+    for pos, steps in (("rope", 6), ("alibi", 2)):
+        out[pos] = root / pos
+        train(tiny_config(corpus, pos=pos, steps=steps), out[pos])
+    return out
+
+
+def invoke(*args: str):
+    return runner.invoke(app, ["extend", *args], env={"COLUMNS": "200"})
+
+
+def test_self_extend_child_records_the_remap_and_evaluates_at_4x(runs: dict[str, Path], tmp_path: Path) -> None:
+    result = invoke(str(runs["rope"]), "--method", "self-extend", "--window", "8", "--group", "4")
+    assert result.exit_code == 0, result.output
+    out = runs["rope"].with_name("rope-self-extend-w8g4")  # the default directory, next to the parent
+    assert "self-extend W=8 G=4" in result.output and "copied unchanged" in result.output
+    assert "largest relative position at 64 tokens" in result.output  # 4×16: 15//4 + 8 - 2 = 21
+    child, parent = load_run(out), load_run(runs["rope"])
+    assert child.config.pos.remap == RemapConfig(method="self-extend", window=8, group=4)  # type: ignore[attr-defined]
+    assert child.meta["files"]["model.safetensors"] == parent.meta["files"]["model.safetensors"]
+    assert child.meta["extend"]["remap"] == {"method": "self-extend", "window": 8, "group": 4, "leaky": 0.0}
+    again = invoke(str(runs["rope"]), "--method", "self-extend", "--window", "8", "--group", "4")
+    assert again.exit_code == 0 and "nothing to do" in again.output
+    other = invoke(str(runs["rope"]), "--method", "self-extend", "--window", "8", "--group", "2", "--out", str(out))
+    assert other.exit_code == 2 and "different extension (other remap)" in " ".join(other.output.split())
+
+    report = tmp_path / "eval.json"
+    ev = runner.invoke(
+        app, ["eval-extrapolate", str(out), "--lengths", "1,4", "--tokens", "256", "--json", str(report)],
+        terminal_width=200,
+    )  # fmt: skip
+    assert ev.exit_code == 0, ev.output
+    assert str(64) in ev.output  # the 4× column
+
+
+def test_rerope_child_equals_its_parent_within_the_window(runs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "rerope"
+    result = invoke(str(runs["rope"]), "--method", "rerope", "--window", "12", "--leaky", "8", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    child, parent = load_run(out), load_run(runs["rope"])
+    assert child.config.pos.remap.describe() == "rerope W=12 k=8"  # type: ignore[attr-defined]
+    idx = torch.randint(0, 200, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(child.model(idx), parent.model(idx))
+        long = torch.randint(0, 200, (1, 48))
+        assert not torch.equal(child.model(long), parent.model(long))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--method", "self-extend", "--window", "8", "--group", "4"), "uses pos=alibi; self-extend remaps RoPE"),
+        (("--method", "rerope", "--window", "8"), "uses pos=alibi; rerope remaps RoPE"),
+        (("--method", "rerope"), "needs --window W"),
+        (("--method", "self-extend", "--window", "8"), "needs --group G"),
+        (("--method", "rerope", "--window", "8", "--group", "2"), "--group belongs to --method self-extend"),
+        (("--method", "self-extend", "--window", "8", "--group", "2", "--leaky", "4"), "--leaky belongs to"),
+        (("--method", "rerope", "--window", "8", "--leaky", "1"), "leaky k must be > 1"),
+        (("--method", "rerope", "--window", "0"), "window >= 1"),
+        (("--yarn", "--window", "8"), "--window belongs to --method self-extend or rerope"),
+        (("--method", "rerope", "--window", "8", "--finetune-steps", "5"), "--finetune-steps does not apply"),
+        (("--method", "rerope", "--window", "8", "--factor", "8"), "--factor does not apply"),
+        (("--method", "rerope", "--window", "8", "--logn"), "--logn does not apply"),
+        (("--yarn", "--method", "rerope", "--window", "8"), "give one method"),
+    ],
+)
+def test_refusals_exit_2_and_write_nothing(
+    args: tuple[str, ...], message: str, runs: dict[str, Path], tmp_path: Path
+) -> None:
+    run = runs["alibi"] if "alibi" in message else runs["rope"]
+    out = tmp_path / "child"
+    result = invoke(str(run), *args, "--out", str(out))
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert len(result.output.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_a_remapped_run_is_not_remapped_again(runs: dict[str, Path], tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    assert invoke(str(runs["rope"]), "--method", "rerope", "--window", "8", "--out", str(first)).exit_code == 0
+    result = invoke(str(first), "--method", "rerope", "--window", "4", "--out", str(tmp_path / "second"))
+    assert result.exit_code == 2 and "already remaps positions (rerope W=8)" in result.output
+    assert json.loads((first / "meta.json").read_text())["extend"]["method"] == "rerope"
