@@ -151,3 +151,28 @@ def test_config_round_trip() -> None:
     old = yaml.safe_load(config_to_yaml(Config(pos=RopeConfig())))
     del old["pos"]["remap"]  # a config.yaml written before pos.remap existed loads as plain RoPE
     assert config_from_dict(old, saved=True).pos.remap == RemapConfig()  # type: ignore[attr-defined]
+
+
+def test_scores_are_built_chunk_by_chunk_within_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    from posenc_cli import attention
+
+    B, H, T, hd = 2, 2, 40, 8
+    shapes = []
+    merged = attention.merged_scores
+
+    def spy(*args: object) -> torch.Tensor:
+        out = merged(*args)  # type: ignore[arg-type]
+        shapes.append(tuple(out.shape))
+        return out
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, H, T, hd) for _ in range(3))
+    scheme = scheme_for(METHODS[0], hd, H)
+    ctx = PositionContext(positions=torch.arange(T))
+    scheme.prepare(ctx)
+    whole = attend(q, k, v, scheme, 0, ctx)
+    monkeypatch.setattr(attention, "merged_scores", spy)
+    monkeypatch.setattr(attention, "BIAS_CHUNK_BYTES", 2 * 4 * B * H * T * 6)  # two fp32 (B, H, 6, T) tensors
+    torch.testing.assert_close(attend(q, k, v, scheme, 0, ctx), whole, atol=1e-6, rtol=0)
+    assert len(shapes) == 7 and max(s[2] for s in shapes) == 6  # ceil(40 / 6) chunks of at most 6 queries
+    assert [s[3] for s in shapes] == [6, 12, 18, 24, 30, 36, 40]  # causal: chunk [s, e) sees keys [0, e)
