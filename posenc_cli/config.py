@@ -178,9 +178,11 @@ class EvalConfig:
 
     lengths: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0, 8.0, 16.0])
     abs_lengths: list[int] | None = None
-    protocol: Literal["nonoverlap", "sliding", "fixed-target"] = "nonoverlap"
-    stride: int | None = None
+    protocol: Literal["nonoverlap", "sliding", "fixed-target", "streaming"] = "nonoverlap"
+    stride: int | None = None  # sliding: tokens scored per window; streaming: the block size (None: 1)
     target: int | None = None  # fixed-target: tokens scored per window (None: the base length)
+    window: int | None = None  # streaming: recent tokens kept (None: the base length minus the sinks)
+    sinks: int = 4  # streaming: first tokens of the stream kept (StreamingLLM's 4; 0 = plain sliding window)
     tokens: int = 16384
     batch_tokens: int = 16384
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
@@ -197,6 +199,10 @@ class EvalConfig:
             raise ConfigError("eval.stride must be >= 1")
         if self.target is not None and self.target < 1:
             raise ConfigError("eval.target must be >= 1")
+        if self.window is not None and self.window < 1:
+            raise ConfigError("eval.window must be >= 1")
+        if self.sinks < 0:
+            raise ConfigError("eval.sinks must be >= 0")
 
 
 # method (a registered RoPE scaling method), factor, original_length, then every method's parameters

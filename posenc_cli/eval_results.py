@@ -29,7 +29,7 @@ from posenc_cli.fsutil import atomic_write_json
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = Path("eval") / "extrapolate.json"
-Protocol = Literal["nonoverlap", "sliding", "fixed-target"]
+Protocol = Literal["nonoverlap", "sliding", "fixed-target", "streaming"]
 LOCK_TIMEOUT_S = 120.0  # a writer holds the lock only to read, merge and write one small file
 
 __all__ = [
@@ -104,6 +104,7 @@ def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
         entry["dtype"],
         data.get("fingerprint"),
         *checkpoint_key(entry),
+        *((entry.get("window"), entry.get("sinks")) if entry["protocol"] == "streaming" else ()),
     )
 
 

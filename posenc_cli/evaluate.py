@@ -12,6 +12,10 @@ Two protocols (see the ALiBi paper, Press et al. 2022, §4 and App. B, and HF's 
   validation stream (the only anchoring that needs no knowledge of the other lengths asked for); a length whose
   windows do not all fit, or that is shorter than N, is n/a. N defaults to the base length (the NoPE paper scored
   the last ≤ 200 tokens at L = 1024; N = L/5 would cost five times more forwards per scored token here).
+- streaming (window W, sinks N, block S = stride, default 1): StreamingLLM's windowed attention over streams of L
+  tokens (the nonoverlap protocol's windows), each token seeing the stream's first N tokens and its W most recent
+  ones at positions assigned inside that cache; exact semantics in `posenc_cli.streaming`. W defaults to the base
+  length minus N, so the cache's positions stay below the base length.
 
 Metrics are token-weighted: ppl = exp(total NLL / scored tokens), bits per byte = total NLL / (ln 2 · UTF-8 bytes of
 the scored tokens). Windows are always taken from the start of the validation stream, so every run with the same
@@ -30,6 +34,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +62,7 @@ from posenc_cli.eval_results import (
     save_results,
 )
 from posenc_cli.sources import build_data_config, source_class
+from posenc_cli.streaming import evaluate_streaming
 
 if TYPE_CHECKING:
     from posenc_cli.checkpoint import LoadedRun
@@ -108,9 +114,12 @@ def plan_lengths(cfg: EvalConfig, base_length: int) -> list[tuple[int, float]]:
 
 def resolve_stride(protocol: Protocol, stride: int | None, length: int, base_length: int | None = None) -> int:
     """Scored tokens per window: L for nonoverlap; `stride` (default L/2, at most L) for sliding; for fixed-target
-    the target size `stride` (default `base_length`, else L; not capped, a target longer than L fits no window)."""
+    the target size `stride` (default `base_length`, else L; not capped, a target longer than L fits no window);
+    for streaming the block size (default 1)."""
     if protocol == "nonoverlap":
         return length
+    if protocol == "streaming":
+        return max(1, int(stride or 1))
     if protocol == "fixed-target":
         return max(1, int(stride if stride is not None else (base_length or length)))
     if stride is None:
@@ -135,7 +144,8 @@ def plan_fixed_target(n_stream: int, length: int, target: int, n_tokens: int) ->
 def no_window_reason(protocol: Protocol, n_stream: int, length: int, stride: int, n_tokens: int) -> str:
     """Why `plan_windows` found no window (the `reason` of an n/a entry)."""
     if protocol != "fixed-target":
-        return f"validation split has {n_stream} tokens; one window needs {length + 1}"
+        what = "stream" if protocol == "streaming" else "window"
+        return f"validation split has {n_stream} tokens; one {what} needs {length + 1}"
     if stride > length:
         return f"shorter than the fixed target of {stride} tokens"
     need = length + 1 + stride * (max(1, math.ceil(n_tokens / stride)) - 1)
@@ -153,6 +163,8 @@ def plan_windows(
     """
     if protocol == "fixed-target":
         return plan_fixed_target(n_stream, length, stride, n_tokens)
+    if protocol == "streaming":  # streams are the nonoverlap windows; `stride` is the block size inside each
+        return plan_windows(n_stream, length, length, n_tokens)
     if n_stream < length + 1:
         return np.zeros(0, dtype=np.int64)
     available = (n_stream - length - 1) // stride + 1
@@ -425,18 +437,21 @@ def evaluate_run(
     checkpoint = checkpoint_identity(run.meta)
     described_device = describe_device(device)  # results depend on precision and hardware: record both
 
+    streaming = streaming_settings(cfg, base_length)
+
     def plan() -> Iterator[list[ExtrapolateEntry]]:
         for length, multiple in plan_lengths(cfg, base_length):
             wanted = cfg.target if cfg.protocol == "fixed-target" else cfg.stride
             stride = resolve_stride(cfg.protocol, wanted, length, base_length)
             n_windows = len(plan_windows(len(stream), length, stride, cfg.tokens, cfg.protocol))
+            kind = ExtrapolateEntry if streaming is None else partial(StreamingEntry, **streaming)
             yield [
-                ExtrapolateEntry(
+                kind(
                     protocol=cfg.protocol,
                     stride=stride if cfg.protocol != "nonoverlap" else None,  # fixed-target: the target size
                     length=length,
                     multiple=multiple,
-                    tokens=n_windows * stride,
+                    tokens=n_windows * (length if streaming is not None else stride),
                     dtype=dtype,
                     data=dict(data_info),
                     created=_now(),
@@ -451,6 +466,21 @@ def evaluate_run(
         if entry.tokens == 0:
             return [replace(entry, reason=no_window_reason(cfg.protocol, len(stream), length, stride, cfg.tokens))]
         try:
+            if streaming is not None:
+                result = evaluate_streaming(
+                    run.model,
+                    stream,
+                    run.tokenizer.token_bytes,
+                    length=length,
+                    block=stride,
+                    n_tokens=cfg.tokens,
+                    batch_tokens=cfg.batch_tokens,
+                    dtype=dtype,
+                    device=device,
+                    progress=progress,
+                    **streaming,
+                )
+                return [_filled(entry, result)]
             result = evaluate_model(
                 run.model,
                 stream,
@@ -519,6 +549,24 @@ class ExtrapolateEntry(Entry):
     created: str
     checkpoint: dict[str, Any]
     device: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamingEntry(ExtrapolateEntry):
+    """An entry of the streaming protocol: `stride` is the block size, `tokens` every token of the streams, and the
+    cache's recent `window` and `sinks` (part of the entry's key) follow the other fields."""
+
+    window: int
+    sinks: int
+
+
+def streaming_settings(cfg: EvalConfig, base_length: int) -> dict[str, int] | None:
+    """{"window", "sinks"} of the streaming protocol (window default: base length minus sinks, at least 1); None
+    for the other protocols."""
+    if cfg.protocol != "streaming":
+        return None
+    window = cfg.window if cfg.window is not None else max(1, base_length - cfg.sinks)
+    return {"window": int(window), "sinks": int(cfg.sinks)}
 
 
 def _now() -> str:

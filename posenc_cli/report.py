@@ -270,6 +270,9 @@ def describe_protocol(results: Sequence[Result]) -> str:
     """'nonoverlap' or 'sliding, stride L/2' / 'stride 64', from the entries themselves."""
     entries = [e for r in results for e in r["entries"]]
     protocols = sorted({e["protocol"] for e in entries})
+    if protocols == ["streaming"]:
+        caches = sorted({(e.get("window"), e.get("sinks"), e["stride"]) for e in entries}, key=str)
+        return "; ".join(f"streaming, window {w}, {n} sinks, blocks of {s}" for w, n, s in caches)
     if protocols != ["sliding"]:
         return " + ".join(protocols) or "no entries"
     strides = {e["stride"] for e in entries}

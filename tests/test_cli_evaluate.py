@@ -106,6 +106,31 @@ def test_sliding_protocol(runs_root: Path, tmp_path: Path) -> None:
     assert entry["protocol"] == "sliding" and entry["stride"] == 16 and len(entry["per_position"]) == 16
 
 
+def test_streaming_protocol(runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out_json = tmp_path / "s.json"
+    run = runs_root / "sweep" / "rope"
+    args = ["--protocol", "streaming", "--window", 6, "--sinks", 2, "--abs-lengths", "16,48", "--tokens", 96]
+    result = invoke(run, *args, "--json", out_json)
+    assert result.exit_code == 0, result.output
+    assert "streaming, window 6, 2 sinks, blocks of 1" in result.output
+    entries = json.loads(out_json.read_text())["runs"][0]["entries"]
+    assert [(e["length"], e["tokens"], e["window"], e["sinks"], e["stride"]) for e in entries] == [
+        (16, 96, 6, 2, 1), (48, 96, 6, 2, 1)]  # fmt: skip
+    # keyed by window and sinks: another cache is measured, the same one reused without a forward
+    assert invoke(run, *args[:5], 0, *args[6:]).exit_code == 0
+    monkeypatch.setattr(ev, "evaluate_streaming", lambda *a, **k: pytest.fail("recomputed a stored cell"))
+    assert invoke(run, *args).exit_code == 0
+    monkeypatch.undo()
+    stored = [e for e in ev.load_results(run)["entries"] if e["protocol"] == "streaming"]
+    assert sorted({e["sinks"] for e in stored}) == [0, 2] and len(stored) == 4
+    # learned positions (a table of 16): a cache of 2 + 15 + 2 - 1 positions is beyond them, n/a with the reason
+    result = invoke(runs_root / "sweep" / "learned", *args[:2], "--window", 15, "--stride", 2, "--abs-lengths", 32,
+                    "--tokens", 32, "--json", out_json)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(out_json.read_text())["runs"][0]["entries"]
+    assert entry["status"] == "n/a" and "supports at most 16 positions" in entry["reason"]
+
+
 def test_data_override_scores_another_corpus(runs_root: Path, tmp_path: Path) -> None:
     other = tmp_path / "other.txt"
     other.write_text(corpus_text(600, offset=5000).upper())
@@ -128,7 +153,9 @@ def test_data_override_scores_another_corpus(runs_root: Path, tmp_path: Path) ->
         (["{empty}"], "not a run directory and contains none"),
         (["{file}"], "not a directory"),
         ([], "at least one run directory"),
-        (["{run}", "--stride", "4"], "--protocol sliding only"),
+        (["{run}", "--stride", "4"], "--protocol sliding or streaming only"),
+        (["{run}", "--window", "4"], "--protocol streaming only"),
+        (["{run}", "--protocol", "streaming", "--sinks", "-1"], "eval.sinks must be >= 0"),
         (["{run}", "--protocol", "diagonal"], "nonoverlap, sliding"),
         (["{run}", "--lengths", "1,two"], "comma-separated"),
         (["{run}", "--lengths", "1", "--abs-lengths", "16"], "not both"),

@@ -21,6 +21,7 @@ _EXAMPLES = """
   posenc eval-extrapolate outputs/sweeps/schemes --lengths 1,2,4,8 --tokens 8192
   posenc eval-extrapolate RUN --protocol sliding --stride 64 --abs-lengths 256,1024
   posenc eval-extrapolate RUN --protocol fixed-target --target 128 --lengths 1,2,4,8   [dim](same tokens scored)[/]
+  posenc eval-extrapolate RUN --protocol streaming --window 124 --sinks 4   [dim](StreamingLLM)[/]
   posenc eval-extrapolate RUN data=text data.paths=\\[held_out.txt]   [dim](another corpus, each run's tokenizer)[/]
 """
 
@@ -53,6 +54,8 @@ def build_eval_config(
     protocol: str | None,
     stride: int | None,
     target: int | None = None,
+    window: int | None = None,
+    sinks: int | None = None,
     tokens: int | None,
     batch_tokens: int | None,
     dtype: str | None,
@@ -71,6 +74,8 @@ def build_eval_config(
         "protocol": protocol,
         "stride": stride,
         "target": target,
+        "window": window,
+        "sinks": sinks,
         "tokens": tokens,
         "batch_tokens": batch_tokens,
         "dtype": dtype,
@@ -79,8 +84,12 @@ def build_eval_config(
     raw["force"] = force
     cfg = build_dataclass(EvalConfig, raw, "eval")
     cfg.validate()
-    if cfg.stride is not None and cfg.protocol != "sliding":
-        raise ConfigError("--stride applies to --protocol sliding only (nonoverlap scores every token of a window)")
+    if cfg.stride is not None and cfg.protocol not in ("sliding", "streaming"):
+        raise ConfigError(
+            "--stride applies to --protocol sliding or streaming only (nonoverlap scores every token of a window)"
+        )
+    if (window is not None or sinks is not None) and cfg.protocol != "streaming":
+        raise ConfigError("--window and --sinks apply to --protocol streaming only")
     if cfg.target is not None and cfg.protocol != "fixed-target":
         raise ConfigError("--target applies to --protocol fixed-target only")
     return cfg
@@ -208,13 +217,25 @@ def eval_extrapolate_command(
     protocol: Annotated[
         str | None,
         _option(
-            "nonoverlap (score every token; default), sliding (score the last --stride tokens) or fixed-target "
-            "(score the same last --target tokens at every length, with more context before them)."
+            "nonoverlap (score every token; default), sliding (score the last --stride tokens), fixed-target "
+            "(score the same last --target tokens at every length, with more context before them) or streaming "
+            "(StreamingLLM: each token sees the first --sinks tokens and its --window most recent ones, at "
+            "positions inside that cache; blocks of --stride tokens share one cache, default 1)."
         ),
     ] = None,
-    stride: Annotated[int | None, _option("Sliding protocol: tokens scored per window (default L/2).")] = None,
+    stride: Annotated[
+        int | None,
+        _option("Sliding: tokens scored per window (default L/2). Streaming: tokens per shared cache (default 1)."),
+    ] = None,
     target: Annotated[
         int | None, _option("Fixed-target protocol: tokens scored per window (default: the base length).")
+    ] = None,
+    window: Annotated[
+        int | None, _option("Streaming: recent tokens each token sees, itself included (default: base length - sinks).")
+    ] = None,
+    sinks: Annotated[
+        int | None,
+        _option("Streaming: first tokens of each stream kept (attention sinks; default 4, 0 = none)."),
     ] = None,
     tokens: Annotated[int | None, _option("Scored tokens per length (default 16384).")] = None,
     batch_tokens: Annotated[int | None, _option("Tokens per forward batch (memory bound; default 16384).")] = None,
@@ -249,6 +270,8 @@ def eval_extrapolate_command(
         protocol=protocol,
         stride=stride,
         target=target,
+        window=window,
+        sinks=sinks,
         tokens=tokens,
         batch_tokens=batch_tokens,
         dtype=dtype,
