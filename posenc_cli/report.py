@@ -346,3 +346,23 @@ def describe_measurement(results: Sequence[Result]) -> str:
     if not measured:
         return "nothing measured"
     return f"{' + '.join(dtypes)} on {' + '.join(devices)}"
+
+
+def cost_table(rows: Sequence[dict[str, Any]], *, title: str = "Cost per run") -> Table:
+    """Each run's cost (`costs.RunCost` as dicts): tokens and seconds trained (a derived run's fine-tune), seconds
+    of the scaling itself, and evaluation seconds at the longest length; '–' where not recorded."""
+    table = Table(title=title, title_justify="left", header_style="bold")
+    table.add_column("run", no_wrap=True, overflow="ellipsis", max_width=LABEL_MAX_WIDTH)
+    for header in ("train / fine-tune tokens", "train / fine-tune s", "extend s", "eval s at longest"):
+        table.add_column(header, justify="right")
+    for row in rows:
+        longest = row.get("eval_length")
+        eval_s = row.get("eval_s")
+        table.add_row(
+            str(row["label"]),
+            "–" if row.get("train_tokens") is None else f"{row['train_tokens']:,}",
+            "–" if row.get("train_s") is None else f"{row['train_s']:.1f}",
+            "–" if row.get("extend_s") is None else f"{row['extend_s']:.2f}",
+            "–" if eval_s is None else f"{eval_s:.1f} (L={longest})",
+        )
+    return table
