@@ -160,14 +160,31 @@ def merged_scores(
     q: Tensor, k: Tensor, q2: Tensor, k2: Tensor, window: int, ctx: PositionContext, start: int, end: int, k_end: int
 ) -> Tensor:
     """fp32 scores (B, H, Tq, Tk) of queries [start, end) against keys [0, k_end), no mask: q·kᵀ/√hd where the id
-    distance i − j < `window`, q2·k2ᵀ/√hd (the remapped q and k, `PositionalScheme.remap`) elsewhere."""
-    hd = q.shape[-1]
-    normal = (q[:, :, start:end] @ k[:, :, :k_end].transpose(-1, -2)).float()  # (B, H, Tq, Tk)
-    remapped = (q2[:, :, start:end] @ k2[:, :, :k_end].transpose(-1, -2)).float()  # (B, H, Tq, Tk)
+    distance i − j < `window`, q2·k2ᵀ/√hd (the remapped q and k, `PositionalScheme.remap`) elsewhere.
+
+    With the default ids (token index = id) each product is computed only where some query of the chunk needs it:
+    keys [0, start − W] are far from every query (remapped only), keys [end − W, k_end) near every one (normal
+    only), and only the band between takes both and the mask. Explicit ids compare every pair.
+    """
     pos = ctx.token_index
-    near = relative_distance(ctx.ids_at(pos[start:end]), ctx.ids_at(pos[:k_end])) < window  # (Tq, Tk) | (B, Tq, Tk)
-    near = near if near.dim() == 2 else near[:, None]  # (B, 1, Tq, Tk) for per-row ids
-    return torch.where(near, normal, remapped) * hd**-0.5  # (B, H, Tq, Tk)
+    if ctx.index is not None:  # explicit ids: distances by id, both products over every key
+        normal = (q[:, :, start:end] @ k[:, :, :k_end].transpose(-1, -2)).float()  # (B, H, Tq, Tk)
+        remapped = (q2[:, :, start:end] @ k2[:, :, :k_end].transpose(-1, -2)).float()  # (B, H, Tq, Tk)
+        near = relative_distance(ctx.ids_at(pos[start:end]), ctx.ids_at(pos[:k_end])) < window  # (Tq|B,Tq, Tk)
+        near = near if near.dim() == 2 else near[:, None]  # (B, 1, Tq, Tk) for per-row ids
+        return torch.where(near, normal, remapped) * q.shape[-1] ** -0.5
+    lo, hi = max(0, start - window + 1), min(k_end, max(0, end - window))  # the band [lo, hi): mixed; lo <= hi
+    B, H, _, hd = q.shape
+    scores = torch.empty(B, H, end - start, k_end, dtype=torch.float32, device=q.device)  # (B, H, Tq, Tk)
+    if hi > 0:  # keys [0, hi): far from some query of the chunk
+        scores[..., :hi] = q2[:, :, start:end] @ k2[:, :, :hi].transpose(-1, -2)
+    if lo < k_end:  # keys [lo, k_end): near some query of the chunk
+        normal = (q[:, :, start:end] @ k[:, :, lo:k_end].transpose(-1, -2)).float()  # (B, H, Tq, k_end − lo)
+        if hi > lo:
+            near = relative_distance(pos[start:end], pos[lo:hi]) < window  # (Tq, hi − lo)
+            scores[..., lo:hi] = torch.where(near, normal[..., : hi - lo], scores[..., lo:hi])
+        scores[..., hi:] = normal[..., hi - lo :]
+    return scores * hd**-0.5
 
 
 def attend_remapped(
