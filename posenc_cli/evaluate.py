@@ -12,10 +12,10 @@ Two protocols (see the ALiBi paper, Press et al. 2022, §4 and App. B, and HF's 
   validation stream (the only anchoring that needs no knowledge of the other lengths asked for); a length whose
   windows do not all fit, or that is shorter than N, is n/a. N defaults to the base length (the NoPE paper scored
   the last ≤ 200 tokens at L = 1024; N = L/5 would cost five times more forwards per scored token here).
-- streaming (window W, sinks N, block S = stride, default 1): StreamingLLM's windowed attention over streams of L
-  tokens (the nonoverlap protocol's windows), each token seeing the stream's first N tokens and its W most recent
-  ones at positions assigned inside that cache; exact semantics in `posenc_cli.streaming`. W defaults to the base
-  length minus N, so the cache's positions stay below the base length.
+- streaming (window W, sinks N, block S = stride, default 16): StreamingLLM's windowed attention over streams of L
+  tokens (the nonoverlap protocol's windows), each token seeing the stream's first N tokens and its W (to W+S-1)
+  most recent ones at positions assigned inside that cache; exact semantics in `posenc_cli.streaming`. W defaults
+  to the base length - N - S + 1, so the cache's positions stay below the base length.
 
 Metrics are token-weighted: ppl = exp(total NLL / scored tokens), bits per byte = total NLL / (ln 2 · UTF-8 bytes of
 the scored tokens). Windows are always taken from the start of the validation stream, so every run with the same
@@ -62,7 +62,7 @@ from posenc_cli.eval_results import (
     save_results,
 )
 from posenc_cli.sources import build_data_config, source_class
-from posenc_cli.streaming import evaluate_streaming
+from posenc_cli.streaming import DEFAULT_BLOCK, default_window, evaluate_streaming
 
 if TYPE_CHECKING:
     from posenc_cli.checkpoint import LoadedRun
@@ -115,11 +115,11 @@ def plan_lengths(cfg: EvalConfig, base_length: int) -> list[tuple[int, float]]:
 def resolve_stride(protocol: Protocol, stride: int | None, length: int, base_length: int | None = None) -> int:
     """Scored tokens per window: L for nonoverlap; `stride` (default L/2, at most L) for sliding; for fixed-target
     the target size `stride` (default `base_length`, else L; not capped, a target longer than L fits no window);
-    for streaming the block size (default 1)."""
+    for streaming the block size (default `streaming.DEFAULT_BLOCK`)."""
     if protocol == "nonoverlap":
         return length
     if protocol == "streaming":
-        return max(1, int(stride or 1))
+        return max(1, int(stride or DEFAULT_BLOCK))
     if protocol == "fixed-target":
         return max(1, int(stride if stride is not None else (base_length or length)))
     if stride is None:
@@ -565,7 +565,8 @@ def streaming_settings(cfg: EvalConfig, base_length: int) -> dict[str, int] | No
     for the other protocols."""
     if cfg.protocol != "streaming":
         return None
-    window = cfg.window if cfg.window is not None else max(1, base_length - cfg.sinks)
+    block = resolve_stride("streaming", cfg.stride, base_length)
+    window = cfg.window if cfg.window is not None else default_window(base_length, cfg.sinks, block)
     return {"window": int(window), "sinks": int(cfg.sinks)}
 
 

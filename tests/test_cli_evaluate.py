@@ -112,10 +112,10 @@ def test_streaming_protocol(runs_root: Path, tmp_path: Path, monkeypatch: pytest
     args = ["--protocol", "streaming", "--window", 6, "--sinks", 2, "--abs-lengths", "16,48", "--tokens", 96]
     result = invoke(run, *args, "--json", out_json)
     assert result.exit_code == 0, result.output
-    assert "streaming, window 6, 2 sinks, blocks of 1" in result.output
+    assert "streaming, window 6, 2 sinks, blocks of 16" in result.output
     entries = json.loads(out_json.read_text())["runs"][0]["entries"]
     assert [(e["length"], e["tokens"], e["window"], e["sinks"], e["stride"]) for e in entries] == [
-        (16, 96, 6, 2, 1), (48, 96, 6, 2, 1)]  # fmt: skip
+        (16, 96, 6, 2, 16), (48, 96, 6, 2, 16)]  # fmt: skip
     # keyed by window and sinks: another cache is measured, the same one reused without a forward
     assert invoke(run, *args[:5], 0, *args[6:]).exit_code == 0
     monkeypatch.setattr(ev, "evaluate_streaming", lambda *a, **k: pytest.fail("recomputed a stored cell"))
@@ -129,6 +129,12 @@ def test_streaming_protocol(runs_root: Path, tmp_path: Path, monkeypatch: pytest
     assert result.exit_code == 0, result.output
     (entry,) = json.loads(out_json.read_text())["runs"][0]["entries"]
     assert entry["status"] == "n/a" and "supports at most 16 positions" in entry["reason"]
+    # the default window (16 - 4 sinks - 4 + 1 = 9) keeps the cache within the 16 positions
+    result = invoke(runs_root / "sweep" / "learned", *args[:2], "--stride", 4, "--abs-lengths", 64, "--tokens", 64,
+                    "--json", out_json)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(out_json.read_text())["runs"][0]["entries"]
+    assert (entry["status"], entry["window"], entry["sinks"], entry["stride"]) == ("ok", 9, 4, 4)
 
 
 def test_data_override_scores_another_corpus(runs_root: Path, tmp_path: Path) -> None:

@@ -220,18 +220,19 @@ def eval_extrapolate_command(
             "nonoverlap (score every token; default), sliding (score the last --stride tokens), fixed-target "
             "(score the same last --target tokens at every length, with more context before them) or streaming "
             "(StreamingLLM: each token sees the first --sinks tokens and its --window most recent ones, at "
-            "positions inside that cache; blocks of --stride tokens share one cache, default 1)."
+            "positions inside that cache; blocks of --stride tokens share one cache, default 16)."
         ),
     ] = None,
     stride: Annotated[
         int | None,
-        _option("Sliding: tokens scored per window (default L/2). Streaming: tokens per shared cache (default 1)."),
+        _option("Sliding: tokens scored per window (default L/2). Streaming: tokens per shared cache (default 16)."),
     ] = None,
     target: Annotated[
         int | None, _option("Fixed-target protocol: tokens scored per window (default: the base length).")
     ] = None,
     window: Annotated[
-        int | None, _option("Streaming: recent tokens each token sees, itself included (default: base length - sinks).")
+        int | None,
+        _option("Streaming: recent tokens each token sees, at least (default: base length - sinks - stride + 1)."),
     ] = None,
     sinks: Annotated[
         int | None,
