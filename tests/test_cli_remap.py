@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from train_utils import tiny_config, write_corpus
@@ -107,3 +108,27 @@ def test_a_remapped_run_is_not_remapped_again(runs: dict[str, Path], tmp_path: P
     result = invoke(str(first), "--method", "rerope", "--window", "4", "--out", str(tmp_path / "second"))
     assert result.exit_code == 2 and "already remaps positions (rerope W=8)" in result.output
     assert json.loads((first / "meta.json").read_text())["extend"]["method"] == "rerope"
+
+
+def test_viz_attention_of_a_remapped_child(runs: dict[str, Path], tmp_path: Path) -> None:
+    from posenc_cli import viz_data
+
+    out = tmp_path / "se"
+    assert (
+        invoke(
+            str(runs["rope"]), "--method", "self-extend", "--window", "4", "--group", "2", "--out", str(out)
+        ).exit_code
+        == 0
+    )
+    png = tmp_path / "attention.png"
+    result = runner.invoke(app, ["viz", "attention", str(out), "--windows", "1", "--out", str(png)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    child, parent = load_run(out), load_run(runs["rope"])
+    a = viz_data.attention_report(child, layer="0", head="0", windows=1)
+    b = viz_data.attention_report(parent, layer="0", head="0", windows=1)
+    (child_4x,) = [p for p in a.panels if p.multiple == 4.0]
+    (parent_4x,) = [p for p in b.panels if p.multiple == 4.0]
+    assert child_4x.length == 64 and child_4x.mass is not None and parent_4x.mass is not None
+    np.testing.assert_allclose(child_4x.mass.sum(-1), 1.0, atol=1e-9)  # a distribution over distances
+    assert np.abs(child_4x.mass - parent_4x.mass).max() > 1e-6  # the remapping changes attention beyond W = 4
