@@ -20,8 +20,10 @@ FLOP/s by the dtype's own measured peak: the best large square matmul of the sam
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -36,7 +38,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc_cli.config import Config, ModelConfig, TrainConfig
+from posenc_cli.device import autocast, cpu_has_fast_bf16, resolve_device, resolve_precision, threads
 from posenc_cli.errors import ConfigError, UserError
+from posenc_cli.model import GPT, build_model
+from posenc_cli.optim import build_optimizer
+from posenc_cli.positional import config_class
+from posenc_cli.tokenizer import BYTE_VOCAB_SIZE
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 FLOPS_FORMULA = "6*N + 6*n_layer*d_model*T  (N: parameters counted once; causal attention)"
@@ -173,6 +180,7 @@ def llama_config(model: ModelConfig, vocab_size: int, max_length: int) -> Any:
     of GELU, no biases (posenc's `model.bias=true` adds 2·d + mlp_ratio·d + 3·d + d per layer), RoPE built in.
     """
     try:
+        # deferred: keeps transformers off posenc --help start-up
         from transformers import LlamaConfig
     except ImportError as e:
         raise UserError("--vs hf needs the 'transformers' package (pip install transformers)") from e
@@ -195,6 +203,7 @@ def llama_config(model: ModelConfig, vocab_size: int, max_length: int) -> Any:
 
 
 def build_llama(model: ModelConfig, vocab_size: int, max_length: int) -> nn.Module:
+    # deferred: keeps transformers off posenc --help start-up
     from transformers import LlamaForCausalLM
 
     return LlamaForCausalLM(llama_config(model, vocab_size, max_length))
@@ -202,8 +211,6 @@ def build_llama(model: ModelConfig, vocab_size: int, max_length: int) -> nn.Modu
 
 def bench_vocab_size(cfg: Config) -> int:
     """The vocabulary `posenc train` would have: 257 for the byte tokenizer, else `tokenizer.vocab_size`."""
-    from posenc_cli.tokenizer import BYTE_VOCAB_SIZE
-
     return BYTE_VOCAB_SIZE if cfg.tokenizer.kind == "byte" else cfg.tokenizer.vocab_size
 
 
@@ -231,9 +238,6 @@ def train_case(
     flops_per_token: int,
 ) -> TrainCase:
     """A closure running one `posenc train` step (autocast forward, cross-entropy, backward, clip, AdamW)."""
-    from posenc_cli.device import autocast
-    from posenc_cli.optim import build_optimizer
-
     model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(model, tc, device)
@@ -256,8 +260,6 @@ def train_case(
 
 
 def posenc_train_case(cfg: Config, vocab_size: int, device: torch.device, precision: str) -> TrainCase:
-    from posenc_cli.model import build_model
-
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg, vocab_size)
     m = cfg.model
@@ -309,10 +311,6 @@ def run_eval_case(case: EvalCase) -> dict[str, float]:
     Returns tokens_per_s (median over repeats), peak_mem_mb (VmHWM on CPU; max allocated on CUDA), base_mem_mb
     (the same measure just before the first full-length forward) and seconds (median forward time).
     """
-    from posenc_cli.device import autocast
-    from posenc_cli.model import GPT
-    from posenc_cli.positional import config_class
-
     device = torch.device(case.device)
     if case.threads > 0:
         torch.set_num_threads(case.threads)
@@ -391,8 +389,6 @@ class BenchOptions:
 
 def run_bench(cfg: Config, opts: BenchOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Measure everything `opts` asks for on the device and threads of `cfg.train`; returns the JSON-ready result."""
-    from posenc_cli.device import cpu_has_fast_bf16, resolve_device, resolve_precision, threads
-
     opts.validate()
     cfg.validate()
     device = resolve_device(cfg.train.device)
@@ -521,15 +517,12 @@ def bench_eval(
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
-    import platform
 
     return f"cpu ({platform.processor() or platform.machine()}, {torch.backends.cpu.get_cpu_capability()})"
 
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m posenc_cli.bench --eval-case JSON`: one evaluation case, result as one JSON line on stdout."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m posenc_cli.bench")
     parser.add_argument("--eval-case", required=True, help="EvalCase fields as JSON")
     args = parser.parse_args(argv)

@@ -41,7 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors.torch
 import torch
+import yaml
 from torch import Tensor, nn
 
 from posenc_cli.config import Config
@@ -269,8 +271,6 @@ def fsync_dir(directory: Path) -> None:
 
 def model_file_bytes(model: nn.Module) -> bytes:
     """safetensors bytes of `model`'s fp32 state dict, tied tensors stored once (as `save_model` does)."""
-    import safetensors.torch
-
     state = model.state_dict()
     tensors: dict[str, Tensor] = {}
     removed: dict[str, str] = {}
@@ -461,8 +461,6 @@ def _read_at(fd: int, offset: int, n: int) -> bytes:
 
 
 def read_config(run_dir: Path, meta: dict[str, Any]) -> Config:
-    import yaml
-
     path = committed_file(run_dir, CONFIG_FILE)
     data = read_verified(run_dir, meta, CONFIG_FILE)
     try:
@@ -473,8 +471,6 @@ def read_config(run_dir: Path, meta: dict[str, Any]) -> Config:
 
 def load_tensors(run_dir: Path, meta: dict[str, Any], name: str) -> dict[str, Tensor]:
     """Verified safetensors file -> CPU tensors (no code path: safetensors is a JSON header plus raw bytes)."""
-    import safetensors.torch
-
     data = read_verified(run_dir, meta, name)
     try:
         return safetensors.torch.load(data)
@@ -661,8 +657,6 @@ def restore_rng(
 
 
 def state_file_bytes(tensors: dict[str, Tensor]) -> bytes:
-    import safetensors.torch
-
     return safetensors.torch.save(tensors, metadata={"format": "pt"})
 
 

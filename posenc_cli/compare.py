@@ -19,8 +19,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posenc_cli.checkpoint import read_config, read_meta
 from posenc_cli.errors import CheckpointError, UserError
+from posenc_cli.eval_results import checkpoint_identity, checkpoint_key, load_results
+from posenc_cli.evaluate import find_runs
 from posenc_cli.fsutil import atomic_write_json, atomic_write_text
+from posenc_cli.hf_run import is_hf_dir, weights_identity
+from posenc_cli.report import (
+    Cell,
+    Column,
+    describe_lengths,
+    describe_measurement,
+    describe_protocol,
+    extrapolation_rows,
+    fmt_cell,
+    reason_lines,
+    render_table,
+    run_label,
+    table_legend,
+)
+from posenc_cli.sweep import job_status, read_failure, read_plan
 
 ENTRY_FIELDS = (
     "protocol",
@@ -63,9 +81,6 @@ def gather(paths: list[Path], *, all_lengths: bool = False) -> list[RunRecord]:
     run found below it (an `extend` output, the jobs of an earlier sweep into the same directory) under its path
     relative to the sweep; other runs under `run_names`. Runs below a sweep keep only the sweep's lengths unless
     `all_lengths`."""
-    from posenc_cli.evaluate import find_runs
-    from posenc_cli.sweep import job_status, read_failure, read_plan
-
     records: list[RunRecord] = []
     for path in map(Path, paths):
         if not path.exists():
@@ -100,8 +115,6 @@ def gather(paths: list[Path], *, all_lengths: bool = False) -> list[RunRecord]:
 
 def enclosing_sweep(run: Path) -> tuple[Path, dict[str, Any]] | None:
     """The sweep directory (and its plan) that holds `run`, if any."""
-    from posenc_cli.sweep import read_plan
-
     for parent in Path(run).resolve().parents:
         plan = read_plan(parent)
         if plan is not None:
@@ -139,8 +152,6 @@ def run_names(runs: list[Path]) -> list[RunName]:
 
 def shown_label(name: RunName, scheme: str) -> str:
     """A plan label as is; any other name with its scheme unless it says it (`report.run_label`)."""
-    from posenc_cli.report import run_label
-
     return name.name if name.planned else run_label({"run": name.name, "scheme": scheme})
 
 
@@ -159,8 +170,6 @@ def _sweep_lengths_of(run: Path) -> set[tuple[str, float]] | None:
 def sweep_lengths(sweep_dir: Path, plan: dict[str, Any]) -> set[tuple[str, float]] | None:
     """The lengths a sweep's jobs were configured to evaluate ({("multiple", 1.0), ...} or ("length", 512)), from
     each finished job's saved config; None when none can be read (then nothing is filtered)."""
-    from posenc_cli.checkpoint import read_config, read_meta
-
     keys: set[tuple[str, float]] = set()
     for job in plan["jobs"]:
         try:
@@ -180,8 +189,6 @@ def _in_lengths(entry: dict[str, Any], keep: set[tuple[str, float]]) -> bool:
 
 def _runs_below(path: Path) -> list[Path]:
     """Run directories below a sweep directory (none is fine: its jobs may not have started)."""
-    from posenc_cli.evaluate import find_runs
-
     try:
         return find_runs([path])
     except CheckpointError:
@@ -199,10 +206,6 @@ def _run_record(run: Path, name: RunName, keep: set[tuple[str, float]] | None = 
 def current_checkpoint(run_dir: Path) -> tuple[Any, Any]:
     """(step, weights sha256) of the run as it is on disk now (`eval_results.checkpoint_key`): what a stored cell
     must have measured to be shown. A transformers directory is step 0 with `hf_run.weights_identity`."""
-    from posenc_cli.checkpoint import read_meta
-    from posenc_cli.eval_results import checkpoint_identity, checkpoint_key
-    from posenc_cli.hf_run import is_hf_dir, weights_identity
-
     if is_hf_dir(run_dir):
         meta: dict[str, Any] = {"step": 0, "files": {"model.safetensors": weights_identity(Path(run_dir))}}
     else:
@@ -213,8 +216,6 @@ def current_checkpoint(run_dir: Path) -> tuple[Any, Any]:
 def _fill(record: RunRecord, keep: set[tuple[str, float]] | None = None) -> None:
     """The run's stored entries of its current checkpoint (cells of an earlier one, or of none recorded, are not
     measured), within `keep`'s lengths."""
-    from posenc_cli.eval_results import checkpoint_key, load_results
-
     doc = load_results(record.run_dir, missing_ok=True)
     if not doc or not doc.get("entries"):
         record.status, record.error = "missing", "not evaluated yet (run posenc eval-extrapolate)"
@@ -318,8 +319,6 @@ def comparison(
     records: list[RunRecord], *, metric: str = "ppl", baseline: str | None = None
 ) -> tuple[list[Any], list[Any], str]:
     """(columns, rows, title) of the comparison table: one row per label, mean ± std over its runs (seeds)."""
-    from posenc_cli.report import Column, describe_lengths, describe_protocol, extrapolation_rows
-
     results = to_results(records)
     columns, rows = extrapolation_rows(
         results, metric=metric, label=lambda r: r["label"], aggregate_by=lambda r: r["label"], ratio=True
@@ -360,8 +359,6 @@ def _baseline_row(rows: list[Any], records: list[RunRecord], baseline: str) -> A
 
 
 def to_markdown(columns: list[Any], rows: list[Any]) -> str:
-    from posenc_cli.report import Cell, fmt_cell
-
     header = "| run | " + " | ".join(c.header.replace("\n", " ") for c in columns) + " |"
     lines = [header, "|---" * (len(columns) + 1) + "|"]
     for row in rows:
@@ -372,6 +369,7 @@ def to_markdown(columns: list[Any], rows: list[Any]) -> str:
 
 def write_outputs(records: list[RunRecord], out_dir: Path) -> list[Path]:
     """results.json, results.csv, extrapolation.png and per_position.png in `out_dir`."""
+    # deferred: keeps matplotlib off posenc --help start-up
     from posenc_cli.plots import per_position_figure, ppl_vs_length_figure, save_figure
 
     out_dir = Path(out_dir)
@@ -396,8 +394,6 @@ def render(
     console: Any,
 ) -> None:
     """Print the comparison in `fmt` (table, csv, json, markdown); with `out`, also write the files there."""
-    from posenc_cli.report import render_table, table_legend
-
     if fmt == "json":
         console.print_json(json.dumps(records_to_json(records)))
     elif fmt == "csv":
@@ -418,8 +414,6 @@ def render(
 
 def caption_lines(records: list[RunRecord], baseline: str | None = None) -> list[str]:
     """Under the table: where the numbers were measured (precision, device), why each n/a is n/a, failed jobs."""
-    from posenc_cli.report import describe_measurement, reason_lines
-
     results = [r for r in to_results(records) if r["entries"]]
     lines = [f"Measured in {describe_measurement(results)}."] if results else []
     lines += reason_lines(results, lambda r: r["label"])

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import os
 
+import torch
+
 SLACK = 0.5  # load-average noise (a shell, an editor) that does not count as another process's work
 
 
@@ -45,8 +47,6 @@ def machine_busy_warning(threads: int, jobs: int = 1) -> str | None:
 def training_busy_warning(device: str, threads: int, jobs: int = 1) -> str | None:
     """The check for a training run or a sweep's local jobs on `device` with `train.threads` (0: torch's default,
     or cores ÷ jobs as posenc gives parallel sweep jobs); None on an accelerator."""
-    import torch
-
     if device in ("cuda", "mps") or (
         device == "auto" and (torch.cuda.is_available() or torch.backends.mps.is_available())
     ):

@@ -18,9 +18,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import torch
 
 from posenc_cli.config import DataConfig, TokenizerConfig
 from posenc_cli.errors import CheckpointError, DataError
@@ -50,9 +51,6 @@ __all__ = [
     "sample_batch",
     "token_dtype",
 ]
-
-if TYPE_CHECKING:
-    import torch
 
 
 MANIFEST = "manifest.json"
@@ -238,8 +236,6 @@ def sample_batch(
 
     Start offsets are uniform over [0, len - seq_len - 1], drawn with `generator` (same state => same batch).
     """
-    import torch
-
     n = len(tokens)
     if n < seq_len + 1:
         raise DataError(f"the split has {n} tokens, fewer than seq_len + 1 = {seq_len + 1}")
@@ -255,8 +251,6 @@ def eval_windows(tokens: np.ndarray, length: int, stride: int, max_windows: int 
     N = 1 + (len - length - 1) // stride, capped at `max_windows`. With stride = length, windows share one
     boundary token, so every token after the first is a target exactly once (non-overlapping inputs).
     """
-    import torch
-
     if length < 1 or stride < 1:
         raise ValueError("length and stride must be >= 1")
     n = len(tokens)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import platform
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,8 +100,6 @@ def cpu_flags() -> set[str]:
 
 def cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo (or `platform.processor()`), '' when unknown."""
-    import platform
-
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("model name", "Hardware")):

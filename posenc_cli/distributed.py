@@ -28,7 +28,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
 
 from posenc_cli.errors import ConfigError
 
@@ -104,8 +106,6 @@ def backend_for(device: torch.device) -> str:
 @contextlib.contextmanager
 def process_group(info: DistInfo, device: torch.device) -> Iterator[None]:
     """Join the job's process group for the duration (no-op for a single process or an existing group)."""
-    import torch.distributed as dist
-
     if not info.enabled or dist.is_initialized():
         yield
         return
@@ -126,8 +126,6 @@ def process_group(info: DistInfo, device: torch.device) -> Iterator[None]:
 
 def barrier(info: DistInfo) -> None:
     if info.enabled:
-        import torch.distributed as dist
-
         dist.barrier()
 
 
@@ -144,8 +142,6 @@ def main_first(info: DistInfo) -> Iterator[None]:
 def all_reduce_(t: Tensor, info: DistInfo, op: str = "sum") -> Tensor:
     """In-place all-reduce ('sum' or 'max') across the job; identity for a single process."""
     if info.enabled:
-        import torch.distributed as dist
-
         dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return t
 
@@ -160,7 +156,6 @@ def wrap_model(model: torch.nn.Module, info: DistInfo, device: torch.device) -> 
     """`DistributedDataParallel(model)` in a job (rank 0's weights are broadcast to all); the model itself otherwise."""
     if not info.enabled:
         return model
-    from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, output_device=ids[0] if ids else None)

@@ -32,13 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import safetensors.torch
 import torch
 from torch import Tensor
 
 from posenc_cli import __version__
+from posenc_cli.checkpoint import fsync_dir, load_run
 from posenc_cli.config import Config
 from posenc_cli.errors import ConfigError, UserError
+from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import get_method
+from posenc_cli.tokenizer import EOD_TOKEN
 
 if TYPE_CHECKING:
     from posenc_cli.checkpoint import LoadedRun
@@ -128,8 +132,6 @@ def neox_rope(pos: RopeConfig, head_dim: int, train_length: int) -> tuple[dict[s
     `transformers` takes int(head_dim · partial_rotary_factor) rotary dims, so the factor is nudged up when the
     float quotient d/hd would truncate below d. L = the scaling's original length (default: training length).
     """
-    from posenc_cli.positional.rope import rotary_dim
-
     d = rotary_dim(head_dim, pos.rotary_fraction)
     partial = d / head_dim
     while int(head_dim * partial) < d:
@@ -244,8 +246,6 @@ def neox_qkv_rows(n_head: int, head_dim: int, rotary_dim: int, interleaved: bool
 
 def neox_weights(state: dict[str, Tensor], cfg: Config) -> dict[str, Tensor]:
     """posenc state dict of a `rope` run -> GPTNeoXForCausalLM state dict (the LM head tied, not stored)."""
-    from posenc_cli.positional.rope import rotary_dim
-
     m = cfg.model
     order = neox_qkv_rows(
         m.n_head, m.head_dim, rotary_dim(m.head_dim, cfg.pos.rotary_fraction), cfg.pos.layout == "interleaved"
@@ -287,10 +287,9 @@ def byte_level_alphabet() -> list[str]:
 
 def _byte_tokenizer_json() -> str:
     """A `tokenizers` byte-level model with ids = byte values and 256 = <|endoftext|> (posenc's byte tokenizer)."""
+    # deferred: keeps tokenizers off posenc --help start-up
     from tokenizers import AddedToken, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as HFTokenizer
-
-    from posenc_cli.tokenizer import EOD_TOKEN
 
     vocab = {ch: b for b, ch in enumerate(byte_level_alphabet())}
     vocab[EOD_TOKEN] = 256
@@ -303,10 +302,9 @@ def _byte_tokenizer_json() -> str:
 
 def hf_tokenizer(tokenizer: Any, model_max_length: int | None) -> Any:
     """A `transformers` fast tokenizer for posenc's byte or BPE tokenizer (no BOS is added, as in training)."""
+    # deferred: keeps tokenizers and transformers off posenc --help start-up
     from tokenizers import Tokenizer as HFTokenizer
     from transformers import PreTrainedTokenizerFast
-
-    from posenc_cli.tokenizer import EOD_TOKEN
 
     raw = _byte_tokenizer_json() if tokenizer.kind == "byte" else tokenizer.to_json()
     kwargs: dict[str, Any] = {"eos_token": EOD_TOKEN}
@@ -321,6 +319,7 @@ def hf_tokenizer(tokenizer: Any, model_max_length: int | None) -> Any:
 
 def _require_transformers() -> Any:
     try:
+        # deferred: keeps transformers off posenc --help start-up
         import transformers
     except ImportError as e:
         raise UserError(f"posenc export --to hf needs the transformers package: {_INSTALL_HINT}") from e
@@ -336,6 +335,7 @@ def _check_out_dir(out: Path) -> None:
 
 def verify_export(run: LoadedRun, hf_dir: Path, length: int, seed: int = 0) -> tuple[float, float]:
     """(max |Δlogit|, max |logit|) of posenc vs `AutoModelForCausalLM.from_pretrained(hf_dir)` on random ids."""
+    # deferred: keeps transformers off posenc --help start-up
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(hf_dir)).float().eval()
@@ -348,8 +348,6 @@ def verify_export(run: LoadedRun, hf_dir: Path, length: int, seed: int = 0) -> t
 
 def _write(run: LoadedRun, directory: Path, transformers: Any) -> tuple[dict[str, Any] | None, int | None]:
     """Write config.json, model.safetensors, the tokenizer and posenc_export.json; returns (rope_scaling, table)."""
-    import safetensors.torch
-
     cfg = run.config
     state = {k: v.detach().cpu().float().contiguous() for k, v in run.model.state_dict().items()}
     table = int(state["scheme.wpe.weight"].shape[0]) if cfg.pos.name == "learned" else None
@@ -377,8 +375,6 @@ def _write(run: LoadedRun, directory: Path, transformers: Any) -> tuple[dict[str
 
 def _publish(tmp: Path, out: Path) -> None:
     """fsync every file of `tmp`, then rename it to `out` (an empty `out` is replaced)."""
-    from posenc_cli.checkpoint import fsync_dir
-
     for path in tmp.iterdir():
         with open(path, "rb") as f:
             os.fsync(f.fileno())
@@ -425,8 +421,6 @@ def export_run(run_dir: Path | str, out_dir: Path | str, *, to: str = "hf", veri
     (`verify`: the reloaded model's logits against posenc's on random ids, as many as the learned table has rows,
     or twice the training length for RoPE, at most 256) and only then renamed to `out_dir`.
     """
-    from posenc_cli.checkpoint import load_run
-
     if to != "hf":
         raise ConfigError(f"--to {to} is not supported (available: hf)")
     out = Path(out_dir)

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from posenc_cli import __version__
-from posenc_cli.checkpoint import run_lengths
+from posenc_cli.checkpoint import fsync_dir, run_lengths
 from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
+from posenc_cli.hf_run import CONFIG_FILE, SIDE_FILES, load_hf_run
 from posenc_cli.rope_scaling import frequency_summary, get_method, registry
 from posenc_cli.run_meta import ExtendResult
 
@@ -104,8 +105,6 @@ def _link_or_copy(src: Path, dst: Path) -> bool:
 def _write_files(src: Path, tmp: Path) -> bool:
     """Weights (*.safetensors) linked, other top-level files copied; config.json (written separately), posenc's
     own records, hidden files and subdirectories (e.g. eval/) are left out. True when every weight was linked."""
-    from posenc_cli.hf_run import CONFIG_FILE, SIDE_FILES
-
     linked = True
     for path in sorted(src.iterdir()):
         if not path.is_file() or path.name.startswith(".") or path.name in (CONFIG_FILE, *SIDE_FILES):
@@ -119,6 +118,7 @@ def _write_files(src: Path, tmp: Path) -> bool:
 
 def _check_written(tmp: Path, rope: dict[str, Any], max_pos: int) -> None:
     """Read the written config back with transformers; its rope parameters must be the ones we set."""
+    # deferred: keeps transformers off posenc --help start-up
     from transformers import AutoConfig
 
     back = AutoConfig.from_pretrained(str(tmp), trust_remote_code=False)
@@ -130,8 +130,6 @@ def _check_written(tmp: Path, rope: dict[str, Any], max_pos: int) -> None:
 
 
 def _publish(tmp: Path, out: Path) -> None:
-    from posenc_cli.checkpoint import fsync_dir
-
     for path in tmp.iterdir():
         with open(path, "rb") as f:
             os.fsync(f.fileno())
@@ -151,10 +149,9 @@ def extend_hf_dir(src_dir: Path | str, out_dir: Path | str, ext: ExtendConfig) -
     directory `load_hf_run` refuses, a model that is not RoPE, per-layer rope parameters, a method transformers has
     no rope type for, and a non-empty `out_dir` (unless it holds this very extension: then nothing is done).
     """
+    # deferred: keeps transformers off posenc --help start-up
     import transformers
     from transformers import AutoConfig
-
-    from posenc_cli.hf_run import load_hf_run
 
     src, out = Path(src_dir), Path(out_dir)
     if ext.finetune_steps > 0:

@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from posenc_cli.checkpoint import LoadedRun
+from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.tokenizer import Tokenizer
 
@@ -136,6 +138,7 @@ def _posenc_lengths(path: Path) -> dict[str, int]:
 
 def inspect_hf_dir(path: Path | str) -> HFInfo:
     """Check a transformers directory without loading it; one-line `CheckpointError` for each refusal."""
+    # deferred: keeps transformers off posenc --help start-up
     from transformers import __version__ as tf_version
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -198,6 +201,7 @@ def token_byte_counts(vocab: dict[str, int], added: dict[int, Any], size: int) -
     map). Otherwise (SentencePiece-style): `<0xNN>` is one byte, '▁' is a space, the rest is its UTF-8 length; a
     leading '▁' that the tokenizer adds to each document then counts one byte too many per document.
     """
+    # deferred: keeps tokenizers off posenc --help start-up
     from tokenizers import pre_tokenizers
 
     alphabet = set(pre_tokenizers.ByteLevel.alphabet())
@@ -370,6 +374,7 @@ def train_length_override(length: int | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
+    # deferred: keeps transformers off posenc --help start-up
     from transformers.utils import logging as tf_logging
 
     verbosity = tf_logging.get_verbosity()
@@ -387,6 +392,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _load_model(info: HFInfo) -> nn.Module:
+    # deferred: keeps transformers off posenc --help start-up
     from transformers import AutoModelForCausalLM
 
     try:
@@ -409,6 +415,7 @@ def _load_model(info: HFInfo) -> nn.Module:
 
 
 def _load_tokenizer(info: HFInfo, model_vocab: int) -> HFTokenizer:
+    # deferred: keeps transformers off posenc --help start-up
     from transformers import AutoTokenizer
 
     try:
@@ -430,8 +437,6 @@ def weights_identity(path: Path) -> str:
 
 def run_config(info: HFInfo, train_length: int) -> Any:
     """A posenc `Config` naming the scheme and training length (what evaluation reads from a run's config)."""
-    from posenc_cli.config_load import config_from_dict
-
     return config_from_dict({"pos": {"name": info.scheme}, "train": {"seq_len": train_length}})
 
 
@@ -443,8 +448,6 @@ def load_hf_run(
     `train_length` (else `train_length_override`, else posenc's export/extend record, else the config) sets the
     run's training and base length. meta: kind "transformers", step 0, precision from the saved dtype.
     """
-    from posenc_cli.checkpoint import LoadedRun
-
     info = inspect_hf_dir(path)
     recorded = _posenc_lengths(info.path)
     override = train_length if train_length is not None else _TRAIN_LENGTH.get()

@@ -6,6 +6,8 @@ Everything else receives the plain `Config` dataclasses built by `config_load.co
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import importlib.util
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -14,13 +16,13 @@ from typing import Any
 from posenc_cli.config import ROOT_CONFIG, Config, config_dir, unknown_key_message
 from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import ConfigError
+from posenc_cli.positional import registry
 
 
 def register_schemes() -> None:
     """Make every registered scheme a `pos` option (`pos=alibi` works without a YAML file)."""
+    # deferred: keeps Hydra off posenc --help start-up
     from hydra.core.config_store import ConfigStore
-
-    from posenc_cli.positional import registry
 
     store = ConfigStore.instance()
     for name, cls in registry().items():
@@ -40,6 +42,7 @@ def searchpath_override(user_dir: Path | None) -> list[str]:
 
 def compose_dict(overrides: list[str], user_config_dir: Path | None = None) -> dict[str, Any]:
     """Compose the root config with Hydra overrides into a plain, resolved dict (no `hydra` key)."""
+    # deferred: keeps Hydra and OmegaConf (Hydra's) off posenc --help start-up
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
@@ -97,6 +100,7 @@ def one_line(exc: BaseException) -> str:
 
 def parse_overrides(overrides: list[str]) -> list[tuple[str, str, list[str] | None]]:
     """[(key, input line, swept values or None)] for each override, using Hydra's own override grammar."""
+    # deferred: keeps Hydra off posenc --help start-up
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -132,6 +136,7 @@ def launch_multirun(
     Each job's directory is `stage_dir/<override_dirname>` (swept keys only; `subdir` when nothing is swept), and
     the job runs `job(raw_config, JobInfo)` (see `HydraTask`).
     """
+    # deferred: keeps Hydra off posenc --help start-up
     from hydra._internal.utils import _run_hydra, get_args_parser
 
     register_schemes()
@@ -170,8 +175,6 @@ _LAUNCHER_PLUGINS = {
 
 def check_launcher(launcher_overrides: list[str]) -> None:
     """A clear message when a launcher plugin is asked for but not installed."""
-    import importlib.util
-
     for line in launcher_overrides:
         key, _, value = line.lstrip("+").partition("=")
         plugin = _LAUNCHER_PLUGINS.get(value) if key == "hydra/launcher" else None
@@ -200,6 +203,7 @@ def launcher_settings(launcher_overrides: list[str], user_config_dir: Path | Non
 
 def _launcher_node(launcher_overrides: list[str], user_config_dir: Path | None) -> dict[str, Any]:
     """The composed `hydra.launcher` node; one line naming the bad launcher or key otherwise."""
+    # deferred: keeps Hydra and OmegaConf (Hydra's) off posenc --help start-up
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -224,6 +228,7 @@ def _launcher_node(launcher_overrides: list[str], user_config_dir: Path | None) 
 
 
 def _compose_hydra(overrides: list[str], user_config_dir: Path | None) -> dict[str, Any]:
+    # deferred: keeps Hydra and OmegaConf (Hydra's) off posenc --help start-up
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -240,8 +245,6 @@ def _compose_hydra(overrides: list[str], user_config_dir: Path | None) -> dict[s
 
 
 def _did_you_mean(word: str, options: list[str]) -> str:
-    import difflib
-
     close = difflib.get_close_matches(word, options, n=1)
     return f" (did you mean {close[0]}?)" if close else ""
 
@@ -263,6 +266,7 @@ class HydraTask:
     job: Callable[[dict[str, Any], JobInfo], Any]
 
     def __call__(self, cfg: Any) -> Any:
+        # deferred: keeps Hydra and OmegaConf (Hydra's) off posenc --help start-up
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import OmegaConf
 

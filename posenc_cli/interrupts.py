@@ -67,7 +67,7 @@ class Interrupts:
 def run_lock(run_dir: Path) -> Iterator[None]:
     """One trainer per run directory (advisory lock; skipped where fcntl does not exist)."""
     try:
-        import fcntl
+        import fcntl  # deferred: POSIX only (no fcntl on Windows)
     except ImportError:
         yield
         return
@@ -85,7 +85,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 def run_is_locked(run_dir: Path) -> bool:
     """True while another process trains `run_dir` (holds `run_lock`); creates nothing, False without fcntl."""
     try:
-        import fcntl
+        import fcntl  # deferred: POSIX only (no fcntl on Windows)
     except ImportError:
         return False
     try:

@@ -30,8 +30,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from posenc_cli.checkpoint import load_run
 from posenc_cli.config import ExtendConfig, replace
+from posenc_cli.data import eval_windows, load_corpus
+from posenc_cli.device import threads as use_threads
 from posenc_cli.errors import ConfigError
+from posenc_cli.extend import extend_run, parent_train_length, validate_extend
+from posenc_cli.fsutil import atomic_write_json
+from posenc_cli.hf_run import is_hf_dir
+from posenc_cli.model import build_model
+from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import NONE, RopeScalingConfig, scaled_inv_freq
 
 if TYPE_CHECKING:
@@ -154,8 +162,6 @@ class SearchResult:
 
 def _validation_windows(run: LoadedRun, length: int, tokens: int) -> torch.Tensor:
     """(N, length + 1) non-overlapping windows from the start of the run's validation split, N·length ≈ tokens."""
-    from posenc_cli.data import eval_windows, load_corpus
-
     corpus = load_corpus(run.config.data, run.config.tokenizer, tokenizer=run.tokenizer)
     return eval_windows(corpus.val, length, length, max_windows=max(1, math.ceil(tokens / length)))
 
@@ -163,8 +169,6 @@ def _validation_windows(run: LoadedRun, length: int, tokens: int) -> torch.Tenso
 def _scorer(run: LoadedRun, factor: float, original_length: int, windows: torch.Tensor) -> Callable[[Candidate], float]:
     """Candidate -> perplexity of the run's weights with those long factors on `windows` (fp32, CPU or the run's
     device), one model built per candidate (the config carries the factors, as a child run's would)."""
-    from posenc_cli.model import build_model
-
     state = run.model.state_dict()
     device = next(run.model.parameters()).device
     cfg = run.config
@@ -205,8 +209,6 @@ def search_long_factors(
     search scored on the run's validation data. `budget` candidates are scored in all: the seeds first (PI, NTK,
     YaRN), then generations of `population` children of the best `parents`. Deterministic for a given `seed`.
     The result's perplexity is never above the best seed's (the seeds are candidates too)."""
-    from posenc_cli.positional.rope import rotary_dim
-
     if budget < 1:
         raise ConfigError(f"--search-budget must be >= 1, got {budget}")
     if tokens < 1:
@@ -269,8 +271,6 @@ def search_long_factors(
 
 def write_factors(out_dir: Path | str, short_factor: Sequence[float], result: SearchResult) -> Path:
     """`FACTORS_FILE` in the child run (atomic): the factors as `--factors FILE` reads them, plus the search."""
-    from posenc_cli.fsutil import atomic_write_json
-
     path = Path(out_dir) / FACTORS_FILE
     doc = {"short_factor": list(short_factor), "long_factor": result.long_factor, "search": result.to_json()}
     atomic_write_json(path, doc)
@@ -290,12 +290,6 @@ def search_extension(
     """Search LongRoPE's long factors on run `parent_dir`: (`ext` with the found long factors and short factors 1,
     so the model is unchanged up to L; the search). Writes nothing; refused with one line for a run that is not
     RoPE (or a transformers directory) and a method other than longrope."""
-    from posenc_cli.checkpoint import load_run
-    from posenc_cli.device import threads as use_threads
-    from posenc_cli.extend import parent_train_length, validate_extend
-    from posenc_cli.hf_run import is_hf_dir
-    from posenc_cli.positional.rope import rotary_dim
-
     if ext.method != "longrope":
         raise ConfigError(f"--search finds LongRoPE factors; use it with --longrope, not --method {ext.method}")
     validate_extend(ext)
@@ -330,8 +324,6 @@ def extend_with_search(
 ) -> tuple[ExtendResult, SearchResult]:
     """`search_extension`, then `extend_run` into `out_dir` with the found factors (in the child's config) and
     `FACTORS_FILE` written there. Refused with one line, before anything is written, as `search_extension`."""
-    from posenc_cli.extend import extend_run
-
     child_ext, result = search_extension(
         parent_dir, ext, budget=budget, seed=seed, tokens=tokens, threads=threads, progress=progress
     )

@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from rich.table import Table
+from rich.text import Text
 
-from posenc_cli.report import LABEL_MAX_WIDTH, fit_to_content
+from posenc_cli.report import LABEL_MAX_WIDTH, describe_lengths, fit_to_content, run_label
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-    from rich.table import Table
 
 
 def accuracy_grid(
@@ -59,11 +60,6 @@ def _length_label(length: int, multiple: float) -> str:
 
 def passkey_table(results: Sequence[dict[str, Any]]) -> Table:
     """Rows = run × length, columns = depths and their mean; cells coloured by accuracy, n/a dimmed."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from posenc_cli.report import describe_lengths, run_label
-
     cols = sorted({float(e["depth"]) for r in results for e in r["entries"]})
     trials = sorted({int(e["trials"]) for r in results for e in r["entries"]})
     table = Table(
@@ -112,10 +108,9 @@ def passkey_table(results: Sequence[dict[str, Any]]) -> Table:
 
 def passkey_figure(results: Sequence[dict[str, Any]]) -> Figure:
     """One accuracy heatmap per run (lengths × depths, RdYlGn from 0 to 1, n/a grey), one shared colour bar."""
+    # deferred: keeps matplotlib off posenc --help start-up
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    from posenc_cli.report import describe_lengths, run_label
 
     n = max(len(results), 1)
     ncols = min(n, 3)

@@ -30,6 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from posenc_cli.bench import DTYPES, matmul_gflops, matmul_size
+from posenc_cli.device import threads as use_threads
 from posenc_cli.fsutil import atomic_write_json
 
 PROFILE_FILE = "profile.json"
@@ -174,8 +178,6 @@ class EvalRecorder:
 
 def eval_facts(profile: JobProfile, entries: list[dict[str, Any]], device: Any) -> None:
     """Dtype, threads and device of a job that only evaluated (an extension without fine-tune)."""
-    import torch
-
     if "peak_key" in profile.facts or not entries:
         return
     precision, n = str(entries[0].get("dtype") or "fp32"), torch.get_num_threads()
@@ -263,11 +265,6 @@ def peak_key(precision: str, threads: int, device: str = "cpu") -> str:
 
 def measure_peaks(keys: set[str]) -> dict[str, float]:
     """Matmul GFLOP/s per `peak_key`, with `posenc bench`'s probe (a·bᵀ, best of 3; at most 2048² on CPU)."""
-    import torch
-
-    from posenc_cli.bench import DTYPES, matmul_gflops, matmul_size
-    from posenc_cli.device import threads as use_threads
-
     peaks = {}
     for key in sorted(keys):
         precision, _, where = key.partition("@")
@@ -365,8 +362,6 @@ def write_sweep_profile(
     `measure_peak`, the matmul peak of every dtype and thread count the jobs used (and of the whole machine in
     the jobs' dtype) is measured now, so each phase gets an efficiency.
     """
-    import torch
-
     sweep_dir = Path(sweep_dir).resolve()
     job_dirs = [(plan.stage.name, job.dir(sweep_dir)) for plan in plans for job in plan.jobs]
     own = {"plan": clock.plan_s or 0.0, **parent}

@@ -26,16 +26,35 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import yaml
+from filelock import FileLock, Timeout
+from rich.console import Console
 
-from posenc_cli.errors import ConfigError, UserError
+from posenc_cli.checkpoint import RunMeta, is_run_dir, read_run_meta
+from posenc_cli.config import replace
+from posenc_cli.config_load import config_from_dict
+from posenc_cli.errors import CheckpointError, ConfigError, UserError
+from posenc_cli.eval_results import checkpoint_identity
+from posenc_cli.evaluate import evaluate_each_run
+from posenc_cli.extend import extend_run
 from posenc_cli.fsutil import atomic_write_json
-from posenc_cli.hydra_bridge import JobInfo
-
-if TYPE_CHECKING:
-    from posenc_cli.profiling import JobProfile
+from posenc_cli.hydra_bridge import (
+    JobInfo,
+    check_launcher,
+    compose_config,
+    job_name,
+    launch_multirun,
+    parse_overrides,
+    quote_value,
+)
+from posenc_cli.profiling import EvalRecorder, JobProfile, TrainRecorder, eval_facts, write_job_profile
+from posenc_cli.progress import TrainDisplay
+from posenc_cli.sources import source_class
+from posenc_cli.tasks import task_class
+from posenc_cli.trackers import tracked
+from posenc_cli.train import train
 
 FAILED_FILE = "failed.json"
 DONE_FILE = "done.json"  # a job's completion marker, written last
@@ -171,8 +190,6 @@ def plan_sweep(spec: SweepSpec, user_overrides: list[str]) -> list[StagePlan]:
     Precedence: sweep-file globals < stage overrides < stage params < the user's command-line overrides. A user's
     comma list sweeps the stages whose params name that key (or the first stage if none does).
     """
-    from posenc_cli.hydra_bridge import job_name, parse_overrides
-
     user = parse_overrides(user_overrides)
     stage_keys = [set(st.params) for st in spec.stages]
     plans: list[StagePlan] = []
@@ -271,8 +288,6 @@ class _Namespace:
 
 def validate_plan(plans: list[StagePlan], user_config_dir: Path | None) -> None:
     """Compose and validate every job's config (a bad override fails here, before anything runs)."""
-    from posenc_cli.hydra_bridge import compose_config
-
     for plan in plans:
         for job in plan.jobs:
             try:
@@ -310,8 +325,6 @@ def run_sweep(
     the whole run: a second sweep into it fails at once (`UserError`) and changes nothing. A job stopped by a signal
     ends the sweep with `SweepInterrupted` before any later job or stage starts.
     """
-    from posenc_cli.hydra_bridge import check_launcher
-
     launcher_overrides = launcher_overrides or []
     check_launcher(launcher_overrides)
     plans = plan_sweep(spec, user_overrides)
@@ -328,8 +341,6 @@ def run_sweep(
 @contextlib.contextmanager
 def sweep_lock(sweep_dir: Path) -> Iterator[None]:
     """Hold `SWEEP_LOCK` in `sweep_dir` (created if needed); another holder makes this fail at once, one line."""
-    from filelock import FileLock, Timeout
-
     sweep_dir.mkdir(parents=True, exist_ok=True)
     lock = FileLock(sweep_dir / SWEEP_LOCK, timeout=0)
     try:
@@ -353,8 +364,6 @@ def _run_stage(
     on_event: Callable[[str, str], None] | None,
 ) -> None:
     """One stage: a Hydra multirun per parent group, for the groups with jobs that are not done."""
-    from posenc_cli.hydra_bridge import launch_multirun
-
     say = on_event or (lambda kind, text: None)
     groups: dict[str | None, list[Job]] = {}
     for job in plan.jobs:
@@ -400,8 +409,6 @@ def _run_stage(
 
 
 def _hydra_quote(value: str) -> str:
-    from posenc_cli.hydra_bridge import quote_value
-
     return quote_value(value)
 
 
@@ -454,10 +461,6 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
     """Train or extend, then evaluate, then mark the job done; record a failure in the job directory instead of
     raising. A done job returns at once; a job whose training a signal stopped is not evaluated (status
     "interrupted"), and later jobs of the same sweep in this process do not start."""
-    from posenc_cli.config import replace
-    from posenc_cli.config_load import config_from_dict
-    from posenc_cli.profiling import JobProfile, write_job_profile
-
     job = raw.pop(INTERNAL_KEY, {}) or {}
     job_dir = info.output_dir
     session = str(job.get("session", ""))
@@ -496,17 +499,11 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
 
 def _job_display(cfg: Any) -> Any:
     """Plain log lines (jobs may run in worker processes or on cluster nodes, where logs are files)."""
-    from rich.console import Console
-
-    from posenc_cli.progress import TrainDisplay
-
     return TrainDisplay(Console(soft_wrap=True), live=False, log_every=cfg.train.log_every)
 
 
 def _tracked(display: Any, cfg: Any, job_dir: Path, sweep_dir: Path | None) -> Any:
     """Each job is its own tracker run, grouped by its sweep."""
-    from posenc_cli.trackers import tracked
-
     if sweep_dir is None:
         return tracked(display, cfg, job_dir)
     return tracked(display, cfg, job_dir, group=sweep_dir.name, store=sweep_dir)
@@ -514,10 +511,6 @@ def _tracked(display: Any, cfg: Any, job_dir: Path, sweep_dir: Path | None) -> A
 
 def _train_job(cfg: Any, job_dir: Path, sweep_dir: Path | None, profile: JobProfile, fault: _Fault) -> int | None:
     """Train (or resume) the job's run; None when training finished, else the signal that stopped it (0: unknown)."""
-    from posenc_cli.checkpoint import is_run_dir
-    from posenc_cli.profiling import TrainRecorder
-    from posenc_cli.train import train
-
     with _job_display(cfg) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
         recorder = TrainRecorder(profile, cfg, fault.on_step(callback))
         result = train(cfg, job_dir, resume=is_run_dir(job_dir), callback=recorder)
@@ -528,9 +521,6 @@ def _extend_job(
     cfg: Any, job_dir: Path, parent_dir: Path, sweep_dir: Path | None, profile: JobProfile, fault: _Fault
 ) -> int | None:
     """Extend (or resume the fine-tune of) the job's run; like `_train_job`, None when it finished."""
-    from posenc_cli.extend import extend_run
-    from posenc_cli.profiling import TrainRecorder
-
     with _job_display(cfg) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
         booked, start = sum(profile.seconds.values()), time.perf_counter()
         recorder = TrainRecorder(profile, cfg, fault.on_step(callback))
@@ -545,11 +535,6 @@ def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None, fa
     retrieval first for `data=passkey`), on one loaded model. Each cell is stored when measured; the job's done
     marker comes after all of them (`run_job`), so a job stopped during any evaluation measures its missing cells on
     the next run."""
-    from posenc_cli.evaluate import evaluate_each_run
-    from posenc_cli.profiling import EvalRecorder, JobProfile, eval_facts
-    from posenc_cli.sources import source_class
-    from posenc_cli.tasks import task_class
-
     profile = profile if profile is not None else JobProfile()
     tasks = [task_class(name) for name in source_class(cfg.data.source).tasks]
     loading = time.perf_counter()
@@ -575,9 +560,6 @@ def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None, fa
 
 def _mark_done(job_dir: Path, name: str) -> None:
     """Write the job's done marker (last, atomically), naming the checkpoint its results measured."""
-    from posenc_cli.checkpoint import read_run_meta
-    from posenc_cli.eval_results import checkpoint_identity
-
     meta = read_run_meta(job_dir)
     if meta.status != "complete":  # training must have finished; never mark a half-trained run done
         raise RuntimeError(f"{job_dir}: training status is {meta.status!r}, not 'complete'")
@@ -592,10 +574,6 @@ def job_status(job_dir: Path) -> str:
     'failed': failed.json; 'interrupted': a signal stopped its training (a re-run resumes it); 'partial': started
     but not done (killed, or stopped during evaluation: a re-run finishes it); 'pending': not started.
     """
-    from posenc_cli.checkpoint import RunMeta, read_run_meta
-    from posenc_cli.errors import CheckpointError
-    from posenc_cli.eval_results import checkpoint_identity
-
     job_dir = Path(job_dir)
     try:
         meta: RunMeta | None = read_run_meta(job_dir)

@@ -109,6 +109,7 @@ class BPETokenizer(Tokenizer):
     kind = "bpe"
 
     def __init__(self, hf_tokenizer: object, source: str = "tokenizer") -> None:
+        # deferred: keeps tokenizers off posenc --help start-up
         from tokenizers import Tokenizer as HFTokenizer
 
         if not isinstance(hf_tokenizer, HFTokenizer):
@@ -125,6 +126,7 @@ class BPETokenizer(Tokenizer):
 
     def _count_token_bytes(self, source: str) -> np.ndarray:
         """In byte-level BPE every character of a token string stands for exactly one byte (GPT-2's byte map)."""
+        # deferred: keeps tokenizers off posenc --help start-up
         from tokenizers import pre_tokenizers
 
         alphabet = set(pre_tokenizers.ByteLevel.alphabet())
@@ -140,6 +142,7 @@ class BPETokenizer(Tokenizer):
 
     @classmethod
     def from_file(cls, path: Path) -> BPETokenizer:
+        # deferred: keeps tokenizers off posenc --help start-up
         from tokenizers import Tokenizer as HFTokenizer
 
         try:
@@ -178,6 +181,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
 
     The vocabulary is smaller when the text offers fewer merges with a count of at least 2.
     """
+    # deferred: keeps tokenizers off posenc --help start-up
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 

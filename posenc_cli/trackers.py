@@ -149,6 +149,7 @@ class TensorBoardTracker(Tracker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # deferred: keeps tensorboard off posenc --help start-up
         from torch.utils.tensorboard import SummaryWriter  # ImportError without the `tensorboard` package
 
         self._writer_cls = SummaryWriter
@@ -182,6 +183,7 @@ class WandbTracker(Tracker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # deferred: keeps wandb off posenc --help start-up
         import wandb  # ImportError without the extra
 
         self.wandb = wandb
@@ -219,6 +221,7 @@ class MlflowTracker(Tracker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # deferred: keeps mlflow off posenc --help start-up
         import mlflow  # ImportError without the extra
 
         self.mlflow = mlflow
@@ -250,6 +253,7 @@ class MlflowTracker(Tracker):
         raise RuntimeError(f"could not create or find MLflow experiment '{name}'")
 
     def _open(self, step: int, resumed: bool) -> None:
+        # deferred: keeps mlflow off posenc --help start-up
         from mlflow.entities import Param
 
         self._allow_file_store()
@@ -264,6 +268,7 @@ class MlflowTracker(Tracker):
             self.client.log_batch(self.run_id, params=params[i : i + 100])
 
     def _log(self, step: int, scalars: dict[str, float]) -> None:
+        # deferred: keeps mlflow off posenc --help start-up
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)

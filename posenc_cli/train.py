@@ -60,13 +60,16 @@ from posenc_cli.checkpoint import (
     unpack_optimizer,
 )
 from posenc_cli.config import Config, config_to_yaml
+from posenc_cli.data import load_corpus, load_tokenizer, sample_batch
 from posenc_cli.device import autocast, resolve_device, resolve_precision, threads
 from posenc_cli.distributed import DistInfo
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.interrupts import Interrupts, run_lock
 from posenc_cli.memory import TRAIN_BYTES_PER_PARAM, check_fits, planned_vocab_size
 from posenc_cli.metrics import MetricsLog
+from posenc_cli.model import build_model
 from posenc_cli.optim import build_optimizer, lr_at
+from posenc_cli.positional import build_scheme
 from posenc_cli.positional.ids import pose_position_ids, random_position_ids
 from posenc_cli.run_meta import (
     TrainResult,
@@ -155,8 +158,6 @@ def train(
 
 def _check_position_reach(cfg: Config) -> None:
     """Refuse training ids (train.random_positions, train.pose_length) past what the scheme can encode."""
-    from posenc_cli.positional import build_scheme
-
     reach = max(cfg.train.random_positions, cfg.train.pose_length)
     if not reach:
         return
@@ -191,9 +192,6 @@ class _Trainer:
         info: DistInfo = distributed.SINGLE,
         device: torch.device | None = None,
     ) -> None:
-        from posenc_cli.data import load_corpus, load_tokenizer
-        from posenc_cli.model import build_model
-
         self.cfg, self.tc, self.run_dir, self.emit, self.n_threads = cfg, cfg.train, run_dir, emit, n_threads
         self.dist = info
         self.resumed = meta is not None
@@ -398,8 +396,6 @@ class _Trainer:
     def _batch(self) -> tuple[Tensor, Tensor, Tensor | None]:
         """The next global batch (B, T) from the sampler stream and its position ids (B, T) (None: 0..T−1, unless
         train.random_positions or train.pose_length, drawn from the same stream); in a job, this rank's B/N rows."""
-        from posenc_cli.data import sample_batch
-
         tc = self.tc
         x, y = sample_batch(self.corpus.train, tc.batch_size, tc.seq_len, self.sampler)
         ids = None

@@ -20,9 +20,12 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 from rich.table import Table
 from rich.text import Text
 
+from posenc_cli.checkpoint import load_run
+from posenc_cli.device import resolve_device
+from posenc_cli.evaluate import CorpusCache, find_runs
 from posenc_cli.plots import log_binned_mean, save_figure, scheme_colour
 from posenc_cli.report import run_label
-from posenc_cli.viz_data import AttentionPanel, AttentionReport, BiasData, EncodingData, RotaryData
+from posenc_cli.viz_data import AttentionPanel, AttentionReport, BiasData, EncodingData, RotaryData, attention_report
 
 TRAIN_LINE = {"color": "0.3", "ls": "--", "lw": 1.1}
 MASKED = "#EEEEEE"  # background of cells the causal mask hides
@@ -51,6 +54,7 @@ def _symmetric(values: np.ndarray) -> float:
 
 
 def _cmap(name: str) -> Any:
+    # deferred: keeps matplotlib off posenc --help start-up
     from matplotlib import colormaps
 
     return colormaps[name].with_extremes(bad=MASKED)
@@ -418,11 +422,6 @@ def write_attention_comparison(
     device: str = "auto",
 ) -> Path:
     """For sweeps: load every run under `paths`, measure attention by distance at 1× and `multiple`×, save the PNG."""
-    from posenc_cli.checkpoint import load_run
-    from posenc_cli.device import resolve_device
-    from posenc_cli.evaluate import CorpusCache, find_runs
-    from posenc_cli.viz_data import attention_report
-
     dev = resolve_device(device)
     corpora = CorpusCache()
     reports = []

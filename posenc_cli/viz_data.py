@@ -23,7 +23,9 @@ from torch import Tensor
 from posenc_cli.attention import bias_chunk_size, fold_causal_mask, merged_scores, remap_applies
 from posenc_cli.checkpoint import run_lengths
 from posenc_cli.config import Config
+from posenc_cli.data import eval_windows
 from posenc_cli.errors import ConfigError, DataError, LengthBeyondScheme
+from posenc_cli.evaluate import CorpusCache
 from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme
 
 MATRIX_LENGTH = 256  # the (i, j) bias matrix covers the first positions only (a picture, not a table)
@@ -401,8 +403,6 @@ def panel_for_windows(
 
 def validation_windows(val: np.ndarray, length: int, windows: int) -> Tensor:
     """The first `windows` non-overlapping held-out windows of `length` tokens: (N, length) int64."""
-    from posenc_cli.data import eval_windows
-
     if len(val) < length + 1:
         raise DataError(
             f"the validation split has {len(val)} tokens; a window of {length} needs {length + 1} "
@@ -463,8 +463,6 @@ def attention_report(
             f"--layer {layer} --head {head} would draw {n_maps} maps (at most {max_maps}); pick one layer or one head"
         )
     if val is None:
-        from posenc_cli.evaluate import CorpusCache
-
         val = CorpusCache().get(run.config.data, run).val
     device = next(model.parameters()).device
     panels = []

@@ -20,6 +20,7 @@ for _name in _COMMAND_MODULES:
 def _version(value: bool) -> None:
     if not value:
         return
+    # deferred: keeps this command's modules off posenc --help start-up
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -68,6 +68,7 @@ def usage_error_line(e: click.ClickException) -> str:
 
 def _flags_without_type() -> None:
     """Every option typer builds is a `_FlagOption`, so a flag's help row has no `<bool>`."""
+    # deferred: keeps this command's modules off posenc --help start-up
     import typer.core
     import typer.main
 
@@ -101,6 +102,7 @@ ConfigDirOption = Annotated[
 def progress_bar(description: str = "{task.description}") -> Progress:
     """A transient bar on stderr (description, bar, done/total, elapsed), shown only on a terminal, so piped
     output stays the result."""
+    # deferred: keeps this command's modules off posenc --help start-up
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
@@ -157,6 +159,7 @@ def not_available(command: str, issue: str) -> None:
 
 
 def _escape(text: str) -> str:
+    # deferred: keeps this command's modules off posenc --help start-up
     from rich.markup import escape
 
     return escape(text)

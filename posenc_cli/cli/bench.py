@@ -47,6 +47,7 @@ def bench_command(
     each evaluation case (scheme × length) runs in its own process so its peak memory is its own. Device, threads
     and sizes come from the config (model=..., train.seq_len, train.batch_size, train.device, train.threads).
     """
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.bench import BenchOptions, run_bench
     from posenc_cli.fsutil import atomic_write_json
     from posenc_cli.hydra_bridge import compose_config

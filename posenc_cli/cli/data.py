@@ -20,6 +20,7 @@ def data_command(
     config_dir: ConfigDirOption = None,
 ) -> None:
     """Prepare and summarise the token cache. Example: posenc data data=text data.paths=\\[notes/] tokenizer=bpe"""
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.data import load_corpus
     from posenc_cli.hydra_bridge import compose_config
 

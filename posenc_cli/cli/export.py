@@ -38,6 +38,7 @@ def export_command(
     AutoModelForCausalLM.from_pretrained(DIR) and AutoTokenizer.from_pretrained(DIR), no remote code. Other
     schemes, and model.norm=rmsnorm, have no matching transformers architecture and are refused (exit 2).
     """
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.export import export_run
 
     quiet_transformers()
@@ -66,6 +67,7 @@ def export_command(
 def quiet_transformers() -> None:
     """No progress bars or advisory warnings from transformers while exporting (errors still raise)."""
     try:
+        # deferred: keeps transformers and this command's modules off posenc --help start-up
         from transformers.utils import logging as hf_logging
     except ImportError:  # export_run raises the clear error
         return

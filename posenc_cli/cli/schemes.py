@@ -16,6 +16,7 @@ LONGER_INPUTS_NOTE = (
 def scheme_rows() -> list[dict[str, str]]:
     """One dict per registered scheme: name, hooks, learned parameters, extrapolates (= can read inputs longer than
     the training length, not that quality holds there), paper."""
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.config import ModelConfig
     from posenc_cli.positional import registry
 

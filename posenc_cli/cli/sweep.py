@@ -20,6 +20,7 @@ LOCAL_LAUNCHERS = ("basic", "joblib", "submitit_local")  # jobs run on this mach
 
 def shipped_sweeps_help() -> str:
     """'Shipped sweeps (configs/sweep/): extrapolation: ..., seeds: ...' for `posenc sweep --help`."""
+    # deferred: keeps this command's modules off posenc --help start-up
     import yaml
 
     from posenc_cli.config import config_dir
@@ -58,6 +59,7 @@ def sweep_command(
     Example: [bold]posenc sweep extrapolation train.steps=200 pos=rope,alibi[/]. Parallel:
     [bold]hydra/launcher=joblib hydra.launcher.n_jobs=2[/]; Slurm: [bold]hydra/launcher=submitit_slurm[/].
     """
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.cli.profile import print_profile
     from posenc_cli.cli.tasks import print_task_summary
     from posenc_cli.compare import comparison_outputs, gather
@@ -109,6 +111,7 @@ def sweep_command(
     failed = comparison_outputs(records, sweep_dir, console=console)
     print_task_summary(records, console)  # retrieval scores, for sweeps that measured them (data=tasks)
     if viz:
+        # deferred: keeps matplotlib and this command's modules off posenc --help start-up
         from posenc_cli.viz import write_attention_comparison
 
         done = [r.run_dir for r in records if r.status == "ok"]
@@ -124,6 +127,7 @@ def sweep_command(
 
 def _warn_if_busy(plans: list, launcher_given: dict, user_dir: Path | None) -> None:
     """One warning line when the machine is already loaded (jobs' threads as posenc would give them)."""
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.cpu_load import training_busy_warning
     from posenc_cli.hydra_bridge import compose_config
 
@@ -169,6 +173,7 @@ def _print_plan(name: str, plans: list, out: Path | None, launcher_name: str, la
 
 def _print_reference(table: Any, records: list[Any]) -> None:
     """posenc's ppl(m·L)/ppl(L) next to the paper's, one row per run label (`reference_tables.side_by_side`)."""
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.compare import to_results
     from posenc_cli.reference_tables import side_by_side
 
@@ -205,6 +210,7 @@ def compare_command(
 
     Example: [bold]posenc compare outputs/sweeps/*-extrapolation --metric bpb --format markdown[/]
     """
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.compare import gather, render
     from posenc_cli.reference_tables import reference_table
 
@@ -219,6 +225,7 @@ def compare_command(
     table = reference_table(reference) if reference is not None else None  # an unknown name fails before output
     render(records, metric=metric, baseline=baseline, fmt=fmt, out=out, console=console)
     if fmt == "table":
+        # deferred: keeps this command's modules off posenc --help start-up
         from posenc_cli.cli.tasks import print_task_summary
 
         print_task_summary(records, console)

@@ -57,6 +57,7 @@ def _grid(result: dict[str, Any], task: str) -> tuple[list[tuple[int, float]], l
 
 def tasks_tables(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> list[Table]:
     """One table per task: rows = run × length, columns = depths and their mean; n/a dimmed with its reason."""
+    # deferred: keeps this command's modules off posenc --help start-up
     from rich.table import Table
     from rich.text import Text
 
@@ -104,6 +105,7 @@ def tasks_tables(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> lis
 
 def tasks_figure(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> Figure:
     """Heatmaps: one row per run, one column per task (lengths × depths, RdYlGn from 0 to 1, n/a grey)."""
+    # deferred: keeps matplotlib and this command's modules off posenc --help start-up
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -160,6 +162,7 @@ def eval_tasks_command(
     json_path: JsonOption = None,
 ) -> None:
     """RULER-style retrieval and tracking tasks per length × depth; scores stored in RUN/eval/tasks.json."""
+    # deferred: keeps matplotlib and this command's modules off posenc --help start-up
     from posenc_cli.plots import save_figure
     from posenc_cli.ruler import registry
     from posenc_cli.tasks.retrieval import TasksEvalConfig, combined_json, evaluate_tasks_paths, registry_task
@@ -188,6 +191,7 @@ def eval_tasks_command(
             paths, names, cfg, device=run_device, threads=threads, progress=display.progress, on_run=display.on_run
         ),
     )
+    # deferred: keeps this command's modules off posenc --help start-up
     from rich.console import Group
 
     _report(
@@ -210,6 +214,7 @@ def stored_task_results(records: Sequence[Any]) -> list[dict[str, Any]]:
     """eval-tasks results read from disk for the runs of `compare.gather`'s records that have eval/tasks.json: the
     cells of the run's current checkpoint (the latest cell per task × length × depth), under the record's label.
     Failed jobs and runs without retrieval cells are left out."""
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.compare import current_checkpoint
     from posenc_cli.eval_results import checkpoint_key, read_results_file
     from posenc_cli.tasks.retrieval import COMMAND, RESULTS_FILE
@@ -233,6 +238,7 @@ def stored_task_results(records: Sequence[Any]) -> list[dict[str, Any]]:
 def task_summary_tables(results: Sequence[dict[str, Any]]) -> list[Table]:
     """One compact table per task for many runs: rows = runs, columns = lengths, cells = the mean score over the
     measured depths (`posenc eval-tasks DIR` prints every depth)."""
+    # deferred: keeps this command's modules off posenc --help start-up
     from rich.table import Table
     from rich.text import Text
 

@@ -47,6 +47,7 @@ def train_command(
     SIGTERM or Ctrl-C finishes the current step, saves a checkpoint and exits with 128+signal; the same command
     (or --resume DIR) then continues exactly where it stopped. A finished run is left alone (exit 0).
     """
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.cli.app import split_args
     from posenc_cli.hydra_bridge import compose_config
 
@@ -70,6 +71,7 @@ def train_command(
 
 def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
     """The config saved in `run_dir`, with dotted overrides (train.steps=800) applied on top."""
+    # deferred: keeps OmegaConf (Hydra's) and this command's modules off posenc --help start-up
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -92,6 +94,7 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
 
 
 def run(cfg: Config, resume: str | None, out: str | None, force_config: bool) -> None:
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.cpu_load import training_busy_warning
     from posenc_cli.distributed import env_info
     from posenc_cli.progress import TrainDisplay, interrupted_message, summary_table

@@ -78,6 +78,7 @@ def encoding_command(
     config_dir: ConfigDirOption = None,
 ) -> None:
     """Draw what a scheme's hooks do: added embeddings, rotation angles, or score biases (also a grid here)."""
+    # deferred: keeps matplotlib and this command's modules off posenc --help start-up
     from posenc_cli.plots import save_figure
     from posenc_cli.viz import encoding_figure, terminal_grids
     from posenc_cli.viz_data import encoding_data, seeded_scheme
@@ -91,6 +92,7 @@ def encoding_command(
     if names:
         if overrides:
             raise ConfigError("overrides apply to composed configs, not to a run directory: give one or the other")
+        # deferred: keeps this command's modules off posenc --help start-up
         from posenc_cli.checkpoint import load_run
 
         run = load_run(names[0])
@@ -98,6 +100,7 @@ def encoding_command(
         source = f"trained run {run.path.name}, step {run.meta['step']}"
         seed = run.config.train.seed
     else:
+        # deferred: keeps this command's modules off posenc --help start-up
         from posenc_cli.hydra_bridge import compose_config
 
         cfg = compose_config(overrides, Path(config_dir) if config_dir else None)
@@ -128,6 +131,7 @@ def attention_command(
     device: DeviceOption = "auto",
 ) -> None:
     """Attention maps at the training length and a longer one, side by side, and attention mass by distance."""
+    # deferred: keeps matplotlib and this command's modules off posenc --help start-up
     from posenc_cli.checkpoint import load_run
     from posenc_cli.device import resolve_device
     from posenc_cli.plots import save_figure
@@ -160,6 +164,7 @@ def compare_command(
     device: DeviceOption = "auto",
 ) -> None:
     """One small panel per run: attention mass by distance at 1× and at --multiple × the training length."""
+    # deferred: keeps matplotlib and this command's modules off posenc --help start-up
     from posenc_cli.viz import write_attention_comparison
 
     if multiple <= 0:

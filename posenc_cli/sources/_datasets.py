@@ -14,6 +14,7 @@ from posenc_cli.sources.base import ProgressFn, Table, hash_unit, report_progres
 @contextlib.contextmanager
 def quiet_datasets() -> Iterator[None]:
     """Silence `datasets`' own progress bars while it reads local files (the CLI shows its own)."""
+    # deferred: keeps datasets off posenc --help start-up
     import datasets
     from datasets.utils import logging as ds_logging
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from posenc_cli.config import DataConfig
 from posenc_cli.errors import ConfigError, DataError
@@ -48,6 +50,7 @@ class HfDataConfig(DataConfig):
 
 def hf_offline() -> bool:
     """Whether Hub access is switched off (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE, read now, not at import)."""
+    # deferred: keeps datasets off posenc --help start-up
     import datasets
 
     env = [os.environ.get(k, "") for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")]
@@ -57,6 +60,7 @@ def hf_offline() -> bool:
 @contextlib.contextmanager
 def _offline_mode(offline: bool) -> Iterator[None]:
     """`datasets` reads the offline variables at import; honour them when they were set later (tests, notebooks)."""
+    # deferred: keeps datasets and huggingface_hub off posenc --help start-up
     import datasets
     import huggingface_hub.constants as hub_constants
 
@@ -72,9 +76,6 @@ def _offline_mode(offline: bool) -> Iterator[None]:
 def hub_reachable(timeout: float = 3.0) -> bool:
     """One TCP connection to the Hub's endpoint ($HF_ENDPOINT, default huggingface.co:443). Without it, `datasets`
     retries every request with back-off (about 26 s of warnings) before failing, so posenc checks once first."""
-    import socket
-    from urllib.parse import urlparse
-
     url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     port = url.port or (80 if url.scheme == "http" else 443)
     try:
@@ -85,6 +86,7 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def load_hf(data: HfDataConfig, split: str) -> Any:
+    # deferred: keeps datasets off posenc --help start-up
     import datasets
 
     where = f"'{data.name}'" + (f" config '{data.config}'" if data.config else "") + f" split '{split}'"

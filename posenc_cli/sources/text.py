@@ -110,6 +110,7 @@ class TextSource(DataSource):
         }
 
         def documents() -> tuple[Docs, Docs, str]:
+            # deferred: keeps datasets off posenc --help start-up
             import datasets
 
             data_files = {"train": [str(f) for f in train_files]}

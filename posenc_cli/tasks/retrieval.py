@@ -22,6 +22,7 @@ import torch
 from posenc_cli import __version__
 from posenc_cli.checkpoint import run_lengths
 from posenc_cli.config import EvalConfig
+from posenc_cli.data import cache_root
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
 from posenc_cli.eval_loop import Entry, measure, results_header
 from posenc_cli.eval_results import checkpoint_identity, checkpoint_key
@@ -30,7 +31,8 @@ from posenc_cli.passkey import greedy_decode
 from posenc_cli.ruler import RetrievalTask
 from posenc_cli.ruler import registry as ruler_registry
 from posenc_cli.ruler.base import DEFAULT_DIGITS, PromptTooShort, build_prompts
-from posenc_cli.sources.tasks import TasksDataConfig
+from posenc_cli.sources import open_source
+from posenc_cli.sources.tasks import TasksDataConfig, corpus_text
 from posenc_cli.tasks import register
 from posenc_cli.tasks.base import EvalTask, Progress
 
@@ -168,10 +170,6 @@ def evaluate_task_model(
 def corpus_haystack(run: LoadedRun, n_chars: int) -> tuple[np.ndarray, str]:
     """(token ids, label) of real text for haystacks: the start of the validation split of the run's corpus (for
     a `data=tasks` run, its `data.corpus` source)."""
-    from posenc_cli.data import cache_root
-    from posenc_cli.sources import open_source
-    from posenc_cli.sources.tasks import corpus_text
-
     data = run.config.data
     if isinstance(data, TasksDataConfig):
         data = data.corpus_config()
