@@ -110,6 +110,10 @@ def check_exportable(cfg: Config) -> None:
         )
     if (p := getattr(cfg.pos, "p", 1.0)) != 1.0:
         raise NotExportable(f"not exportable: pos.p={p} (p-RoPE) has no counterpart in {ARCHITECTURES[scheme]}")
+    if (remap := getattr(cfg.pos, "remap", None)) is not None and remap.active:
+        raise NotExportable(
+            f"not exportable: pos.remap ({remap.describe()}) has no counterpart in {ARCHITECTURES[scheme]}"
+        )
     if cfg.model.attn_scale != "none":
         raise NotExportable(
             f"not exportable: model.attn_scale={cfg.model.attn_scale} (attention-logit length scaling) has no "

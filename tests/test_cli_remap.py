@@ -132,3 +132,12 @@ def test_viz_attention_of_a_remapped_child(runs: dict[str, Path], tmp_path: Path
     assert child_4x.length == 64 and child_4x.mass is not None and parent_4x.mass is not None
     np.testing.assert_allclose(child_4x.mass.sum(-1), 1.0, atol=1e-9)  # a distribution over distances
     assert np.abs(child_4x.mass - parent_4x.mass).max() > 1e-6  # the remapping changes attention beyond W = 4
+
+
+def test_export_refuses_a_remapped_run(runs: dict[str, Path], tmp_path: Path) -> None:
+    child, hf = tmp_path / "rr", tmp_path / "hf"
+    assert invoke(str(runs["rope"]), "--method", "rerope", "--window", "8", "--out", str(child)).exit_code == 0
+    result = runner.invoke(app, ["export", str(child), "--out", str(hf)], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert "not exportable: pos.remap (rerope W=8) has no counterpart" in " ".join(result.output.split())
+    assert not hf.exists()
