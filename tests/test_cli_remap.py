@@ -141,3 +141,13 @@ def test_export_refuses_a_remapped_run(runs: dict[str, Path], tmp_path: Path) ->
     assert result.exit_code == 2, result.output
     assert "not exportable: pos.remap (rerope W=8) has no counterpart" in " ".join(result.output.split())
     assert not hf.exists()
+
+
+def test_eval_prints_parent_and_child_side_by_side(runs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "rr-eval"
+    result = invoke(str(runs["rope"]), "--method", "rerope", "--window", "8", "--out", str(out), "--eval")
+    assert result.exit_code == 0, result.output
+    assert "Perplexity by evaluation length" in result.output
+    rows = [line.split("│")[1].split()[0] for line in result.output.splitlines() if line.startswith("│ ")]
+    assert {"rope", "rr-eval"} <= set(rows)  # the parent and the child
+    assert (out / "eval" / "extrapolate.json").is_file() and not (runs["rope"] / "eval").exists()
