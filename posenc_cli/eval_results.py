@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from filelock import FileLock, Timeout
+
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.fsutil import atomic_write_json
 
@@ -135,8 +137,6 @@ def update_results_file(
     was trained further since), replace entries with the same `key` in place or append, write atomically. Entries
     without a recorded checkpoint (older files) are kept; their key never matches a new entry.
     """
-    from filelock import FileLock, Timeout
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     current = checkpoint_key({"checkpoint": checkpoint})

@@ -41,12 +41,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 
 from posenc_cli import __version__
-from posenc_cli.checkpoint import run_lengths
-from posenc_cli.config import DataConfig, EvalConfig
-from posenc_cli.device import describe_device
+from posenc_cli.checkpoint import NotARunError, read_meta, run_lengths
+from posenc_cli.config import DataConfig, EvalConfig, config_dir
+from posenc_cli.data import load_corpus
+from posenc_cli.device import describe_device, resolve_device
+from posenc_cli.device import threads as use_threads
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
 from posenc_cli.eval_loop import Entry, measure, results_header
 from posenc_cli.eval_results import (
@@ -61,6 +64,8 @@ from posenc_cli.eval_results import (
     results_path,
     save_results,
 )
+from posenc_cli.hf_run import is_hf_dir, load_hf_run
+from posenc_cli.interrupts import run_is_locked
 from posenc_cli.sources import build_data_config, source_class
 from posenc_cli.streaming import DEFAULT_BLOCK, default_window, evaluate_streaming
 
@@ -182,6 +187,7 @@ def resolve_dtype(dtype: str, meta: dict[str, Any], device: torch.device | None 
         if str(meta.get("precision", "fp32")) != "bf16":
             return "fp32"
         if device is not None and device.type == "cpu":
+            # deferred: looked up when called, so tests can patch posenc_cli.device.cpu_has_fast_bf16
             from posenc_cli.device import cpu_has_fast_bf16
 
             return "bf16" if cpu_has_fast_bf16() else "fp32"
@@ -276,8 +282,6 @@ def find_runs(paths: Iterable[Path | str]) -> list[Path]:
     """Run directories named by `paths`: each is a run (or a transformers model directory, see `hf_run`), or a
     directory searched recursively for posenc runs. A named run whose meta.json is corrupt, and a search that finds
     only such runs, raise `read_meta`'s error (naming the file) rather than "no run"."""
-    from posenc_cli.hf_run import is_hf_dir
-
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -302,8 +306,6 @@ def find_runs(paths: Iterable[Path | str]) -> list[Path]:
 
 def _is_run(path: Path) -> bool:
     """True for a posenc run; False for a directory that is none; `read_meta`'s error for a broken run."""
-    from posenc_cli.checkpoint import NotARunError, read_meta
-
     try:
         read_meta(path)
     except NotARunError:
@@ -333,6 +335,7 @@ def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> Da
     Without `data=NAME` the run's own data config is the starting point. Values use OmegaConf's dotlist grammar
     (lists as `[a,b]`, `null`, numbers).
     """
+    # deferred: keeps OmegaConf (Hydra's) off posenc --help start-up
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -363,9 +366,6 @@ def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> Da
 
 
 def _data_group_defaults(name: str) -> dict[str, Any]:
-    import yaml
-
-    from posenc_cli.config import config_dir
 
     group = config_dir() / "data"
     path = group / f"{name}.yaml"
@@ -387,8 +387,6 @@ class CorpusCache:
         self._corpora: dict[tuple[str, str], Corpus] = {}
 
     def get(self, data: DataConfig, run: LoadedRun, progress: Callable[[str, int, int], None] | None = None) -> Corpus:
-        from posenc_cli.data import load_corpus
-
         key = (json.dumps(dataclasses.asdict(data), sort_keys=True), str(run.tokenizer.fingerprint))
         if key not in self._corpora:
             self._corpora[key] = load_corpus(data, run.config.tokenizer, tokenizer=run.tokenizer, progress=progress)
@@ -521,8 +519,6 @@ def check_not_training(run_dir: Path) -> None:
     A stopped run (interrupted, or trained to its last step) is evaluated as it stands; its cells are keyed by that
     checkpoint, so training it further makes them stale (measured again) instead of wrong.
     """
-    from posenc_cli.interrupts import run_is_locked
-
     if run_is_locked(run_dir):
         raise CheckpointError(f"{run_dir} is being trained by another process; evaluate it once training has stopped")
 
@@ -598,10 +594,8 @@ def evaluate_each_run(
     on_run: Callable[[Path, int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Load each run directory in turn (one model in memory at a time) and collect `evaluate(run, device)`."""
+    # deferred: looked up when called, so tests can patch posenc_cli.checkpoint.load_run
     from posenc_cli.checkpoint import load_run
-    from posenc_cli.device import resolve_device
-    from posenc_cli.device import threads as use_threads
-    from posenc_cli.hf_run import is_hf_dir, load_hf_run
 
     device = resolve_device(device)
     results = []

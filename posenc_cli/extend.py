@@ -24,13 +24,30 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from posenc_cli import __version__
-from posenc_cli.checkpoint import run_lengths
-from posenc_cli.config import Config, ExtendConfig, replace
+from posenc_cli.checkpoint import (
+    CONFIG_FILE,
+    MODEL_FILE,
+    RunMeta,
+    commit_checkpoint,
+    is_run_dir,
+    load_run,
+    read_meta,
+    read_verified,
+    run_lengths,
+)
+from posenc_cli.config import Config, ExtendConfig, config_to_yaml, replace
+from posenc_cli.device import threads as use_threads
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
+from posenc_cli.hf_extend import extend_hf_dir
+from posenc_cli.hf_run import is_hf_dir
 from posenc_cli.positional.remap import RemapConfig, remapped_distance
+from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import RopeScalingConfig, frequency_summary, method_names
-from posenc_cli.run_meta import ExtendResult, claim_run_dir
+from posenc_cli.run_meta import ExtendResult, check_claimable, claim_run_dir
+from posenc_cli.train import train
 
 if typing.TYPE_CHECKING:
     from posenc_cli.checkpoint import LoadedRun
@@ -183,9 +200,6 @@ def _frequency_numbers(
 def _existing_child(out_dir: Path) -> dict[str, Any] | None:
     """meta.json of a posenc run in `out_dir`; None when absent, empty or posenc's unfinished attempt (claimed);
     ConfigError when it holds anything else."""
-    from posenc_cli.checkpoint import is_run_dir, read_meta
-    from posenc_cli.run_meta import check_claimable
-
     if not out_dir.exists():
         return None
     if not out_dir.is_dir():
@@ -202,8 +216,6 @@ def _existing_child(out_dir: Path) -> dict[str, Any] | None:
 def _is_complete(out_dir: Path, meta: dict[str, Any]) -> bool:
     """A copied child is complete when its meta says so and every file it lists is there and verifies (a directory
     holding only meta.json, as a killed or raced writer could leave, is redone, not reported as done)."""
-    from posenc_cli.checkpoint import read_verified
-
     if meta.get("status") != "complete":
         return False
     try:
@@ -217,8 +229,6 @@ def _is_complete(out_dir: Path, meta: dict[str, Any]) -> bool:
 @contextlib.contextmanager
 def _writer_lock(out_dir: Path) -> Iterator[None]:
     """Hold `out_dir`'s extend lock, or refuse at once: a second `extend` into the same directory changes nothing."""
-    from filelock import FileLock, Timeout
-
     out_dir.mkdir(parents=True, exist_ok=True)
     lock = FileLock(out_dir / LOCK_FILE, timeout=0)
     try:
@@ -277,20 +287,14 @@ def extend_run(
     `resume=True` additionally requires `out_dir` to hold the extension already. `callback` receives `train()`'s
     events during a fine-tune; `threads` sets the fine-tune's `train.threads` (0 = torch's default).
     """
-    from posenc_cli.checkpoint import MODEL_FILE, load_run
-    from posenc_cli.device import threads as use_threads
-    from posenc_cli.positional.rope import rotary_dim
-
     validate_extend(ext)
     parent_path, out = Path(parent_dir), Path(out_dir)
     if out.exists() and out.resolve() == parent_path.resolve():
         raise ConfigError(f"the output directory is the parent run {parent_path}; extend never modifies its source")
-    from posenc_cli.hf_run import is_hf_dir
 
     if is_hf_dir(parent_path):  # a transformers directory: a new transformers directory (posenc_cli/hf_extend.py)
         if ext.logn:
             raise ConfigError("--logn applies to posenc runs only; transformers directories have no log-n option")
-        from posenc_cli.hf_extend import extend_hf_dir
 
         return extend_hf_dir(parent_path, out, ext)
     with use_threads(threads):
@@ -334,8 +338,6 @@ def extend_run(
         )
         extra = {"parent": str(parent_path.resolve()), "base_length": base_length, "extend": record}
         if ext.finetune_steps > 0:
-            from posenc_cli.train import train
-
             res = train(child_cfg, out, init_from=parent_path, meta_extra=extra, callback=callback)
             result.finetune = res
             if res.stopped_reason == "complete":
@@ -356,9 +358,6 @@ def _write_scaled_copy(
     parent: LoadedRun, out: Path, child_cfg: Config, extra: dict[str, Any], train_length: int
 ) -> None:
     """Commit config + byte-identical weights (+ tokenizer file) + meta as one checkpoint (see checkpoint.py)."""
-    from posenc_cli.checkpoint import CONFIG_FILE, MODEL_FILE, RunMeta, commit_checkpoint, read_verified
-    from posenc_cli.config import config_to_yaml
-
     files = {
         MODEL_FILE: read_verified(parent.path, parent.meta, MODEL_FILE),  # checked against the parent's sha256
         CONFIG_FILE: config_to_yaml(child_cfg).encode(),
@@ -400,10 +399,6 @@ def remap_run(parent_dir: Path | str, out_dir: Path | str, remap: RemapConfig, *
     weights, tokenizer and everything else the parent's). Idempotent like `extend_run`. Refused with a one-line
     `UserError` before anything is written: bad settings, a transformers directory, a parent that is not RoPE or
     already remaps, an `out_dir` that is the parent or holds anything else."""
-    from posenc_cli.checkpoint import MODEL_FILE, load_run
-    from posenc_cli.device import threads as use_threads
-    from posenc_cli.hf_run import is_hf_dir
-
     if remap.method == "none":
         raise ConfigError("give a remapping method: self-extend or rerope")
     remap.validate()

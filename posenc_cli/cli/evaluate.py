@@ -62,6 +62,7 @@ def build_eval_config(
     force: bool,
 ) -> Any:
     """EvalConfig defaults updated with the flags that were given (type- and range-checked)."""
+    # deferred: keeps this command's modules off posenc --help start-up
     import dataclasses
 
     from posenc_cli.config import EvalConfig, build_dataclass
@@ -172,6 +173,7 @@ def _report(
     combined: dict[str, Any],
 ) -> None:
     """Print the table and a one-line summary, then write the plot(s) and the combined JSON if asked."""
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.fsutil import atomic_write_json
 
     console.print(table)
@@ -257,6 +259,7 @@ def eval_extrapolate_command(
     json_path: JsonOption = None,
 ) -> None:
     """Perplexity at and beyond the training length, per run and length; stored in each run's eval/extrapolate.json."""
+    # deferred: keeps matplotlib and this command's modules off posenc --help start-up
     from posenc_cli.compare import labelled_in_order
     from posenc_cli.evaluate import evaluate_paths
     from posenc_cli.hf_run import train_length_override
@@ -348,6 +351,7 @@ def eval_passkey_command(
     json_path: JsonOption = None,
 ) -> None:
     """Passkey retrieval: exact match of a key hidden at each depth of growing prompts; in RUN/eval/passkey.json."""
+    # deferred: keeps matplotlib and this command's modules off posenc --help start-up
     from posenc_cli.passkey import PasskeyConfig, combined_json, evaluate_passkey_paths
     from posenc_cli.passkey_report import passkey_figure, passkey_table
     from posenc_cli.plots import save_figure
