@@ -186,3 +186,15 @@ def test_cells_of_an_earlier_checkpoint_are_not_measured(tmp_path: Path) -> None
     row = next(line for line in text.splitlines() if line.startswith("│ rope"))
     assert [c.strip() for c in row.split("│")[2:-1]] == ["8.000", "–", "–", "–"]
     assert "[missing]" not in text
+
+
+def test_compare_cli_costs(sweep_dir: Path) -> None:
+    """--costs adds each run's cost from its job's profile.json ('–' where a run has none)."""
+    profile = {"schema_version": 1, "seconds": {"setup": 1.0, "steps": 9.0, "eval L=16": 0.5, "eval L=64": 2.5}}
+    (sweep_dir / "train/pos=rope/profile.json").write_text(json.dumps(profile))
+    result = runner.invoke(app, ["compare", str(sweep_dir), "--costs"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    rope_row = next(line for line in result.output.splitlines() if "Cost per run" not in line and "│ rope " in line
+                    and "(L=64)" in line)  # fmt: skip
+    assert "10.0" in rope_row and "2.5 (L=64)" in rope_row
+    assert "Cost per run" in result.output

@@ -205,6 +205,14 @@ def compare_command(
         str | None,
         typer.Option("--reference", help="Also print posenc's ratios next to a paper's table: alibi-table2."),
     ] = None,
+    costs: Annotated[
+        bool,
+        typer.Option(
+            "--costs",
+            help="Also print each run's cost from its sweep job's profile.json: tokens and seconds trained (a "
+            "derived run's fine-tune), seconds of the scaling, evaluation seconds at the longest length.",
+        ),
+    ] = False,
 ) -> None:
     """Comparison table (and plots with --out) from run or sweep directories already on disk.
 
@@ -231,3 +239,12 @@ def compare_command(
         print_task_summary(records, console)
     if table is not None:
         _print_reference(table, records)
+    if costs:
+        # deferred: keeps this command's modules off posenc --help start-up
+        import dataclasses
+
+        from posenc_cli.costs import run_costs
+        from posenc_cli.report import cost_table
+
+        rows = run_costs((r.label, r.run_dir) for r in records)
+        console.print(cost_table([dataclasses.asdict(c) for c in rows]))
