@@ -45,10 +45,10 @@ import yaml
 from torch import nn
 
 from posenc_cli import __version__
-from posenc_cli.checkpoint import NotARunError, read_meta, run_lengths
+from posenc_cli.checkpoint import NotARunError, load_run, read_meta, run_lengths
 from posenc_cli.config import DataConfig, EvalConfig, config_dir
 from posenc_cli.data import load_corpus
-from posenc_cli.device import describe_device, resolve_device
+from posenc_cli.device import cpu_has_fast_bf16, describe_device, resolve_device
 from posenc_cli.device import threads as use_threads
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
 from posenc_cli.eval_loop import Entry, measure, results_header
@@ -187,9 +187,6 @@ def resolve_dtype(dtype: str, meta: dict[str, Any], device: torch.device | None 
         if str(meta.get("precision", "fp32")) != "bf16":
             return "fp32"
         if device is not None and device.type == "cpu":
-            # deferred: looked up when called, so tests can patch posenc_cli.device.cpu_has_fast_bf16
-            from posenc_cli.device import cpu_has_fast_bf16
-
             return "bf16" if cpu_has_fast_bf16() else "fp32"
         return "bf16"
     if dtype not in ("fp32", "bf16"):
@@ -594,9 +591,6 @@ def evaluate_each_run(
     on_run: Callable[[Path, int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Load each run directory in turn (one model in memory at a time) and collect `evaluate(run, device)`."""
-    # deferred: looked up when called, so tests can patch posenc_cli.checkpoint.load_run
-    from posenc_cli.checkpoint import load_run
-
     device = resolve_device(device)
     results = []
     with use_threads(threads):

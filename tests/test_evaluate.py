@@ -83,11 +83,9 @@ def test_resolve_stride_and_dtype() -> None:
 
 
 def test_auto_dtype_avoids_emulated_bf16_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    import posenc_cli.device as device
-
-    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(ev, "cpu_has_fast_bf16", lambda: False)  # posenc_cli.device's, as evaluate imported it
     assert ev.resolve_dtype("auto", {"precision": "bf16"}, torch.device("cpu")) == "fp32"
-    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(ev, "cpu_has_fast_bf16", lambda: True)
     assert ev.resolve_dtype("auto", {"precision": "bf16"}, torch.device("cpu")) == "bf16"
 
 
@@ -267,9 +265,7 @@ def test_results_merge_replace_and_reuse(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_bf16_auto_from_meta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import posenc_cli.device as device
-
-    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(ev, "cpu_has_fast_bf16", lambda: True)
     run = fake_run(tmp_path, precision="bf16")
     out = ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=32), corpus=fake_corpus())
     assert out["entries"][0]["dtype"] == "bf16" and out["entries"][0]["status"] == "ok"

@@ -184,7 +184,6 @@ def test_jobs_log_to_the_configured_tracker(workspace: Path, monkeypatch) -> Non
 
 def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both evaluations run on one loaded model, the passkey one first; neither marks the job done."""
-    import posenc_cli.checkpoint
     import posenc_cli.evaluate
     import posenc_cli.passkey
     from posenc_cli import sweep
@@ -206,7 +205,7 @@ def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeyp
     monkeypatch.setattr(posenc_cli.evaluate, "evaluate_run", extrapolate)
     monkeypatch.setattr(posenc_cli.passkey, "evaluate_passkey_run", passkey)
     loads: list[Path] = []
-    monkeypatch.setattr(posenc_cli.checkpoint, "load_run", lambda path, **k: loads.append(Path(path)) or object())
+    monkeypatch.setattr(posenc_cli.evaluate, "load_run", lambda path, **k: loads.append(Path(path)) or object())
     job_dir.mkdir()
     (job_dir / "model.safetensors").write_bytes(b"")  # started, not finished
     cfg = compose_config(["data=passkey", "train.device=cpu"])
