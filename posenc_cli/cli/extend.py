@@ -212,6 +212,7 @@ def extend_command(
     fine-tuning). `--method self-extend --window W --group G` and `--method rerope --window W [--leaky K]` remap
     positions beyond the window at inference instead (recorded as pos.remap; no scaling, no fine-tune).
     """
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.extend import default_out_dir, extend_run, finetune_length
     from posenc_cli.positional.remap import REMAP_METHODS
 
@@ -254,6 +255,7 @@ def extend_command(
         pose_chunks=pose_chunks,
         logn=logn,
     )
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.extend import validate_extend
 
     ext = _longrope_factors(ext, factors, search)
@@ -264,6 +266,7 @@ def extend_command(
         ext, found = _search(run_dir, ext, search_budget, search_seed, search_tokens, threads)
 
     if ext.finetune_steps > 0:
+        # deferred: keeps this command's modules off posenc --help start-up
         from posenc_cli.progress import TrainDisplay
 
         with TrainDisplay(console, live=stdout_is_terminal(), log_every=1) as display:
@@ -277,6 +280,7 @@ def extend_command(
         span = finetune_length(ext, result.original_length)
         console.print(f"PoSE: fine-tuned on {result.train_length}-token windows, position ids spanning {span}")
     if result.status == "interrupted":
+        # deferred: keeps this command's modules off posenc --help start-up
         from posenc_cli.progress import interrupted_message
 
         assert result.finetune is not None
@@ -300,6 +304,7 @@ def _remap(
     evaluate: bool,
     threads: int,
 ) -> None:
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.extend import remap_out_dir, remap_run
     from posenc_cli.positional.remap import RemapConfig
 
@@ -337,6 +342,7 @@ def _remap(
 def _longrope_factors(ext: ExtendConfig, factors: Path | None, search: bool) -> ExtendConfig:
     """`ext` with the factors of --factors FILE; one-line errors for LongRoPE options given to another method,
     for two sources of factors, and for LongRoPE without factors."""
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.config import replace
     from posenc_cli.rope_scaling.longrope import FACTOR_KEYS, read_factors_file
 
@@ -360,6 +366,7 @@ def _search(
     run_dir: Path, ext: ExtendConfig, budget: int, seed: int, tokens: int, threads: int
 ) -> tuple[ExtendConfig, Any]:
     """LongRoPE's search with a progress bar (stderr, on a terminal): (ext with the found factors, the search)."""
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.cli.app import progress_bar
     from posenc_cli.longrope_search import search_extension
 
@@ -376,6 +383,7 @@ def _search(
 
 def _report_search(result: ExtendResult, ext: ExtendConfig, found: Any) -> None:
     """Write the factors file into the child and say what the search found and what it cost."""
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.longrope_search import write_factors
 
     assert ext.short_factor is not None
@@ -445,6 +453,7 @@ def _tokens(x: float) -> str:
 
 
 def _evaluate_both(result: ExtendResult, threads: int) -> None:
+    # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.compare import labelled_in_order
     from posenc_cli.config import EvalConfig
     from posenc_cli.evaluate import CorpusCache, evaluate_run_dir
