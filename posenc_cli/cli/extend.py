@@ -325,7 +325,8 @@ def _remap(
     t.add_column("before (parent)")
     t.add_column("after (child)")
     t.add_row("run", Text(_shown(result.parent_dir), overflow="fold"), Text(_shown(result.out_dir), overflow="fold"))
-    t.add_row("positions", f"RoPE ({result.parent_scaling} scaling)", result.remap.describe())
+    rope = "RoPE" if result.parent_scaling == "none" else f"RoPE, {result.parent_scaling}"
+    t.add_row("positions", rope, f"{rope}, {result.remap.describe()}")
     for n, d in result.largest_distance.items():
         t.add_row(f"largest relative position at {n} tokens", str(n - 1), f"{d:g}")
     t.add_row("training length", str(result.train_length), str(result.train_length))
