@@ -13,7 +13,7 @@ runner = CliRunner()
 def test_help_lists_the_shipped_sweeps() -> None:
     result = runner.invoke(app, ["sweep", "--help"], terminal_width=200)
     assert result.exit_code == 0
-    for name in ("extrapolation", "seeds", "rope_scaling", "sizes", "passkey"):
+    for name in ("extrapolation", "seeds", "rope_scaling", "sizes", "passkey", "tasks"):
         assert f"{name}:" in result.output, name
 
 

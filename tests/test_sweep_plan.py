@@ -61,14 +61,14 @@ def test_user_overrides_replace_or_extend_the_sweep(tmp_path: Path) -> None:
 def test_shipped_sweeps_expand_and_validate() -> None:
     root = config_dir()
     counts = {}
-    for name in ("extrapolation", "seeds", "rope_scaling", "sizes", "passkey", "context-extension"):
+    for name in ("extrapolation", "seeds", "rope_scaling", "sizes", "passkey", "context-extension", "tasks"):
         path = find_sweep_file(name, [root])
         assert path.read_text().startswith(f"# posenc sweep {name}")
         plans = plan_sweep(load_sweep_spec(path), [])
         validate_plan(plans, None)
         counts[name] = [len(p.jobs) for p in plans]
     assert counts == {"extrapolation": [5, 2], "seeds": [15], "rope_scaling": [1, 15], "sizes": [10], "passkey": [11],
-                      "context-extension": [1, 10, 4, 2]}  # fmt: skip
+                      "context-extension": [1, 10, 4, 2], "tasks": [11]}  # fmt: skip
 
 
 def test_bad_override_is_rejected_before_anything_runs(tmp_path: Path) -> None:
