@@ -223,9 +223,19 @@ class ExtendConfig(_ExtendScaling):  # type: ignore[misc, valid-type]
     pose: bool = False  # PoSE: fine-tune at the original length L with skip-wise ids spanning the fine-tune length
     pose_chunks: int = 2
     logn: bool = False  # log-n attention scaling (model.attn_scale=logn, L = the original length) on top
+    # Instead of a scaling, a position remapping (`extend --method self-extend|rerope`; pos.remap of the child): what
+    # a sweep's extend stage sets to compare the training-free remappings with the scalings.
+    remap: str = "none"
+    remap_window: int = 0
+    remap_group: int = 0
+    remap_leaky: float = 0.0
 
     def validate(self) -> None:
         _check_finite(self, "extend")
+        if self.remap != "none":
+            if self.finetune_steps or self.pose or self.logn:
+                raise ConfigError(f"extend.remap={self.remap} takes no fine-tune, PoSE or log-n")
+            return  # the scaling fields are not used; remap_run validates the remapping itself
         if self.factor <= 1:
             raise ConfigError(f"extend.factor must be > 1, got {self.factor}")
         _non_negative(self, "extend", "finetune_steps", "finetune_warmup")

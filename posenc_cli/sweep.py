@@ -38,7 +38,7 @@ from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.eval_results import checkpoint_identity
 from posenc_cli.evaluate import evaluate_each_run
-from posenc_cli.extend import extend_run
+from posenc_cli.extend import extend_run, remap_run
 from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.hydra_bridge import (
     JobInfo,
@@ -49,6 +49,7 @@ from posenc_cli.hydra_bridge import (
     parse_overrides,
     quote_value,
 )
+from posenc_cli.positional.remap import RemapConfig
 from posenc_cli.profiling import EvalRecorder, JobProfile, TrainRecorder, eval_facts, write_job_profile
 from posenc_cli.progress import TrainDisplay
 from posenc_cli.sources import source_class
@@ -524,7 +525,12 @@ def _extend_job(
     with _job_display(cfg) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
         booked, start = sum(profile.seconds.values()), time.perf_counter()
         recorder = TrainRecorder(profile, cfg, fault.on_step(callback))
-        result = extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads, callback=recorder)
+        if cfg.extend.remap != "none":  # a training-free position remapping instead of a scaling
+            ext = cfg.extend
+            remap = RemapConfig(method=ext.remap, window=ext.remap_window, group=ext.remap_group, leaky=ext.remap_leaky)
+            result: Any = remap_run(parent_dir, job_dir, remap, threads=cfg.train.threads)
+        else:
+            result = extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads, callback=recorder)
         fine_tune = sum(profile.seconds.values()) - booked  # its setup, steps, validation and saves
         profile.add("extend", time.perf_counter() - start - fine_tune)
     return (getattr(result, "signal", None) or 0) if result.status == "interrupted" else None

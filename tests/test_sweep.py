@@ -32,6 +32,17 @@ stages:
     overrides: [extend.method=yarn, extend.factor=2]
     label: "rope → yarn x2"
 """
+REMAP = f"""# posenc sweep remap --config-dir DIR
+overrides: {COMMON}
+stages:
+  - name: train
+    params: {{pos: "rope"}}
+  - name: self-extend
+    action: extend
+    parent: train/pos=rope
+    overrides: [extend.remap=self-extend, extend.remap_window=8, extend.remap_group=2]
+    label: "self-extend W=8 G=2"
+"""
 ONE_STAGE = f"""# posenc sweep one --config-dir DIR
 overrides: {COMMON}
 stages:
@@ -54,6 +65,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (cfg / "model" / "micro.yaml").write_text(MICRO_MODEL)
     (cfg / "sweep" / "two.yaml").write_text(TWO_STAGES)
     (cfg / "sweep" / "one.yaml").write_text(ONE_STAGE)
+    (cfg / "sweep" / "remap.yaml").write_text(REMAP)
     return root
 
 
@@ -217,3 +229,15 @@ def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeyp
     # evaluated, but done only once run_job writes the job's marker (after training completed and both evaluations)
     assert calls == ["passkey", "passkey", "extrapolate"] and sweep.job_status(job_dir) == "partial"
     assert loads == [job_dir, job_dir]  # one load per attempt: both evaluations share the loaded model
+
+
+def test_an_extend_stage_can_remap_positions_instead_of_scaling(workspace: Path, monkeypatch) -> None:
+    """extend.remap=self-extend in a sweep makes the same child as `posenc extend --method self-extend`."""
+    code, output = sweep(workspace, monkeypatch, "remap", "--out", "remap")
+    assert code == 0, output
+    child = workspace / "remap" / "self-extend" / "default" / "default"  # <stage>/<parent job>/<job>
+    config = (child / "config.yaml").read_text()
+    assert "method: self-extend" in config and "window: 8" in config and "group: 2" in config
+    assert (child / "done.json").is_file() and (child / "eval" / "extrapolate.json").is_file()
+    records = json.loads((workspace / "remap" / "results.json").read_text())
+    assert {r["label"] for r in records} == {"rope", "self-extend W=8 G=2"}
