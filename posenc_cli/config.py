@@ -229,6 +229,10 @@ class ExtendConfig(_ExtendScaling):  # type: ignore[misc, valid-type]
     remap_window: int = 0
     remap_group: int = 0
     remap_leaky: float = 0.0
+    # LongRoPE in a sweep: search the long factors on the parent first (`extend --search`), with this many
+    # candidates (0: off, the factors are given) and this seed.
+    longrope_search: int = 0
+    longrope_search_seed: int = 0
 
     def validate(self) -> None:
         _check_finite(self, "extend")
@@ -238,7 +242,11 @@ class ExtendConfig(_ExtendScaling):  # type: ignore[misc, valid-type]
             return  # the scaling fields are not used; remap_run validates the remapping itself
         if self.factor <= 1:
             raise ConfigError(f"extend.factor must be > 1, got {self.factor}")
-        _non_negative(self, "extend", "finetune_steps", "finetune_warmup")
+        _non_negative(self, "extend", "finetune_steps", "finetune_warmup", "longrope_search", "longrope_search_seed")
+        if self.longrope_search and self.method != "longrope":
+            raise ConfigError(
+                f"extend.longrope_search finds LongRoPE factors; it needs extend.method=longrope, not {self.method}"
+            )
         _positive(self, "extend", "pose_chunks")
         if self.pose and self.finetune_steps == 0:
             raise ConfigError("extend.pose (--pose) needs a fine-tune: set --finetune-steps N")

@@ -49,6 +49,7 @@ from posenc_cli.hydra_bridge import (
     parse_overrides,
     quote_value,
 )
+from posenc_cli.longrope_search import search_extension
 from posenc_cli.positional.remap import RemapConfig
 from posenc_cli.profiling import EvalRecorder, JobProfile, TrainRecorder, eval_facts, write_job_profile
 from posenc_cli.progress import TrainDisplay
@@ -529,6 +530,12 @@ def _extend_job(
             ext = cfg.extend
             remap = RemapConfig(method=ext.remap, window=ext.remap_window, group=ext.remap_group, leaky=ext.remap_leaky)
             result: Any = remap_run(parent_dir, job_dir, remap, threads=cfg.train.threads)
+        elif cfg.extend.longrope_search:  # LongRoPE: search the factors on the parent, then extend with them
+            ext = cfg.extend
+            budget, seed = ext.longrope_search, ext.longrope_search_seed
+            with profile.phase("longrope search"):
+                child = search_extension(parent_dir, ext, budget=budget, seed=seed, threads=cfg.train.threads)[0]
+            result = extend_run(parent_dir, job_dir, child, threads=cfg.train.threads, callback=recorder)
         else:
             result = extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads, callback=recorder)
         fine_tune = sum(profile.seconds.values()) - booked  # its setup, steps, validation and saves

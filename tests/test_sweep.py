@@ -42,6 +42,11 @@ stages:
     parent: train/pos=rope
     overrides: [extend.remap=self-extend, extend.remap_window=8, extend.remap_group=2]
     label: "self-extend W=8 G=2"
+  - name: longrope
+    action: extend
+    parent: train/pos=rope
+    overrides: [extend.factor=2, extend.method=longrope, extend.longrope_search=2]
+    label: "longrope x2 (searched)"
 """
 ONE_STAGE = f"""# posenc sweep one --config-dir DIR
 overrides: {COMMON}
@@ -240,4 +245,16 @@ def test_an_extend_stage_can_remap_positions_instead_of_scaling(workspace: Path,
     assert "method: self-extend" in config and "window: 8" in config and "group: 2" in config
     assert (child / "done.json").is_file() and (child / "eval" / "extrapolate.json").is_file()
     records = json.loads((workspace / "remap" / "results.json").read_text())
-    assert {r["label"] for r in records} == {"rope", "self-extend W=8 G=2"}
+    assert {r["label"] for r in records} == {"rope", "self-extend W=8 G=2", "longrope x2 (searched)"}
+
+
+def test_an_extend_stage_can_search_longrope_factors(workspace: Path, monkeypatch) -> None:
+    """extend.longrope_search=N searches the long factors on the parent (as `extend --longrope --search`), then
+    extends with them: the child's config holds the found factors."""
+    code, output = sweep(workspace, monkeypatch, "remap", "--out", "remap")
+    assert code == 0, output
+    child = workspace / "remap" / "longrope" / "default" / "default"
+    config = (child / "config.yaml").read_text()
+    assert "method: longrope" in config and "long_factor:" in config and "long_factor: null" not in config
+    assert (child / "done.json").is_file()
+    assert "longrope search" in json.loads((child / "profile.json").read_text())["seconds"]
