@@ -47,6 +47,6 @@ def test_new_schemes_appear_automatically(monkeypatch: pytest.MonkeyPatch) -> No
         paper = "Nobody 2099"
 
     positional.registry()  # load the real schemes first
-    monkeypatch.setitem(positional._REGISTRY, Dummy.name, Dummy)
+    monkeypatch.setitem(positional._SCHEMES._entries, Dummy.name, Dummy)
     out = run()
     assert "dummy-scheme-xyz" in out and "Nobody 2099" in out

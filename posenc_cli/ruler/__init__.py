@@ -9,47 +9,19 @@ This package imports neither torch nor the tokenizers (a tokenizer is passed in)
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from typing import TypeVar
-
-from posenc_cli.errors import ConfigError
+from posenc_cli.registry import Registry
 from posenc_cli.ruler.base import RetrievalTask
 
 __all__ = ["RetrievalTask", "register", "registry", "task_class"]
 
-_REGISTRY: dict[str, type[RetrievalTask]] = {}
-_loaded = False
-
-T = TypeVar("T", bound=type[RetrievalTask])
-
-
-def register(cls: T) -> T:
-    """Class decorator: make `cls` a retrieval task named `cls.name`."""
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise RuntimeError(f"retrieval task '{cls.name}' registered twice")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def _load_all() -> None:
-    global _loaded
-    if _loaded:
-        return
-    for info in pkgutil.iter_modules(__path__):
-        if info.name != "base" and not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-    _loaded = True
+_TASKS: Registry[type[RetrievalTask]] = Registry(__name__, "retrieval task")
+register = _TASKS.register  # class decorator: make `cls` a retrieval task named `cls.name`
 
 
 def registry() -> dict[str, type[RetrievalTask]]:
     """All registered retrieval tasks by name, sorted."""
-    _load_all()
-    return dict(sorted(_REGISTRY.items()))
+    return _TASKS.entries()
 
 
 def task_class(name: str) -> type[RetrievalTask]:
-    tasks = registry()
-    if name not in tasks:
-        raise ConfigError(f"unknown retrieval task '{name}' (available: {', '.join(tasks)})")
-    return tasks[name]
+    return _TASKS.get(name, "unknown retrieval task '{name}' (available: {available})")

@@ -8,13 +8,12 @@ Every module of this package except `base` and `_`-prefixed helpers is imported 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from posenc_cli.config import DataConfig, build_dataclass
 from posenc_cli.errors import ConfigError
+from posenc_cli.registry import Registry
 from posenc_cli.sources.base import DataSource, ProgressFn, Source
 
 __all__ = [
@@ -27,42 +26,17 @@ __all__ = [
     "source_class",
 ]
 
-_REGISTRY: dict[str, type[DataSource]] = {}
-_NOT_SOURCES = {"base"}
-_loaded = False
-
-S = TypeVar("S", bound=type[DataSource])
-
-
-def register(cls: S) -> S:
-    """Class decorator: make `cls` selectable as `data.source=<cls.name>`."""
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise RuntimeError(f"data source '{cls.name}' registered twice")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def _load_all() -> None:
-    global _loaded
-    if _loaded:
-        return
-    for info in pkgutil.iter_modules(__path__):
-        if info.name not in _NOT_SOURCES and not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-    _loaded = True
+_SOURCES: Registry[type[DataSource]] = Registry(__name__, "data source")
+register = _SOURCES.register  # class decorator: make a source selectable as `data.source=<cls.name>`
 
 
 def registry() -> dict[str, type[DataSource]]:
     """All registered data sources by name, sorted."""
-    _load_all()
-    return dict(sorted(_REGISTRY.items()))
+    return _SOURCES.entries()
 
 
 def source_class(name: str) -> type[DataSource]:
-    sources = registry()
-    if name not in sources:
-        raise ConfigError(f"data.source={name!r} is not one of {', '.join(sources)}")
-    return sources[name]
+    return _SOURCES.get(name, "data.source={name!r} is not one of {available}")
 
 
 def config_class(name: str) -> type[DataConfig]:
