@@ -49,6 +49,8 @@ FP32_GRAD_MAX_LEN = 256
 _KEY_BIAS = "attention.key_bias"  # ctx.tables entries this module caches per forward
 _MASKS = "attention.masks"
 _LOGN = "attention.logn"
+_SSMAX = "attention.ssmax"
+_MIN_ID = "attention.min_id"
 
 
 def logn_factor(positions: Tensor, length: int) -> Tensor:
@@ -153,7 +155,9 @@ def remap_applies(window: int, ctx: PositionContext) -> bool:
     """Whether some pair of ids is at least `window` apart (else every pair takes the normal score: plain road)."""
     if ctx.max_position is None:
         return ctx.seq_len > window  # ids 0..T−1: the largest distance is T − 1
-    return ctx.max_position - int(ctx.positions.min()) >= window
+    if _MIN_ID not in ctx.tables:  # one host sync per forward, shared by the layers
+        ctx.tables[_MIN_ID] = int(ctx.positions.min())
+    return ctx.max_position - ctx.tables[_MIN_ID] >= window
 
 
 def merged_scores(
@@ -284,8 +288,9 @@ class CausalSelfAttention(nn.Module):
                 ctx.tables[_LOGN] = per_head(logn_factor(ctx.positions, self.logn_length)[..., None])  # (.., T, 1)
             return q * ctx.tables[_LOGN].to(q.dtype)
         if self.attn_scale == "ssmax":
-            n = ssmax_factor(ctx.token_index).to(q.device)  # (T,)
-            factor = self.ssmax_scale.float()[:, None, None] * n[:, None]  # (H, T, 1)
+            if _SSMAX not in ctx.tables:  # once per forward, shared by the layers
+                ctx.tables[_SSMAX] = ssmax_factor(ctx.token_index).to(q.device)  # (T,)
+            factor = self.ssmax_scale.float()[:, None, None] * ctx.tables[_SSMAX][:, None]  # (H, T, 1)
             return q * factor.to(q.dtype)
         return q
 

@@ -20,6 +20,7 @@ stored entry whose `status` is not "ok" says why it cannot be (its `reason`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -194,3 +195,22 @@ def pick_entries(
         if e["length"] not in best or str(e.get("created", "")) >= str(best[e["length"]].get("created", "")):
             best[e["length"]] = e
     return [best[k] for k in sorted(best)]
+
+
+def window_scores(pos_sum: Any, n_windows: int, stride: int, n_bytes: int) -> dict[str, Any]:
+    """The scores of one evaluation length from the summed NLL per scored position `pos_sum` (a float64 tensor of
+    `stride` positions, summed over `n_windows` windows) and the bytes the scored tokens stand for: token-weighted
+    nll, ppl = exp(nll) (inf past overflow), bits per byte (None without byte counts), the mean loss per position."""
+    scored_tokens = n_windows * len(pos_sum)
+    total = float(pos_sum.sum())
+    nll = total / scored_tokens
+    return {
+        "tokens": scored_tokens,
+        "windows": n_windows,
+        "stride": stride,
+        "nll": nll,
+        "ppl": math.exp(nll) if nll < 700 else math.inf,
+        "bpb": total / (math.log(2) * n_bytes) if n_bytes > 0 else None,
+        "bytes": n_bytes,
+        "per_position": (pos_sum / n_windows).tolist(),
+    }

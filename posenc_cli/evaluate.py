@@ -63,6 +63,7 @@ from posenc_cli.eval_results import (
     pick_entries,
     results_path,
     save_results,
+    window_scores,
 )
 from posenc_cli.hf_run import is_hf_dir, load_hf_run
 from posenc_cli.interrupts import run_is_locked
@@ -255,20 +256,7 @@ def evaluate_model(
     finally:
         model.train(was_training)
 
-    n_windows = len(starts)
-    scored_tokens = n_windows * S
-    total = float(pos_sum.sum())
-    nll = total / scored_tokens
-    return {
-        "tokens": scored_tokens,
-        "windows": n_windows,
-        "stride": S,
-        "nll": nll,
-        "ppl": math.exp(nll) if nll < 700 else math.inf,
-        "bpb": total / (math.log(2) * n_bytes) if n_bytes > 0 else None,
-        "bytes": n_bytes,
-        "per_position": (pos_sum / n_windows).tolist(),
-    }
+    return window_scores(pos_sum, len(starts), S, n_bytes)
 
 
 # ----------------------------------------------------------------------------------------------------------------

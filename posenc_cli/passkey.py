@@ -237,6 +237,18 @@ def evaluate_passkey_model(
 # Settings, results file and runs.
 
 
+def validate_grid(cfg: Any) -> None:
+    """The settings a retrieval evaluation shares (`PasskeyConfig`, eval-tasks' `TasksEvalConfig`): lengths,
+    depths in [0, 1], trials, batch tokens and digits; one-line `ConfigError`s naming the flag."""
+    EvalConfig(lengths=list(cfg.lengths), abs_lengths=cfg.abs_lengths).validate()
+    if not cfg.depths or any(not 0.0 <= d <= 1.0 for d in cfg.depths):
+        raise ConfigError(f"--depths must be fractions in [0, 1], got {cfg.depths}")
+    if cfg.trials < 1 or cfg.batch_tokens < 1:
+        raise ConfigError("--trials and --batch-tokens must be >= 1")
+    if cfg.digits is not None and not 1 <= cfg.digits <= 18:
+        raise ConfigError(f"--digits must be in [1, 18], got {cfg.digits}")
+
+
 @dataclass(kw_only=True)
 class PasskeyConfig:
     """Options of `posenc eval-passkey` (flags mirror these fields); digits None = the run's data.passkey_digits."""
@@ -252,13 +264,7 @@ class PasskeyConfig:
     force: bool = False
 
     def validate(self) -> None:
-        EvalConfig(lengths=list(self.lengths), abs_lengths=self.abs_lengths).validate()
-        if not self.depths or any(not 0.0 <= d <= 1.0 for d in self.depths):
-            raise ConfigError(f"--depths must be fractions in [0, 1], got {self.depths}")
-        if self.trials < 1 or self.batch_tokens < 1:
-            raise ConfigError("--trials and --batch-tokens must be >= 1")
-        if self.digits is not None and not 1 <= self.digits <= 18:
-            raise ConfigError(f"--digits must be in [1, 18], got {self.digits}")
+        validate_grid(self)
 
     def planned_lengths(self, base_length: int) -> list[tuple[int, float]]:
         return plan_lengths(EvalConfig(lengths=list(self.lengths), abs_lengths=self.abs_lengths), base_length)

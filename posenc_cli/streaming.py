@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc_cli.errors import LengthBeyondScheme
+from posenc_cli.eval_results import window_scores
 
 __all__ = ["DEFAULT_BLOCK", "block_rows", "default_window", "evaluate_streaming", "streaming_reference"]
 
@@ -142,20 +143,8 @@ def evaluate_streaming(
     finally:
         model.train(was_training)
 
-    scored_tokens = n_streams * length
     n_bytes = int(np.asarray(token_bytes)[streams[:, 1:]].sum()) if token_bytes is not None else 0
-    total = float(pos_sum.sum())
-    nll = total / scored_tokens
-    return {
-        "tokens": scored_tokens,
-        "windows": n_streams,
-        "stride": block,
-        "nll": nll,
-        "ppl": math.exp(nll) if nll < 700 else math.inf,
-        "bpb": total / (math.log(2) * n_bytes) if n_bytes > 0 else None,
-        "bytes": n_bytes,
-        "per_position": (pos_sum / n_streams).tolist(),
-    }
+    return window_scores(pos_sum, n_streams, block, n_bytes)
 
 
 def _grouped(jobs: list[tuple[np.ndarray, int, int]]) -> list[tuple[list[np.ndarray], list[int], int]]:

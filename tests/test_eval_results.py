@@ -50,3 +50,18 @@ def test_read_results_file_refuses_other_documents(tmp_path: Path) -> None:
     doc = er.new_results_doc("r", "rope", 128, 128)
     er.save_results(tmp_path, doc)
     assert er.read_results_file(er.results_path(tmp_path), "eval-extrapolate") == doc
+
+
+def test_window_scores_are_token_weighted() -> None:
+    import math
+
+    import torch
+
+    from posenc_cli.eval_results import window_scores
+
+    scores = window_scores(torch.tensor([2.0, 4.0], dtype=torch.float64), n_windows=2, stride=2, n_bytes=8)
+    assert scores["tokens"] == 4 and scores["windows"] == 2 and scores["stride"] == 2
+    assert scores["nll"] == 1.5 and math.isclose(scores["ppl"], math.exp(1.5))
+    assert math.isclose(scores["bpb"], 6.0 / (math.log(2) * 8)) and scores["per_position"] == [1.0, 2.0]
+    overflow = window_scores(torch.tensor([2000.0], dtype=torch.float64), n_windows=1, stride=1, n_bytes=0)
+    assert overflow["ppl"] == math.inf and overflow["bpb"] is None

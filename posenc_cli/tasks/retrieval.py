@@ -27,7 +27,7 @@ from posenc_cli.errors import ConfigError, LengthBeyondScheme
 from posenc_cli.eval_loop import Entry, measure, results_header
 from posenc_cli.eval_results import checkpoint_identity, checkpoint_key
 from posenc_cli.evaluate import check_not_training, evaluate_each_run, find_runs, plan_lengths, resolve_dtype
-from posenc_cli.passkey import greedy_decode
+from posenc_cli.passkey import greedy_decode, validate_grid
 from posenc_cli.ruler import RetrievalTask
 from posenc_cli.ruler import registry as ruler_registry
 from posenc_cli.ruler.base import DEFAULT_DIGITS, PromptTooShort, build_prompts
@@ -61,13 +61,7 @@ class TasksEvalConfig:
     force: bool = False
 
     def validate(self) -> None:
-        EvalConfig(lengths=list(self.lengths), abs_lengths=self.abs_lengths).validate()
-        if not self.depths or any(not 0.0 <= d <= 1.0 for d in self.depths):
-            raise ConfigError(f"--depths must be fractions in [0, 1], got {self.depths}")
-        if self.trials < 1 or self.batch_tokens < 1:
-            raise ConfigError("--trials and --batch-tokens must be >= 1")
-        if self.digits is not None and not 1 <= self.digits <= 18:
-            raise ConfigError(f"--digits must be in [1, 18], got {self.digits}")
+        validate_grid(self)
         if self.haystack not in ("filler", "corpus"):
             raise ConfigError(f"--haystack must be filler or corpus, got {self.haystack!r}")
         if self.dtype not in ("auto", "fp32", "bf16"):
