@@ -263,6 +263,12 @@ def peak_key(precision: str, threads: int, device: str = "cpu") -> str:
     return f"{precision}@cuda" if device.startswith("cuda") else f"{precision}@{threads}"
 
 
+def machine_peak_key(job_key: str) -> str:
+    """The whole machine's peak for a job's `peak_key`: the GPU's own on CUDA, every CPU thread in its dtype on CPU."""
+    precision, _, where = job_key.partition("@")
+    return job_key if where == "cuda" else peak_key(precision, torch.get_num_threads())
+
+
 def measure_peaks(keys: set[str]) -> dict[str, float]:
     """Matmul GFLOP/s per `peak_key`, with `posenc bench`'s probe (a·bᵀ, best of 3; at most 2048² on CPU)."""
     peaks = {}
@@ -366,8 +372,7 @@ def write_sweep_profile(
     job_dirs = [(plan.stage.name, job.dir(sweep_dir)) for plan in plans for job in plan.jobs]
     own = {"plan": clock.plan_s or 0.0, **parent}
     doc = aggregate(sweep_dir, job_dirs, own, clock.stages)
-    precisions = {str(j["peak_key"]).split("@")[0] for j in doc["jobs"] if j.get("peak_key")}
-    machine = {peak_key(p, torch.get_num_threads()) for p in precisions}
+    machine = {machine_peak_key(str(j["peak_key"])) for j in doc["jobs"] if j.get("peak_key")}
     if measure_peak:
         peaks = measure_peaks({str(j["peak_key"]) for j in doc["jobs"] if j.get("peak_key")} | machine)
         doc = aggregate(sweep_dir, job_dirs, own, clock.stages, peaks)

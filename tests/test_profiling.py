@@ -145,3 +145,9 @@ def test_sweep_writes_profiles_and_prints_the_table(tmp_path: Path, monkeypatch:
     assert doc["phases"]["steps"]["efficiency"] > 0 and doc["total"]["flops"] > 0
     assert "where the time went" in result.output and "eval L=32" in result.output
     assert "whole sweep" in result.output
+
+
+def test_the_whole_sweep_is_held_against_the_device_its_jobs_ran_on(monkeypatch) -> None:
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    assert profiling.machine_peak_key("bf16@cuda") == "bf16@cuda"  # was bf16@16: a GPU sweep against the CPU's peak
+    assert profiling.machine_peak_key("fp32@1") == "fp32@16"
