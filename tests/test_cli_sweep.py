@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from launchers import needs_submitit
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
@@ -27,6 +28,7 @@ def test_help_lists_the_shipped_sweeps() -> None:
         ("hydra.launcher.partiton=gpu", "unknown launcher key 'hydra.launcher.partiton' (did you mean partition?)"),
     ],
 )
+@needs_submitit
 def test_dry_run_rejects_launcher_typos_in_one_line(override: str, message: str) -> None:
     args = ["sweep", "sizes", "hydra/launcher=submitit_slurm", override, "--dry-run"]
     result = runner.invoke(app, args, terminal_width=200)
@@ -34,6 +36,7 @@ def test_dry_run_rejects_launcher_typos_in_one_line(override: str, message: str)
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@needs_submitit
 def test_dry_run_shows_where_the_jobs_go() -> None:
     args = ["sweep", "sizes", "hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu", "--dry-run"]
     result = runner.invoke(app, args, terminal_width=200)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from launchers import needs_joblib, needs_submitit
 
 from posenc_cli.config import config_dir
 from posenc_cli.errors import ConfigError
@@ -72,6 +73,8 @@ def test_every_shipped_yaml_composes() -> None:
             compose_config(overrides)
 
 
+@needs_joblib
+@needs_submitit
 def test_launcher_settings_validate_name_and_keys_like_the_launch() -> None:
     from posenc_cli.hydra_bridge import launcher_settings
 

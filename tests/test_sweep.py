@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from launchers import needs_joblib, needs_submitit
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
@@ -165,6 +166,7 @@ def test_failing_job_is_reported_and_others_survive(workspace: Path, monkeypatch
     assert "[failed]" in output
 
 
+@needs_joblib
 def test_joblib_launcher_runs_jobs_in_parallel_processes(workspace: Path, monkeypatch) -> None:
     code, output = sweep(
         workspace, monkeypatch, "one", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "--out", "joblib", "--viz"
@@ -175,6 +177,7 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(workspace: Path, monkey
         assert (workspace / "joblib/train" / job / "eval/extrapolate.json").is_file()
 
 
+@needs_submitit
 @pytest.mark.slow
 def test_submitit_local_launcher(workspace: Path, monkeypatch) -> None:
     code, output = sweep(
