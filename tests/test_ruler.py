@@ -20,16 +20,16 @@ CORPUS = "def f(x):\n    return x + 1\n\nclass A:\n    pass\n" * 40
 def solve(task: str, prompt: str) -> list[str]:
     """The expected answers read from the prompt text alone (independent of the generator's code)."""
     if task in ("niah-single", "niah-multikey"):
-        (key,) = re.findall(r"What is the (\w+) key\?$", prompt)
+        (key,) = re.findall(r"What is the (\w+) key\? The \w+ key is$", prompt)
         return re.findall(rf"The {key} key is (\d+)\.", prompt)
     if task == "niah-multivalue":
-        (key,) = re.findall(r"What are all the (\w+) keys\?$", prompt)
+        (key,) = re.findall(r"What are all the (\w+) keys\? The \w+ keys are$", prompt)
         return re.findall(rf"The {key} key is (\d+)\.", prompt)
     if task == "niah-multiquery":
-        (keys,) = re.findall(r"What are the ([\w ]+) keys\?$", prompt)
+        (keys,) = re.findall(r"What are the ([\w ]+) keys\? The [\w ]+ keys are$", prompt)
         return [re.findall(rf"The {k} key is (\d+)\.", prompt)[0] for k in keys.split(" and ")]
     if task == "variable-tracking":
-        (value,) = re.findall(r"Which variables hold (\d+)\?$", prompt)
+        (value,) = re.findall(r"Which variables hold (\d+)\? The variables holding \d+ are$", prompt)
         holding = re.findall(rf"VAR ([A-Z]+) = {value}\.", prompt)
         for name, previous in re.findall(r"VAR ([A-Z]+) = VAR ([A-Z]+)\.", prompt):  # in text order
             if previous in holding:
@@ -55,7 +55,7 @@ def episodes(task, n: int = 8, seed: int = 0):
 
 
 @pytest.mark.parametrize("kind", ["byte", "bpe"])
-@pytest.mark.parametrize("length", [128, 300, 1000])
+@pytest.mark.parametrize("length", [160, 300, 1000])
 @pytest.mark.parametrize("haystack", ["filler", "corpus"])
 def test_prompts_have_the_length_needles_at_the_depth_and_solve_by_regex(
     task, kind: str, length: int, haystack: str, bpe
@@ -114,7 +114,7 @@ def test_too_short_a_length_is_refused(task) -> None:
 def test_the_mixture_follows_its_settings() -> None:
     only = TasksDataConfig(tasks=["niah-single"], episodes=50, max_len=200)
     docs = make_documents(only, 50, 0, None)
-    assert all(solve("niah-single", d.rsplit("?", 1)[0] + "?") for d in docs)
+    assert all(solve("niah-single", d.rsplit(" ", 1)[0]) for d in docs)
     mixed = make_documents(TasksDataConfig(corpus_share=0.5, max_len=100), 200, 0, CORPUS)
     plain = [d for d in mixed if "key" not in d and "VAR" not in d]
     assert 60 < len(plain) < 140 and all(d in CORPUS for d in plain)

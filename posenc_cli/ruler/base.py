@@ -7,8 +7,10 @@ and the expected answers. Rendered, it is
 
 with b_i = round(depth_i · n) haystack units (characters for training text, tokens for evaluation prompts); needles
 at the same position keep their order in the episode. The haystack is a repeated filler (RULER's "noise") or real
-text (a slice of a corpus). Every piece starts with a space and ends without one, so byte-level BPE cuts the joined
-text where it cuts the pieces one by one. The answer text is the answers joined by ", " after a space.
+text (a slice of a corpus). The question ends with RULER's answer prefix, which restates the needle's lead
+(" ... The apple key is"), so the answer continues a phrase seen in the haystack. Every piece starts with a space and
+ends without one, so byte-level BPE cuts the joined text where it cuts the pieces one by one. The answer text is the
+answers joined by ", " after a space.
 
 Scoring follows RULER: the share of expected answers present in the greedy output (`string_match_all`); a task with
 one answer is scored by exact match of the stripped output.
@@ -32,7 +34,7 @@ KEYS = (
 )  # fmt: skip
 VAR_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 DEFAULT_DIGITS = 4
-GENERATOR_VERSION = 1  # bump when any task's text or sampling changes (part of the data=tasks fingerprint)
+GENERATOR_VERSION = 2  # bump when any task's text or sampling changes (part of the data=tasks fingerprint)
 
 
 class TokenizerLike(Protocol):

@@ -9,7 +9,7 @@ from posenc_cli.ruler.base import DEFAULT_DIGITS, Episode, RetrievalTask, random
 from posenc_cli.ruler.niah_single import NEEDLE
 
 QUERIES = 2
-QUESTION = " What are the {keys} keys?"
+QUESTION = " What are the {keys} keys? The {keys} keys are"
 
 
 @register

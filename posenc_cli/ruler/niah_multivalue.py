@@ -9,7 +9,7 @@ from posenc_cli.ruler.base import DEFAULT_DIGITS, Episode, RetrievalTask, later_
 from posenc_cli.ruler.niah_single import NEEDLE
 
 VALUES = 3
-QUESTION = " What are all the {key} keys?"
+QUESTION = " What are all the {key} keys? The {key} keys are"
 
 
 @register

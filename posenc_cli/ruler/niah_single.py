@@ -8,7 +8,7 @@ from posenc_cli.ruler import register
 from posenc_cli.ruler.base import DEFAULT_DIGITS, Episode, RetrievalTask, random_keys, random_values
 
 NEEDLE = " The {key} key is {value}."
-QUESTION = " What is the {key} key?"
+QUESTION = " What is the {key} key? The {key} key is"  # RULER's answer prefix restates the needle's lead
 
 
 @register

@@ -13,7 +13,7 @@ from posenc_cli.ruler.base import DEFAULT_DIGITS, Episode, RetrievalTask, later_
 HOPS = 2  # variables = HOPS + 1; RULER uses 4 hops at 4k+ tokens
 VALUE = " VAR {name} = {value}."
 ASSIGN = " VAR {name} = VAR {previous}."
-QUESTION = " Which variables hold {value}?"
+QUESTION = " Which variables hold {value}? The variables holding {value} are"
 
 
 @register
