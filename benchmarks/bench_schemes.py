@@ -5,7 +5,7 @@
 
 Reports (1) forward+backward training throughput in tokens/s for every registered scheme, fp32 and bf16 autocast,
 and (2) the peak resident memory (VmHWM, else ru_maxrss) of one long evaluation forward under `torch.inference_mode`,
-for ALiBi (bias hook) and NoPE (fused causal SDPA), each case in its own subprocess (`posenc_cli.bench`, which
+for ALiBi (bias hook) and NoPE (fused causal SDPA), each case in its own subprocess (`posenc_cli.perf.bench`, which
 `posenc bench` also uses; that command adds the transformers baseline, MFU and more lengths).
 """
 
@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-from posenc_cli.bench import EvalCase, spawn_eval_case
 from posenc_cli.config import ModelConfig
 from posenc_cli.model import GPT
+from posenc_cli.perf.bench import EvalCase, spawn_eval_case
 from posenc_cli.positional import config_class, registry
 
 SMALL = ModelConfig(d_model=256, n_layer=6, n_head=8)
@@ -52,7 +52,7 @@ def throughput(name: str, seq_len: int, batch: int, steps: int, bf16: bool, warm
 
 
 def run_memory_case(name: str, length: int, threads: int) -> dict[str, float]:
-    """One batch-1 forward of `length` tokens in a fresh process (`posenc_cli.bench.spawn_eval_case`)."""
+    """One batch-1 forward of `length` tokens in a fresh process (`posenc_cli.perf.bench.spawn_eval_case`)."""
     case = EvalCase(
         model=asdict(SMALL),
         pos=name,

@@ -97,7 +97,7 @@ class PosConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    """Options every data source has; `source` selects the source in `posenc_cli.sources` (`data=stdlib|text|hf|
+    """Options every data source has; `source` selects the source in `posenc_cli.data.sources` (`data=stdlib|text|hf|
     passkey`), whose own config class (a subclass: hub fields, `passkey_*`, ...) adds its options."""
 
     source: str = "stdlib"

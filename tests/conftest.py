@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from corpus_utils import write_files
 
-import posenc_cli.sources.stdlib
+import posenc_cli.data.sources.stdlib
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 # Rich sizes its consoles from COLUMNS when stdout is not a terminal (CI, xdist workers): keep tables unwrapped.
@@ -44,7 +44,7 @@ def fake_stdlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "README.txt": "not python\n",
     }
     root = write_files(tmp_path / "stdlib", files)
-    monkeypatch.setattr(posenc_cli.sources.stdlib, "stdlib_root", lambda: root)
+    monkeypatch.setattr(posenc_cli.data.sources.stdlib, "stdlib_root", lambda: root)
     return root
 
 

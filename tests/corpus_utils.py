@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from posenc_cli.config import TokenizerConfig
-from posenc_cli.data import EOD_TOKEN, Corpus
+from posenc_cli.data.cache import EOD_TOKEN, Corpus
 
 BYTE = TokenizerConfig(kind="byte", vocab_size=257)
 

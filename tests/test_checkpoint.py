@@ -13,7 +13,8 @@ import safetensors.torch
 import torch
 from train_utils import tiny_config, write_corpus
 
-from posenc_cli.checkpoint import (
+from posenc_cli.errors import CheckpointError
+from posenc_cli.run.checkpoint import (
     META_FILE,
     MODEL_FILE,
     PENDING,
@@ -27,8 +28,7 @@ from posenc_cli.checkpoint import (
     read_verified,
     recover,
 )
-from posenc_cli.errors import CheckpointError
-from posenc_cli.train import train
+from posenc_cli.run.train import train
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +239,7 @@ def test_half_applied_commit_reads_as_the_new_checkpoint_and_recovers(tmp_path: 
 
 
 def test_run_meta_round_trips_an_old_meta_json_key_for_key(tmp_path: Path) -> None:
-    from posenc_cli.checkpoint import RunMeta, commit_checkpoint, read_meta, read_run_meta, sha256_bytes
+    from posenc_cli.run.checkpoint import RunMeta, commit_checkpoint, read_meta, read_run_meta, sha256_bytes
 
     old = {
         "kind": "posenc-run",
@@ -265,8 +265,8 @@ def test_run_meta_round_trips_an_old_meta_json_key_for_key(tmp_path: Path) -> No
 def test_run_lengths_default_from_the_config() -> None:
     from dataclasses import replace
 
-    from posenc_cli.checkpoint import RunMeta, run_lengths
     from posenc_cli.config import Config, TrainConfig
+    from posenc_cli.run.checkpoint import RunMeta, run_lengths
 
     cfg = Config(train=TrainConfig(seq_len=96))
     assert run_lengths({}, cfg) == (96, 96)
@@ -339,7 +339,7 @@ _EXTENSION = {"parent": "/runs/parent", "base_length": 64, "extend": {"method": 
 
 @pytest.mark.parametrize("extra", [{}, _EXTENSION, {"a_new_key": [1, 2], "parent": "/p"}])
 def test_meta_json_of_training_is_byte_for_byte_the_old_layout(tmp_path: Path, extra: dict) -> None:
-    from posenc_cli.checkpoint import META_FILE, RunMeta, TrainingRecord, commit_checkpoint
+    from posenc_cli.run.checkpoint import META_FILE, RunMeta, TrainingRecord, commit_checkpoint
 
     files = {"model.safetensors": b"w"}
     meta = RunMeta.for_training(
@@ -353,7 +353,7 @@ def test_meta_json_of_training_is_byte_for_byte_the_old_layout(tmp_path: Path, e
 
 @pytest.mark.parametrize("extra", [_EXTENSION, {**_EXTENSION, "extend": {"method": "linear"}}])
 def test_meta_json_of_a_scaled_copy_is_byte_for_byte_the_old_layout(tmp_path: Path, extra: dict) -> None:
-    from posenc_cli.checkpoint import META_FILE, RunMeta, TrainingRecord, commit_checkpoint
+    from posenc_cli.run.checkpoint import META_FILE, RunMeta, TrainingRecord, commit_checkpoint
 
     parent = commit_checkpoint(
         tmp_path / "parent",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import posenc_cli.data as data_mod
+import posenc_cli.data.cache as data_mod
 from posenc_cli.cli import app
 
 runner = CliRunner()

@@ -9,9 +9,9 @@ import pytest
 from train_utils import train_scheme_runs
 from typer.testing import CliRunner
 
-from posenc_cli import evaluate as ev
 from posenc_cli.cli import app
-from posenc_cli.sources.text import TextDataConfig
+from posenc_cli.data.sources.text import TextDataConfig
+from posenc_cli.evaluation import perplexity as ev
 
 runner = CliRunner()
 SCHEMES = ("alibi", "learned", "rope")
@@ -63,9 +63,9 @@ def test_table_json_plots_and_na(runs_root: Path, tmp_path: Path) -> None:
 
 def test_runs_are_paired_and_match_own_validation_split(runs_root: Path) -> None:
     """Every run scores the same tokens of its own validation split (same tokenizer, same corpus)."""
-    from posenc_cli.checkpoint import load_run
     from posenc_cli.config import EvalConfig
-    from posenc_cli.data import load_corpus
+    from posenc_cli.data.cache import load_corpus
+    from posenc_cli.run.checkpoint import load_run
 
     cfg = EvalConfig(abs_lengths=[16], tokens=48)
     results = ev.evaluate_paths([runs_root / "sweep"], cfg, device="cpu")

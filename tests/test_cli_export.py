@@ -9,7 +9,7 @@ from train_utils import tiny_config, write_corpus
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
-from posenc_cli.train import train
+from posenc_cli.run.train import train
 
 pytest.importorskip("transformers", reason="posenc export --to hf needs transformers")
 

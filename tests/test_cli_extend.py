@@ -9,9 +9,9 @@ import pytest
 from train_utils import tiny_config, write_corpus
 from typer.testing import CliRunner
 
-from posenc_cli.checkpoint import load_run
 from posenc_cli.cli import app
-from posenc_cli.train import train
+from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.train import train
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ from train_utils import train_scheme_runs
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
-from posenc_cli.sources.passkey import PasskeyDataConfig
+from posenc_cli.data.sources.passkey import PasskeyDataConfig
 
 runner = CliRunner()
 SCHEMES = ("learned", "nope")

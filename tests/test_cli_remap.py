@@ -12,10 +12,10 @@ import torch
 from train_utils import tiny_config, write_corpus
 from typer.testing import CliRunner
 
-from posenc_cli.checkpoint import load_run
 from posenc_cli.cli import app
 from posenc_cli.positional.remap import RemapConfig
-from posenc_cli.train import train
+from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.train import train
 
 runner = CliRunner()
 
@@ -111,7 +111,7 @@ def test_a_remapped_run_is_not_remapped_again(runs: dict[str, Path], tmp_path: P
 
 
 def test_viz_attention_of_a_remapped_child(runs: dict[str, Path], tmp_path: Path) -> None:
-    from posenc_cli import viz_data
+    from posenc_cli.analysis import viz_data
 
     out = tmp_path / "se"
     assert (

@@ -11,7 +11,7 @@ from train_utils import tiny_overrides, write_corpus
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
-from posenc_cli.train import NAN_ENV
+from posenc_cli.run.train import NAN_ENV
 
 runner = CliRunner()
 

@@ -9,9 +9,9 @@ import pytest
 from train_utils import tiny_config, write_corpus
 from typer.testing import CliRunner
 
-from posenc_cli import viz, viz_data
-from posenc_cli.checkpoint import load_run
+from posenc_cli.analysis import viz, viz_data
 from posenc_cli.cli import app
+from posenc_cli.run.checkpoint import load_run
 
 runner = CliRunner()
 TINY_MODEL = ["model.d_model=32", "model.n_layer=2", "model.n_head=2", "train.seq_len=16"]
@@ -20,7 +20,7 @@ TINY_MODEL = ["model.d_model=32", "model.n_layer=2", "model.n_head=2", "train.se
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two tiny runs (seq_len 16, 10 steps) on the test corpus; sweep-style names contain '='."""
-    from posenc_cli.train import train
+    from posenc_cli.run.train import train
 
     root = tmp_path_factory.mktemp("viz-runs")
     corpus = write_corpus(root)

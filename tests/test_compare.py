@@ -10,13 +10,13 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from posenc_cli import compare
-from posenc_cli.checkpoint import commit_checkpoint
+from posenc_cli.analysis import compare
 from posenc_cli.cli import app
 from posenc_cli.config import Config, EvalConfig, ModelConfig, config_to_yaml
-from posenc_cli.eval_results import checkpoint_identity, new_results_doc, save_results
+from posenc_cli.evaluation.results import checkpoint_identity, new_results_doc, save_results
 from posenc_cli.positional import config_class
-from posenc_cli.sweep import _mark_done
+from posenc_cli.run.checkpoint import commit_checkpoint
+from posenc_cli.sweep.runner import _mark_done
 
 runner = CliRunner()
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from posenc_cli.config import Config, config_to_dict, config_to_yaml
-from posenc_cli.config_load import config_from_dict, load_config_file
 from posenc_cli.errors import ConfigError
+from posenc_cli.run.config_load import config_from_dict, load_config_file
 
 
 def base_dict() -> dict:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from posenc_cli.costs import run_cost, run_costs
-from posenc_cli.report import cost_table
+from posenc_cli.perf.costs import run_cost, run_costs
+from posenc_cli.report.tables import cost_table
 
 
 def _job(tmp: Path, name: str, seconds: dict[str, float], tokens: int | None) -> Path:

@@ -13,14 +13,14 @@ import pytest
 import torch
 from corpus_utils import BYTE, docs_of
 
-import posenc_cli.data as data_mod
-import posenc_cli.sources.base as sources_base
-import posenc_cli.sources.stdlib as stdlib_source
+import posenc_cli.data.cache as data_mod
+import posenc_cli.data.sources.base as sources_base
+import posenc_cli.data.sources.stdlib as stdlib_source
 from posenc_cli.config import DataConfig, TokenizerConfig
-from posenc_cli.data import cache_root, eval_windows, load_corpus, sample_batch
+from posenc_cli.data.cache import cache_root, eval_windows, load_corpus, sample_batch
+from posenc_cli.data.sources.stdlib import StdlibDataConfig
+from posenc_cli.data.sources.text import TextDataConfig, expand_paths
 from posenc_cli.errors import DataError
-from posenc_cli.sources.stdlib import StdlibDataConfig
-from posenc_cli.sources.text import TextDataConfig, expand_paths
 
 
 @pytest.fixture(autouse=True)
@@ -146,11 +146,11 @@ def test_hard_kill_mid_write_leaves_no_trusted_file(fake_stdlib: Path, tmp_path:
         f"""
         import os
         from pathlib import Path
-        import posenc_cli.data as d
-        import posenc_cli.sources.base as s
-        import posenc_cli.sources.stdlib as stdlib_source
+        import posenc_cli.data.cache as d
+        import posenc_cli.data.sources.base as s
+        import posenc_cli.data.sources.stdlib as stdlib_source
         from posenc_cli.config import TokenizerConfig
-        from posenc_cli.sources.stdlib import StdlibDataConfig
+        from posenc_cli.data.sources.stdlib import StdlibDataConfig
         stdlib_source.stdlib_root = lambda: Path({str(fake_stdlib)!r})
         s.BATCH_BYTES = 200
         real, n = d.tokenize, [0]

@@ -20,11 +20,11 @@ import pytest
 import torch
 from train_utils import tiny_config, tiny_overrides, weights, write_corpus
 
-from posenc_cli import distributed
-from posenc_cli.checkpoint import read_meta
-from posenc_cli.distributed import DistInfo, env_info, rank_seed, shard_rows
 from posenc_cli.errors import ConfigError
-from posenc_cli.train import NAN_ENV, train
+from posenc_cli.run import distributed
+from posenc_cli.run.checkpoint import read_meta
+from posenc_cli.run.distributed import DistInfo, env_info, rank_seed, shard_rows
+from posenc_cli.run.train import NAN_ENV, train
 
 RTOL = 1e-5
 STEPS = dict(steps=8, save_every=4, eval_every=4, batch_size=4)

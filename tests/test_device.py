@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import posenc_cli.device as device
+import posenc_cli.run.device as device
 from posenc_cli.errors import ConfigError
 
 

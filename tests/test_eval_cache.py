@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from test_evaluate import fake_corpus, fake_run
 
-import posenc_cli.evaluate as ev
-from posenc_cli import passkey
+import posenc_cli.evaluation.perplexity as ev
 from posenc_cli.config import EvalConfig
 from posenc_cli.errors import CheckpointError
-from posenc_cli.interrupts import run_lock
+from posenc_cli.evaluation import passkey
+from posenc_cli.run.interrupts import run_lock
 
 
 def at_checkpoint(run, step: int, sha: str):

@@ -1,4 +1,4 @@
-"""The shared measure loop (`posenc_cli.eval_loop`) on a toy task: groups, reuse by key, force, store=False,
+"""The shared measure loop (`posenc_cli.evaluation.loop`) on a toy task: groups, reuse by key, force, store=False,
 unwritable storage, typed entries that serialise in field order, and `EvalTask.load_results`."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from posenc_cli import eval_results
-from posenc_cli.eval_loop import Entry, measure, results_header
-from posenc_cli.eval_results import checkpoint_key
-from posenc_cli.tasks import registry
+from posenc_cli.evaluation import results as eval_results
+from posenc_cli.evaluation.loop import Entry, measure, results_header
+from posenc_cli.evaluation.results import checkpoint_key
+from posenc_cli.evaluation.tasks import registry
 
 CKPT = {"step": 5, "model_sha256": "b" * 64}
 
@@ -84,7 +84,7 @@ def test_unwritable_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unw
     def full(*args: Any, **kw: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("posenc_cli.eval_loop.update_results_file", full)
+    monkeypatch.setattr("posenc_cli.evaluation.loop.update_results_file", full)
     counter = Counter()
     if unwritable == "raise":
         with pytest.raises(OSError):

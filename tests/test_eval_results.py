@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from posenc_cli import eval_results as er
 from posenc_cli.errors import CheckpointError
+from posenc_cli.evaluation import results as er
 
 
 def test_merge_entry_keys() -> None:
@@ -57,7 +57,7 @@ def test_window_scores_are_token_weighted() -> None:
 
     import torch
 
-    from posenc_cli.eval_results import window_scores
+    from posenc_cli.evaluation.results import window_scores
 
     scores = window_scores(torch.tensor([2.0, 4.0], dtype=torch.float64), n_windows=2, stride=2, n_bytes=8)
     assert scores["tokens"] == 4 and scores["windows"] == 2 and scores["stride"] == 2

@@ -12,12 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc_cli import evaluate as ev
 from posenc_cli.config import Config, EvalConfig, ModelConfig, TrainConfig
+from posenc_cli.data.sources.stdlib import StdlibDataConfig
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
+from posenc_cli.evaluation import perplexity as ev
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry
-from posenc_cli.sources.stdlib import StdlibDataConfig
 
 V = 257  # byte vocabulary + end-of-document
 TRAIN_LEN = 16
@@ -83,7 +83,7 @@ def test_resolve_stride_and_dtype() -> None:
 
 
 def test_auto_dtype_avoids_emulated_bf16_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ev, "cpu_has_fast_bf16", lambda: False)  # posenc_cli.device's, as evaluate imported it
+    monkeypatch.setattr(ev, "cpu_has_fast_bf16", lambda: False)  # posenc_cli.run.device's, as evaluate imported it
     assert ev.resolve_dtype("auto", {"precision": "bf16"}, torch.device("cpu")) == "fp32"
     monkeypatch.setattr(ev, "cpu_has_fast_bf16", lambda: True)
     assert ev.resolve_dtype("auto", {"precision": "bf16"}, torch.device("cpu")) == "bf16"
@@ -316,7 +316,7 @@ def test_data_overrides() -> None:
 @pytest.mark.parametrize("kind", ["byte", "bpe"])
 def test_bits_per_byte_real_tokenizers(kind: str) -> None:
     """bpb divides by the UTF-8 bytes of exactly the scored text: decode the scored span and count its bytes."""
-    from posenc_cli.tokenizer import ByteTokenizer, train_bpe
+    from posenc_cli.data.tokenizer import ByteTokenizer, train_bpe
 
     text = "".join(f"The cat number {i} sat on mat {i % 7}; naïve café ünïcode. " for i in range(200))
     tok = ByteTokenizer() if kind == "byte" else train_bpe([text], vocab_size=320)

@@ -10,17 +10,17 @@ import pytest
 import torch
 from train_utils import tiny_config, write_corpus
 
-from posenc_cli.checkpoint import load_run
 from posenc_cli.config import ExtendConfig, TokenizerConfig, replace
+from posenc_cli.data.tokenizer import ByteTokenizer
 from posenc_cli.errors import ConfigError, UserError
-from posenc_cli.extend import extend_run
+from posenc_cli.extension.extend import extend_run
 from posenc_cli.positional.rope import apply_rope, rope_cos_sin, rope_inv_freq
-from posenc_cli.tokenizer import ByteTokenizer
-from posenc_cli.train import train
+from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.train import train
 
 transformers = pytest.importorskip("transformers", reason="transformers is the test oracle (pip install transformers)")
 
-from posenc_cli.export import (  # noqa: E402
+from posenc_cli.run.export import (  # noqa: E402
     NotExportable,
     byte_level_alphabet,
     check_exportable,
@@ -309,7 +309,7 @@ def test_static_ntk_is_plain_rope_with_a_larger_base() -> None:
 def test_verification_fails_on_nan_and_writes_nothing(
     runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import posenc_cli.export as export_module
+    import posenc_cli.run.export as export_module
 
     monkeypatch.setattr(export_module, "verify_export", lambda run, hf_dir, length: (float("nan"), 1.0))
     with pytest.raises(UserError, match="export check failed"):
@@ -320,7 +320,7 @@ def test_verification_fails_on_nan_and_writes_nothing(
 def test_working_directories_of_killed_exports_are_removed(runs: dict[str, Path], tmp_path: Path) -> None:
     import subprocess
 
-    from posenc_cli.export import _temp_prefix
+    from posenc_cli.run.export import _temp_prefix
 
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -10,13 +10,13 @@ import pytest
 import torch
 from train_utils import tiny_config, write_corpus
 
-from posenc_cli.checkpoint import MODEL_FILE, load_run, read_meta
 from posenc_cli.config import ExtendConfig, replace
 from posenc_cli.errors import ConfigError, UserError
-from posenc_cli.extend import default_out_dir, extend_run
+from posenc_cli.extension.extend import default_out_dir, extend_run
 from posenc_cli.model import build_model
 from posenc_cli.positional.scaling import frequency_regions, scaled_inv_freq
-from posenc_cli.train import NAN_ENV, TrainingDiverged, train
+from posenc_cli.run.checkpoint import MODEL_FILE, load_run, read_meta
+from posenc_cli.run.train import NAN_ENV, TrainingDiverged, train
 
 L = 16  # the parents' training length
 HEAD_DIM = 16  # d_model 32 / 2 heads
@@ -281,7 +281,7 @@ def test_tokenizer_file_is_copied(tmp_path: Path) -> None:
 def test_a_second_writer_changes_nothing_and_says_so(runs: dict[str, Path], tmp_path: Path) -> None:
     from filelock import FileLock
 
-    from posenc_cli.extend import LOCK_FILE
+    from posenc_cli.extension.extend import LOCK_FILE
 
     out = tmp_path / "child"
     out.mkdir()

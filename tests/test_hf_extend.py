@@ -16,8 +16,8 @@ pytest.importorskip("transformers")
 from posenc_cli.cli import app
 from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
-from posenc_cli.hf_extend import RECORD_FILE, hf_rope_parameters
-from posenc_cli.hf_run import load_hf_run
+from posenc_cli.extension.hf_extend import RECORD_FILE, hf_rope_parameters
+from posenc_cli.run.hf_run import load_hf_run
 
 runner = CliRunner()
 METHODS = ["linear", "ntk", "dynamic", "yarn", "llama3"]
@@ -144,7 +144,7 @@ def test_out_filled_meanwhile_is_one_line_and_leaves_no_temp(
 ) -> None:
     import errno
 
-    import posenc_cli.hf_extend as hf_extend
+    import posenc_cli.extension.hf_extend as hf_extend
 
     def busy(src: object, dst: object) -> None:
         raise OSError(errno.ENOTEMPTY, "Directory not empty")

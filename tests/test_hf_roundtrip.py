@@ -13,9 +13,9 @@ pytest.importorskip("transformers")
 
 from posenc_cli.cli import app
 from posenc_cli.config import ExtendConfig
-from posenc_cli.export import export_run
-from posenc_cli.extend import extend_run
-from posenc_cli.train import train
+from posenc_cli.extension.extend import extend_run
+from posenc_cli.run.export import export_run
+from posenc_cli.run.train import train
 
 runner = CliRunner()
 Pairs = tuple[Path, list[tuple[Path, Path]]]

@@ -13,7 +13,7 @@ from hf_utils import LINES, save_tiny_model, write_text_corpus
 pytest.importorskip("transformers")
 
 from posenc_cli.errors import CheckpointError
-from posenc_cli.hf_run import (
+from posenc_cli.run.hf_run import (
     LengthBeyondMemory,
     forward_bytes,
     is_hf_dir,
@@ -114,7 +114,7 @@ def test_refusals_are_one_line_checkpoint_errors(tmp_path: Path, case: str, mess
 
 
 def test_memory_check_refuses_before_the_forward(dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    import posenc_cli.hf_run as hf_run
+    import posenc_cli.run.hf_run as hf_run
 
     run = load_hf_run(dirs["llama"])
     one = forward_bytes(1, 24, vocab=run.tokenizer.vocab_size, hidden=32, ffn=64, heads=4, eager=False)
@@ -182,7 +182,7 @@ def test_cli_refusal_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> No
 
 
 def test_cli_memory_refusal_is_one_line(dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import posenc_cli.hf_run as hf_run
+    import posenc_cli.run.hf_run as hf_run
 
     monkeypatch.setattr(hf_run, "available_memory", lambda device: 1000)
     corpus = write_text_corpus(tmp_path)

@@ -7,7 +7,7 @@ from launchers import needs_joblib, needs_submitit
 
 from posenc_cli.config import config_dir
 from posenc_cli.errors import ConfigError
-from posenc_cli.hydra_bridge import compose_config
+from posenc_cli.sweep.hydra_bridge import compose_config
 
 
 def test_defaults_compose_to_the_documented_sizes() -> None:
@@ -76,7 +76,7 @@ def test_every_shipped_yaml_composes() -> None:
 @needs_joblib
 @needs_submitit
 def test_launcher_settings_validate_name_and_keys_like_the_launch() -> None:
-    from posenc_cli.hydra_bridge import launcher_settings
+    from posenc_cli.sweep.hydra_bridge import launcher_settings
 
     assert launcher_settings([]) == ("basic", {})
     assert launcher_settings(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]) == ("joblib", {"n_jobs": 2})

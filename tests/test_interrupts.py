@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc_cli.distributed import SINGLE
 from posenc_cli.errors import CheckpointError
-from posenc_cli.interrupts import Interrupts, run_lock
+from posenc_cli.run.distributed import SINGLE
+from posenc_cli.run.interrupts import Interrupts, run_lock
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

@@ -1,4 +1,5 @@
-"""LongRoPE's evolutionary search (posenc_cli/longrope_search.py): the pure pieces (constraint, seeds, mutation,
+"""LongRoPE's evolutionary search (posenc_cli/extension/longrope_search.py): the pure pieces (constraint, seeds,
+mutation,
 crossover) as properties, and a tiny end-to-end search that writes a child run."""
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from train_utils import tiny_config, write_corpus
 
-from posenc_cli.checkpoint import load_run
 from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
-from posenc_cli.longrope_search import (
+from posenc_cli.extension.longrope_search import (
     FACTORS_FILE,
     constrain,
     crossover,
@@ -28,7 +28,8 @@ from posenc_cli.longrope_search import (
 )
 from posenc_cli.positional.scaling import scaled_inv_freq
 from posenc_cli.rope_scaling.longrope import read_factors_file
-from posenc_cli.train import train
+from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.train import train
 
 FACTOR = 4.0
 LOW, HIGH = search_bounds(FACTOR)

@@ -134,8 +134,8 @@ def test_fairseq_recipe_adds_the_sinusoid_unscaled_and_learned_tables_at_one_ove
 
 def test_embedding_recipe_is_saved_and_checked() -> None:
     from posenc_cli.config import config_to_dict
-    from posenc_cli.config_load import config_from_dict
     from posenc_cli.errors import ConfigError
+    from posenc_cli.run.config_load import config_from_dict
 
     cfg = config_from_dict({"model": {"embedding": "fairseq"}, "pos": {"name": "sinusoidal"}})
     assert config_to_dict(cfg)["model"]["embedding"] == "fairseq"

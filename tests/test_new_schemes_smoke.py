@@ -53,7 +53,7 @@ def test_registered_and_listed_by_posenc_schemes() -> None:
     ],
 )
 def test_selectable_through_hydra(overrides: list[str], field: str, value: object) -> None:
-    from posenc_cli.hydra_bridge import compose_config
+    from posenc_cli.sweep.hydra_bridge import compose_config
 
     cfg = compose_config(overrides)
     assert type(cfg.pos) is config_class(overrides[0].split("=")[1])
@@ -68,9 +68,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(registry()))
 def test_trains_then_evaluates_at_four_times_training_length(name: str, corpus: Path, tmp_path: Path) -> None:
-    from posenc_cli.checkpoint import load_run
-    from posenc_cli.evaluate import evaluate_run_dir
-    from posenc_cli.train import train
+    from posenc_cli.evaluation.perplexity import evaluate_run_dir
+    from posenc_cli.run.checkpoint import load_run
+    from posenc_cli.run.train import train
 
     cfg = tiny_config(corpus, pos=name, steps=20, lr=1e-2, eval_every=20, save_every=20)
     run_dir = tmp_path / name

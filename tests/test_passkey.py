@@ -12,15 +12,15 @@ import pytest
 import torch
 from torch import nn
 
-from posenc_cli import passkey as pk
-from posenc_cli import passkey_report
-from posenc_cli.checkpoint import LoadedRun
 from posenc_cli.config import Config, TokenizerConfig, TrainConfig
-from posenc_cli.data import load_corpus
+from posenc_cli.data.cache import load_corpus
+from posenc_cli.data.sources import passkey as pk_source
+from posenc_cli.data.sources.passkey import PasskeyDataConfig
+from posenc_cli.data.tokenizer import ByteTokenizer, train_bpe
 from posenc_cli.errors import LengthBeyondScheme
-from posenc_cli.sources import passkey as pk_source
-from posenc_cli.sources.passkey import PasskeyDataConfig
-from posenc_cli.tokenizer import ByteTokenizer, train_bpe
+from posenc_cli.evaluation import passkey as pk
+from posenc_cli.report import passkey_report
+from posenc_cli.run.checkpoint import LoadedRun
 
 BYTES = ByteTokenizer()
 # The landmark-attention prompt pieces, written out independently of the module's constants.
@@ -137,7 +137,7 @@ def test_passkey_source_through_load_corpus(tmp_path: Path) -> None:
 
 def test_data_passkey_composes_from_the_config_group() -> None:
     from posenc_cli.errors import ConfigError
-    from posenc_cli.hydra_bridge import compose_config
+    from posenc_cli.sweep.hydra_bridge import compose_config
 
     cfg = compose_config(["data=passkey", "data.passkey_episodes=10", "data.passkey_max_len=256"])
     assert cfg.data.source == "passkey" and cfg.data.passkey_episodes == 10 and cfg.data.passkey_max_len == 256
@@ -284,7 +284,7 @@ def test_results_file_schema_reuse_and_na(tmp_path: Path) -> None:
 def test_table_and_figure_render(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from posenc_cli.plots import save_figure
+    from posenc_cli.report.plots import save_figure
 
     results = [
         pk.evaluate_passkey_run(fake_run(tmp_path / n, m), pk.PasskeyConfig(lengths=[1, 2], trials=2), device="cpu")

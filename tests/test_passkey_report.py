@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from posenc_cli import passkey_report as pr
+from posenc_cli.report import passkey_report as pr
 
 
 def entry(length: int, depth: float, accuracy: float | None, reason: str | None = None) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def test_table_shows_cells_means_and_why_cells_are_missing() -> None:
 
 
 def test_figure_has_one_heatmap_per_run(tmp_path: Path) -> None:
-    from posenc_cli.plots import save_figure
+    from posenc_cli.report.plots import save_figure
 
     fig = pr.passkey_figure([ROPE, LEARNED, ROPE, LEARNED])
     heatmaps = [ax for ax in fig.axes if ax.images]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_hex
 
-from posenc_cli import plots
+from posenc_cli.report import plots
 
 
 def result(run: str, scheme: str, lengths: list[int], base: int = 16, na_from: int | None = None, **kw: Any) -> dict:

@@ -10,13 +10,13 @@ import torch
 from train_utils import tiny_config, write_corpus
 from typer.testing import CliRunner
 
-from posenc_cli.checkpoint import load_run, read_meta
 from posenc_cli.cli import app
 from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
-from posenc_cli.extend import default_out_dir, extend_run
+from posenc_cli.extension.extend import default_out_dir, extend_run
 from posenc_cli.model import GPT
-from posenc_cli.train import train
+from posenc_cli.run.checkpoint import load_run, read_meta
+from posenc_cli.run.train import train
 
 L = 16  # the parent's training length
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from posenc_cli import profiling
 from posenc_cli.cli import app
-from posenc_cli.profiling import (
+from posenc_cli.perf import profiling
+from posenc_cli.perf.profiling import (
     PROFILE_FILE,
     EvalRecorder,
     JobProfile,
@@ -31,7 +31,7 @@ CFG = SimpleNamespace(model=MODEL, train=SimpleNamespace(seq_len=16, eval_batche
 
 
 def test_flops_per_token_match_the_bench_convention() -> None:
-    from posenc_cli.bench import train_flops_per_token as bench_flops
+    from posenc_cli.perf.bench import train_flops_per_token as bench_flops
 
     assert train_flops_per_token(1000, 2, 32, 16) == bench_flops(1000, 2, 32, 16) == 6 * 1000 + 6 * 2 * 32 * 16
     assert forward_flops_per_token(1000, 2, 32, 16) == 2 * 1000 + 2 * 2 * 32 * 16

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from posenc_cli.progress import eta_seconds, log_line
+from posenc_cli.run.progress import eta_seconds, log_line
 
 
 def step_event(step: int, elapsed: float) -> dict:

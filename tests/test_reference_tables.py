@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from posenc_cli.errors import ConfigError
-from posenc_cli.reference_tables import (
+from posenc_cli.report.reference_tables import (
     ALIBI_TABLE2,
     posenc_ratios,
     reference_table,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from posenc_cli import report
+from posenc_cli.report import tables as report
 
 
 def entry(length: int, ppl: float | None, base: int = 16, reason: str | None = None, **kw: Any) -> dict[str, Any]:
@@ -185,7 +185,7 @@ def test_run_label() -> None:
 
 
 def test_markdown_marks_unmeasured_cells() -> None:
-    from posenc_cli.compare import to_markdown
+    from posenc_cli.analysis.compare import to_markdown
 
     columns, rows = report.extrapolation_rows([result("a", "rope", {8: 5.0, 16: 4.0}), result("b", "alibi", {16: 6.0})])
     lines = to_markdown(columns, rows).splitlines()

@@ -1,4 +1,4 @@
-"""RULER-style task generators (posenc_cli.ruler): needles at the requested depth, prompts of the requested token
+"""RULER-style task generators (posenc_cli.data.ruler): needles at the requested depth, prompts of the requested token
 length (bytes and BPE), and every episode solvable from the prompt alone by a regular expression (100%)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import re
 import numpy as np
 import pytest
 
-from posenc_cli.ruler import registry
-from posenc_cli.ruler.base import PromptTooShort, build_prompts, episode_text, haystack_text
-from posenc_cli.sources.tasks import TasksDataConfig, make_documents
-from posenc_cli.tokenizer import ByteTokenizer, train_bpe
+from posenc_cli.data.ruler import registry
+from posenc_cli.data.ruler.base import PromptTooShort, build_prompts, episode_text, haystack_text
+from posenc_cli.data.sources.tasks import TasksDataConfig, make_documents
+from posenc_cli.data.tokenizer import ByteTokenizer, train_bpe
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 CORPUS = "def f(x):\n    return x + 1\n\nclass A:\n    pass\n" * 40

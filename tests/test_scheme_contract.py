@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from posenc_cli.config import Config, ModelConfig, TrainConfig, config_to_dict
-from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import LengthBeyondScheme
 from posenc_cli.model import GPT, build_model
 from posenc_cli.positional import config_class, registry
+from posenc_cli.run.config_load import config_from_dict
 
 SCHEMES = sorted(registry())
 TINY = ModelConfig(d_model=32, n_layer=2, n_head=2)

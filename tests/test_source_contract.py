@@ -14,10 +14,12 @@ import pytest
 import yaml
 
 from posenc_cli.config import Config, DataConfig, config_dir, config_to_dict
-from posenc_cli.config_load import config_from_dict
-from posenc_cli.sources import build_data_config, open_source, registry, source_class
-from posenc_cli.sources import hf as hf_source
-from posenc_cli.tasks import registry as task_registry
+from posenc_cli.data import sources
+from posenc_cli.data.sources import DataSource, build_data_config, open_source, registry, source_class
+from posenc_cli.data.sources import hf as hf_source
+from posenc_cli.evaluation.tasks import registry as task_registry
+from posenc_cli.run.config_load import config_from_dict
+from posenc_cli.sweep.hydra_bridge import compose_dict
 
 # The keys of the flat DataConfig before each source had its own class (what older config.yaml files hold).
 FLAT_KEYS = {
@@ -102,10 +104,35 @@ def test_config_round_trips(example: DataConfig) -> None:
 
 
 def test_group_file_holds_exactly_the_source_defaults(source: str) -> None:
+    """`data=<source>` composes to the class's defaults: from its group file where there is one (which must then
+    hold exactly those keys and values), else from the node generated from the class (one file per source)."""
     cls = source_class(source).config_cls
-    raw = yaml.safe_load((config_dir() / "data" / f"{source}.yaml").read_text())
-    assert list(raw) == [f.name for f in dataclasses.fields(cls)]
-    assert raw == dataclasses.asdict(cls())
+    group_file = config_dir() / "data" / f"{source}.yaml"
+    if group_file.is_file():
+        raw = yaml.safe_load(group_file.read_text())
+        assert list(raw) == [f.name for f in dataclasses.fields(cls)]
+        assert raw == dataclasses.asdict(cls())
+    assert compose_dict([f"data={source}"])["data"] == dataclasses.asdict(cls())
+
+
+def test_a_source_without_a_group_file_is_a_hydra_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    @dataclasses.dataclass(kw_only=True)
+    class TinyConfig(DataConfig):
+        source: str = "tiny-test-source"
+        words: int = 3
+
+    class Tiny(DataSource):
+        name = "tiny-test-source"
+        config_cls = TinyConfig
+
+    monkeypatch.setitem(sources._SOURCES._entries, Tiny.name, Tiny)  # registered for this test only
+    try:
+        raw = compose_dict(["data=tiny-test-source", "data.words=5"])
+    finally:  # Hydra's config store is process-wide: leave no trace for later tests
+        from hydra.core.config_store import ConfigStore
+
+        ConfigStore.instance().repo.get("data", {}).pop("tiny-test-source.yaml", None)
+    assert raw["data"] == {"source": "tiny-test-source", "val_fraction": 0.02, "cache_dir": None, "words": 5}
 
 
 def test_a_saved_flat_config_still_loads(example: DataConfig) -> None:

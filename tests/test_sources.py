@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from corpus_utils import BYTE, docs_of
 
-from posenc_cli.data import load_corpus
+from posenc_cli.data.cache import load_corpus
+from posenc_cli.data.sources import hf as hf_source
+from posenc_cli.data.sources.base import split_document, validation_mask
+from posenc_cli.data.sources.hf import HfDataConfig
+from posenc_cli.data.sources.stdlib import StdlibDataConfig, stdlib_files
+from posenc_cli.data.sources.text import TextDataConfig, expand_paths
 from posenc_cli.errors import DataError
-from posenc_cli.sources import hf as hf_source
-from posenc_cli.sources.base import split_document, validation_mask
-from posenc_cli.sources.hf import HfDataConfig
-from posenc_cli.sources.stdlib import StdlibDataConfig, stdlib_files
-from posenc_cli.sources.text import TextDataConfig, expand_paths
 
 
 @pytest.fixture(autouse=True)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from posenc_cli import evaluate as ev
 from posenc_cli.errors import LengthBeyondScheme
-from posenc_cli.streaming import block_rows, evaluate_streaming, streaming_reference
+from posenc_cli.evaluation import perplexity as ev
+from posenc_cli.evaluation.streaming import block_rows, evaluate_streaming, streaming_reference
 from tests.test_evaluate import BYTE_TOKEN_BYTES, byte_stream, tiny_model
 
 

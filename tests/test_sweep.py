@@ -204,10 +204,10 @@ def test_jobs_log_to_the_configured_tracker(workspace: Path, monkeypatch) -> Non
 
 def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both evaluations run on one loaded model, the passkey one first; neither marks the job done."""
-    import posenc_cli.evaluate
-    import posenc_cli.passkey
-    from posenc_cli import sweep
-    from posenc_cli.hydra_bridge import compose_config
+    import posenc_cli.evaluation.passkey
+    import posenc_cli.evaluation.perplexity
+    from posenc_cli.sweep import runner as sweep
+    from posenc_cli.sweep.hydra_bridge import compose_config
 
     calls: list[str] = []
     job_dir = tmp_path / "job"
@@ -222,17 +222,19 @@ def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeyp
         calls.append("passkey")
         raise KeyboardInterrupt  # the job is stopped during the passkey evaluation
 
-    monkeypatch.setattr(posenc_cli.evaluate, "evaluate_run", extrapolate)
-    monkeypatch.setattr(posenc_cli.passkey, "evaluate_passkey_run", passkey)
+    monkeypatch.setattr(posenc_cli.evaluation.perplexity, "evaluate_run", extrapolate)
+    monkeypatch.setattr(posenc_cli.evaluation.passkey, "evaluate_passkey_run", passkey)
     loads: list[Path] = []
-    monkeypatch.setattr(posenc_cli.evaluate, "load_run", lambda path, **k: loads.append(Path(path)) or object())
+    monkeypatch.setattr(
+        posenc_cli.evaluation.perplexity, "load_run", lambda path, **k: loads.append(Path(path)) or object()
+    )
     job_dir.mkdir()
     (job_dir / "model.safetensors").write_bytes(b"")  # started, not finished
     cfg = compose_config(["data=passkey", "train.device=cpu"])
     with pytest.raises(KeyboardInterrupt):
         sweep._evaluate_job(cfg, job_dir)
     assert calls == ["passkey"] and sweep.job_status(job_dir) == "partial"
-    monkeypatch.setattr(posenc_cli.passkey, "evaluate_passkey_run", lambda *a, **k: calls.append("passkey"))
+    monkeypatch.setattr(posenc_cli.evaluation.passkey, "evaluate_passkey_run", lambda *a, **k: calls.append("passkey"))
     sweep._evaluate_job(cfg, job_dir)
     # evaluated, but done only once run_job writes the job's marker (after training completed and both evaluations)
     assert calls == ["passkey", "passkey", "extrapolate"] and sweep.job_status(job_dir) == "partial"

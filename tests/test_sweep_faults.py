@@ -17,7 +17,7 @@ from test_sweep import MICRO_MODEL, TWO_STAGES
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
-from posenc_cli.sweep import DONE_FILE, FAULT_ENV, job_status
+from posenc_cli.sweep.runner import DONE_FILE, FAULT_ENV, job_status
 
 JOBS = ("train/pos=rope", "train/pos=alibi", "extend/pos=rope/default")
 

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
-from posenc_cli.sweep import SWEEP_LOCK
+from posenc_cli.sweep.runner import SWEEP_LOCK
 
 MICRO_MODEL = "d_model: 16\nn_layer: 1\nn_head: 2\nnorm: layernorm\nmlp_ratio: 2\nbias: true\ndropout: 0.0\n"
 TINY_SWEEP = """# posenc sweep tiny --config-dir DIR
@@ -24,7 +24,7 @@ stages:
   - name: train
     params: {pos: "alibi"}
 """
-# Holds the lock as `posenc_cli.sweep.sweep_lock` takes it (filelock on the same file), from another process.
+# Holds the lock as `posenc_cli.sweep.runner.sweep_lock` takes it (filelock on the same file), from another process.
 HOLDER = (
     "import sys, filelock\n"
     "lock = filelock.FileLock(sys.argv[1])  # kept referenced: a collected FileLock releases its lock\n"

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc_cli.checkpoint import LoadedRun
 from posenc_cli.config import Config, EvalConfig, ModelConfig, TrainConfig
+from posenc_cli.data.sources import registry as source_registry
+from posenc_cli.data.sources.stdlib import StdlibDataConfig
+from posenc_cli.data.tokenizer import ByteTokenizer
 from posenc_cli.errors import CheckpointError
-from posenc_cli.eval_results import checkpoint_identity
-from posenc_cli.interrupts import run_lock
+from posenc_cli.evaluation.results import checkpoint_identity
+from posenc_cli.evaluation.tasks import registry
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class
-from posenc_cli.sources import registry as source_registry
-from posenc_cli.sources.stdlib import StdlibDataConfig
-from posenc_cli.tasks import registry
-from posenc_cli.tokenizer import ByteTokenizer
+from posenc_cli.run.checkpoint import LoadedRun
+from posenc_cli.run.interrupts import run_lock
 
 TRAIN_LEN = 128  # long enough for a passkey prompt at 1x
 

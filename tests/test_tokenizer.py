@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 from transformers.convert_slow_tokenizer import bytes_to_unicode  # test-only oracle for byte-level BPE
 
 from posenc_cli.config import TokenizerConfig
-from posenc_cli.errors import CheckpointError, DataError
-from posenc_cli.tokenizer import (
+from posenc_cli.data.tokenizer import (
     EOD_TOKEN,
     TOKENIZER_FILE,
     BPETokenizer,
@@ -21,6 +20,7 @@ from posenc_cli.tokenizer import (
     token_dtype,
     train_bpe,
 )
+from posenc_cli.errors import CheckpointError, DataError
 
 SAMPLES = [
     "hello world",

@@ -11,12 +11,12 @@ import pytest
 import torch
 from train_utils import metrics, tiny_config, weights, write_corpus
 
-from posenc_cli.checkpoint import load_run, read_meta
 from posenc_cli.config import TrainConfig
 from posenc_cli.errors import CheckpointError, ConfigError
 from posenc_cli.model import build_model
-from posenc_cli.optim import lr_at, param_groups
-from posenc_cli.train import NAN_ENV, TrainingDiverged, train
+from posenc_cli.run.checkpoint import load_run, read_meta
+from posenc_cli.run.optim import lr_at, param_groups
+from posenc_cli.run.train import NAN_ENV, TrainingDiverged, train
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_param_groups_no_decay_on_norms_biases_embeddings_and_positions(corpus: 
 
 def test_weight_decay_is_decoupled_and_skips_no_decay_params(corpus: Path) -> None:
     """With zero gradients Adam's step is 0, so only the decoupled decay p <- p·(1 − lr·wd) moves weights."""
-    from posenc_cli.optim import build_optimizer
+    from posenc_cli.run.optim import build_optimizer
 
     cfg = tiny_config(corpus, lr=0.01, weight_decay=0.5)
     model = build_model(cfg, vocab_size=257)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from posenc_cli.errors import DataError
-from posenc_cli.validation import evaluate_loss, validation_batches
+from posenc_cli.run.validation import evaluate_loss, validation_batches
 
 
 def test_validation_batches_are_fixed_and_shifted() -> None:

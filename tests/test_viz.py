@@ -13,12 +13,12 @@ import torch
 from rich.console import Console
 from torch import Tensor
 
-from posenc_cli import viz, viz_data
+from posenc_cli.analysis import viz, viz_data
 from posenc_cli.config import Config, ModelConfig, PosConfig
-from posenc_cli.config_load import config_from_dict
 from posenc_cli.model import GPT
 from posenc_cli.positional import PositionalScheme, PositionContext, config_class, registry
 from posenc_cli.positional.alibi import alibi_slopes
+from posenc_cli.run.config_load import config_from_dict
 
 D, H, HD = 32, 4, 8
 

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from posenc_cli.config import Config, DataConfig, ModelConfig, TrainConfig
-from posenc_cli.config_load import config_from_dict
 from posenc_cli.positional import config_class
+from posenc_cli.run.config_load import config_from_dict
 
 TEXT = (
     "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches near old "
@@ -78,7 +78,7 @@ def train_scheme_runs(sweep_dir: Path, schemes: Sequence[str], data: DataConfig,
 
     `train` sets TrainConfig fields; evaluation and the checkpoint come once, at the last step, unless given.
     """
-    from posenc_cli.train import train as train_run
+    from posenc_cli.run.train import train as train_run
 
     fields = {"eval_every": train["steps"], "save_every": train["steps"], "eval_batches": 1, **train}
     for scheme in schemes:
@@ -92,7 +92,7 @@ def train_scheme_runs(sweep_dir: Path, schemes: Sequence[str], data: DataConfig,
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    from posenc_cli.checkpoint import load_run
+    from posenc_cli.run.checkpoint import load_run
 
     return load_run(run_dir).model.state_dict()
 

@@ -48,9 +48,9 @@ def bench_command(
     and sizes come from the config (model=..., train.seq_len, train.batch_size, train.device, train.threads).
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.bench import BenchOptions, run_bench
     from posenc_cli.fsutil import atomic_write_json
-    from posenc_cli.hydra_bridge import compose_config
+    from posenc_cli.perf.bench import BenchOptions, run_bench
+    from posenc_cli.sweep.hydra_bridge import compose_config
 
     names, overrides = split_args(args)
     if names:

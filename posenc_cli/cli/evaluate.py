@@ -11,8 +11,8 @@ import typer
 from rich.markup import escape
 
 from posenc_cli.cli.app import app, console, err_console, handles_errors, progress_bar, split_args
-from posenc_cli.device import resolve_device
 from posenc_cli.errors import ConfigError
+from posenc_cli.run.device import resolve_device
 
 _EXAMPLES = """
 [bold]Examples[/]
@@ -260,11 +260,11 @@ def eval_extrapolate_command(
 ) -> None:
     """Perplexity at and beyond the training length, per run and length; stored in each run's eval/extrapolate.json."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli.compare import labelled_in_order
-    from posenc_cli.evaluate import evaluate_paths
-    from posenc_cli.hf_run import train_length_override
-    from posenc_cli.plots import write_plots
-    from posenc_cli.report import extrapolation_table
+    from posenc_cli.analysis.compare import labelled_in_order
+    from posenc_cli.evaluation.perplexity import evaluate_paths
+    from posenc_cli.report.plots import write_plots
+    from posenc_cli.report.tables import extrapolation_table
+    from posenc_cli.run.hf_run import train_length_override
 
     paths, overrides = split_args(args)
     _check_run_args(paths, [p for p in paths if p.startswith("-")], "unknown option", "eval-extrapolate")
@@ -352,9 +352,9 @@ def eval_passkey_command(
 ) -> None:
     """Passkey retrieval: exact match of a key hidden at each depth of growing prompts; in RUN/eval/passkey.json."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli.passkey import PasskeyConfig, combined_json, evaluate_passkey_paths
-    from posenc_cli.passkey_report import passkey_figure, passkey_table
-    from posenc_cli.plots import save_figure
+    from posenc_cli.evaluation.passkey import PasskeyConfig, combined_json, evaluate_passkey_paths
+    from posenc_cli.report.passkey_report import passkey_figure, passkey_table
+    from posenc_cli.report.plots import save_figure
 
     paths = paths or []
     _check_run_args(paths, [p for p in paths if p.startswith("-") or "=" in p], "unexpected argument", "eval-passkey")

@@ -39,7 +39,7 @@ def export_command(
     schemes, and model.norm=rmsnorm, have no matching transformers architecture and are refused (exit 2).
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.export import export_run
+    from posenc_cli.run.export import export_run
 
     quiet_transformers()
     r = export_run(run_dir, out, to=to, verify=verify)

@@ -19,7 +19,7 @@ from posenc_cli.errors import ConfigError
 from posenc_cli.rope_scaling import get_method, param_fields, registry
 
 if TYPE_CHECKING:
-    from posenc_cli.run_meta import ExtendResult
+    from posenc_cli.run.run_meta import ExtendResult
 
 _D = ExtendConfig()  # flag defaults = configs/extend/default.yaml = ExtendConfig's defaults
 _REMAP = "Self-Extend / ReRoPE"
@@ -213,7 +213,7 @@ def extend_command(
     positions beyond the window at inference instead (recorded as pos.remap; no scaling, no fine-tune).
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.extend import default_out_dir, extend_run, finetune_length
+    from posenc_cli.extension.extend import default_out_dir, extend_run, finetune_length
     from posenc_cli.positional.remap import REMAP_METHODS
 
     remap_given = {"--window": window, "--group": group, "--leaky": leaky}
@@ -256,7 +256,7 @@ def extend_command(
         logn=logn,
     )
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.extend import validate_extend
+    from posenc_cli.extension.extend import validate_extend
 
     ext = _longrope_factors(ext, factors, search)
     validate_extend(ext)  # before naming the default directory after the method
@@ -267,7 +267,7 @@ def extend_command(
 
     if ext.finetune_steps > 0:
         # deferred: keeps this command's modules off posenc --help start-up
-        from posenc_cli.progress import TrainDisplay
+        from posenc_cli.run.progress import TrainDisplay
 
         with TrainDisplay(console, live=stdout_is_terminal(), log_every=1) as display:
             result = extend_run(run_dir, out_dir, ext, threads=threads, callback=display)
@@ -281,7 +281,7 @@ def extend_command(
         console.print(f"PoSE: fine-tuned on {result.train_length}-token windows, position ids spanning {span}")
     if result.status == "interrupted":
         # deferred: keeps this command's modules off posenc --help start-up
-        from posenc_cli.progress import interrupted_message
+        from posenc_cli.run.progress import interrupted_message
 
         assert result.finetune is not None
         err_console.print(f"[yellow]{escape(interrupted_message(result.finetune))}[/]", highlight=False)
@@ -305,7 +305,7 @@ def _remap(
     threads: int,
 ) -> None:
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.extend import remap_out_dir, remap_run
+    from posenc_cli.extension.extend import remap_out_dir, remap_run
     from posenc_cli.positional.remap import RemapConfig
 
     if window is None:
@@ -369,7 +369,7 @@ def _search(
     """LongRoPE's search with a progress bar (stderr, on a terminal): (ext with the found factors, the search)."""
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.cli.app import progress_bar
-    from posenc_cli.longrope_search import search_extension
+    from posenc_cli.extension.longrope_search import search_extension
 
     with progress_bar() as bar:
         task = bar.add_task(f"LongRoPE search ×{ext.factor:g}", total=budget)
@@ -385,7 +385,7 @@ def _search(
 def _report_search(result: ExtendResult, ext: ExtendConfig, found: Any) -> None:
     """Write the factors file into the child and say what the search found and what it cost."""
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.longrope_search import write_factors
+    from posenc_cli.extension.longrope_search import write_factors
 
     assert ext.short_factor is not None
     path = write_factors(result.out_dir, ext.short_factor, found)
@@ -455,10 +455,10 @@ def _tokens(x: float) -> str:
 
 def _evaluate_both(result: ExtendResult, threads: int) -> None:
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.compare import labelled_in_order
+    from posenc_cli.analysis.compare import labelled_in_order
     from posenc_cli.config import EvalConfig
-    from posenc_cli.evaluate import CorpusCache, evaluate_run_dir
-    from posenc_cli.report import extrapolation_table
+    from posenc_cli.evaluation.perplexity import CorpusCache, evaluate_run_dir
+    from posenc_cli.report.tables import extrapolation_table
 
     cfg = EvalConfig()
     corpora = CorpusCache()

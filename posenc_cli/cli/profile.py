@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from posenc_cli.profiling import summary_rows
+from posenc_cli.perf.profiling import summary_rows
 
 
 def _sig(value: float | None) -> str:

@@ -60,13 +60,13 @@ def sweep_command(
     [bold]hydra/launcher=joblib hydra.launcher.n_jobs=2[/]; Slurm: [bold]hydra/launcher=submitit_slurm[/].
     """
     # deferred: keeps this command's modules off posenc --help start-up
+    from posenc_cli.analysis.compare import comparison_outputs, gather
     from posenc_cli.cli.profile import print_profile
     from posenc_cli.cli.tasks import print_task_summary
-    from posenc_cli.compare import comparison_outputs, gather
     from posenc_cli.config import config_dir as packaged_config_dir
-    from posenc_cli.hydra_bridge import launcher_settings
-    from posenc_cli.profiling import StageClock, process_age_s, write_sweep_profile
-    from posenc_cli.sweep import (
+    from posenc_cli.perf.profiling import StageClock, process_age_s, write_sweep_profile
+    from posenc_cli.sweep.hydra_bridge import launcher_settings
+    from posenc_cli.sweep.runner import (
         SweepInterrupted,
         find_sweep_file,
         load_sweep_spec,
@@ -112,7 +112,7 @@ def sweep_command(
     print_task_summary(records, console)  # retrieval scores, for sweeps that measured them (data=tasks)
     if viz:
         # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-        from posenc_cli.viz import write_attention_comparison
+        from posenc_cli.analysis.viz import write_attention_comparison
 
         done = [r.run_dir for r in records if r.status == "ok"]
         if done:
@@ -129,7 +129,7 @@ def _warn_if_busy(plans: list, launcher_given: dict, user_dir: Path | None) -> N
     """One warning line when the machine is already loaded (jobs' threads as posenc would give them)."""
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.cpu_load import training_busy_warning
-    from posenc_cli.hydra_bridge import compose_config
+    from posenc_cli.sweep.hydra_bridge import compose_config
 
     first = next((job for plan in plans for job in plan.jobs), None)
     if first is None:
@@ -174,8 +174,8 @@ def _print_plan(name: str, plans: list, out: Path | None, launcher_name: str, la
 def _print_reference(table: Any, records: list[Any]) -> None:
     """posenc's ppl(m·L)/ppl(L) next to the paper's, one row per run label (`reference_tables.side_by_side`)."""
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.compare import to_results
-    from posenc_cli.reference_tables import side_by_side
+    from posenc_cli.analysis.compare import to_results
+    from posenc_cli.report.reference_tables import side_by_side
 
     headers, rows = side_by_side(table, to_results(records))
     out = Table(title=f"ppl(L') / ppl(L): posenc / paper ({table.name})", caption=table.citation, title_justify="left")
@@ -219,8 +219,8 @@ def compare_command(
     Example: [bold]posenc compare outputs/sweeps/*-extrapolation --metric bpb --format markdown[/]
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.compare import gather, render
-    from posenc_cli.reference_tables import reference_table
+    from posenc_cli.analysis.compare import gather, render
+    from posenc_cli.report.reference_tables import reference_table
 
     stray = [str(p) for p in paths if str(p).startswith("-")]  # unknown options arrive as paths (_EXTRA)
     if stray:
@@ -243,8 +243,8 @@ def compare_command(
         # deferred: keeps this command's modules off posenc --help start-up
         import dataclasses
 
-        from posenc_cli.costs import run_costs
-        from posenc_cli.report import cost_table
+        from posenc_cli.perf.costs import run_costs
+        from posenc_cli.report.tables import cost_table
 
         rows = run_costs((r.label, r.run_dir) for r in records)
         console.print(cost_table([dataclasses.asdict(c) for c in rows]))

@@ -1,4 +1,5 @@
-"""`posenc eval-tasks`: RULER-style retrieval tasks (posenc_cli.tasks.retrieval) per task × length × depth."""
+"""`posenc eval-tasks`: RULER-style retrieval tasks (posenc_cli.evaluation.tasks.retrieval) per task × length ×
+depth."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from posenc_cli.cli.evaluate import (
     _report,
     parse_list,
 )
-from posenc_cli.device import resolve_device
+from posenc_cli.run.device import resolve_device
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -61,8 +62,8 @@ def tasks_tables(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> lis
     from rich.table import Table
     from rich.text import Text
 
-    from posenc_cli.passkey_report import _ink, accuracy_colour
-    from posenc_cli.report import LABEL_MAX_WIDTH, fit_to_content, run_label
+    from posenc_cli.report.passkey_report import _ink, accuracy_colour
+    from posenc_cli.report.tables import LABEL_MAX_WIDTH, fit_to_content, run_label
 
     tables = []
     for task in tasks:
@@ -109,7 +110,7 @@ def tasks_figure(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> Fig
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from posenc_cli.report import run_label
+    from posenc_cli.report.tables import run_label
 
     nrows, ncols = max(len(results), 1), max(len(tasks), 1)
     fig = Figure(figsize=(3.4 * ncols + 1.2, 2.7 * nrows + 0.6), layout="constrained")
@@ -163,9 +164,14 @@ def eval_tasks_command(
 ) -> None:
     """RULER-style retrieval and tracking tasks per length × depth; scores stored in RUN/eval/tasks.json."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli.plots import save_figure
-    from posenc_cli.ruler import registry
-    from posenc_cli.tasks.retrieval import TasksEvalConfig, combined_json, evaluate_tasks_paths, registry_task
+    from posenc_cli.data.ruler import registry
+    from posenc_cli.evaluation.tasks.retrieval import (
+        TasksEvalConfig,
+        combined_json,
+        evaluate_tasks_paths,
+        registry_task,
+    )
+    from posenc_cli.report.plots import save_figure
 
     paths = paths or []
     _check_run_args(paths, [p for p in paths if p.startswith("-") or "=" in p], "unexpected argument", "eval-tasks")
@@ -215,9 +221,9 @@ def stored_task_results(records: Sequence[Any]) -> list[dict[str, Any]]:
     cells of the run's current checkpoint (the latest cell per task × length × depth), under the record's label.
     Failed jobs and runs without retrieval cells are left out."""
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.compare import current_checkpoint
-    from posenc_cli.eval_results import checkpoint_key, read_results_file
-    from posenc_cli.tasks.retrieval import COMMAND, RESULTS_FILE
+    from posenc_cli.analysis.compare import current_checkpoint
+    from posenc_cli.evaluation.results import checkpoint_key, read_results_file
+    from posenc_cli.evaluation.tasks.retrieval import COMMAND, RESULTS_FILE
 
     results = []
     for record in records:
@@ -242,9 +248,9 @@ def task_summary_tables(results: Sequence[dict[str, Any]]) -> list[Table]:
     from rich.table import Table
     from rich.text import Text
 
-    from posenc_cli.passkey_report import _ink, accuracy_colour
-    from posenc_cli.report import LABEL_MAX_WIDTH, fit_to_content, run_label
-    from posenc_cli.ruler import registry
+    from posenc_cli.data.ruler import registry
+    from posenc_cli.report.passkey_report import _ink, accuracy_colour
+    from posenc_cli.report.tables import LABEL_MAX_WIDTH, fit_to_content, run_label
 
     present = {e["task"] for r in results for e in r["entries"]}
     tables = []

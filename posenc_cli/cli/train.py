@@ -10,8 +10,8 @@ from rich.markup import escape
 
 from posenc_cli.cli.app import ConfigDirOption, app, console, err_console, handles_errors, stdout_is_terminal
 from posenc_cli.config import Config, config_to_dict, config_to_yaml
-from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import ConfigError
+from posenc_cli.run.config_load import config_from_dict
 
 
 @app.command(
@@ -49,7 +49,7 @@ def train_command(
     """
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.cli.app import split_args
-    from posenc_cli.hydra_bridge import compose_config
+    from posenc_cli.sweep.hydra_bridge import compose_config
 
     names, overrides = split_args(args)
     if names:
@@ -75,7 +75,7 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from posenc_cli.checkpoint import read_config, read_meta
+    from posenc_cli.run.checkpoint import read_config, read_meta
 
     for o in overrides:
         key = o.split("=", 1)[0]
@@ -96,11 +96,11 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
 def run(cfg: Config, resume: str | None, out: str | None, force_config: bool) -> None:
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.cpu_load import training_busy_warning
-    from posenc_cli.distributed import env_info
-    from posenc_cli.progress import TrainDisplay, interrupted_message, summary_table
-    from posenc_cli.run_meta import default_run_dir
-    from posenc_cli.trackers import tracked
-    from posenc_cli.train import train
+    from posenc_cli.run.distributed import env_info
+    from posenc_cli.run.progress import TrainDisplay, interrupted_message, summary_table
+    from posenc_cli.run.run_meta import default_run_dir
+    from posenc_cli.run.trackers import tracked
+    from posenc_cli.run.train import train
 
     run_dir = Path(resume or out) if (resume or out) else default_run_dir(cfg)
     if (busy := training_busy_warning(cfg.train.device, cfg.train.threads)) and env_info().is_main:

@@ -79,9 +79,9 @@ def encoding_command(
 ) -> None:
     """Draw what a scheme's hooks do: added embeddings, rotation angles, or score biases (also a grid here)."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli.plots import save_figure
-    from posenc_cli.viz import encoding_figure, terminal_grids
-    from posenc_cli.viz_data import encoding_data, seeded_scheme
+    from posenc_cli.analysis.viz import encoding_figure, terminal_grids
+    from posenc_cli.analysis.viz_data import encoding_data, seeded_scheme
+    from posenc_cli.report.plots import save_figure
 
     # Sweep job directories are named like `pos=rope`: an existing path is a run directory, not an override.
     paths = [a for a in args or [] if Path(a).exists()]
@@ -93,7 +93,7 @@ def encoding_command(
         if overrides:
             raise ConfigError("overrides apply to composed configs, not to a run directory: give one or the other")
         # deferred: keeps this command's modules off posenc --help start-up
-        from posenc_cli.checkpoint import load_run
+        from posenc_cli.run.checkpoint import load_run
 
         run = load_run(names[0])
         scheme = run.model.scheme
@@ -101,7 +101,7 @@ def encoding_command(
         seed = run.config.train.seed
     else:
         # deferred: keeps this command's modules off posenc --help start-up
-        from posenc_cli.hydra_bridge import compose_config
+        from posenc_cli.sweep.hydra_bridge import compose_config
 
         cfg = compose_config(overrides, Path(config_dir) if config_dir else None)
         scheme = seeded_scheme(cfg)
@@ -132,11 +132,11 @@ def attention_command(
 ) -> None:
     """Attention maps at the training length and a longer one, side by side, and attention mass by distance."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli.checkpoint import load_run
-    from posenc_cli.device import resolve_device
-    from posenc_cli.plots import save_figure
-    from posenc_cli.viz import attention_figure
-    from posenc_cli.viz_data import attention_report
+    from posenc_cli.analysis.viz import attention_figure
+    from posenc_cli.analysis.viz_data import attention_report
+    from posenc_cli.report.plots import save_figure
+    from posenc_cli.run.checkpoint import load_run
+    from posenc_cli.run.device import resolve_device
 
     run = load_run(run_dir, device=resolve_device(device))
     report = attention_report(run, length=length, layer=layer, head=head, windows=windows)
@@ -165,7 +165,7 @@ def compare_command(
 ) -> None:
     """One small panel per run: attention mass by distance at 1× and at --multiple × the training length."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli.viz import write_attention_comparison
+    from posenc_cli.analysis.viz import write_attention_comparison
 
     if multiple <= 0:
         raise ConfigError(f"--multiple must be > 0, got {multiple}")

@@ -5,7 +5,7 @@ inv_k' = inv_k / λ_k with λ = `long_factor` when the sequence is longer than L
 largest position id + 1, as `transformers` reads it per forward) and λ = `short_factor` otherwise (seq_len None or
 <= L). Both lists have one factor per frequency pair (d/2 values); a list left unset is all ones (the pair keeps its
 frequency). Attention factor on cos and sin, in both regimes: √(1 + ln s / ln L) for s > 1, 1 for s <= 1, unless
-given. The paper *finds* λ by an evolutionary search (`posenc_cli/longrope_search.py`, `extend --search`); its
+given. The paper *finds* λ by an evolutionary search (`posenc_cli/extension/longrope_search.py`, `extend --search`); its
 n̂ (first positions kept un-interpolated) is not part of `transformers`' rope type and is left out here.
 """
 

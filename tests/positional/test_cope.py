@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from posenc_cli.config import ModelConfig
-from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import PositionContext
 from posenc_cli.positional.cope import CoPE, CopeConfig, cope_bias, cope_gates, cope_positions, interpolate_logits
+from posenc_cli.run.config_load import config_from_dict
 
 
 def test_positions_are_cumulative_gate_sums_by_hand() -> None:

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from posenc_cli.config import Config, ModelConfig, TrainConfig, config_to_dict
-from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import PositionContext
 from posenc_cli.positional.fire import FIRE, Fire, FireConfig, fire_input, relu_mlp_piecewise
+from posenc_cli.run.config_load import config_from_dict
 
 
 def formula_input(i: int, j: int, c: float, L: float, normaliser: str = "max") -> float:

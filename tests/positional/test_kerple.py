@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from posenc_cli.config import ModelConfig
-from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import PositionContext
 from posenc_cli.positional.kerple import Kerple, KerpleConfig, kerple_kernel, kerple_params
+from posenc_cli.run.config_load import config_from_dict
 
 
 def kerple(variant: str, p: list[float], a: list[float], n_layer: int = 1) -> Kerple:

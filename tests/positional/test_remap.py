@@ -11,12 +11,12 @@ import yaml
 
 from posenc_cli.attention import attend
 from posenc_cli.config import Config, ModelConfig, config_to_dict, config_to_yaml
-from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import ConfigError
 from posenc_cli.model import GPT
 from posenc_cli.positional import PositionContext
 from posenc_cli.positional.remap import RemapConfig, remapped_distance
 from posenc_cli.positional.rope import RoPE, RopeConfig
+from posenc_cli.run.config_load import config_from_dict
 
 METHODS = [
     RemapConfig(method="self-extend", window=6, group=3),
@@ -114,7 +114,7 @@ def test_model_beyond_the_window_chunked_and_per_row_ids(cfg: RemapConfig) -> No
 
 
 def test_viz_attention_uses_the_remapping() -> None:
-    from posenc_cli import viz_data
+    from posenc_cli.analysis import viz_data
 
     cfg = METHODS[0]
     _, model = tiny_models(cfg)

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from posenc_cli.config import Config, ModelConfig, TrainConfig, config_to_dict
-from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import PositionContext
 from posenc_cli.positional.sandwich import Sandwich, SandwichConfig, sandwich_profile
+from posenc_cli.run.config_load import config_from_dict
 
 
 def formula(i: int, j: int, h: int, n_head: int, dim: int) -> float:

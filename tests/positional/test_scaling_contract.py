@@ -12,7 +12,6 @@ import typer.main
 
 from posenc_cli.cli import app
 from posenc_cli.config import ExtendConfig, build_dataclass
-from posenc_cli.export import NotExportable, neox_rope
 from posenc_cli.positional.rope import RopeConfig
 from posenc_cli.rope_scaling import (
     NONE,
@@ -24,6 +23,7 @@ from posenc_cli.rope_scaling import (
     registry,
     scaled_inv_freq,
 )
+from posenc_cli.run.export import NotExportable, neox_rope
 
 METHODS = list(registry())
 HEAD_DIMS = (8, 16, 64)

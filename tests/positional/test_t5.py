@@ -9,10 +9,10 @@ import torch
 from transformers.models.t5.modeling_t5 import T5Attention
 
 from posenc_cli.config import ModelConfig
-from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import PositionContext
 from posenc_cli.positional.t5 import T5Bias, T5Config, relative_position_bucket
+from posenc_cli.run.config_load import config_from_dict
 
 REL = torch.arange(-2000, 2001)  # j − i, HF's sign convention
 

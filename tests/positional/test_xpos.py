@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from posenc_cli.config import ModelConfig
-from posenc_cli.config_load import config_from_dict
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import PositionContext
 from posenc_cli.positional.xpos import XPos, XposConfig, xpos_scale, xpos_zeta
+from posenc_cli.run.config_load import config_from_dict
 
 LAYOUTS = ["rotate_half", "interleaved"]
 

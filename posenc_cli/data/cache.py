@@ -1,0 +1,263 @@
+"""The on-disk token cache behind `load_corpus`, and batching (`sample_batch`, `eval_windows`).
+
+The corpus sources (stdlib, text, hf, passkey; one module each) and their train/validation split live in
+`posenc_cli.data.sources`.
+Each split is tokenized once into a flat array of ids, stored as raw `uint16`/`int32` under
+`<cache>/tokens/<key>/` with key = hash(source fingerprint, tokenizer fingerprint), and memory-mapped afterwards.
+Arrays are written atomically and the manifest last: an entry without a matching manifest is never trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from posenc_cli.config import DataConfig, TokenizerConfig
+from posenc_cli.data.sources import open_source
+from posenc_cli.data.sources.base import FORMAT_VERSION, Docs, ProgressFn, Source, report_progress, short_hash
+from posenc_cli.data.tokenizer import (
+    EOD_TOKEN,
+    BPETokenizer,
+    ByteTokenizer,
+    Tokenizer,
+    load_tokenizer,
+    token_dtype,
+    train_bpe,
+)
+from posenc_cli.errors import CheckpointError, DataError
+from posenc_cli.fsutil import atomic_path, atomic_write_json, atomic_write_text
+
+__all__ = [
+    "EOD_TOKEN",
+    "BPETokenizer",
+    "ByteTokenizer",
+    "Corpus",
+    "Tokenizer",
+    "cache_root",
+    "eval_windows",
+    "load_corpus",
+    "load_tokenizer",
+    "sample_batch",
+    "token_dtype",
+]
+
+
+MANIFEST = "manifest.json"
+SPLITS = ("train", "val")
+BPE_TRAIN_BYTES = 4_000_000  # BPE is trained on an evenly strided sample of about this much training text
+
+
+@dataclass
+class Corpus:
+    """Token ids of both splits (1-D, memory-mapped), the tokenizer that made them, and a JSON-safe summary."""
+
+    train: np.ndarray
+    val: np.ndarray
+    tokenizer: Tokenizer
+    info: dict[str, Any]
+
+
+def cache_root(data: DataConfig) -> Path:
+    """`data.cache_dir`, else `$POSENC_CACHE_DIR`, else `outputs/.cache` under the current directory."""
+    if data.cache_dir:
+        return Path(data.cache_dir).expanduser()
+    env = os.environ.get("POSENC_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.cwd() / "outputs" / ".cache"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tokenizer for a corpus, token cache.
+
+
+def _bpe_sample(train: Docs, budget: int = BPE_TRAIN_BYTES) -> Iterator[str]:
+    """Every k-th training document (k spreads the sample over the corpus), each at most `budget` characters."""
+    k = max(1, -(-train.nbytes // budget))
+    i = 0
+    for batch in train.batches():
+        for doc in batch:
+            if i % k == 0:
+                yield doc[:budget]
+            i += 1
+
+
+def _corpus_tokenizer(
+    tok: TokenizerConfig, source: Source, docs: Callable[[], tuple[Docs, Docs, str]], root: Path, progress: Any
+) -> Tokenizer:
+    """Bytes, or BPE trained on this corpus's training split and cached by (corpus fingerprint, vocab size)."""
+    if tok.kind == "byte":
+        return ByteTokenizer()
+    path = root / "tokenizers" / f"bpe-{source.fingerprint}-{tok.vocab_size}.json"
+    if path.is_file():
+        with contextlib.suppress(CheckpointError):  # a damaged cache file is retrained
+            return BPETokenizer.from_file(path)
+    train, _, _ = docs()
+    report_progress(progress, "training tokenizer", 0, 1)
+    bpe = train_bpe(_bpe_sample(train), tok.vocab_size)
+    atomic_write_text(path, bpe.to_json())
+    report_progress(progress, "training tokenizer", 1, 1)
+    return bpe
+
+
+def tokenize(tokenizer: Tokenizer, docs: Sequence[str]) -> np.ndarray:
+    """Ids of `docs`, each followed by end-of-document (the one place the cache builder tokenizes)."""
+    return tokenizer.encode_documents(docs)
+
+
+def _cache_key(source_fp: str, tokenizer_fp: str) -> str:
+    return short_hash("tokens", FORMAT_VERSION, source_fp, tokenizer_fp)
+
+
+def read_manifest(entry: Path, key: str) -> dict[str, Any] | None:
+    """The manifest of a complete cache entry, or None when anything is missing or does not match."""
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+        if manifest["format"] != FORMAT_VERSION or manifest["key"] != key:
+            return None
+        itemsize = np.dtype(manifest["dtype"]).itemsize
+        for split in SPLITS:
+            meta = manifest["splits"][split]
+            if (entry / meta["file"]).stat().st_size != meta["tokens"] * itemsize:
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return manifest
+
+
+def _build_entry(
+    entry: Path, key: str, train: Docs, val: Docs, method: str, tokenizer: Tokenizer, progress: ProgressFn | None
+) -> dict[str, Any]:
+    """Tokenize both splits into `entry` (streamed, atomic per file), then write the manifest last."""
+    t0 = time.perf_counter()
+    entry.mkdir(parents=True, exist_ok=True)
+    (entry / MANIFEST).unlink(missing_ok=True)
+    total = train.count + val.count
+    done = 0
+    splits: dict[str, Any] = {}
+    for i, (name, docs) in enumerate((("train", train), ("val", val))):
+        n_tokens = n_bytes = 0
+        with atomic_path(entry / f"{name}.bin") as tmp, open(tmp, "wb") as f:
+            for batch in docs.batches():
+                ids = tokenize(tokenizer, batch)
+                ids.astype(tokenizer.dtype, copy=False).tofile(f)
+                n_tokens += int(ids.size)
+                n_bytes += int(tokenizer.token_bytes[ids].sum())
+                done += len(batch)
+                report_progress(progress, "tokenizing", done, total)
+        splits[name] = {"file": f"{name}.bin", "documents": docs.count, "tokens": n_tokens, "bytes": n_bytes}
+        report_progress(progress, "writing", i + 1, 3)
+    manifest = {
+        "format": FORMAT_VERSION,
+        "key": key,
+        "dtype": tokenizer.dtype.name,
+        "split_method": method,
+        "tokenizer": {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "fingerprint": tokenizer.fingerprint},
+        "splits": splits,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    atomic_write_json(entry / MANIFEST, manifest)
+    report_progress(progress, "writing", 3, 3)
+    return manifest
+
+
+def _open_split(entry: Path, manifest: dict[str, Any], split: str) -> np.ndarray:
+    meta = manifest["splits"][split]
+    dtype = np.dtype(manifest["dtype"])
+    if meta["tokens"] == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(entry / meta["file"], dtype=dtype, mode="r", shape=(meta["tokens"],))
+
+
+def load_corpus(
+    data: DataConfig,
+    tok: TokenizerConfig,
+    *,
+    tokenizer: Tokenizer | None = None,
+    progress: ProgressFn | None = None,
+) -> Corpus:
+    """Open a source, get its tokenizer (given, cached or trained), and tokenize it unless the cache has it.
+
+    `tokenizer` given (e.g. a run's own) => it is used as is. `progress(stage, done, total)` is called with stages
+    "reading", "training tokenizer", "tokenizing", "writing".
+    """
+    t0 = time.perf_counter()
+    root = cache_root(data)
+    source = open_source(data, root, progress)
+    docs = functools.cache(source.documents)
+    if tokenizer is None:
+        tokenizer = _corpus_tokenizer(tok, source, docs, root, progress)
+    key = _cache_key(source.fingerprint, tokenizer.fingerprint)
+    entry = root / "tokens" / key
+    manifest = read_manifest(entry, key)
+    reused = manifest is not None
+    if manifest is None:
+        train_docs, val_docs, method = docs()
+        manifest = _build_entry(entry, key, train_docs, val_docs, method, tokenizer, progress)
+    splits = manifest["splits"]
+    info = {
+        **source.info,
+        "fingerprint": source.fingerprint,
+        "split_method": manifest["split_method"],
+        "documents": {s: splits[s]["documents"] for s in SPLITS},
+        "bytes": {s: splits[s]["bytes"] for s in SPLITS},
+        "tokens": {s: splits[s]["tokens"] for s in SPLITS},
+        "tokenizer": tokenizer.kind,
+        "vocab_size": tokenizer.vocab_size,
+        "tokenizer_fingerprint": tokenizer.fingerprint,
+        "dtype": manifest["dtype"],
+        "cache_path": str(entry),
+        "reused": reused,
+    }
+    info.setdefault("python_version", platform.python_version())
+    info["seconds"] = round(time.perf_counter() - t0, 3)
+    return Corpus(_open_split(entry, manifest, "train"), _open_split(entry, manifest, "val"), tokenizer, info)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Batching.
+
+
+def sample_batch(
+    tokens: np.ndarray, batch_size: int, seq_len: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random windows of seq_len + 1 tokens; x = window[:-1], y = window[1:], both (B, seq_len) int64.
+
+    Start offsets are uniform over [0, len - seq_len - 1], drawn with `generator` (same state => same batch).
+    """
+    n = len(tokens)
+    if n < seq_len + 1:
+        raise DataError(f"the split has {n} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+    starts = torch.randint(0, n - seq_len, (batch_size,), generator=generator, device=generator.device)
+    index = starts.cpu().numpy()[:, None] + np.arange(seq_len + 1)  # (B, T+1)
+    windows = torch.from_numpy(np.asarray(tokens[index]).astype(np.int64))  # (B, T+1)
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+def eval_windows(tokens: np.ndarray, length: int, stride: int, max_windows: int | None = None) -> torch.Tensor:
+    """Evaluation windows (N, length + 1) int64: window k = tokens[k*stride : k*stride + length + 1].
+
+    N = 1 + (len - length - 1) // stride, capped at `max_windows`. With stride = length, windows share one
+    boundary token, so every token after the first is a target exactly once (non-overlapping inputs).
+    """
+    if length < 1 or stride < 1:
+        raise ValueError("length and stride must be >= 1")
+    n = len(tokens)
+    if n < length + 1:
+        raise DataError(f"the split has {n} tokens, fewer than one window of {length} + 1")
+    count = 1 + (n - length - 1) // stride
+    if max_windows is not None:
+        count = min(count, max_windows)
+    index = np.arange(count)[:, None] * stride + np.arange(length + 1)  # (N, length+1)
+    return torch.from_numpy(np.asarray(tokens[index]).astype(np.int64))

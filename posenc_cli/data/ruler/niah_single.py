@@ -1,0 +1,22 @@
+"""`niah-single` (RULER S-NIAH): one key–value needle in the haystack; return the value (exact match)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from posenc_cli.data.ruler import register
+from posenc_cli.data.ruler.base import DEFAULT_DIGITS, Episode, RetrievalTask, random_keys, random_values
+
+NEEDLE = " The {key} key is {value}."
+QUESTION = " What is the {key} key? The {key} key is"  # RULER's answer prefix restates the needle's lead
+
+
+@register
+class NiahSingle(RetrievalTask):
+    name = "niah-single"
+    summary = "one needle; return its value"
+
+    @classmethod
+    def sample(cls, rng: np.random.Generator, depth: float, digits: int = DEFAULT_DIGITS) -> Episode:
+        (key,), (value,) = random_keys(rng, 1), random_values(rng, 1, digits)
+        return Episode((NEEDLE.format(key=key, value=value),), (depth,), QUESTION.format(key=key), (value,))

@@ -1,0 +1,170 @@
+"""`data=tasks`: a seeded training mixture of RULER-style retrieval episodes (`posenc_cli.data.ruler`) and plain text.
+
+Each episode draws a task by weight, a length uniform in [data.min_len, data.max_len] characters (raised to what
+its needles, question and answer need) and a depth uniform in [0, 1]; its haystack is the repeated filler
+(`data.haystack=filler`) or a slice of the corpus (`corpus`, the `data.corpus` source with its default settings,
+the standard library by default). `data.corpus_share` of the documents are plain corpus text of the same lengths
+instead (0: episodes only). Episodes are tokenized by the ordinary token cache, as `data=passkey`'s are, so
+`train()` runs unchanged; the fingerprint covers every setting and the corpus's own fingerprint when it is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from posenc_cli.config import DataConfig, _non_negative, _positive
+from posenc_cli.data.ruler import registry as task_registry
+from posenc_cli.data.ruler import task_class
+from posenc_cli.data.ruler.base import GENERATOR_VERSION, episode_text, fixed_chars, haystack_text
+from posenc_cli.data.sources import register, source_class
+from posenc_cli.data.sources.base import (
+    FORMAT_VERSION,
+    DataSource,
+    Docs,
+    ProgressFn,
+    Source,
+    memory_table,
+    short_hash,
+    whole,
+)
+from posenc_cli.errors import ConfigError
+
+ALL_TASKS = tuple(task_registry())  # every registered retrieval task, sorted
+
+
+@dataclass(kw_only=True)
+class TasksDataConfig(DataConfig):
+    """`data=tasks`: the tasks and their weights (default equal), the share of plain corpus documents, the corpus and
+    haystack kind, the number of documents (both splits), their length range in characters, digits per value, seed.
+
+    Its Hydra group node is generated from these defaults (no `configs/data/tasks.yaml`), so a new retrieval task
+    file joins the default mixture with no other edit. E.g. `posenc train data=tasks tokenizer=bpe
+    tokenizer.vocab_size=512 data.max_len=256 'data.tasks=[niah-single]'`; `data.haystack`: filler (repeated
+    sentences) or corpus (slices of real text); `data.corpus_share`: share of plain `data.corpus` documents."""
+
+    source: str = "tasks"
+    tasks: list[str] = field(default_factory=lambda: list(ALL_TASKS))
+    weights: list[float] | None = None
+    corpus_share: float = 0.0
+    corpus: str = "stdlib"
+    haystack: Literal["filler", "corpus"] = "filler"
+    episodes: int = 8000
+    min_len: int = 0
+    max_len: int = 128
+    digits: int = 4
+    seed: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        _positive(self, "data", "episodes", "digits")
+        _non_negative(self, "data", "min_len", "seed")
+        if not self.tasks:
+            raise ConfigError("data.tasks needs at least one task")
+        for name in self.tasks:
+            task_class(name)
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ConfigError(f"data.tasks names a task twice: {self.tasks}")
+        if self.weights is not None and (
+            len(self.weights) != len(self.tasks) or any(w < 0 for w in self.weights) or sum(self.weights) <= 0
+        ):
+            raise ConfigError("data.weights: one weight >= 0 per task in data.tasks, not all zero")
+        if not 0.0 <= self.corpus_share < 1.0:
+            raise ConfigError(f"data.corpus_share must be in [0, 1), got {self.corpus_share}")
+        if self.corpus == "tasks":
+            raise ConfigError("data.corpus must name another data source (e.g. stdlib)")
+        if self.max_len < self.min_len:
+            raise ConfigError(f"data.max_len={self.max_len} is below data.min_len={self.min_len}")
+        if not 1 <= self.digits <= 18:
+            raise ConfigError(f"data.digits must be in [1, 18], got {self.digits}")
+
+    @property
+    def uses_corpus(self) -> bool:
+        return self.corpus_share > 0 or self.haystack == "corpus"
+
+    def corpus_config(self) -> DataConfig:
+        """The corpus source's default config (its split follows this config's val_fraction)."""
+        cls = source_class(self.corpus).config_cls
+        return cls(source=self.corpus, val_fraction=self.val_fraction, cache_dir=self.cache_dir)
+
+
+def corpus_text(docs: Docs, n_chars: int) -> str:
+    """The first documents of a split, joined by newlines, until `n_chars` characters (all when fewer)."""
+    out, size = [], 0
+    for batch in docs.batches():
+        for doc in batch:
+            out.append(doc)
+            size += len(doc) + 1
+            if size >= n_chars:
+                return "\n".join(out)
+    return "\n".join(out)
+
+
+def make_documents(data: TasksDataConfig, n: int, seed_part: int, corpus: str | None = None) -> list[str]:
+    """`n` documents of the mixture (episodes and, with corpus_share, corpus slices); the same arguments give the
+    same list. `corpus`: text for corpus haystacks and plain documents (needed when `data.uses_corpus`)."""
+    rng = np.random.default_rng([data.seed, GENERATOR_VERSION, seed_part])
+    tasks = [task_class(name) for name in data.tasks]
+    weights = np.asarray(data.weights if data.weights is not None else [1.0] * len(tasks), dtype=float)
+    p = weights / weights.sum()
+    docs = []
+    for _ in range(n):  # one step per document
+        length = int(rng.integers(data.min_len, data.max_len + 1))
+        if data.corpus_share > 0 and rng.random() < data.corpus_share:
+            docs.append(haystack_text(corpus, max(length, 1), rng))
+            continue
+        task = tasks[int(rng.choice(len(tasks), p=p))]
+        episode = task.sample(rng, float(rng.random()), data.digits)
+        n_hay = max(length - fixed_chars(episode), 0)
+        hay = haystack_text(corpus if data.haystack == "corpus" else None, n_hay, rng)
+        prompt, answer = episode_text(episode, hay)
+        docs.append(prompt + answer)
+    return docs
+
+
+def corpus_info(data: TasksDataConfig, corpus_fingerprint: str | None) -> dict[str, Any]:
+    """JSON-safe summary of the mixture; also what its cache fingerprint is made of."""
+    info = {"source": "tasks", "generator_version": GENERATOR_VERSION, "task_names": list(task_registry())}
+    info.update({k: v for k, v in dataclasses.asdict(data).items() if k not in ("source", "cache_dir")})
+    info["corpus_fingerprint"] = corpus_fingerprint
+    return info
+
+
+@register
+class TasksSource(DataSource):
+    name = "tasks"
+    config_cls = TasksDataConfig
+    # a sweep job trained on the mixture measures the tasks it learned (posenc_cli.evaluation.tasks.retrieval), then
+    # perplexity
+    tasks = (*ALL_TASKS, "extrapolate")
+
+    @classmethod
+    def open(cls, data: TasksDataConfig, root: Path, progress: ProgressFn | None) -> Source:
+        inner = None
+        if data.uses_corpus:
+            cfg = data.corpus_config()
+            inner = source_class(cfg.source).open(cfg, root, progress)
+        info = corpus_info(data, inner.fingerprint if inner is not None else None)
+        n_val = max(1, round(data.val_fraction * data.episodes)) if data.val_fraction > 0 else 0
+        n_val = min(n_val, data.episodes - 1)
+
+        def documents() -> tuple[Docs, Docs, str]:
+            train_text = val_text = None
+            if inner is not None:
+                train_docs, val_docs, _ = inner.documents()
+                want = 4 * data.max_len * max(data.episodes, 1000)
+                train_text = corpus_text(train_docs, min(want, 1 << 24))
+                val_text = corpus_text(val_docs, min(want, 1 << 24)) or train_text
+            train = make_documents(data, data.episodes - n_val, 0, train_text)
+            val = make_documents(data, n_val, 1, val_text)
+            return whole(memory_table(train)), whole(memory_table(val)), "generated episodes (seeded)"
+
+        return Source(fingerprint=short_hash("tasks", FORMAT_VERSION, info), info=info, documents=documents)
+
+    @classmethod
+    def describe(cls, data: TasksDataConfig) -> str:
+        return f"tasks({','.join(data.tasks)})"

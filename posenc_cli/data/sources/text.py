@@ -1,0 +1,142 @@
+"""`data=text data.paths=[...]`: files, directories and globs read by the `datasets` `text` builder, one document
+per file; validation by a hash of the document's content, or the files in `data.val_paths`.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posenc_cli.config import DataConfig
+from posenc_cli.data.sources import register
+from posenc_cli.data.sources._datasets import quiet_datasets, scan_dataset
+from posenc_cli.data.sources.base import (
+    FORMAT_VERSION,
+    DataSource,
+    Docs,
+    ProgressFn,
+    Source,
+    report_progress,
+    short_hash,
+    split_table,
+    whole,
+)
+from posenc_cli.errors import ConfigError, DataError
+
+
+@dataclass(kw_only=True)
+class TextDataConfig(DataConfig):
+    """`data=text`: local files, directories or globs (`paths`); `val_paths` hold out whole files."""
+
+    source: str = "text"
+    paths: list[str] = field(default_factory=list)
+    val_paths: list[str] = field(default_factory=list)
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.paths:
+            raise ConfigError("data=text needs data.paths=[FILE_OR_DIR_OR_GLOB,...]")
+
+
+def expand_paths(patterns: Sequence[str]) -> list[Path]:
+    """Files named by `patterns` (files, directories searched recursively, globs), resolved, sorted, unique.
+
+    Hidden files and directories inside a directory are skipped. Raises `DataError` naming every pattern that
+    matches no file.
+    """
+    files: list[Path] = []
+    missing: list[str] = []
+    for pattern in patterns:
+        path = Path(pattern).expanduser()
+        if any(ch in pattern for ch in "*?["):
+            candidates = [Path(p) for p in sorted(glob.glob(str(path), recursive=True))]
+        else:
+            candidates = [path] if path.exists() else []
+        found: list[Path] = []
+        for c in candidates:
+            if c.is_dir():
+                found.extend(
+                    f
+                    for f in c.rglob("*")
+                    if f.is_file() and not any(p.startswith(".") for p in f.relative_to(c).parts)
+                )
+            elif c.is_file():
+                found.append(c)
+        if found:
+            files.extend(found)
+        else:
+            missing.append(pattern)
+    if missing:
+        raise DataError(f"data path{'s' if len(missing) > 1 else ''} not found or empty: {', '.join(missing)}")
+    return sorted({f.resolve() for f in files}, key=str)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@register
+class TextSource(DataSource):
+    name = "text"
+    config_cls = TextDataConfig
+
+    @classmethod
+    def open(cls, data: TextDataConfig, root: Path, progress: ProgressFn | None) -> Source:
+        val_files = expand_paths(data.val_paths) if data.val_paths else []
+        held_out = set(val_files)
+        train_files = [f for f in expand_paths(data.paths) if f not in held_out]
+        if not train_files:
+            raise DataError("every file in data.paths is also in data.val_paths: nothing is left to train on")
+        roles = [("train", f) for f in train_files] + [("val", f) for f in val_files]
+        hashes = []
+        for i, (role, f) in enumerate(roles):
+            hashes.append((role, file_sha256(f)))
+            report_progress(progress, "reading", i + 1, len(roles))
+        split_rule: Any = "val_paths" if val_files else data.val_fraction
+        info = {
+            "source": "text",
+            "paths": list(data.paths),
+            "val_paths": list(data.val_paths),
+            "files": len(roles),
+            "val_fraction": data.val_fraction,
+        }
+
+        def documents() -> tuple[Docs, Docs, str]:
+            # deferred: keeps datasets off posenc --help start-up
+            import datasets
+
+            data_files = {"train": [str(f) for f in train_files]}
+            if val_files:
+                data_files["val"] = [str(f) for f in val_files]
+            try:
+                with quiet_datasets():
+                    dd = datasets.load_dataset(
+                        "text",
+                        data_files=data_files,
+                        sample_by="document",
+                        encoding_errors="replace",
+                        cache_dir=str(root / "hf"),
+                    )
+            except OSError as e:
+                raise DataError(f"could not read data.paths: {e}") from e
+            train = scan_dataset(dd["train"], "text", progress)
+            if val_files:
+                return whole(train), whole(scan_dataset(dd["val"], "text", progress)), "data.val_paths"
+            return split_table(train, data.val_fraction, "data.paths")
+
+        return Source(
+            fingerprint=short_hash("text", FORMAT_VERSION, hashes, split_rule), info=info, documents=documents
+        )
+
+    @classmethod
+    def describe(cls, data: TextDataConfig) -> str:
+        names = [Path(p).name or p for p in (data.val_paths or data.paths)]
+        return "text:" + ",".join(names)

@@ -1,0 +1,416 @@
+"""Passkey retrieval (Mohtashami & Jaggi 2023, landmark attention; used by YaRN): the evaluation.
+
+The episodes and their text pieces live with the `data=passkey` source (`posenc_cli.data.sources.passkey`).
+
+An episode is filler text repeated to a target length with one key sentence hidden at a depth, then a question:
+
+    <filler[:b]> The pass key is 12345. Remember it. 12345 is the pass key.<filler[b:n]> What is the pass key?
+    The pass key is 12345
+
+Depth = b / n, the fraction of the filler before the key sentence (0: the key opens the episode, 1: it sits right
+before the question). The prompt is everything before the answer's digits; the answer is " NNNNN" minus any
+leading whitespace-only tokens (for bytes the space ends the prompt and the answer is exactly the digits). Every
+piece starts with a space and ends without one, so byte-level BPE cuts the joined text at the same places as the
+pieces one by one (its pre-tokenizer splits before " word" / " 123"), and token-level prompts match the text the
+model trained on. The landmark/YaRN preamble sentence is left out: at a training length of 128 bytes it would not
+fit.
+
+- `posenc eval-passkey` (`evaluate_passkey_run`): for each length × depth, `trials` prompts of exactly that many
+  tokens (prompt + answer) with fresh seeded keys, greedy decoding of the answer's tokens (batched; one forward
+  per generated token), exact match. Results go to `eval/passkey.json` in the style of `eval/extrapolate.json`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from posenc_cli import __version__
+from posenc_cli.config import EvalConfig
+from posenc_cli.data.sources.passkey import (
+    DEFAULT_DIGITS,
+    FILLER,
+    KEY_SENTENCE,
+    QUESTION,
+    filler_before,
+    random_keys,
+)
+from posenc_cli.errors import ConfigError, LengthBeyondScheme
+from posenc_cli.evaluation.loop import Entry, measure, results_header
+from posenc_cli.evaluation.perplexity import (
+    check_not_training,
+    evaluate_each_run,
+    find_runs,
+    plan_lengths,
+    resolve_dtype,
+)
+from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, read_results_file
+from posenc_cli.run.checkpoint import run_lengths
+
+if TYPE_CHECKING:
+    from posenc_cli.data.tokenizer import Tokenizer
+    from posenc_cli.run.checkpoint import LoadedRun
+
+SCHEMA_VERSION = 1
+RESULTS_FILE = Path("eval") / "passkey.json"
+SAMPLES_PER_CELL = 3
+Progress = Callable[[str, int, int], None]  # (description, done, total)
+
+__all__ = [
+    "RESULTS_FILE",
+    "PasskeyConfig",
+    "PasskeyEntry",
+    "PromptBatch",
+    "PromptTooShort",
+    "build_prompts",
+    "combined_json",
+    "evaluate_passkey_model",
+    "evaluate_passkey_paths",
+    "evaluate_passkey_run",
+    "exact_match",
+    "greedy_decode",
+    "load_passkey_results",
+    "token_share",
+]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Prompts in token space (evaluation).
+
+
+@dataclass
+class PromptBatch:
+    """Prompts of one length: every row is exactly `length` tokens once its answer is appended (a row whose answer
+    is shorter than the longest gets that many more filler tokens)."""
+
+    prompts: np.ndarray  # (N, P) int64
+    answers: np.ndarray  # (N, A) int64, right-padded with -1
+    answer_len: np.ndarray  # (N,) int64
+    key_start: np.ndarray  # (N,) int64: index of the key sentence's first token in the prompt
+    n_filler: np.ndarray  # (N,) int64: filler tokens in the prompt
+    keys: list[str]
+
+
+class PromptTooShort(ValueError):
+    """The requested length cannot hold the key sentence, question and answer."""
+
+
+def split_answer(tokenizer: Tokenizer, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(lead, answer) ids of " KEY": leading whitespace-only tokens belong to the prompt."""
+    ids = tokenizer.encode(" " + key)
+    k = 0
+    while k < len(ids) - 1 and not tokenizer.decode(ids[k : k + 1]).strip():
+        k += 1
+    return ids[:k], ids[k:]
+
+
+def build_prompts(tokenizer: Tokenizer, keys: Sequence[str], depths: Sequence[float], length: int) -> PromptBatch:
+    """Token prompts of `length` tokens including the answer; raises `PromptTooShort` when no filler fits.
+
+    Each prompt opens with the end-of-document token, as every training document follows one.
+    """
+    question = tokenizer.encode(QUESTION)
+    cycle = tokenizer.encode(FILLER)
+    parts = [(tokenizer.encode(KEY_SENTENCE.format(key=k)), *split_answer(tokenizer, k)) for k in keys]
+    width = max(len(answer) for _, _, answer in parts)
+    P = length - width
+    n_filler = np.array([P - 1 - len(sent) - len(question) - len(lead) for sent, lead, _ in parts], dtype=np.int64)
+    if len(parts) and n_filler.min() < 0:
+        need = length - int(n_filler.min())
+        raise PromptTooShort(f"length {length} is shorter than a prompt without filler ({need} tokens)")
+    filler = np.tile(cycle, math.ceil(max(int(n_filler.max(initial=0)), 1) / len(cycle)))  # (>= max n_filler,)
+    prompts = np.empty((len(parts), P), dtype=np.int64)
+    answers = np.full((len(parts), width), -1, dtype=np.int64)
+    starts = np.empty(len(parts), dtype=np.int64)
+    for i, ((sent, lead, answer), depth) in enumerate(zip(parts, depths, strict=True)):  # one step per prompt
+        n = int(n_filler[i])
+        b = filler_before(n, float(depth))
+        prompts[i] = np.concatenate([[tokenizer.eod_id], filler[:b], sent, filler[b:n], question, lead])
+        answers[i, : len(answer)] = answer
+        starts[i] = 1 + b
+    answer_len = np.array([len(a) for _, _, a in parts], dtype=np.int64)
+    return PromptBatch(prompts, answers, answer_len, starts, n_filler, list(keys))
+
+
+def greedy_decode(model: nn.Module, prompts: torch.Tensor, steps: int, *, use_bf16: bool = False) -> torch.Tensor:
+    """Append `steps` argmax tokens to `prompts` (B, P) -> (B, steps); one full forward per step (no KV cache)."""
+    x = prompts
+    for _ in range(steps):
+        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            logits = model(x)  # (B, T, V)
+        nxt = logits[:, -1, :].float().argmax(dim=-1, keepdim=True)  # (B, 1)
+        x = torch.cat([x, nxt], dim=1)  # (B, T+1)
+    return x[:, prompts.shape[1] :]
+
+
+def exact_match(generated: np.ndarray, answers: np.ndarray, answer_len: np.ndarray) -> np.ndarray:
+    """(N,) bool: the first answer_len[i] generated tokens equal the answer (answers padded with -1)."""
+    width = answers.shape[1]
+    mask = np.arange(width)[None, :] < answer_len[:, None]  # (N, A)
+    return ((generated[:, :width] == answers) | ~mask).all(axis=1)
+
+
+def token_share(generated: np.ndarray, answers: np.ndarray, answer_len: np.ndarray) -> np.ndarray:
+    """(N,) float: share of the answer's tokens generated right at their position (partial credit)."""
+    width = answers.shape[1]
+    mask = np.arange(width)[None, :] < answer_len[:, None]  # (N, A)
+    return ((generated[:, :width] == answers) & mask).sum(axis=1) / answer_len
+
+
+def cell_rng(seed: int, length: int, depth: float) -> np.random.Generator:
+    """Keys of one (length, depth) cell depend only on these, not on which other cells are measured."""
+    return np.random.default_rng([seed, length, round(depth * 1_000_000)])
+
+
+def evaluate_passkey_model(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    *,
+    length: int,
+    depths: Sequence[float],
+    trials: int,
+    digits: int = 5,
+    seed: int = 0,
+    batch_tokens: int = 16384,
+    dtype: str = "fp32",
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+) -> list[dict[str, Any]]:
+    """Accuracy of greedy retrieval at one total `length`, one dict per depth: {depth, trials, correct, accuracy
+    (exact match), token_accuracy (answer tokens right at their position), samples}.
+
+    Raises `LengthBeyondScheme` (before any forward) when the model cannot read length - 1 tokens and
+    `PromptTooShort` when `length` leaves no room for filler.
+    """
+    scheme = getattr(model, "scheme", None)
+    limit = getattr(scheme, "max_length", None)
+    if limit is not None and length - 1 > limit:
+        raise LengthBeyondScheme(getattr(scheme, "name", type(scheme).__name__), limit, length - 1)
+    keys: list[str] = []
+    cell_depths: list[float] = []
+    for depth in depths:
+        keys += random_keys(cell_rng(seed, length, depth), trials, digits)
+        cell_depths += [float(depth)] * trials
+    batch = build_prompts(tokenizer, keys, cell_depths, length)
+    device = torch.device(device)
+    per_batch = max(1, batch_tokens // length)
+    steps = batch.answers.shape[1]
+    generated = np.empty((len(keys), steps), dtype=np.int64)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for i in range(0, len(keys), per_batch):
+                x = torch.from_numpy(batch.prompts[i : i + per_batch]).to(device)  # (B, P)
+                out = greedy_decode(model, x, steps, use_bf16=dtype == "bf16")  # (B, A)
+                generated[i : i + per_batch] = out.cpu().numpy()
+                if progress is not None:
+                    progress(f"L={length}", min(i + per_batch, len(keys)), len(keys))
+    finally:
+        model.train(was_training)
+    correct = exact_match(generated, batch.answers, batch.answer_len)  # (N,)
+    partial = token_share(generated, batch.answers, batch.answer_len)  # (N,)
+    cells = []
+    for j, depth in enumerate(depths):
+        rows = slice(j * trials, (j + 1) * trials)
+        hits = int(correct[rows].sum())
+        samples = [
+            {"key": keys[r], "output": tokenizer.decode(generated[r, : batch.answer_len[r]])}
+            for r in range(rows.start, min(rows.stop, rows.start + SAMPLES_PER_CELL))
+        ]
+        cells.append(
+            {
+                "depth": float(depth),
+                "trials": trials,
+                "correct": hits,
+                "accuracy": hits / trials,
+                "token_accuracy": round(float(partial[rows].mean()), 6),
+                "samples": samples,
+            }
+        )
+    return cells
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Settings, results file and runs.
+
+
+def validate_grid(cfg: Any) -> None:
+    """The settings a retrieval evaluation shares (`PasskeyConfig`, eval-tasks' `TasksEvalConfig`): lengths,
+    depths in [0, 1], trials, batch tokens and digits; one-line `ConfigError`s naming the flag."""
+    EvalConfig(lengths=list(cfg.lengths), abs_lengths=cfg.abs_lengths).validate()
+    if not cfg.depths or any(not 0.0 <= d <= 1.0 for d in cfg.depths):
+        raise ConfigError(f"--depths must be fractions in [0, 1], got {cfg.depths}")
+    if cfg.trials < 1 or cfg.batch_tokens < 1:
+        raise ConfigError("--trials and --batch-tokens must be >= 1")
+    if cfg.digits is not None and not 1 <= cfg.digits <= 18:
+        raise ConfigError(f"--digits must be in [1, 18], got {cfg.digits}")
+
+
+@dataclass(kw_only=True)
+class PasskeyConfig:
+    """Options of `posenc eval-passkey` (flags mirror these fields); digits None = the run's data.passkey_digits."""
+
+    lengths: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0])
+    abs_lengths: list[int] | None = None
+    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    trials: int = 10
+    digits: int | None = None
+    seed: int = 0
+    batch_tokens: int = 16384
+    dtype: str = "auto"
+    force: bool = False
+
+    def validate(self) -> None:
+        validate_grid(self)
+
+    def planned_lengths(self, base_length: int) -> list[tuple[int, float]]:
+        return plan_lengths(EvalConfig(lengths=list(self.lengths), abs_lengths=self.abs_lengths), base_length)
+
+
+def results_path(run_dir: Path | str) -> Path:
+    return Path(run_dir) / RESULTS_FILE
+
+
+def load_passkey_results(run_dir: Path | str) -> dict[str, Any] | None:
+    """The stored `eval/passkey.json` of a run, None when absent; CheckpointError when unreadable."""
+    return read_results_file(results_path(run_dir), "eval-passkey")
+
+
+def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """Two entries measure the same cell when these agree (the checkpoint too: see `eval_results.checkpoint_key`)."""
+    cell = (entry["length"], entry["depth"], entry["trials"], entry["digits"], entry["seed"], entry["dtype"])
+    return (*cell, *checkpoint_key(entry))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PasskeyEntry(Entry):
+    """One length × depth cell of `eval/passkey.json`; the fields in the order of the stored keys."""
+
+    length: int
+    multiple: float
+    depth: float
+    trials: int
+    digits: int
+    seed: int
+    dtype: str
+    checkpoint: dict[str, Any]
+    status: str = "n/a"
+    reason: str | None = None
+    correct: int | None = None
+    accuracy: float | None = None
+    token_accuracy: float | None = None
+    samples: list[dict[str, str]] = field(default_factory=list)
+    posenc_version: str = __version__
+    created: str
+
+
+def evaluate_passkey_run(
+    run: LoadedRun,
+    cfg: PasskeyConfig,
+    *,
+    device: str | torch.device | None = None,
+    force: bool | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Measure (or reuse) every length × depth cell of `cfg` for a loaded run and store them in eval/passkey.json.
+
+    Returns the results doc restricted to this call's entries (length-major, depth-minor) plus "path" and "reused".
+    Cells are keyed by the checkpoint they measured; a run being trained right now is refused. The depths of one
+    length are one group of the shared loop `eval_loop.measure` (decoded in one batch, stored together).
+    """
+    cfg.validate()
+    check_not_training(run.path)
+    force = cfg.force if force is None else force
+    device = torch.device(device) if device is not None else next(run.model.parameters()).device
+    digits = cfg.digits if cfg.digits is not None else getattr(run.config.data, "passkey_digits", DEFAULT_DIGITS)
+    dtype = resolve_dtype(cfg.dtype, run.meta, device)
+    checkpoint = checkpoint_identity(run.meta)
+    train_length, base_length = run_lengths(run.meta, run.config)
+
+    def plan() -> Iterator[list[PasskeyEntry]]:
+        for length, multiple in cfg.planned_lengths(base_length):
+            yield [
+                PasskeyEntry(
+                    length=length,
+                    multiple=multiple,
+                    depth=float(d),
+                    trials=cfg.trials,
+                    digits=digits,
+                    seed=cfg.seed,
+                    dtype=dtype,
+                    checkpoint=dict(checkpoint),
+                    created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                )
+                for d in cfg.depths
+            ]
+
+    def measure_length(cells: Sequence[PasskeyEntry]) -> list[PasskeyEntry]:
+        try:
+            measured = evaluate_passkey_model(
+                run.model,
+                run.tokenizer,
+                length=cells[0].length,
+                depths=cfg.depths,
+                trials=cfg.trials,
+                digits=digits,
+                seed=cfg.seed,
+                batch_tokens=cfg.batch_tokens,
+                dtype=dtype,
+                device=device,
+                progress=progress,
+            )
+        except LengthBeyondScheme as e:  # the same reason text as eval-extrapolate
+            return [replace(c, reason=f"scheme '{e.scheme}' supports at most {e.limit} positions") for c in cells]
+        except PromptTooShort as e:
+            return [replace(c, reason=str(e)) for c in cells]
+        keys = ("correct", "accuracy", "token_accuracy", "samples")
+        return [replace(c, status="ok", **{k: m[k] for k in keys}) for c, m in zip(cells, measured, strict=True)]
+
+    header = results_header(run.path.name, str(run.config.pos.name), train_length, base_length)
+    done = measure(
+        results_path(run.path),
+        "eval-passkey",
+        header,
+        checkpoint,
+        plan(),
+        measure_length,
+        key=entry_key,
+        force=force,
+        unwritable="raise",
+    )
+    out = dict(done.header)
+    out.update(path=str(run.path), reused=done.reused, entries=done.entries)
+    return out
+
+
+def evaluate_passkey_paths(
+    paths: Sequence[Path | str],
+    cfg: PasskeyConfig,
+    *,
+    device: str | torch.device = "auto",
+    threads: int = 0,
+    force: bool | None = None,
+    progress: Progress | None = None,
+    on_run: Callable[[Path, int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Find the runs below `paths` and evaluate each in turn (one model in memory at a time)."""
+    cfg.validate()
+
+    def evaluate(run: LoadedRun, run_device: torch.device) -> dict[str, Any]:
+        return evaluate_passkey_run(run, cfg, device=run_device, force=force, progress=progress)
+
+    return evaluate_each_run(find_runs(paths), evaluate, device=device, threads=threads, on_run=on_run)
+
+
+def combined_json(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """All runs' results in one JSON-safe document (for --json)."""
+    return {"schema_version": SCHEMA_VERSION, "runs": [{k: v for k, v in r.items() if k != "reused"} for r in results]}

@@ -1,0 +1,647 @@
+"""Perplexity at and beyond the training length (`posenc eval-extrapolate`).
+
+Two protocols (see the ALiBi paper, Press et al. 2022, §4 and App. B, and HF's perplexity guide):
+
+- nonoverlap: the held-out token stream is cut into windows of L tokens; every token of every window is scored.
+- sliding (stride S): windows of L tokens advance by S; only the last S tokens of each window are scored, so every
+  scored token sees at least L - S tokens of context. S = L is exactly the non-overlapping protocol.
+- fixed-target (target N): the NoPE paper's protocol (Kazemnejad et al. 2023, App. F). The same N tokens are scored
+  at every length L: each window ends with its N target tokens and holds L - N tokens of context before them, so
+  only the context grows with L. Separates "more context helps" from "positions past the training length break
+  the model", which non-overlapping windows mix. The targets are consecutive N-token blocks at the END of the
+  validation stream (the only anchoring that needs no knowledge of the other lengths asked for); a length whose
+  windows do not all fit, or that is shorter than N, is n/a. N defaults to the base length (the NoPE paper scored
+  the last ≤ 200 tokens at L = 1024; N = L/5 would cost five times more forwards per scored token here).
+- streaming (window W, sinks N, block S = stride, default 16): StreamingLLM's windowed attention over streams of L
+  tokens (the nonoverlap protocol's windows), each token seeing the stream's first N tokens and its W (to W+S-1)
+  most recent ones at positions assigned inside that cache; exact semantics in `posenc_cli.evaluation.streaming`. W
+  defaults
+  to the base length - N - S + 1, so the cache's positions stay below the base length.
+
+Metrics are token-weighted: ppl = exp(total NLL / scored tokens), bits per byte = total NLL / (ln 2 · UTF-8 bytes of
+the scored tokens). Windows are always taken from the start of the validation stream, so every run with the same
+tokenizer scores exactly the same tokens (paired numbers), and for the non-overlapping protocol every length scores
+the same stretch of text.
+
+
+Results live in `eval/extrapolate.json` inside each run directory (see `posenc_cli.evaluation.results`, re-exported
+here); a new measurement replaces the entry with the same key (`entry_key`) and keeps the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+
+from posenc_cli import __version__
+from posenc_cli.config import DataConfig, EvalConfig, config_dir
+from posenc_cli.data.cache import load_corpus
+from posenc_cli.data.sources import build_data_config, source_class
+from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
+from posenc_cli.evaluation.loop import Entry, measure, results_header
+from posenc_cli.evaluation.results import (
+    RESULTS_FILE,
+    SCHEMA_VERSION,
+    Protocol,
+    checkpoint_identity,
+    entry_key,
+    load_results,
+    merge_entry,
+    pick_entries,
+    results_path,
+    save_results,
+    window_scores,
+)
+from posenc_cli.evaluation.streaming import DEFAULT_BLOCK, default_window, evaluate_streaming
+from posenc_cli.run.checkpoint import NotARunError, load_run, read_meta, run_lengths
+from posenc_cli.run.device import cpu_has_fast_bf16, describe_device, resolve_device
+from posenc_cli.run.device import threads as use_threads
+from posenc_cli.run.hf_run import is_hf_dir, load_hf_run
+from posenc_cli.run.interrupts import run_is_locked
+
+if TYPE_CHECKING:
+    from posenc_cli.data.cache import Corpus
+    from posenc_cli.run.checkpoint import LoadedRun
+
+Progress = Callable[[str, int, int], None]  # (description, done, total)
+
+__all__ = [
+    "RESULTS_FILE",
+    "SCHEMA_VERSION",
+    "CorpusCache",
+    "ExtrapolateEntry",
+    "check_not_training",
+    "data_config_with_overrides",
+    "entry_key",
+    "evaluate_each_run",
+    "evaluate_model",
+    "evaluate_paths",
+    "evaluate_run",
+    "evaluate_run_dir",
+    "find_runs",
+    "load_results",
+    "merge_entry",
+    "pick_entries",
+    "plan_lengths",
+    "plan_windows",
+    "resolve_dtype",
+    "resolve_stride",
+    "results_path",
+    "save_results",
+]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pure planning: which lengths, which windows.
+
+
+def plan_lengths(cfg: EvalConfig, base_length: int) -> list[tuple[int, float]]:
+    """(length, multiple of `base_length`) pairs in increasing length, duplicates dropped."""
+    if cfg.abs_lengths is not None:
+        pairs = [(int(n), int(n) / base_length) for n in cfg.abs_lengths]
+    else:
+        pairs = [(max(1, round(m * base_length)), float(m)) for m in cfg.lengths]
+    seen: dict[int, float] = {}
+    for length, multiple in pairs:
+        seen.setdefault(length, round(multiple, 6))
+    return sorted(seen.items())
+
+
+def resolve_stride(protocol: Protocol, stride: int | None, length: int, base_length: int | None = None) -> int:
+    """Scored tokens per window: L for nonoverlap; `stride` (default L/2, at most L) for sliding; for fixed-target
+    the target size `stride` (default `base_length`, else L; not capped, a target longer than L fits no window);
+    for streaming the block size (default `streaming.DEFAULT_BLOCK`)."""
+    if protocol == "nonoverlap":
+        return length
+    if protocol == "streaming":
+        return max(1, int(stride or DEFAULT_BLOCK))
+    if protocol == "fixed-target":
+        return max(1, int(stride if stride is not None else (base_length or length)))
+    if stride is None:
+        return max(1, length // 2)
+    return max(1, min(int(stride), length))
+
+
+def plan_fixed_target(n_stream: int, length: int, target: int, n_tokens: int) -> np.ndarray:
+    """Start offsets of fixed-target windows, (n_windows,) int64, ascending; empty unless all of them fit.
+
+    Window k predicts stream tokens e_k - L + 1..e_k and scores its last `target`, e_k = n_stream - 1 - k·target
+    (k = 0..⌈n_tokens/target⌉ - 1): the scored tokens depend on the stream, target and n_tokens only, never on L.
+    """
+    n = max(1, math.ceil(n_tokens / target))
+    ends = n_stream - 1 - target * np.arange(n - 1, -1, -1, dtype=np.int64)  # (n,) last predicted token
+    starts = ends - length
+    if target > length or len(starts) == 0 or starts[0] < 0:
+        return np.zeros(0, dtype=np.int64)
+    return starts
+
+
+def no_window_reason(protocol: Protocol, n_stream: int, length: int, stride: int, n_tokens: int) -> str:
+    """Why `plan_windows` found no window (the `reason` of an n/a entry)."""
+    if protocol != "fixed-target":
+        what = "stream" if protocol == "streaming" else "window"
+        return f"validation split has {n_stream} tokens; one {what} needs {length + 1}"
+    if stride > length:
+        return f"shorter than the fixed target of {stride} tokens"
+    need = length + 1 + stride * (max(1, math.ceil(n_tokens / stride)) - 1)
+    return f"validation split has {n_stream} tokens; fixed-target windows of {length} need {need}"
+
+
+def plan_windows(
+    n_stream: int, length: int, stride: int, n_tokens: int, protocol: Protocol = "nonoverlap"
+) -> np.ndarray:
+    """Start offsets of the evaluation windows, (n_windows,) int64 (`plan_fixed_target` for fixed-target).
+
+    A window at s reads inputs s..s+L-1 and predicts s+1..s+L, so it needs s + L + 1 <= n_stream. Windows advance
+    by `stride` and each scores `stride` tokens; enough windows are taken to score at least `n_tokens` tokens
+    (rounded up to whole windows), or as many as the stream holds. Empty when not even one window fits.
+    """
+    if protocol == "fixed-target":
+        return plan_fixed_target(n_stream, length, stride, n_tokens)
+    if protocol == "streaming":  # streams are the nonoverlap windows; `stride` is the block size inside each
+        return plan_windows(n_stream, length, length, n_tokens)
+    if n_stream < length + 1:
+        return np.zeros(0, dtype=np.int64)
+    available = (n_stream - length - 1) // stride + 1
+    wanted = max(1, math.ceil(n_tokens / stride))
+    return np.arange(min(available, wanted), dtype=np.int64) * stride
+
+
+def resolve_dtype(dtype: str, meta: dict[str, Any], device: torch.device | None = None) -> str:
+    """'auto' -> 'bf16' when the run trained in bf16 (meta precision), else 'fp32'.
+
+    Exception: on a CPU without fast bf16 matmuls (see `device.cpu_has_fast_bf16`; emulated bf16 can be tens of
+    times slower) 'auto' evaluates a bf16-trained run in fp32. The entry records the dtype actually used.
+    """
+    if dtype == "auto":
+        if str(meta.get("precision", "fp32")) != "bf16":
+            return "fp32"
+        if device is not None and device.type == "cpu":
+            return "bf16" if cpu_has_fast_bf16() else "fp32"
+        return "bf16"
+    if dtype not in ("fp32", "bf16"):
+        raise ConfigError(f"--dtype must be auto, fp32 or bf16, got {dtype!r}")
+    return dtype
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The measurement itself.
+
+
+def evaluate_model(
+    model: nn.Module,
+    tokens: np.ndarray,
+    token_bytes: np.ndarray | None,
+    *,
+    length: int,
+    protocol: Protocol = "nonoverlap",
+    stride: int | None = None,
+    n_tokens: int = 16384,
+    batch_tokens: int = 16384,
+    dtype: str = "fp32",
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Score `model` ((B, T) int64 -> (B, T, V) logits) on windows of `tokens` (1-D ids).
+
+    Returns {"tokens", "windows", "stride", "nll", "ppl", "bpb", "bytes", "per_position"}; `per_position[i]` is the
+    mean NLL at window position L - S + i (all L positions for nonoverlap; the S target tokens for fixed-target,
+    where `stride` is the target size). Raises `LengthBeyondScheme` when the model cannot serve `length` (checked
+    before any forward when the model exposes `scheme.max_length`) and ValueError when no window fits.
+    """
+    S = resolve_stride(protocol, stride, length)
+    starts = plan_windows(len(tokens), length, S, n_tokens, protocol)
+    if len(starts) == 0:
+        raise ValueError(no_window_reason(protocol, len(tokens), length, S, n_tokens))
+    scheme = getattr(model, "scheme", None)
+    limit = getattr(scheme, "max_length", None)
+    if limit is not None and length > limit:
+        raise LengthBeyondScheme(getattr(scheme, "name", type(scheme).__name__), limit, length)
+
+    device = torch.device(device)
+    use_bf16 = dtype == "bf16"
+    per_batch = max(1, batch_tokens // length)
+    offsets = np.arange(length + 1, dtype=np.int64)
+    pos_sum = torch.zeros(S, dtype=torch.float64)
+    n_bytes = 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for i in range(0, len(starts), per_batch):
+                idx = starts[i : i + per_batch, None] + offsets  # (B, L+1) stream positions
+                window = np.asarray(tokens[idx], dtype=np.int64)  # (B, L+1)
+                batch = torch.from_numpy(window).to(device)
+                x, y = batch[:, :-1], batch[:, -S:]  # (B, L) inputs, (B, S) scored targets
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                    logits = model(x)  # (B, L, V)
+                scored = logits[:, -S:, :].float()  # (B, S, V): log-softmax in fp32
+                loss = F.cross_entropy(scored.reshape(-1, scored.size(-1)), y.reshape(-1), reduction="none")
+                pos_sum += loss.view(-1, S).double().sum(0).cpu()
+                if token_bytes is not None:
+                    n_bytes += int(np.asarray(token_bytes)[window[:, -S:]].sum())
+                if progress is not None:
+                    progress(f"L={length}", min(i + per_batch, len(starts)), len(starts))
+    finally:
+        model.train(was_training)
+
+    return window_scores(pos_sum, len(starts), S, n_bytes)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Runs and data.
+
+
+def find_runs(paths: Iterable[Path | str]) -> list[Path]:
+    """Run directories named by `paths`: each is a run (or a transformers model directory, see `hf_run`), or a
+    directory searched recursively for posenc runs. A named run whose meta.json is corrupt, and a search that finds
+    only such runs, raise `read_meta`'s error (naming the file) rather than "no run"."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise CheckpointError(f"{path}: no such directory")
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: not a directory (expected a run or sweep directory)")
+        if is_hf_dir(path) or _is_run(path):
+            found.append(path)
+            continue
+        below, broken = _runs_below(path)
+        if not below and broken:
+            raise broken[0]
+        if not below:
+            raise CheckpointError(f"{path}: not a run directory and contains none (no meta.json of kind posenc-run)")
+        found.extend(below)
+    unique: dict[Path, Path] = {}
+    for p in found:
+        unique.setdefault(p.resolve(), p)
+    return list(unique.values())
+
+
+def _is_run(path: Path) -> bool:
+    """True for a posenc run; False for a directory that is none; `read_meta`'s error for a broken run."""
+    try:
+        read_meta(path)
+    except NotARunError:
+        return False
+    return True
+
+
+def _runs_below(path: Path) -> tuple[list[Path], list[CheckpointError]]:
+    """Runs found below `path` (hidden directories, such as a checkpoint's `.pending/`, are not searched), sorted,
+    and the errors of the posenc runs below it that cannot be read."""
+    runs: list[Path] = []
+    broken: list[CheckpointError] = []
+    for meta in sorted(path.rglob("meta.json")):
+        if any(part.startswith(".") for part in meta.relative_to(path).parts):
+            continue
+        try:
+            if _is_run(meta.parent):
+                runs.append(meta.parent)
+        except CheckpointError as e:
+            broken.append(e)
+    return runs, broken
+
+
+def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> DataConfig:
+    """Compose only the data group: `data=NAME` starts from configs/data/NAME.yaml, `data.KEY=VALUE` sets keys.
+
+    Without `data=NAME` the run's own data config is the starting point. Values use OmegaConf's dotlist grammar
+    (lists as `[a,b]`, `null`, numbers).
+    """
+    # deferred: keeps OmegaConf (Hydra's) off posenc --help start-up
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    raw: dict[str, Any] = dataclasses.asdict(base)
+    dotted: list[str] = []
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key == "data":
+            raw = _data_group_defaults(o.split("=", 1)[1])
+        elif key.startswith("data."):
+            dotted.append(o.lstrip("+~"))
+        else:
+            raise ConfigError(
+                f"'{o}': eval-extrapolate takes only data overrides (data=NAME, data.KEY=VALUE); "
+                "model, tokenizer and positions come from each run"
+            )
+    if dotted:
+        try:
+            parsed = OmegaConf.to_container(OmegaConf.from_dotlist(dotted), resolve=True)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"bad data override: {str(e).splitlines()[0]}") from e
+        assert isinstance(parsed, dict)
+        raw.update(parsed.get("data", {}))
+    # keys of the run's own source do not carry over to another one (data.source=stdlib on a data=text run)
+    cfg = build_data_config(raw, drop_foreign=raw.get("source") != base.source)
+    cfg.validate()
+    return cfg
+
+
+def _data_group_defaults(name: str) -> dict[str, Any]:
+
+    group = config_dir() / "data"
+    path = group / f"{name}.yaml"
+    if not path.is_file():
+        options = ", ".join(sorted(p.stem for p in group.glob("*.yaml")))
+        raise ConfigError(f"data={name} is not a data config (available: {options})")
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def data_name(cfg: DataConfig) -> str:
+    """Short human name of a data config, stored with each entry."""
+    return source_class(cfg.source).describe(cfg)
+
+
+class CorpusCache:
+    """Loads each (data config, tokenizer) corpus once per command, so five runs share one validation stream."""
+
+    def __init__(self) -> None:
+        self._corpora: dict[tuple[str, str], Corpus] = {}
+
+    def get(self, data: DataConfig, run: LoadedRun, progress: Callable[[str, int, int], None] | None = None) -> Corpus:
+        key = (json.dumps(dataclasses.asdict(data), sort_keys=True), str(run.tokenizer.fingerprint))
+        if key not in self._corpora:
+            self._corpora[key] = load_corpus(data, run.config.tokenizer, tokenizer=run.tokenizer, progress=progress)
+        return self._corpora[key]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Evaluating runs.
+
+
+def evaluate_run(
+    run: LoadedRun,
+    cfg: EvalConfig,
+    *,
+    data: DataConfig | None = None,
+    corpus: Corpus | None = None,
+    corpora: CorpusCache | None = None,
+    device: str | torch.device | None = None,
+    force: bool | None = None,
+    progress: Progress | None = None,
+    store: bool = True,
+) -> dict[str, Any]:
+    """Measure (or reuse) every length of `cfg` for a loaded run and store the entries in its results file.
+
+    Scores the run's own validation split unless `data` (another data config, tokenized with the run's tokenizer)
+    or a ready `corpus` is given. Returns the results doc restricted to this call's entries, in length order, plus
+    "path", "reused" (how many entries came from the file without a forward) and "not_saved" (None, or why the
+    results file could not be written, e.g. read-only storage: the scores are returned all the same). `store=False`
+    writes nothing into the run (`extend --eval` scoring the source run it must not modify). Entries are keyed by the
+    checkpoint they measured, and a run being trained right now is refused (`check_not_training`). One cell per
+    length, through the shared loop `eval_loop.measure`.
+    """
+    cfg.validate()
+    check_not_training(run.path)
+    force = cfg.force if force is None else force
+    device = torch.device(device) if device is not None else next(run.model.parameters()).device
+    train_length, base_length = run_lengths(run.meta, run.config)
+    dtype = resolve_dtype(cfg.dtype, run.meta, device)
+
+    data_cfg = data if data is not None else run.config.data
+    if corpus is None:
+        corpus = (corpora or CorpusCache()).get(data_cfg, run)
+    stream = corpus.val
+    fingerprint = str(corpus.info.get("fingerprint") or "")
+    data_info = {"name": data_name(data_cfg), "fingerprint": fingerprint}
+    checkpoint = checkpoint_identity(run.meta)
+    described_device = describe_device(device)  # results depend on precision and hardware: record both
+
+    streaming = streaming_settings(cfg, base_length)
+
+    def plan() -> Iterator[list[ExtrapolateEntry]]:
+        for length, multiple in plan_lengths(cfg, base_length):
+            wanted = cfg.target if cfg.protocol == "fixed-target" else cfg.stride
+            stride = resolve_stride(cfg.protocol, wanted, length, base_length)
+            n_windows = len(plan_windows(len(stream), length, stride, cfg.tokens, cfg.protocol))
+            kind = ExtrapolateEntry if streaming is None else partial(StreamingEntry, **streaming)
+            yield [
+                kind(
+                    protocol=cfg.protocol,
+                    stride=stride if cfg.protocol != "nonoverlap" else None,  # fixed-target: the target size
+                    length=length,
+                    multiple=multiple,
+                    tokens=n_windows * (length if streaming is not None else stride),
+                    dtype=dtype,
+                    data=dict(data_info),
+                    created=_now(),
+                    checkpoint=dict(checkpoint),
+                    device=described_device,
+                )
+            ]
+
+    def measure_cell(group: Sequence[ExtrapolateEntry]) -> list[ExtrapolateEntry]:
+        (entry,) = group
+        length, stride = entry.length, resolve_stride(cfg.protocol, entry.stride, entry.length, base_length)
+        if entry.tokens == 0:
+            return [replace(entry, reason=no_window_reason(cfg.protocol, len(stream), length, stride, cfg.tokens))]
+        try:
+            if streaming is not None:
+                result = evaluate_streaming(
+                    run.model,
+                    stream,
+                    run.tokenizer.token_bytes,
+                    length=length,
+                    block=stride,
+                    n_tokens=cfg.tokens,
+                    batch_tokens=cfg.batch_tokens,
+                    dtype=dtype,
+                    device=device,
+                    progress=progress,
+                    **streaming,
+                )
+                return [_filled(entry, result)]
+            result = evaluate_model(
+                run.model,
+                stream,
+                run.tokenizer.token_bytes,
+                length=length,
+                protocol=cfg.protocol,
+                stride=stride,
+                n_tokens=cfg.tokens,
+                batch_tokens=cfg.batch_tokens,
+                dtype=dtype,
+                device=device,
+                progress=progress,
+            )
+        except LengthBeyondScheme as e:  # same reason text at every length, so tables can group it
+            return [replace(entry, reason=f"scheme '{e.scheme}' supports at most {e.limit} positions")]
+        return [_filled(entry, result)]
+
+    header = results_header(run.path.name, str(run.config.pos.name), train_length, base_length)
+    done = measure(
+        results_path(run.path),
+        "eval-extrapolate",
+        header,
+        checkpoint,
+        plan(),
+        measure_cell,
+        key=entry_key,
+        force=force,
+        store=store,
+    )
+    out = dict(done.header)
+    out.update(path=str(run.path), reused=done.reused, entries=done.entries, not_saved=done.not_saved)
+    return out
+
+
+def check_not_training(run_dir: Path) -> None:
+    """Refuse to evaluate a run whose trainer holds its run lock: its weights are about to change.
+
+    A stopped run (interrupted, or trained to its last step) is evaluated as it stands; its cells are keyed by that
+    checkpoint, so training it further makes them stale (measured again) instead of wrong.
+    """
+    if run_is_locked(run_dir):
+        raise CheckpointError(f"{run_dir} is being trained by another process; evaluate it once training has stopped")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtrapolateEntry(Entry):
+    """One length of `eval/extrapolate.json`; the fields in the order of the stored keys. `stride` is None for
+    nonoverlap, the target size for fixed-target; `tokens` the scored tokens (0: no window fits)."""
+
+    protocol: str
+    stride: int | None
+    length: int
+    multiple: float
+    tokens: int
+    dtype: str
+    data: dict[str, str]
+    status: str = "n/a"
+    reason: str | None = None
+    ppl: float | None = None
+    nll: float | None = None
+    bpb: float | None = None
+    per_position: list[float] = field(default_factory=list)
+    posenc_version: str = __version__
+    created: str
+    checkpoint: dict[str, Any]
+    device: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamingEntry(ExtrapolateEntry):
+    """An entry of the streaming protocol: `stride` is the block size, `tokens` every token of the streams, and the
+    cache's recent `window` and `sinks` (part of the entry's key) follow the other fields."""
+
+    window: int
+    sinks: int
+
+
+def streaming_settings(cfg: EvalConfig, base_length: int) -> dict[str, int] | None:
+    """{"window", "sinks"} of the streaming protocol (window default: base length minus sinks, at least 1); None
+    for the other protocols."""
+    if cfg.protocol != "streaming":
+        return None
+    block = resolve_stride("streaming", cfg.stride, base_length)
+    window = cfg.window if cfg.window is not None else default_window(base_length, cfg.sinks, block)
+    return {"window": int(window), "sinks": int(cfg.sinks)}
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def _filled(entry: ExtrapolateEntry, result: dict[str, Any]) -> ExtrapolateEntry:
+    nll = result["nll"]
+    if not math.isfinite(nll) or not math.isfinite(result["ppl"]):
+        return replace(entry, reason=f"non-finite loss (mean NLL {nll})", nll=nll if math.isfinite(nll) else None)
+    return replace(
+        entry,
+        status="ok",
+        tokens=result["tokens"],
+        ppl=result["ppl"],
+        nll=nll,
+        bpb=result["bpb"],
+        per_position=[round(v, 6) for v in result["per_position"]],
+    )
+
+
+def evaluate_each_run(
+    run_dirs: Sequence[Path | str],
+    evaluate: Callable[[LoadedRun, torch.device], dict[str, Any]],
+    *,
+    device: str | torch.device = "auto",
+    threads: int = 0,
+    on_run: Callable[[Path, int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Load each run directory in turn (one model in memory at a time) and collect `evaluate(run, device)`."""
+    device = resolve_device(device)
+    results = []
+    with use_threads(threads):
+        for i, path in enumerate(run_dirs):
+            if on_run is not None:
+                on_run(Path(path), i, len(run_dirs))
+            run = load_hf_run(path, device=device) if is_hf_dir(path) else load_run(path, device=device)
+            results.append(evaluate(run, device))
+            del run
+    return results
+
+
+def _run_evaluator(
+    cfg: EvalConfig,
+    data_overrides: Sequence[str],
+    force: bool | None,
+    progress: Progress | None,
+    corpora: CorpusCache | None,
+    store: bool = True,
+) -> Callable[[LoadedRun, torch.device], dict[str, Any]]:
+    """`evaluate_run` with these settings, on each run's data config composed with `data_overrides`."""
+
+    def evaluate(run: LoadedRun, device: torch.device) -> dict[str, Any]:
+        data = data_config_with_overrides(run.config.data, data_overrides) if data_overrides else None
+        return evaluate_run(
+            run, cfg, data=data, corpora=corpora, device=device, force=force, progress=progress, store=store
+        )
+
+    return evaluate
+
+
+def evaluate_run_dir(
+    run_dir: Path | str,
+    cfg: EvalConfig,
+    *,
+    data_overrides: Sequence[str] = (),
+    device: str | torch.device = "auto",
+    threads: int = 0,
+    force: bool | None = None,
+    progress: Progress | None = None,
+    corpora: CorpusCache | None = None,
+    store: bool = True,
+) -> dict[str, Any]:
+    """Load one run directory and `evaluate_run` it (data overrides compose only the data group)."""
+    evaluate = _run_evaluator(cfg, data_overrides, force, progress, corpora, store)
+    (result,) = evaluate_each_run([run_dir], evaluate, device=device, threads=threads)
+    return result
+
+
+def evaluate_paths(
+    paths: Sequence[Path | str],
+    cfg: EvalConfig,
+    *,
+    data_overrides: Sequence[str] = (),
+    device: str | torch.device = "auto",
+    threads: int = 0,
+    force: bool | None = None,
+    progress: Progress | None = None,
+    on_run: Callable[[Path, int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Find the runs below `paths` and evaluate each in turn (one model in memory at a time)."""
+    cfg.validate()
+    evaluate = _run_evaluator(cfg, data_overrides, force, progress, CorpusCache())
+    return evaluate_each_run(find_runs(paths), evaluate, device=device, threads=threads, on_run=on_run)

@@ -1,0 +1,223 @@
+"""`posenc extend HF_DIR`: RoPE scaling of a `transformers` model directory, written as a new `transformers` directory.
+
+The new directory's `config.json` carries the scaling in the installed `transformers`' own format (`rope_parameters`
+in 5.x, written by the config class's `save_pretrained`), so it loads in plain `transformers` (and in stacks that
+read the same config). Its weight files are hard links to the source's (copies across file systems); nothing in the
+source is ever modified. posenc's methods map onto `transformers`' rope types as `posenc export` maps them, by each
+method's `transformers` hook (posenc_cli/rope_scaling/<method>.py): linear, dynamic, yarn and llama3 by name (dynamic
+with max_position_embeddings = L, the others s·L), static NTK as rope_type default with rope_theta · s^(d/(d−2)).
+
+Any other method (one `transformers` has no rope type for, such as Self-Extend or ReRoPE) is refused with one line.
+`transformers`' `longrope` needs per-dimension factors searched offline; posenc has no search, so it offers none.
+The written config is read back and its rope parameters checked before the directory appears (atomic rename), and
+`posenc_hf_extend.json` records the parent, the settings and the parent's training and base length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from posenc_cli import __version__
+from posenc_cli.config import ExtendConfig
+from posenc_cli.errors import ConfigError
+from posenc_cli.rope_scaling import frequency_summary, get_method, registry
+from posenc_cli.run.checkpoint import fsync_dir, run_lengths
+from posenc_cli.run.hf_run import CONFIG_FILE, SIDE_FILES, load_hf_run
+from posenc_cli.run.run_meta import ExtendResult
+
+__all__ = ["HF_METHODS", "RECORD_FILE", "extend_hf_dir", "hf_rope_parameters"]
+
+HF_METHODS = tuple(name for name, m in registry().items() if m.rope_type is not None)  # the exportable methods
+RECORD_FILE = "posenc_hf_extend.json"
+_IDENTITY = ("method", "factor", "original_length", "rope_parameters", "max_position_embeddings", "parent_weights")
+
+
+def hf_rope_parameters(
+    ext: ExtendConfig, current: dict[str, Any], original_length: int, rotary_dim: int
+) -> tuple[dict[str, Any], int]:
+    """(rope_parameters, max_position_embeddings) of the scaled config (see the module table).
+
+    `current` is the source's standardised `rope_parameters`; its `rope_theta` and `partial_rotary_factor` are kept,
+    any earlier scaling is replaced.
+    """
+    if ext.method not in HF_METHODS:
+        raise ConfigError(
+            f"scaling method '{ext.method}' has no transformers rope type; a transformers directory extends with "
+            f"{', '.join(HF_METHODS)}"
+        )
+    keep = {k: current[k] for k in ("rope_theta", "partial_rotary_factor") if k in current}
+    hf = get_method(ext.method).transformers(ext.params, float(ext.factor), int(original_length), rotary_dim)
+    assert hf is not None  # HF_METHODS are the methods with a rope type
+    params: dict[str, Any] = {**keep, **hf.parameters}
+    if hf.theta_scale != 1.0:  # static NTK: a plain RoPE with a larger base
+        params["rope_theta"] = float(keep["rope_theta"]) * hf.theta_scale
+    return params, hf.max_position_embeddings
+
+
+def _rotary(config: Any, rope: dict[str, Any]) -> tuple[int, float]:
+    """(rotary dim, base) as transformers computes them: int(head_dim · partial_rotary_factor), rope_theta."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(head_dim * float(rope.get("partial_rotary_factor", 1.0))), float(rope["rope_theta"])
+
+
+def _numbers(ext: ExtendConfig, rotary: int, base: float, L: int) -> tuple[float, dict[str, int], tuple[float, float]]:
+    """(attention factor, frequency regions, longest wavelength before/after) for the summary (posenc's maths,
+    tested equal to transformers')."""
+    return frequency_summary(ext.method, rotary, base, ext.factor, L, **ext.param_values())
+
+
+def _describe(rope: dict[str, Any]) -> str:
+    kind = rope.get("rope_type", "default")
+    return "none" if kind == "default" else f"{kind} x{rope.get('factor', '?')}"
+
+
+def _existing(out: Path, record: dict[str, Any]) -> bool:
+    """True when `out` already holds this extension; False when absent or empty; ConfigError otherwise."""
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise ConfigError(f"output directory {out} exists and is not a directory")
+    if not any(out.iterdir()):
+        return False
+    with contextlib.suppress(OSError, ValueError):
+        old = json.loads((out / RECORD_FILE).read_text())
+        if isinstance(old, dict) and all(old.get(k) == record[k] for k in _IDENTITY):
+            return True
+    raise ConfigError(f"output directory {out} exists and is not empty; choose another --out")
+
+
+def _link_or_copy(src: Path, dst: Path) -> bool:
+    """Hard-link `src` (its target, when a symlink as in the hub cache) to `dst`; copy when linking fails."""
+    try:
+        os.link(src.resolve(), dst)
+        return True
+    except OSError:
+        shutil.copy2(src, dst)
+        return False
+
+
+def _write_files(src: Path, tmp: Path) -> bool:
+    """Weights (*.safetensors) linked, other top-level files copied; config.json (written separately), posenc's
+    own records, hidden files and subdirectories (e.g. eval/) are left out. True when every weight was linked."""
+    linked = True
+    for path in sorted(src.iterdir()):
+        if not path.is_file() or path.name.startswith(".") or path.name in (CONFIG_FILE, *SIDE_FILES):
+            continue
+        if path.suffix == ".safetensors":
+            linked = _link_or_copy(path, tmp / path.name) and linked
+        else:
+            shutil.copy2(path, tmp / path.name)
+    return linked
+
+
+def _check_written(tmp: Path, rope: dict[str, Any], max_pos: int) -> None:
+    """Read the written config back with transformers; its rope parameters must be the ones we set."""
+    # deferred: keeps transformers off posenc --help start-up
+    from transformers import AutoConfig
+
+    back = AutoConfig.from_pretrained(str(tmp), trust_remote_code=False)
+    got = dict(back.rope_parameters or {})
+    wrong = [k for k, v in rope.items() if got.get(k) != v]
+    if wrong or back.max_position_embeddings != max_pos:
+        what = wrong[0] if wrong else "max_position_embeddings"
+        raise ConfigError(f"transformers did not keep the rope parameter '{what}' as written; nothing was written")
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    for path in tmp.iterdir():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+    try:
+        if out.is_dir():
+            out.rmdir()  # empty: checked before anything was written
+        os.replace(tmp, out)
+    except OSError as e:  # another process filled `out` meanwhile
+        raise ConfigError(f"output directory {out} was written by another process meanwhile ({e.strerror})") from e
+    fsync_dir(out.parent)
+
+
+def extend_hf_dir(src_dir: Path | str, out_dir: Path | str, ext: ExtendConfig) -> ExtendResult:
+    """Write the RoPE-scaled copy of transformers directory `src_dir` to `out_dir` (absent or empty).
+
+    Refused with one line before anything is written: a fine-tune (not supported for these directories), a
+    directory `load_hf_run` refuses, a model that is not RoPE, per-layer rope parameters, a method transformers has
+    no rope type for, and a non-empty `out_dir` (unless it holds this very extension: then nothing is done).
+    """
+    # deferred: keeps transformers off posenc --help start-up
+    import transformers
+    from transformers import AutoConfig
+
+    src, out = Path(src_dir), Path(out_dir)
+    if ext.finetune_steps > 0:
+        raise ConfigError("--finetune-steps is not supported for a transformers directory; extend without it")
+    run = load_hf_run(src)  # every refusal of a directory (tokenizer, remote code, corrupt weights) comes first
+    if run.config.pos.name != "rope":
+        raise ConfigError(f"{src} uses {run.config.pos.name} positions; extend applies only to RoPE models")
+    config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
+    current = dict(config.rope_parameters or {})
+    if "rope_theta" not in current:
+        raise ConfigError(f"{src}: per-layer rope parameters are not supported by posenc extend")
+    parent_length, base_length = run_lengths(run.meta, run.config)
+    L = int(ext.original_length or parent_length)
+    rotary, base = _rotary(config, current)
+    rope, max_pos = hf_rope_parameters(ext, current, L, rotary)
+    attention, regions, wavelengths = _numbers(ext, rotary, base, L)
+    weights = {p.name: p.stat().st_size for p in sorted(src.iterdir()) if p.suffix == ".safetensors"}
+    record = {
+        "kind": "posenc-hf-extend",
+        "parent": str(src.resolve()),
+        "method": ext.method,
+        "factor": float(ext.factor),
+        "original_length": L,
+        "rope_parameters": rope,
+        "max_position_embeddings": max_pos,
+        "parent_weights": weights,
+        "train_length": parent_length,
+        "base_length": base_length,
+        "posenc_version": __version__,
+        "transformers_version": transformers.__version__,
+    }
+    result = ExtendResult(
+        parent_dir=src,
+        out_dir=out,
+        status="created",
+        method=ext.method,
+        factor=float(ext.factor),
+        original_length=L,
+        attention_factor=attention,
+        rotary_dim=rotary,
+        base=base,
+        regions=regions,
+        longest_wavelength=wavelengths,
+        parent_scaling=_describe(current),
+        parent_train_length=parent_length,
+        base_length=base_length,
+        train_length=parent_length,
+    )
+    del run
+    if _existing(out, record):
+        result.status = "already_complete"
+        return result
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.extend-", dir=out.parent))
+    try:
+        config.rope_parameters = rope
+        config.max_position_embeddings = max_pos
+        if isinstance(getattr(config, "original_max_position_embeddings", None), int):  # Phi-3 keeps it at top level
+            config.original_max_position_embeddings = L
+        config.save_pretrained(str(tmp))
+        record["weights_linked"] = _write_files(src, tmp)
+        _check_written(tmp, rope, max_pos)
+        (tmp / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result

@@ -1,0 +1,334 @@
+"""LongRoPE's evolutionary search for the long factors (Ding et al. 2024, arXiv 2402.13753, §3.2 and Algorithm 1).
+
+A candidate is one rescale factor λ_k per RoPE frequency pair (inv_k' = inv_k / λ_k beyond L tokens; see
+`posenc_cli/rope_scaling/longrope.py`), inside the search space [1, 1.25·s] and non-decreasing over pairs (the
+paper's monotone constraint: lower frequencies are interpolated at least as much as higher ones). The initial
+population is the paper's: the λ that PI, NTK-aware scaling and YaRN amount to at this factor (`initial_candidates`),
+then each generation keeps the best candidates as parents and adds children made by mutation (`mutate`) and
+crossover (`crossover`), each projected back onto the constraints (`constrain`) and never scored twice. Every
+candidate is scored by its perplexity at the target length s·L on the start of the run's own validation split
+(non-overlapping windows, fp32), so the search costs `budget` forward passes over `tokens` tokens. Left out: the
+paper's n̂ (first positions kept un-interpolated), which `transformers`' longrope rope type has no place for.
+
+The pure functions take a `random.Random`, so a seed fixes the whole search (and `extend` stays idempotent: the
+same command finds the same factors). `extend_with_search` runs the search on a RoPE run and writes the child run
+through `extend.extend_run`, with the factors in its config (`pos.scaling.long_factor`) and in `FACTORS_FILE`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from posenc_cli.config import ExtendConfig, replace
+from posenc_cli.data.cache import eval_windows, load_corpus
+from posenc_cli.errors import ConfigError
+from posenc_cli.extension.extend import extend_run, parent_train_length, validate_extend
+from posenc_cli.fsutil import atomic_write_json
+from posenc_cli.model import build_model
+from posenc_cli.positional.rope import rotary_dim
+from posenc_cli.rope_scaling import NONE, RopeScalingConfig, scaled_inv_freq
+from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.device import threads as use_threads
+from posenc_cli.run.hf_run import is_hf_dir
+
+if TYPE_CHECKING:
+    from posenc_cli.run.checkpoint import LoadedRun
+    from posenc_cli.run.run_meta import ExtendResult
+
+__all__ = [
+    "FACTORS_FILE",
+    "SearchResult",
+    "constrain",
+    "crossover",
+    "extend_with_search",
+    "initial_candidates",
+    "is_valid",
+    "mutate",
+    "search_bounds",
+    "search_extension",
+    "search_long_factors",
+    "write_factors",
+]
+
+FACTORS_FILE = "longrope_factors.json"  # in the child run: {"short_factor", "long_factor", "search": {...}}
+Candidate = tuple[float, ...]  # one λ per frequency pair
+Progress = Callable[[int, int, float], None]  # (candidates scored, budget, best perplexity so far)
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pure pieces: the search space, the seeds, mutation, crossover, the constraint.
+
+
+def search_bounds(factor: float) -> tuple[float, float]:
+    """[1, 1.25·s]: the paper's range for λ (no pair is sped up; at most 25% more interpolation than PI)."""
+    return 1.0, 1.25 * factor
+
+
+def constrain(values: Sequence[float], low: float, high: float) -> Candidate:
+    """Clamp to [low, high], then sort: the nearest candidate (same values) that is non-decreasing over pairs.
+    Identity on a valid candidate."""
+    return tuple(sorted(min(max(float(v), low), high) for v in values))
+
+
+def is_valid(values: Sequence[float], low: float, high: float) -> bool:
+    return all(low <= v <= high for v in values) and all(a <= b for a, b in itertools.pairwise(values))
+
+
+def initial_candidates(head_dim: int, base: float, factor: float, original_length: int) -> dict[str, Candidate]:
+    """The paper's seeds: λ_k = inv_k / inv_k' of PI (s everywhere), NTK-aware scaling and YaRN at this factor,
+    computed with posenc's own implementations of those methods and constrained."""
+    low, high = search_bounds(factor)
+    plain, _ = scaled_inv_freq(NONE, head_dim, base, 1.0, original_length)
+    out = {}
+    for method in ("linear", "ntk", "yarn"):
+        inv, _ = scaled_inv_freq(method, head_dim, base, factor, original_length)
+        out[{"linear": "PI"}.get(method, method)] = constrain((plain.double() / inv.double()).tolist(), low, high)
+    return out
+
+
+def mutate(
+    parent: Sequence[float], rng: random.Random, low: float, high: float, *, rate: float = 0.3, sigma: float = 0.2
+) -> Candidate:
+    """Each pair's λ multiplied by exp(N(0, sigma²)) with probability `rate` (at least one pair), then
+    constrained (the paper's mutation within the search space, under the monotone constraint)."""
+    values = list(parent)
+    chosen = [k for k in range(len(values)) if rng.random() < rate] or [rng.randrange(len(values))]
+    for k in chosen:
+        values[k] *= math.exp(rng.gauss(0.0, sigma))
+    return constrain(values, low, high)
+
+
+def crossover(a: Sequence[float], b: Sequence[float], rng: random.Random, low: float, high: float) -> Candidate:
+    """Each pair's λ from parent a or b at random (uniform crossover), then constrained."""
+    if len(a) != len(b):
+        raise ValueError(f"parents of different lengths {len(a)} and {len(b)}")
+    return constrain([x if rng.random() < 0.5 else y for x, y in zip(a, b, strict=True)], low, high)
+
+
+def children(
+    parents: Sequence[Candidate], n: int, rng: random.Random, low: float, high: float, seen: set[Candidate]
+) -> list[Candidate]:
+    """Up to `n` new candidates (not in `seen`), alternating mutation of a parent and crossover of two."""
+    out: list[Candidate] = []
+    for attempt in range(50 * n):
+        if len(out) == n:
+            break
+        if attempt % 2 == 0 or len(parents) < 2:
+            child = mutate(rng.choice(parents), rng, low, high)
+        else:
+            a, b = rng.sample(list(parents), 2)
+            child = crossover(a, b, rng, low, high)
+        if child not in seen:
+            seen.add(child)
+            out.append(child)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scoring and the search.
+
+
+@dataclass
+class SearchResult:
+    """What the search found: the best long factors, their perplexity at s·L and how it got there."""
+
+    long_factor: list[float]
+    ppl: float
+    initial: dict[str, float]  # perplexity of each seed (PI, ntk, yarn)
+    history: list[dict[str, Any]] = field(default_factory=list)  # per candidate: origin, generation, ppl
+    target_length: int = 0
+    tokens: int = 0
+    budget: int = 0
+    seed: int = 0
+    seconds: float = 0.0
+
+    @property
+    def initial_best(self) -> float:
+        return min(self.initial.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _validation_windows(run: LoadedRun, length: int, tokens: int) -> torch.Tensor:
+    """(N, length + 1) non-overlapping windows from the start of the run's validation split, N·length ≈ tokens."""
+    corpus = load_corpus(run.config.data, run.config.tokenizer, tokenizer=run.tokenizer)
+    return eval_windows(corpus.val, length, length, max_windows=max(1, math.ceil(tokens / length)))
+
+
+def _scorer(run: LoadedRun, factor: float, original_length: int, windows: torch.Tensor) -> Callable[[Candidate], float]:
+    """Candidate -> perplexity of the run's weights with those long factors on `windows` (fp32, CPU or the run's
+    device), one model built per candidate (the config carries the factors, as a child run's would)."""
+    state = run.model.state_dict()
+    device = next(run.model.parameters()).device
+    cfg = run.config
+
+    def score(candidate: Candidate) -> float:
+        scaling = RopeScalingConfig(
+            method="longrope", factor=float(factor), original_length=original_length, long_factor=list(candidate)
+        )
+        model = build_model(replace(cfg, pos=replace(cfg.pos, scaling=scaling)), run.tokenizer.vocab_size)
+        model.load_state_dict(state)
+        model.to(device).eval()
+        total, count = 0.0, 0
+        with torch.inference_mode():
+            for batch in windows.split(max(1, 16384 // windows.shape[1])):
+                batch = batch.to(device)
+                logits = model(batch[:, :-1]).float()  # (B, T, V)
+                loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1), reduction="sum")
+                total, count = total + float(loss), count + batch[:, 1:].numel()
+        nll = total / count
+        return math.exp(nll) if nll < 700 else math.inf
+
+    return score
+
+
+def search_long_factors(
+    run: LoadedRun,
+    factor: float,
+    original_length: int,
+    *,
+    budget: int = 16,
+    seed: int = 0,
+    tokens: int = 8192,
+    population: int = 4,
+    parents: int = 3,
+    progress: Progress | None = None,
+) -> SearchResult:
+    """LongRoPE's long factors for RoPE run `run` at scale `factor` (target length round(s·L)), by evolutionary
+    search scored on the run's validation data. `budget` candidates are scored in all: the seeds first (PI, NTK,
+    YaRN), then generations of `population` children of the best `parents`. Deterministic for a given `seed`.
+    The result's perplexity is never above the best seed's (the seeds are candidates too)."""
+    if budget < 1:
+        raise ConfigError(f"--search-budget must be >= 1, got {budget}")
+    if tokens < 1:
+        raise ConfigError(f"--search-tokens must be >= 1, got {tokens}")
+    cfg = run.config
+    if cfg.pos.name != "rope":
+        raise ConfigError(f"{run.path} uses pos={cfg.pos.name}; LongRoPE applies only to RoPE checkpoints")
+    head_dim = rotary_dim(cfg.model.head_dim, cfg.pos.rotary_fraction)  # type: ignore[attr-defined]
+    base = float(cfg.pos.base)  # type: ignore[attr-defined]
+    target = round(factor * original_length)
+    t0 = time.perf_counter()
+    windows = _validation_windows(run, target, tokens)  # (N, target + 1)
+    score = _scorer(run, factor, original_length, windows)
+    low, high = search_bounds(factor)
+    rng = random.Random(seed)
+
+    scored: list[tuple[float, Candidate]] = []
+    history: list[dict[str, Any]] = []
+    initial: dict[str, float] = {}
+
+    def evaluate(candidate: Candidate, origin: str, generation: int) -> None:
+        ppl = score(candidate)
+        scored.append((ppl, candidate))
+        history.append({"origin": origin, "generation": generation, "ppl": ppl})
+        if progress is not None:
+            progress(len(scored), budget, min(p for p, _ in scored))
+
+    seeds = initial_candidates(head_dim, base, factor, original_length)
+    seen: set[Candidate] = set()
+    for name, candidate in seeds.items():
+        if len(scored) == budget:
+            break
+        if candidate in seen:
+            continue
+        seen.add(candidate)
+        evaluate(candidate, name, 0)
+        initial[name] = scored[-1][0]
+    generation = 0
+    while len(scored) < budget:
+        generation += 1
+        best = [c for _, c in sorted(scored, key=lambda pc: pc[0])[:parents]]
+        batch = children(best, min(population, budget - len(scored)), rng, low, high, seen)
+        if not batch:
+            break  # the space around the parents is exhausted (tiny rotary dims)
+        for child in batch:
+            evaluate(child, "mutation/crossover", generation)
+    ppl, best_candidate = min(scored, key=lambda pc: pc[0])
+    return SearchResult(
+        long_factor=list(best_candidate),
+        ppl=ppl,
+        initial=initial,
+        history=history,
+        target_length=target,
+        tokens=windows.shape[0] * target,
+        budget=budget,
+        seed=seed,
+        seconds=round(time.perf_counter() - t0, 3),
+    )
+
+
+def write_factors(out_dir: Path | str, short_factor: Sequence[float], result: SearchResult) -> Path:
+    """`FACTORS_FILE` in the child run (atomic): the factors as `--factors FILE` reads them, plus the search."""
+    path = Path(out_dir) / FACTORS_FILE
+    doc = {"short_factor": list(short_factor), "long_factor": result.long_factor, "search": result.to_json()}
+    atomic_write_json(path, doc)
+    return path
+
+
+def search_extension(
+    parent_dir: Path | str,
+    ext: ExtendConfig,
+    *,
+    budget: int = 16,
+    seed: int = 0,
+    tokens: int = 8192,
+    threads: int = 0,
+    progress: Progress | None = None,
+) -> tuple[ExtendConfig, SearchResult]:
+    """Search LongRoPE's long factors on run `parent_dir`: (`ext` with the found long factors and short factors 1,
+    so the model is unchanged up to L; the search). Writes nothing; refused with one line for a run that is not
+    RoPE (or a transformers directory) and a method other than longrope."""
+    if ext.method != "longrope":
+        raise ConfigError(f"--search finds LongRoPE factors; use it with --longrope, not --method {ext.method}")
+    validate_extend(ext)
+    if is_hf_dir(Path(parent_dir)):
+        raise ConfigError("--search needs a posenc run (it scores candidates on the run's own validation data)")
+    with use_threads(threads):
+        run = load_run(parent_dir)
+        cfg = run.config
+        if cfg.pos.name != "rope":
+            raise ConfigError(
+                f"{parent_dir} uses pos={cfg.pos.name}; frequency scaling (extend) applies only to RoPE checkpoints"
+            )
+        original_length = ext.original_length or parent_train_length(cfg, run.meta)
+        result = search_long_factors(
+            run, ext.factor, original_length, budget=budget, seed=seed, tokens=tokens, progress=progress
+        )
+    pairs = rotary_dim(cfg.model.head_dim, cfg.pos.rotary_fraction) // 2  # type: ignore[attr-defined]
+    return replace(ext, short_factor=[1.0] * pairs, long_factor=list(result.long_factor)), result
+
+
+def extend_with_search(
+    parent_dir: Path | str,
+    out_dir: Path | str,
+    ext: ExtendConfig,
+    *,
+    budget: int = 16,
+    seed: int = 0,
+    tokens: int = 8192,
+    threads: int = 0,
+    progress: Progress | None = None,
+    callback: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[ExtendResult, SearchResult]:
+    """`search_extension`, then `extend_run` into `out_dir` with the found factors (in the child's config) and
+    `FACTORS_FILE` written there. Refused with one line, before anything is written, as `search_extension`."""
+    child_ext, result = search_extension(
+        parent_dir, ext, budget=budget, seed=seed, tokens=tokens, threads=threads, progress=progress
+    )
+    extended = extend_run(parent_dir, out_dir, child_ext, threads=threads, callback=callback)
+    if extended.status != "interrupted":
+        assert child_ext.short_factor is not None
+        write_factors(extended.out_dir, child_ext.short_factor, result)
+    return extended, result

@@ -1,0 +1,1 @@
+"""Speed: `posenc bench`, sweep profiles and the cost model behind them."""

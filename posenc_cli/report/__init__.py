@@ -1,0 +1,1 @@
+"""Rendering: rich tables, plots, passkey/task tables and the published reference tables."""

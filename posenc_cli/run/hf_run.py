@@ -1,0 +1,476 @@
+"""A local `transformers` model directory as a posenc run (`eval-extrapolate`, `eval-passkey`, `compare`, `extend`).
+
+A directory holding `config.json`, safetensors weights and a tokenizer is loaded through `AutoConfig`,
+`AutoTokenizer` and `AutoModelForCausalLM` with `trust_remote_code=False`, and wrapped so that posenc's evaluation
+code runs on it unchanged:
+
+- `HFCausalLM` is a thin `nn.Module`: (B, T) ids -> (B, T, V) logits, with a `scheme` that names the positional
+  scheme and, for learned positions, the table size (beyond it a length is "n/a", as for posenc's learned runs).
+  Before each forward it estimates the memory the forward and posenc's loss will take and refuses, with one line,
+  a batch that would not fit (`LengthBeyondMemory`), instead of letting the machine swap or the OOM killer strike.
+- `HFTokenizer` gives the model's own tokenizer posenc's `Tokenizer` interface, including the UTF-8 bytes each
+  token stands for, so bits per byte compare models with different tokenizers.
+- The scheme comes from the architecture (learned: GPT-2, GPT-Neo, OPT, GPT-BigCode; ALiBi: BLOOM, MPT, Falcon with
+  `alibi`; RoPE: every config with rope parameters: Llama, Mistral, Qwen2, Phi-3, GPT-NeoX, ...). The training
+  length is `original_max_position_embeddings` when the config has one (a RoPE-scaled model), else
+  `max_position_embeddings` (or the architecture's name for it); `train_length=` overrides it.
+
+Refused with one line (`CheckpointError`, exit 2) before any weight is read: a config with `auto_map` or a
+`model_type` the installed `transformers` does not know (both need remote code, which posenc never runs), a
+non-causal model (e.g. `BertForMaskedLM`), weights only as pickles (`.bin`; posenc never unpickles), no tokenizer;
+and after reading: weights that are missing, corrupt or non-finite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from posenc_cli.data.tokenizer import Tokenizer
+from posenc_cli.errors import CheckpointError, UserError
+from posenc_cli.run.checkpoint import LoadedRun
+from posenc_cli.run.config_load import config_from_dict
+
+__all__ = [
+    "HFCausalLM",
+    "HFScheme",
+    "HFTokenizer",
+    "LengthBeyondMemory",
+    "available_memory",
+    "forward_bytes",
+    "inspect_hf_dir",
+    "is_hf_dir",
+    "load_hf_run",
+    "train_length_override",
+]
+
+CONFIG_FILE = "config.json"
+KIND = "transformers"
+LEARNED = frozenset({"gpt2", "gpt_neo", "gpt_bigcode", "opt"})  # absolute position tables
+ALIBI = frozenset({"bloom", "mpt"})  # (falcon: ALiBi when its config says `alibi`, else RoPE)
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+SIDE_FILES = ("posenc_export.json", "posenc_hf_extend.json")  # posenc's own records of where a directory came from
+MEMORY_HEADROOM = 0.9  # use at most this share of the available memory
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece byte fallback: one byte
+
+
+class LengthBeyondMemory(UserError):
+    """A forward at this length and batch would need more memory than the device has available."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a directory is.
+
+
+def is_hf_dir(path: Path | str) -> bool:
+    """True when `path` is a directory with a `config.json` (a transformers model directory, maybe not loadable)."""
+    p = Path(path)
+    return p.is_dir() and (p / CONFIG_FILE).is_file() and not (p / "meta.json").is_file()
+
+
+@dataclass(frozen=True)
+class HFInfo:
+    """What `config.json` says, checked before anything is loaded."""
+
+    path: Path
+    model_type: str
+    architecture: str
+    scheme: str  # rope | learned | alibi
+    train_length: int | None  # from the config; None when it names none (ALiBi models)
+    max_length: int | None  # learned: the table size; None: no hard limit
+    precision: str  # fp32 | bf16 | fp16: the dtype the weights were saved in
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    file = path / CONFIG_FILE
+    try:
+        raw = json.loads(file.read_bytes())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{file}: unreadable or not JSON ({type(e).__name__})") from e
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{file}: not a transformers config (not a JSON object)")
+    return raw
+
+
+def _scheme(model_type: str, raw: dict[str, Any]) -> str | None:
+    if model_type in LEARNED:
+        return "learned"
+    if model_type in ALIBI or (model_type == "falcon" and raw.get("alibi")):
+        return "alibi"
+    rope_keys = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base", "rotary_pct", "rotary_dim")
+    if any(k in raw for k in rope_keys):
+        return "rope"
+    return None
+
+
+def _config_length(raw: dict[str, Any]) -> int | None:
+    """`original_max_position_embeddings` (top level or in the rope parameters), else the table/context size."""
+    for block in (raw.get("rope_parameters"), raw.get("rope_scaling"), raw):
+        if isinstance(block, dict) and isinstance(block.get("original_max_position_embeddings"), int):
+            return int(block["original_max_position_embeddings"])
+    for key in LENGTH_KEYS:
+        if isinstance(raw.get(key), int) and raw[key] > 0:
+            return int(raw[key])
+    return None
+
+
+def _posenc_lengths(path: Path) -> dict[str, int]:
+    """train_length / base_length recorded by posenc's export or extend in this directory (empty when none)."""
+    for name in SIDE_FILES:
+        with contextlib.suppress(OSError, ValueError):
+            info = json.loads((path / name).read_text())
+            if isinstance(info, dict):
+                return {k: int(info[k]) for k in ("train_length", "base_length") if isinstance(info.get(k), int)}
+    return {}
+
+
+def inspect_hf_dir(path: Path | str) -> HFInfo:
+    """Check a transformers directory without loading it; one-line `CheckpointError` for each refusal."""
+    # deferred: keeps transformers off posenc --help start-up
+    from transformers import __version__ as tf_version
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    p = Path(path)
+    raw = _read_config(p)
+    model_type = str(raw.get("model_type") or "")
+    if "auto_map" in raw:
+        raise CheckpointError(
+            f"{p}: this model needs remote code (auto_map in config.json); "
+            "posenc never runs it (trust_remote_code=False)"
+        )
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise CheckpointError(
+            f"{p}: model_type {model_type!r} is unknown to transformers {tf_version} (it would need remote code, "
+            "which posenc never runs, or a newer transformers)"
+        )
+    causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    archs = [a for a in raw.get("architectures") or [] if isinstance(a, str)]
+    causal_names = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    if causal is None or (archs and not any(a in causal_names for a in archs)):
+        shown = ", ".join(archs) or model_type
+        raise CheckpointError(f"{p}: not a causal language model ({shown}); posenc evaluates decoder-only causal LMs")
+    scheme = _scheme(model_type, raw)
+    if scheme is None:
+        raise CheckpointError(
+            f"{p}: model_type {model_type!r} is not a decoder-only LM with a positional scheme posenc recognises "
+            "(RoPE, learned, ALiBi)"
+        )
+    files = [f.name for f in p.iterdir() if f.is_file()]
+    if not any(f.endswith(".safetensors") for f in files):
+        pickles = any(f.endswith((".bin", ".pt", ".pth", ".ckpt")) for f in files)
+        why = "weights only as pickles (.bin); posenc loads safetensors only" if pickles else "no .safetensors weights"
+        raise CheckpointError(f"{p}: {why}")
+    if not any(name in files for name in TOKENIZER_FILES):
+        raise CheckpointError(
+            f"{p}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json); save it with the model"
+        )
+    length = _config_length(raw)
+    dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "float32")
+    return HFInfo(
+        path=p,
+        model_type=model_type,
+        architecture=archs[0] if archs else causal,
+        scheme=scheme,
+        train_length=length,
+        max_length=length if scheme == "learned" else None,
+        precision={"bfloat16": "bf16", "float16": "fp16"}.get(dtype, "fp32"),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The tokenizer.
+
+
+def token_byte_counts(vocab: dict[str, int], added: dict[int, Any], size: int) -> np.ndarray:
+    """(size,) int64: UTF-8 bytes each id stands for; 0 for special tokens and ids the tokenizer does not use.
+
+    Byte-level BPE (GPT-2, Llama 3, Qwen, Pythia, SmolLM): every character of a token is one byte (GPT-2's byte
+    map). Otherwise (SentencePiece-style): `<0xNN>` is one byte, '▁' is a space, the rest is its UTF-8 length; a
+    leading '▁' that the tokenizer adds to each document then counts one byte too many per document.
+    """
+    # deferred: keeps tokenizers off posenc --help start-up
+    from tokenizers import pre_tokenizers
+
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+    added_ids = set(added)
+    plain = {t: i for t, i in vocab.items() if i not in added_ids}
+    byte_level = all(set(t) <= alphabet for t in plain)
+    out = np.zeros(size, dtype=np.int64)
+    for token, idx in plain.items():  # one pass over the vocabulary
+        if byte_level:
+            out[idx] = len(token)
+        elif _BYTE_TOKEN.fullmatch(token):
+            out[idx] = 1
+        else:
+            out[idx] = len(token.replace("\u2581", " ").encode("utf-8"))
+    for idx, tok in added.items():
+        if not getattr(tok, "special", True) and idx < size:
+            out[idx] = len(str(tok.content).encode("utf-8"))
+    return out
+
+
+class HFTokenizer(Tokenizer):
+    """posenc's tokenizer interface over a `transformers` fast tokenizer; documents end with its EOS token.
+
+    No BOS is added (`add_special_tokens=False`), as for posenc's own tokenizers, and special-token strings inside
+    the text are encoded as text, so only the pipeline places an end of document.
+    """
+
+    kind = "hf"
+
+    def __init__(self, hf_tokenizer: Any, model_vocab: int, source: str) -> None:
+        backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise CheckpointError(f"{source}: posenc needs a fast tokenizer (tokenizer.json)")
+        eod = hf_tokenizer.eos_token_id if hf_tokenizer.eos_token_id is not None else hf_tokenizer.bos_token_id
+        if eod is None:
+            raise CheckpointError(f"{source}: the tokenizer has no end-of-text (eos) token to separate documents")
+        self._hf = hf_tokenizer
+        self._backend = backend
+        self._backend.encode_special_tokens = True
+        self.eod_id = int(eod)
+        self.vocab_size = max(int(model_vocab), len(hf_tokenizer))
+        added = backend.get_added_tokens_decoder()
+        self.token_bytes = token_byte_counts(backend.get_vocab(with_added_tokens=False), added, self.vocab_size)
+        self.token_bytes[self.eod_id] = 0
+        digest = hashlib.sha256(backend.to_str().encode("utf-8") + f"|eod={self.eod_id}".encode())
+        self.fingerprint = digest.hexdigest()[:16]
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._backend.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+
+    def encode_documents(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.empty(0, dtype=self.dtype)
+        encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=False)
+        eod = np.array([self.eod_id], dtype=self.dtype)
+        parts: list[np.ndarray] = []
+        for enc in encodings:  # one step per document
+            parts += [np.asarray(enc.ids, dtype=self.dtype), eod]
+        return np.concatenate(parts)
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64).ravel()
+        return str(self._hf.decode(arr.tolist(), skip_special_tokens=False))
+
+    def describe(self) -> str:
+        return f"{type(self._hf).__name__} (vocab {self.vocab_size})"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Memory: estimate a forward before running it.
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for a forward on `device`: CUDA's free memory; on CPU min(MemAvailable, cgroup limit - usage)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    found: list[int] = []
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    return min(found) if found else None
+
+
+def forward_bytes(batch: int, length: int, *, vocab: int, hidden: int, ffn: int, heads: int, eager: bool) -> int:
+    """Estimated peak bytes of one scored forward of (batch, length) ids, beyond the resident weights.
+
+    fp32 logits (B, T, V) plus posenc's log-softmax of them (a second such tensor); per layer the transient
+    activations (q, k, v, output and the MLP's hidden, ~(4·d + 3·ffn) floats per token); attention: SDPA's fused
+    kernels keep O(T) per query block, eager attention materialises scores and probabilities (2·B·H·T² floats).
+    """
+    logits = 2 * batch * length * vocab * 4
+    activations = batch * length * (4 * hidden + 3 * ffn) * 4
+    attention = 2 * batch * heads * length * length * 4 if eager else batch * length * length  # bool mask
+    return logits + activations + attention
+
+
+@dataclass(frozen=True)
+class HFScheme:
+    """What posenc's evaluation asks of `model.scheme`: a name and, for learned positions, the table size."""
+
+    name: str
+    max_length: int | None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+class HFCausalLM(nn.Module):
+    """(B, T) int64 ids -> (B, T, V) logits of a `transformers` causal LM (no KV cache), memory-checked first."""
+
+    def __init__(self, hf_model: nn.Module, scheme: HFScheme) -> None:
+        super().__init__()
+        self.hf = hf_model
+        self.scheme = scheme
+        cfg = hf_model.config
+        self._dims = {
+            "vocab": int(hf_model.get_output_embeddings().weight.shape[0]),
+            "hidden": int(getattr(cfg, "hidden_size", 0) or 0),
+            "ffn": int(getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 0)
+            or 4 * int(getattr(cfg, "hidden_size", 0) or 0),
+            "heads": int(getattr(cfg, "num_attention_heads", 1) or 1),
+            "eager": getattr(cfg, "_attn_implementation", "sdpa") == "eager",
+        }
+
+    def check_memory(self, batch: int, length: int, device: torch.device) -> None:
+        """Raise `LengthBeyondMemory` (one line) when a (batch, length) forward would not fit in memory."""
+        need = forward_bytes(batch, length, **self._dims)
+        free = available_memory(device)
+        if free is None or need <= MEMORY_HEADROOM * free:
+            return
+        one = forward_bytes(1, length, **self._dims)
+        hint = (
+            f"; one window needs {_gib(one)}: lower --batch-tokens to {length}"
+            if batch > 1 and one <= MEMORY_HEADROOM * free
+            else "; evaluate shorter lengths"
+        )
+        raise LengthBeyondMemory(
+            f"length {length} × batch {batch} needs about {_gib(need)} on {device.type}, "
+            f"more than the {_gib(free)} available{hint}"
+        )
+
+    def forward(self, idx: Tensor) -> Tensor:
+        self.check_memory(int(idx.shape[0]), int(idx.shape[1]), idx.device)
+        return self.hf(input_ids=idx, use_cache=False).logits  # (B, T, V)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading.
+
+_TRAIN_LENGTH: ContextVar[int | None] = ContextVar("posenc_hf_train_length", default=None)
+
+
+@contextlib.contextmanager
+def train_length_override(length: int | None) -> Iterator[None]:
+    """Within the block, transformers directories are loaded with this training length (None: from the config)."""
+    token = _TRAIN_LENGTH.set(length)
+    try:
+        yield
+    finally:
+        _TRAIN_LENGTH.reset(token)
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    # deferred: keeps transformers off posenc --help start-up
+    from transformers.utils import logging as tf_logging
+
+    verbosity = tf_logging.get_verbosity()
+    tf_logging.set_verbosity_error()
+    tf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        tf_logging.set_verbosity(verbosity)
+        tf_logging.enable_progress_bar()
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+def _load_model(info: HFInfo) -> nn.Module:
+    # deferred: keeps transformers off posenc --help start-up
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            str(info.path),
+            trust_remote_code=False,
+            use_safetensors=True,
+            dtype=torch.float32,
+            output_loading_info=True,
+        )
+    except Exception as e:  # a corrupt header, truncated data, shape mismatch ...: transformers raises many types
+        raise CheckpointError(f"{info.path}: weights could not be loaded ({_first_line(e)})") from e
+    missing = sorted(loading.get("missing_keys") or []) + sorted(loading.get("mismatched_keys") or [])
+    if missing:
+        raise CheckpointError(f"{info.path}: weights incomplete or mismatched (e.g. {missing[0]})")
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            raise CheckpointError(f"{info.path}: weight '{name}' has non-finite values")
+    return model
+
+
+def _load_tokenizer(info: HFInfo, model_vocab: int) -> HFTokenizer:
+    # deferred: keeps transformers off posenc --help start-up
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(info.path), trust_remote_code=False)
+    except Exception as e:  # missing files, bad JSON, a tokenizer class that needs remote code ...
+        raise CheckpointError(f"{info.path}: tokenizer could not be loaded ({_first_line(e)})") from e
+    return HFTokenizer(tok, model_vocab, str(info.path))
+
+
+def weights_identity(path: Path) -> str:
+    """A fingerprint of config.json and the weight files (name, size, mtime): cheap, unlike hashing gigabytes, and
+    it changes when either is replaced, so results cached in `eval/` are measured again."""
+    digest = hashlib.sha256((path / CONFIG_FILE).read_bytes())
+    for f in sorted(path.glob("*.safetensors")):
+        st = f.stat()
+        digest.update(f"|{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def run_config(info: HFInfo, train_length: int) -> Any:
+    """A posenc `Config` naming the scheme and training length (what evaluation reads from a run's config)."""
+    return config_from_dict({"pos": {"name": info.scheme}, "train": {"seq_len": train_length}})
+
+
+def load_hf_run(
+    path: Path | str, device: str | torch.device = "cpu", *, train_length: int | None = None
+) -> Any:  # LoadedRun
+    """Load a transformers directory as a `LoadedRun` (model wrapped by `HFCausalLM`, tokenizer by `HFTokenizer`).
+
+    `train_length` (else `train_length_override`, else posenc's export/extend record, else the config) sets the
+    run's training and base length. meta: kind "transformers", step 0, precision from the saved dtype.
+    """
+    info = inspect_hf_dir(path)
+    recorded = _posenc_lengths(info.path)
+    override = train_length if train_length is not None else _TRAIN_LENGTH.get()
+    length = override or recorded.get("train_length") or info.train_length
+    if length is None:
+        raise CheckpointError(f"{info.path}: config.json names no context length; give --train-length")
+    base = override or recorded.get("base_length") or length
+    with _quiet_transformers():
+        model = _load_model(info)
+        vocab = int(model.get_output_embeddings().weight.shape[0])
+        tokenizer = _load_tokenizer(info, vocab)
+    wrapped = HFCausalLM(model, HFScheme(info.scheme, info.max_length)).to(device).eval()
+    meta = {
+        "kind": KIND,
+        "step": 0,
+        "files": {"model.safetensors": weights_identity(info.path)},  # what cached results are keyed by
+        "model_type": info.model_type,
+        "architecture": info.architecture,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "train_length": int(length),
+        "base_length": int(base),
+        "precision": info.precision,
+    }
+    return LoadedRun(
+        path=info.path, model=wrapped, config=run_config(info, int(length)), meta=meta, tokenizer=tokenizer
+    )

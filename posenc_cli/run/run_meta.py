@@ -1,0 +1,201 @@
+"""A training run's directory seen from outside the loop: its name, whether a config may continue it, what it
+already holds, and the results a session reports: `TrainResult` (rebuilt from meta.json for a run that is already
+done) and `ExtendResult`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from posenc_cli.config import Config, config_dir, config_to_dict
+from posenc_cli.errors import CheckpointError, UserError
+from posenc_cli.fsutil import atomic_write_text
+from posenc_cli.run.checkpoint import (
+    CONFIG_FILE,
+    META_FILE,
+    METRICS_FILE,
+    MODEL_FILE,
+    PENDING,
+    STATE_FILE,
+    STATE_JSON,
+    read_meta,
+)
+from posenc_cli.run.metrics import read_metrics
+
+# Keys that may differ when a run is continued: they change speed or logging, not what is learned.
+RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger", "eval.", "extend.")
+_OWN_FILES = (MODEL_FILE, STATE_FILE, STATE_JSON, CONFIG_FILE, META_FILE, "tokenizer.json")
+# Written first into a directory posenc starts a run in: what such a directory holds before its first checkpoint
+# (a .pending/ journal, metrics.jsonl) is then posenc's to finish or remove, never a user's.
+CLAIM_FILE = ".posenc-run"
+# Names posenc may leave in a directory before it claims it (the lock files, a sweep job's failure record).
+_LEFTOVER_NAMES = frozenset({".lock", ".extend.lock", CLAIM_FILE, "failed.json"})
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    steps: int
+    tokens: int
+    train_loss: float | None
+    val_loss: float | None
+    val_ppl: float | None
+    best_val_loss: float | None
+    tokens_per_s: float
+    wall_time_s: float
+    precision: str
+    device: str
+    stopped_reason: Literal["complete", "already_complete", "interrupted"]
+    signal: int | None = None
+
+
+ExtendStatus = Literal["created", "finetuned", "already_complete", "interrupted"]
+
+
+@dataclass
+class ExtendResult:
+    """What `extend.extend_run` (or `hf_extend.extend_hf_dir`) did, plus the before/after numbers of the summary."""
+
+    parent_dir: Path
+    out_dir: Path
+    status: ExtendStatus
+    method: str
+    factor: float
+    original_length: int
+    attention_factor: float  # multiplies cos and sin (yarn; 1 for the others)
+    rotary_dim: int
+    base: float
+    regions: dict[str, int]  # frequency pairs that keep / blend / interpolate (`scaling.frequency_regions`)
+    longest_wavelength: tuple[float, float]  # tokens, (before, after); dynamic: after = at factor·L tokens
+    parent_scaling: str  # "none", or the parent's own scaling when it was already extended
+    parent_train_length: int
+    base_length: int
+    train_length: int
+    finetune: TrainResult | None = None
+
+
+def config_diff(old: Config, new: Config) -> list[str]:
+    """'key: old -> new' for every setting that changes what a run learns (runtime-only keys excluded)."""
+    a, b = _flatten(config_to_dict(old)), _flatten(config_to_dict(new))
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key, "<unset>") != b.get(key, "<unset>") and not key.startswith(RUNTIME_KEYS):
+            diffs.append(f"{key}: {a.get(key, '<unset>')!r} -> {b.get(key, '<unset>')!r}")
+    return diffs
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def model_preset_name(cfg: Config) -> str:
+    """'tiny'/'small'/'base' when the sizes match a preset in configs/model, else e.g. 'd96l3'."""
+    m = cfg.model
+    with contextlib.suppress(UserError, OSError):
+        for path in sorted((config_dir() / "model").glob("*.yaml")):
+            preset = yaml.safe_load(path.read_text()) or {}
+            if (preset.get("d_model"), preset.get("n_layer"), preset.get("n_head")) == (m.d_model, m.n_layer, m.n_head):
+                return path.stem
+    return f"d{m.d_model}l{m.n_layer}"
+
+
+def default_run_dir(cfg: Config, root: Path = Path("outputs/runs")) -> Path:
+    """outputs/runs/<timestamp>-<pos>-<model>, with a numeric suffix if that name is taken."""
+    base = f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{cfg.pos.name}-{model_preset_name(cfg)}"
+    path, n = root / base, 2
+    while path.exists():
+        path, n = root / f"{base}-{n}", n + 1
+    return path
+
+
+def existing_meta(run_dir: Path) -> dict[str, Any] | None:
+    """The committed meta.json of `run_dir`, None for a new run; refuses a directory holding foreign files."""
+    if not run_dir.exists():
+        return None
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir} exists and is not a directory")
+    with contextlib.suppress(CheckpointError):
+        if (run_dir / META_FILE).exists() or (run_dir / PENDING / META_FILE).exists():
+            return read_meta(run_dir)
+    if (run_dir / META_FILE).exists():
+        read_meta(run_dir)  # raises the precise error (corrupt meta, wrong kind, ...)
+    foreign = [n for n in _OWN_FILES if (run_dir / n).exists()]
+    if foreign:
+        raise CheckpointError(f"{run_dir} is not a posenc run directory but holds {foreign[0]}; choose another --out")
+    check_claimable(run_dir)
+    return None
+
+
+def check_claimable(run_dir: Path) -> None:
+    """`CheckpointError` unless `run_dir` (an existing directory without a run) is empty, holds only posenc's
+    leftovers, or was claimed by posenc (`CLAIM_FILE`): a user's files are never overwritten or removed."""
+    if (run_dir / CLAIM_FILE).is_file():
+        return
+    others = sorted(p.name for p in run_dir.iterdir() if p.name not in _LEFTOVER_NAMES)
+    if others:
+        raise CheckpointError(
+            f"{run_dir} is not empty and not a posenc run (it holds {others[0]}); choose another --out"
+        )
+
+
+def claim_run_dir(run_dir: Path) -> None:
+    """Create `run_dir` and mark it as posenc's (`CLAIM_FILE`) before anything else is written into it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / CLAIM_FILE).is_file():
+        atomic_write_text(run_dir / CLAIM_FILE, "a posenc run directory: posenc created it and manages its files\n")
+
+
+def result_from_meta(run_dir: Path, meta: dict[str, Any]) -> TrainResult:
+    """The result of a run that is already complete, as its meta.json records it."""
+    val = meta.get("val_loss")
+    return TrainResult(
+        run_dir=run_dir,
+        step=int(meta["step"]),
+        steps=int(meta.get("steps", meta["step"])),
+        tokens=int(meta.get("tokens", 0)),
+        train_loss=meta.get("train_loss"),
+        val_loss=val,
+        val_ppl=math.exp(val) if val is not None and val < 700 else None,
+        best_val_loss=meta.get("best_val_loss"),
+        tokens_per_s=float(meta.get("tokens_per_s") or 0.0),
+        wall_time_s=float(meta.get("wall_time_s") or 0.0),
+        precision=str(meta.get("precision")),
+        device=str(meta.get("device")),
+        stopped_reason="already_complete",
+    )
+
+
+def read_run_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The metrics.jsonl records of a run (convenience for reports and tests)."""
+    return read_metrics(Path(run_dir) / METRICS_FILE)
+
+
+__all__ = [
+    "CLAIM_FILE",
+    "RUNTIME_KEYS",
+    "ExtendResult",
+    "ExtendStatus",
+    "TrainResult",
+    "check_claimable",
+    "claim_run_dir",
+    "config_diff",
+    "default_run_dir",
+    "existing_meta",
+    "model_preset_name",
+    "read_run_metrics",
+    "result_from_meta",
+]

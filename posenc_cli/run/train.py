@@ -1,0 +1,531 @@
+"""Training: AdamW with warm-up + cosine decay, gradient accumulation and clipping, bf16 autocast, periodic
+validation, atomic checkpoints, exact resume, graceful SIGTERM/SIGINT and non-finite guards.
+
+`train()` never prints: it reports through `callback(event)` with dicts whose "event" is one of
+  data        {stage, done, total}                 while the corpus is read/tokenized
+  start       {run_dir, step, steps, resumed, device, precision, threads, n_params, tokens_per_step, seq_len}
+  step        {step, steps, loss, lr, grad_norm, tokens, tokens_per_s (session mean), interval_tokens_per_s
+               (since the last logged step), elapsed_s, logged}                             after every update
+  eval        {step, val_loss, seconds}               seconds: how long it took (for profiling)
+  checkpoint  {step, status, seconds}
+  end         {result}
+The CLI renders them (rich progress bar on a terminal, plain lines otherwise). Around the loop: `run_meta` (run
+names, config checks, results), `interrupts` (signals, the run lock), `validation` (the validation loss).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from posenc_cli import __version__
+from posenc_cli.config import Config, config_to_yaml
+from posenc_cli.data.cache import load_corpus, load_tokenizer, sample_batch
+from posenc_cli.errors import CheckpointError, ConfigError, UserError
+from posenc_cli.model import build_model
+from posenc_cli.positional import build_scheme
+from posenc_cli.positional.ids import pose_position_ids, random_position_ids
+from posenc_cli.run import distributed
+from posenc_cli.run.checkpoint import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    MODEL_FILE,
+    STATE_FILE,
+    STATE_JSON,
+    RunMeta,
+    TrainingRecord,
+    capture_rng,
+    commit_checkpoint,
+    committed_file,
+    load_run,
+    load_tensors,
+    load_weights_into,
+    model_file_bytes,
+    pack_optimizer,
+    read_config,
+    read_meta,
+    read_state,
+    read_verified,
+    recover,
+    restore_rng,
+    state_file_bytes,
+    tokenizer_files,
+    unpack_optimizer,
+)
+from posenc_cli.run.device import autocast, resolve_device, resolve_precision, threads
+from posenc_cli.run.distributed import DistInfo
+from posenc_cli.run.interrupts import Interrupts, run_lock
+from posenc_cli.run.memory import TRAIN_BYTES_PER_PARAM, check_fits, planned_vocab_size
+from posenc_cli.run.metrics import MetricsLog
+from posenc_cli.run.optim import build_optimizer, lr_at
+from posenc_cli.run.run_meta import (
+    TrainResult,
+    claim_run_dir,
+    config_diff,
+    existing_meta,
+    model_preset_name,
+    result_from_meta,
+)
+from posenc_cli.run.validation import evaluate_loss, validation_batches
+
+Callback = Callable[[dict[str, Any]], None]
+
+NAN_ENV = "POSENC_DEBUG_NAN_AT_STEP"  # test hook: make the loss of this (1-based) step NaN
+
+
+class TrainingDiverged(UserError):
+    """A non-finite loss or gradient norm: training stopped before the optimizer step."""
+
+    def __init__(self, step: int, what: str, value: float, run_dir: Path, last_good: int) -> None:
+        self.step = step
+        self.last_good = last_good
+        super().__init__(
+            f"non-finite {what} ({value}) at step {step}; stopped before the optimizer step. "
+            f"The last good checkpoint (step {last_good}) is in {run_dir}"
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The entry point.
+
+
+def train(
+    cfg: Config,
+    out_dir: Path,
+    *,
+    resume: bool = False,
+    force_config: bool = False,
+    init_from: Path | None = None,
+    meta_extra: dict[str, Any] | None = None,
+    callback: Callback | None = None,
+) -> TrainResult:
+    """Train `cfg` into run directory `out_dir`, continuing it if it already holds a run.
+
+    `resume=True` requires an existing run. An existing run with a different config is refused unless
+    `force_config`. A run already at `cfg.train.steps` returns at once (`stopped_reason="already_complete"`).
+    `init_from`: start from another run's weights (fine-tuning); `meta_extra`: extra meta.json keys, e.g.
+    {"parent": ..., "base_length": ...}.
+    """
+    cfg.validate()
+    check_fits(cfg, planned_vocab_size(cfg), TRAIN_BYTES_PER_PARAM, "training")  # before any allocation
+    _check_position_reach(cfg)
+    run_dir = Path(out_dir)
+    info = distributed.env_info()  # under torchrun: this rank of a data-parallel job (see posenc_cli.run.distributed)
+    distributed.check_batch(cfg.train.batch_size, info)
+    emit: Callback = (callback or (lambda event: None)) if info.is_main else (lambda event: None)
+    device = distributed.rank_device(resolve_device(cfg.train.device), info)
+    with distributed.process_group(info, device):
+        if info.enabled:
+            with distributed.main_first(info):  # rank 0 finishes an interrupted commit before anyone reads
+                if info.is_main and run_dir.is_dir():
+                    recover(run_dir)
+        meta = existing_meta(run_dir)
+        distributed.barrier(info)  # every rank has read the run's state before rank 0 writes anything
+        if meta is None and resume:
+            raise CheckpointError(f"{run_dir} is not a posenc run directory (nothing to resume)")
+        if meta is not None:
+            diffs = config_diff(read_config(run_dir, meta), cfg)
+            if diffs and not force_config:
+                shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+                raise ConfigError(
+                    f"{run_dir} was trained with a different config ({shown}); use the same overrides to continue "
+                    "it, or pass --force-config to continue with the new config"
+                )
+            if int(meta["step"]) >= cfg.train.steps:
+                return result_from_meta(run_dir, meta)
+        if info.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            if meta is None:
+                claim_run_dir(run_dir)  # before anything else is written: its contents are posenc's from now on
+        lock = run_lock(run_dir) if info.is_main else contextlib.nullcontext()
+        with lock, threads(cfg.train.threads) as n_threads:
+            trainer = _Trainer(cfg, run_dir, meta, force_config, init_from, meta_extra, emit, n_threads, info, device)
+            return trainer.run()
+
+
+def _check_position_reach(cfg: Config) -> None:
+    """Refuse training ids (train.random_positions, train.pose_length) past what the scheme can encode."""
+    reach = max(cfg.train.random_positions, cfg.train.pose_length)
+    if not reach:
+        return
+    limit = build_scheme(cfg.pos, cfg.model, cfg.train.seq_len).max_length
+    if limit is not None and reach > limit:
+        key = "random_positions" if cfg.train.random_positions else "pose_length"
+        hint = f"; set pos.table_size={reach}" if hasattr(cfg.pos, "table_size") else ""
+        raise ConfigError(
+            f"train.{key}={reach} gives position ids up to {reach - 1}, but pos={cfg.pos.name} encodes at most "
+            f"{limit} positions{hint}"
+        )
+
+
+def _restore_sampler(tensors: dict[str, Tensor], info: dict[str, Any], sampler: torch.Generator) -> None:
+    """Restore all RNG states, the batch sampler's included (tests monkeypatch this to prove it matters)."""
+    restore_rng(tensors, info, sampler, sampler_too=True)
+
+
+class _Trainer:
+    """One training session of a run directory (fresh or resumed); `run()` is the loop."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        meta: dict[str, Any] | None,
+        force_config: bool,
+        init_from: Path | None,
+        meta_extra: dict[str, Any] | None,
+        emit: Callback,
+        n_threads: int,
+        info: DistInfo = distributed.SINGLE,
+        device: torch.device | None = None,
+    ) -> None:
+        self.cfg, self.tc, self.run_dir, self.emit, self.n_threads = cfg, cfg.train, run_dir, emit, n_threads
+        self.dist = info
+        self.resumed = meta is not None
+        self.device = device if device is not None else resolve_device(cfg.train.device)
+        self.precision = resolve_precision(cfg.train.precision, self.device)
+        if meta is not None:
+            if info.is_main:
+                recover(run_dir)
+            meta = read_meta(run_dir)
+        self.prev_meta = RunMeta.from_json(meta) if meta is not None else RunMeta(step=0)
+        self.meta_extra = self.prev_meta.extra | (meta_extra or {})
+
+        tokenizer, parent = None, None
+        if meta is not None:
+            if "tokenizer.json" in meta["files"]:
+                read_verified(run_dir, meta, "tokenizer.json")
+            tokenizer = load_tokenizer(cfg.tokenizer, committed_file(run_dir, "tokenizer.json").parent)
+        elif init_from is not None:
+            parent = load_run(init_from)
+            tokenizer = parent.tokenizer
+            inherited = {"parent": str(init_from), "base_length": parent.run_meta.base_length}
+            self.meta_extra = inherited | self.meta_extra
+
+        def progress(stage: str, done: int, total: int) -> None:
+            emit({"event": "data", "stage": stage, "done": done, "total": total})
+
+        with distributed.main_first(info):  # rank 0 builds the token cache; the others then read it
+            self.corpus = load_corpus(cfg.data, cfg.tokenizer, tokenizer=tokenizer, progress=progress)
+        self.tokenizer = self.corpus.tokenizer
+        self.data_info = json.loads(json.dumps(self.corpus.info, default=str))
+        if meta is not None:
+            self._check_same_data(meta, force_config)
+        self.tok_files = tokenizer_files(self.tokenizer)
+
+        seed = cfg.train.seed
+        random.seed(seed)
+        np.random.seed(seed % 2**32)  # numpy's legacy seed is 32-bit; train.seed goes up to 2**63 - 1
+        torch.manual_seed(seed)
+        self.model = build_model(cfg, self.tokenizer.vocab_size)
+        if parent is not None:
+            try:
+                self.model.load_state_dict(parent.model.state_dict(), strict=True)
+            except RuntimeError as e:
+                raise CheckpointError(f"{init_from}: weights do not fit this config ({str(e).splitlines()[0]})") from e
+        self.sampler = torch.Generator().manual_seed(seed + 1)
+        self.step, self.tokens, self.elapsed_before = 0, 0, 0.0
+        self.best_val: float | None = None
+        self.train_loss: float | None = None
+        self.val_loss: float | None = None
+        self.metrics = MetricsLog(run_dir / METRICS_FILE)
+        if meta is not None:
+            load_weights_into(self.model, load_tensors(run_dir, meta, MODEL_FILE), committed_file(run_dir, MODEL_FILE))
+        self.model.to(self.device)
+        self.ddp = distributed.wrap_model(self.model, info, self.device)  # the model itself without torchrun
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.model, cfg.train, self.device)
+        if meta is not None:
+            self._restore(meta)
+        elif info.is_main:
+            self.metrics.path.unlink(missing_ok=True)  # leftovers of a run killed before its first checkpoint
+        if info.rank > 0:  # own dropout streams per rank (the sampler stream is shared: see _batch)
+            torch.manual_seed(distributed.rank_seed(seed, info.rank, self.step))
+        windows = validation_batches(self.corpus.val, self.tc.batch_size, self.tc.seq_len, self.tc.eval_batches)
+        self.windows = distributed.shard_rows(windows, info, dim=1).to(self.device)  # (n, B/N, T+1) per rank
+        self.saved: tuple[int, str] | None = (self.step, str(self.prev_meta.status)) if meta is not None else None
+
+    def _check_same_data(self, meta: dict[str, Any], force_config: bool) -> None:
+        old = (meta.get("data") or {}).get("fingerprint")
+        new = self.data_info.get("fingerprint")
+        if old is not None and new is not None and old != new and not force_config:
+            raise ConfigError(
+                f"the corpus changed since {self.run_dir} was started (data fingerprint {old} -> {new}); "
+                "pass --force-config to continue on the new data"
+            )
+
+    def _restore(self, meta: dict[str, Any]) -> None:
+        tensors, info = read_state(self.run_dir, meta)
+        unpack_optimizer(self.optimizer, tensors, info["optimizer"], committed_file(self.run_dir, STATE_JSON))
+        self.step, self.tokens = int(info["step"]), int(info["tokens"])
+        self.elapsed_before = float(info.get("elapsed_s", 0.0))
+        self.best_val, self.train_loss = info.get("best_val_loss"), info.get("train_loss")
+        self.val_loss = info.get("val_loss")
+        if self.dist.is_main:
+            self.metrics.truncate_after(self.step)
+        _restore_sampler(tensors, info["rng"], self.sampler)  # last: nothing may draw random numbers after this
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        tc, steps = self.tc, self.tc.steps
+        tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len
+        nan_at = int(os.environ.get(NAN_ENV, "0") or 0)
+        self.session_start = time.perf_counter()
+        self.train_time, self.session_tokens = 0.0, 0
+        log_t, log_tokens = 0.0, 0
+        if self.saved is None:
+            self._save("running")
+        self.emit(
+            {
+                "event": "start",
+                "run_dir": self.run_dir,
+                "step": self.step,
+                "steps": steps,
+                "resumed": self.resumed,
+                "device": str(self.device),
+                "precision": self.precision,
+                "threads": self.n_threads,
+                "n_params": sum(p.numel() for p in self.params),
+                "tokens_per_step": tokens_per_step,
+                "seq_len": tc.seq_len,
+            }
+        )
+        V = self.tokenizer.vocab_size
+        self.model.train()
+        with Interrupts(defer=self.dist.enabled) as interrupts:
+            while self.step < steps and interrupts.signum is None:
+                lr = lr_at(self.step, tc)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                t0 = time.perf_counter()
+                loss_sum = torch.zeros((), device=self.device)
+                for micro in range(tc.grad_accum):
+                    x, y, ids = self._batch()
+                    with self._sync_grads(last=micro == tc.grad_accum - 1):
+                        with autocast(self.device, self.precision):
+                            # (B, T, V); B/N rows per rank in a data-parallel job
+                            logits = self.ddp(x) if ids is None else self.ddp(x, position_ids=ids)
+                        loss = F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
+                        if nan_at == self.step + 1:
+                            loss = loss * float("nan")
+                        (loss / tc.grad_accum).backward()
+                    loss_sum += loss.detach()
+                if self.dist.enabled:  # the global batch's mean loss, identical on every rank
+                    loss_sum = distributed.all_reduce_(loss_sum, self.dist) / self.dist.world_size
+                gnorm = self._clip()
+                loss_val, gnorm_val = torch.stack([loss_sum / tc.grad_accum, gnorm.float()]).tolist()  # one sync
+                if not math.isfinite(loss_val) or not math.isfinite(gnorm_val):
+                    what, value = ("loss", loss_val) if not math.isfinite(loss_val) else ("gradient norm", gnorm_val)
+                    self.metrics.close()
+                    last = self.saved[0] if self.saved else 0
+                    raise TrainingDiverged(self.step + 1, what, value, self.run_dir, last)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.dist.enabled:
+                    interrupts.agree(self.dist, self.device)
+                self.step += 1
+                self.tokens += tokens_per_step
+                self.session_tokens += tokens_per_step
+                dt = time.perf_counter() - t0
+                self.train_time += dt
+                log_t, log_tokens = log_t + dt, log_tokens + tokens_per_step
+                self.train_loss = loss_val
+                val = None
+                if self.step % tc.eval_every == 0 or self.step == steps:
+                    val = self._evaluate()
+                logged = self.step % tc.log_every == 0 or self.step == steps or val is not None
+                tps = self.session_tokens / max(self.train_time, 1e-9)
+                interval_tps = log_tokens / max(log_t, 1e-9)
+                if logged and self.dist.is_main:
+                    self.metrics.append(
+                        {
+                            "step": self.step,
+                            "tokens": self.tokens,
+                            "train_loss": loss_val,
+                            "val_loss": val,
+                            "lr": lr,
+                            "grad_norm": gnorm_val,
+                            "tokens_per_s": interval_tps,
+                            "wall_time_s": self._elapsed(),
+                        }
+                    )
+                    log_t, log_tokens = 0.0, 0
+                self.emit(
+                    {
+                        "event": "step",
+                        "step": self.step,
+                        "steps": steps,
+                        "loss": loss_val,
+                        "lr": lr,
+                        "grad_norm": gnorm_val,
+                        "tokens": self.tokens,
+                        "tokens_per_s": tps,
+                        "interval_tokens_per_s": interval_tps,
+                        "elapsed_s": self._elapsed(),
+                        "logged": logged,
+                    }
+                )
+                if self.step == steps:
+                    self._save("complete")
+                elif self.step % tc.save_every == 0 or interrupts.signum is not None:
+                    self._save("interrupted" if interrupts.signum is not None else "running")
+            signum = interrupts.signum
+        if signum is not None and self.step < steps:
+            if self.saved != (self.step, "interrupted"):
+                self._save("interrupted")
+            return self._finish("interrupted", signum)
+        if self.saved != (self.step, "complete"):  # e.g. steps=0, or resumed at exactly the final step
+            if self.val_loss is None or self.step % tc.eval_every != 0:
+                self._evaluate()
+            self._save("complete")
+        return self._finish("complete", None)
+
+    def _batch(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The next global batch (B, T) from the sampler stream and its position ids (B, T) (None: 0..T−1, unless
+        train.random_positions or train.pose_length, drawn from the same stream); in a job, this rank's B/N rows."""
+        tc = self.tc
+        x, y = sample_batch(self.corpus.train, tc.batch_size, tc.seq_len, self.sampler)
+        ids = None
+        if tc.random_positions:
+            ids = random_position_ids(tc.batch_size, tc.seq_len, tc.random_positions, self.sampler)
+        elif tc.pose_length:
+            ids = pose_position_ids(tc.batch_size, tc.seq_len, tc.pose_length, self.sampler, tc.pose_chunks)
+        x, y = distributed.shard_rows(x, self.dist), distributed.shard_rows(y, self.dist)
+        if ids is not None:
+            ids = distributed.shard_rows(ids, self.dist).to(self.device, non_blocking=True)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True), ids
+
+    def _sync_grads(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """DDP averages gradients on the last micro-batch of a step only (no_sync before it)."""
+        if self.dist.enabled and not last:
+            return self.ddp.no_sync()  # type: ignore[operator]
+        return contextlib.nullcontext()
+
+    def _clip(self) -> Tensor:
+        if self.tc.grad_clip > 0:
+            return torch.nn.utils.clip_grad_norm_(self.params, self.tc.grad_clip)
+        return torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+
+    def _evaluate(self) -> float:
+        """Validation loss on the fixed windows; in a job each rank scores its rows and the mean is all-reduced."""
+        start = time.perf_counter()
+        val = evaluate_loss(self.model, self.windows, self.device, self.precision)
+        if self.dist.enabled:
+            t = distributed.all_reduce_(torch.tensor(val, dtype=torch.float64, device=self.device), self.dist)
+            val = float(t.item()) / self.dist.world_size
+        self.val_loss = val
+        if math.isfinite(val) and (self.best_val is None or val < self.best_val):
+            self.best_val = val
+        self.emit({"event": "eval", "step": self.step, "val_loss": val, "seconds": time.perf_counter() - start})
+        return val
+
+    def _elapsed(self) -> float:
+        return self.elapsed_before + (time.perf_counter() - self.session_start)
+
+    # -- saving --------------------------------------------------------------------------------------------------
+    def _save(self, status: str) -> None:
+        start = time.perf_counter()
+        if not all(bool(torch.isfinite(p).all()) for p in self.params):
+            raise TrainingDiverged(self.step, "weights", float("nan"), self.run_dir, self.saved[0] if self.saved else 0)
+        if not self.dist.is_main:  # rank 0 writes for the job
+            self.saved = (self.step, status)
+            return
+        self.metrics.flush(durable=True)
+        opt_tensors, opt_info = pack_optimizer(self.optimizer)
+        rng_tensors, rng_info = capture_rng(self.sampler)
+        state = {
+            "step": self.step,
+            "tokens": self.tokens,
+            "best_val_loss": self.best_val,
+            "train_loss": self.train_loss,
+            "val_loss": self.val_loss,
+            "elapsed_s": self._elapsed(),
+            "scheduler": {"name": "warmup_cosine", "step": self.step},
+            "optimizer": opt_info,
+            "rng": rng_info,
+        }
+        files = {
+            MODEL_FILE: model_file_bytes(self.model),
+            STATE_FILE: state_file_bytes({**opt_tensors, **rng_tensors}),
+            STATE_JSON: json.dumps(state).encode(),
+            CONFIG_FILE: config_to_yaml(self.cfg).encode(),
+            **self.tok_files,
+        }
+        commit_checkpoint(self.run_dir, files, self._meta(status))
+        self.saved = (self.step, status)
+        self.emit({"event": "checkpoint", "step": self.step, "status": status, "seconds": time.perf_counter() - start})
+
+    def _meta(self, status: str) -> RunMeta:
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        tps = self.session_tokens / self.train_time if self.train_time else None
+        record = TrainingRecord(
+            steps=self.tc.steps,
+            tokens=self.tokens,
+            train_loss=self.train_loss,
+            val_loss=self.val_loss,
+            best_val_loss=self.best_val,
+            seed=self.tc.seed,
+            pos=self.cfg.pos.name,
+            model=model_preset_name(self.cfg),
+            n_params=sum(p.numel() for p in self.params),
+            precision=self.precision,
+            device=str(self.device),
+            threads=self.n_threads,
+            tokens_per_s=tps if tps is not None else self.prev_meta.record.get("tokens_per_s"),
+            wall_time_s=self._elapsed(),
+            created=self.prev_meta.record.get("created", now),
+            updated=now,
+            versions={
+                "posenc": __version__,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "numpy": np.__version__,
+            },
+            data=self.data_info,
+            tokenizer={
+                "kind": self.tokenizer.kind,
+                "vocab_size": self.tokenizer.vocab_size,
+                "fingerprint": self.tokenizer.fingerprint,
+            },
+        )
+        return RunMeta.for_training(
+            status=status, step=self.step, train_length=self.tc.seq_len, record=record, extra=self.meta_extra
+        )
+
+    def _finish(self, reason: Literal["complete", "interrupted"], signum: int | None) -> TrainResult:
+        self.metrics.close()
+        result = TrainResult(
+            run_dir=self.run_dir,
+            step=self.step,
+            steps=self.tc.steps,
+            tokens=self.tokens,
+            train_loss=self.train_loss,
+            val_loss=self.val_loss,
+            val_ppl=math.exp(self.val_loss) if self.val_loss is not None and self.val_loss < 700 else None,
+            best_val_loss=self.best_val,
+            tokens_per_s=self.session_tokens / self.train_time if self.train_time else 0.0,
+            wall_time_s=self._elapsed(),
+            precision=self.precision,
+            device=str(self.device),
+            stopped_reason=reason,
+            signal=signum,
+        )
+        self.emit({"event": "end", "result": result})
+        return result
+
+
+__all__ = ["NAN_ENV", "TrainingDiverged", "train"]

@@ -1,0 +1,297 @@
+"""The only module that touches Hydra: compose configs from `configs/` plus overrides.
+
+Everything else receives the plain `Config` dataclasses built by `config_load.config_from_dict`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from posenc_cli.config import ROOT_CONFIG, Config, config_dir, unknown_key_message
+from posenc_cli.data.sources import registry as source_registry
+from posenc_cli.errors import ConfigError
+from posenc_cli.positional import registry
+from posenc_cli.run.config_load import config_from_dict
+
+
+def register_groups() -> None:
+    """Make every registered scheme a `pos` option and every registered data source a `data` option, so
+    `pos=alibi` and `data=<source>` work without a YAML file: a new scheme or source is one file. A data source's
+    group file in `configs/data/`, where there is one, documents the same defaults and is used instead (a test
+    holds the two equal)."""
+    # deferred: keeps Hydra off posenc --help start-up
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    # Stored as plain mappings: OmegaConf's structured configs cannot type `Literal` fields; posenc's own schema
+    # check (`config_from_dict`) validates types and keys after composition.
+    for name, cls in registry().items():
+        store.store(group="pos", name=name, node=dataclasses.asdict(cls.config_cls(name=name)))
+    for name, source in source_registry().items():
+        if not (config_dir() / "data" / f"{name}.yaml").is_file():
+            store.store(group="data", name=name, node=dataclasses.asdict(source.config_cls(source=name)))
+
+
+def searchpath_override(user_dir: Path | None) -> list[str]:
+    if user_dir is None:
+        return []
+    user_dir = Path(user_dir).resolve()
+    if not user_dir.is_dir():
+        raise ConfigError(f"--config-dir {user_dir} is not a directory")
+    return [f"hydra.searchpath=[file://{user_dir}]"]
+
+
+def compose_dict(overrides: list[str], user_config_dir: Path | None = None) -> dict[str, Any]:
+    """Compose the root config with Hydra overrides into a plain, resolved dict (no `hydra` key)."""
+    # deferred: keeps Hydra and OmegaConf (Hydra's) off posenc --help start-up
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_groups()
+    all_overrides = [*overrides, *searchpath_override(user_config_dir)]
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+            cfg = compose(config_name=ROOT_CONFIG, overrides=all_overrides)
+        raw = OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        match = re.match(r"Could not override '([^']+)'.\s+To append", str(e))
+        if match:
+            raise ConfigError(unknown_key_message(match.group(1))) from e
+        raise ConfigError(one_line(e)) from e
+    assert isinstance(raw, dict)
+    raw.pop("hydra", None)
+    return raw
+
+
+def compose_config(overrides: list[str], user_config_dir: Path | None = None) -> Config:
+    """Compose and validate: the `Config` a command runs with."""
+    return config_from_dict(compose_dict(overrides, user_config_dir))
+
+
+def one_line(exc: BaseException) -> str:
+    """Hydra/OmegaConf errors span several lines with hints and search paths: keep what names the problem."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    parts = [lines[0]]
+    options: list[str] = []
+    in_options = False
+    for ln in lines[1:]:
+        if ln.startswith(("Config search path", "See https", "provider=")):
+            in_options = False
+            continue
+        if ln.startswith("Available options"):
+            in_options = True
+            continue
+        if in_options:
+            options.append(ln)
+        elif ln.startswith(("Key '", "full_key:", "missing ", "no viable")):
+            parts.append(ln)
+    text = " ".join(parts)
+    if options:
+        text += f" (available: {', '.join(options)})"
+    return text
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Multirun (sweeps): expansion in posenc's own code for --dry-run, and Hydra's launcher for the real thing.
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, str, list[str] | None]]:
+    """[(key, input line, swept values or None)] for each override, using Hydra's own override grammar."""
+    # deferred: keeps Hydra off posenc --help start-up
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(overrides)
+    except HydraException as e:
+        raise ConfigError(one_line(e)) from e
+    out = []
+    for o in parsed:
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else None
+        out.append((o.key_or_group, o.input_line or "", values))
+    return out
+
+
+def job_name(lines: list[str]) -> str:
+    """Hydra's `override_dirname` for a job's swept overrides: sorted `key=value` lines joined by commas."""
+    return ",".join(sorted(lines))
+
+
+def launch_multirun(
+    task_overrides: list[str],
+    *,
+    job: Callable[[dict[str, Any], JobInfo], Any],
+    stage_dir: Path,
+    exclude_keys: list[str],
+    launcher_overrides: list[str],
+    user_config_dir: Path | None = None,
+    subdir: str | None = None,
+) -> None:
+    """Run one sweep stage through Hydra's multirun, so any installed launcher plugin works unchanged.
+
+    Each job's directory is `stage_dir/<override_dirname>` (swept keys only; `subdir` when nothing is swept), and
+    the job runs `job(raw_config, JobInfo)` (see `HydraTask`).
+    """
+    # deferred: keeps Hydra off posenc --help start-up
+    from hydra._internal.utils import _run_hydra, get_args_parser
+
+    register_groups()
+    hydra_overrides = [
+        f"hydra.sweep.dir={quote_value(str(stage_dir))}",
+        f"hydra.sweep.subdir={subdir or '${hydra.job.override_dirname}'}",
+        f"hydra.job.config.override_dirname.exclude_keys=[{','.join(exclude_keys)}]",
+        "hydra.output_subdir=null",
+        "hydra/job_logging=none",
+        "hydra/hydra_logging=none",
+        "hydra.job.chdir=False",
+        *searchpath_override(user_config_dir),
+        *launcher_overrides,
+    ]
+    parser = get_args_parser()
+    args = parser.parse_args(["--multirun", *task_overrides, *hydra_overrides])
+    try:
+        _run_hydra(
+            args=args,
+            args_parser=parser,
+            task_function=HydraTask(job),
+            config_path=str(config_dir()),
+            config_name=ROOT_CONFIG,
+        )
+    except SystemExit as e:  # Hydra reports its own errors and exits; keep control in posenc
+        if e.code not in (0, None):
+            raise ConfigError(f"Hydra could not run stage {stage_dir.name} (see the message above)") from e
+
+
+_LAUNCHER_PLUGINS = {
+    "joblib": "hydra_plugins.hydra_joblib_launcher",
+    "submitit_local": "hydra_plugins.hydra_submitit_launcher",
+    "submitit_slurm": "hydra_plugins.hydra_submitit_launcher",
+}
+
+
+def check_launcher(launcher_overrides: list[str]) -> None:
+    """A clear message when a launcher plugin is asked for but not installed."""
+    for line in launcher_overrides:
+        key, _, value = line.lstrip("+").partition("=")
+        plugin = _LAUNCHER_PLUGINS.get(value) if key == "hydra/launcher" else None
+        if plugin is not None and importlib.util.find_spec(plugin) is None:
+            raise ConfigError(f"hydra/launcher={value} needs Hydra's launcher plugins: pip install 'posenc[launchers]'")
+
+
+def launcher_settings(launcher_overrides: list[str], user_config_dir: Path | None = None) -> tuple[str, dict[str, Any]]:
+    """(launcher name, the settings the overrides give it), validated as the real launch would: the plugin is
+    installed, the launcher exists (`hydra/launcher=submitit_slrum` fails, suggesting submitit_slurm) and every
+    `hydra.launcher.KEY` is one of its keys (`partiton` fails, suggesting partition)."""
+    check_launcher(launcher_overrides)
+    name = "basic"
+    for line in launcher_overrides:
+        key, _, value = line.lstrip("+").partition("=")
+        if key == "hydra/launcher":
+            name = value
+    node = _launcher_node(launcher_overrides, user_config_dir)
+    given = {}
+    for line in launcher_overrides:
+        key, _, _ = line.lstrip("+~").partition("=")
+        if key.startswith("hydra.launcher."):
+            given[key.removeprefix("hydra.launcher.")] = node.get(key.removeprefix("hydra.launcher."))
+    return name, given
+
+
+def _launcher_node(launcher_overrides: list[str], user_config_dir: Path | None) -> dict[str, Any]:
+    """The composed `hydra.launcher` node; one line naming the bad launcher or key otherwise."""
+    # deferred: keeps Hydra and OmegaConf (Hydra's) off posenc --help start-up
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        node = _compose_hydra(launcher_overrides, user_config_dir)
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        text = one_line(e)
+        bad_key = re.match(r"Could not override '(hydra\.launcher\.[^']+)'", str(e))
+        if bad_key:
+            rest = [o for o in launcher_overrides if not o.lstrip("+~").startswith("hydra.launcher.")]
+            keys = sorted(_compose_hydra(rest, user_config_dir))
+            wrong = bad_key.group(1).removeprefix("hydra.launcher.")
+            text = f"unknown launcher key '{bad_key.group(1)}'{_did_you_mean(wrong, keys)}"
+            text += f" (keys: {', '.join(k for k in keys if not k.startswith('_'))})"
+        missing = re.search(r"Could not find 'hydra/launcher/([^']+)'.*\(available: ([^)]*)\)", text)
+        if missing:
+            options = [o.strip() for o in missing.group(2).split(",")]
+            text = f"unknown launcher hydra/launcher={missing.group(1)}{_did_you_mean(missing.group(1), options)}"
+            text += f" (available: {', '.join(options)})"
+        raise ConfigError(text) from e
+    return node
+
+
+def _compose_hydra(overrides: list[str], user_config_dir: Path | None) -> dict[str, Any]:
+    # deferred: keeps Hydra and OmegaConf (Hydra's) off posenc --help start-up
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register_groups()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+        cfg = compose(
+            config_name=ROOT_CONFIG,
+            overrides=[*overrides, *searchpath_override(user_config_dir)],
+            return_hydra_config=True,
+        )
+    node = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
+    assert isinstance(node, dict)
+    return node
+
+
+def _did_you_mean(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInfo:
+    """Facts about the running job that only the launcher knows (given to the sweep's job function)."""
+
+    output_dir: Path
+    name: str
+    parallel_jobs: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class HydraTask:
+    """The task function that launchers pickle: the composed config as a plain dict, plus the job's facts, to
+    `job` (a module-level function, so that the task pickles by reference)."""
+
+    job: Callable[[dict[str, Any], JobInfo], Any]
+
+    def __call__(self, cfg: Any) -> Any:
+        # deferred: keeps Hydra and OmegaConf (Hydra's) off posenc --help start-up
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
+
+        hc = HydraConfig.get()
+        raw = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(raw, dict)
+        n_jobs = OmegaConf.select(hc, "launcher.n_jobs", default=None)
+        info = JobInfo(
+            output_dir=Path(hc.runtime.output_dir),
+            name=str(hc.job.override_dirname),
+            parallel_jobs=int(n_jobs) if n_jobs is not None else 1,
+        )
+        return self.job(raw, info)
+
+
+def quote_value(value: str) -> str:
+    """Quote a value for Hydra's override grammar when it holds characters the grammar treats specially."""
+    if re.fullmatch(r"[\w./\-]+", value):
+        return value
+    escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
