@@ -68,7 +68,7 @@ def _reseal(run: Path, name: str) -> None:
 
 def test_intact_run_loads(run: Path) -> None:
     loaded = load_run(run)
-    assert loaded.meta["step"] == 4 and not loaded.model.training
+    assert loaded.meta.step == 4 and not loaded.model.training
     x = torch.randint(0, 257, (2, 8))
     assert loaded.model(x).shape == (2, 8, 257)
     assert is_run_dir(run)
@@ -204,7 +204,7 @@ def test_commit_replaces_the_whole_set(tmp_path: Path) -> None:
     commit_checkpoint(tmp_path, {"a.bin": b"a1", "b.bin": b"b1"}, {**META, "step": 1})
     commit_checkpoint(tmp_path, {"a.bin": b"a2", "b.bin": b"b2"}, {**META, "step": 2})
     meta = read_meta(tmp_path)
-    assert meta["step"] == 2 and read_verified(tmp_path, meta, "a.bin") == b"a2"
+    assert meta["step"] == 2 and read_verified(tmp_path, meta["files"], "a.bin") == b"a2"
     assert not (tmp_path / PENDING).exists()
 
 
@@ -213,7 +213,7 @@ def test_uncommitted_pending_is_ignored_then_dropped(tmp_path: Path) -> None:
     (tmp_path / PENDING).mkdir()
     (tmp_path / PENDING / "a.bin").write_bytes(b"half-written")  # killed before meta.json: not committed
     meta = read_meta(tmp_path)
-    assert meta["step"] == 1 and read_verified(tmp_path, meta, "a.bin") == b"a1"
+    assert meta["step"] == 1 and read_verified(tmp_path, meta["files"], "a.bin") == b"a1"
     recover(tmp_path)
     assert not (tmp_path / PENDING).exists() and (tmp_path / "a.bin").read_bytes() == b"a1"
 
@@ -229,7 +229,7 @@ def test_half_applied_commit_reads_as_the_new_checkpoint_and_recovers(tmp_path: 
     meta = read_meta(tmp_path)
     assert meta["step"] == 2 and not is_run_dir(pending)  # the journal itself is not a run
     assert committed_file(tmp_path, "b.bin") == pending / "b.bin"
-    assert [read_verified(tmp_path, meta, n) for n in ("a.bin", "b.bin")] == [b"a2", b"b2"]
+    assert [read_verified(tmp_path, meta["files"], n) for n in ("a.bin", "b.bin")] == [b"a2", b"b2"]
     recover(tmp_path)
     assert not pending.exists() and (tmp_path / "b.bin").read_bytes() == b"b2" and read_meta(tmp_path)["step"] == 2
 
@@ -262,15 +262,15 @@ def test_run_meta_round_trips_an_old_meta_json_key_for_key(tmp_path: Path) -> No
     assert read_run_meta(tmp_path / "run").files == {"model.safetensors": sha256_bytes(b"w")}
 
 
-def test_run_lengths_default_from_the_config() -> None:
+def test_lengths_default_from_the_config() -> None:
     from dataclasses import replace
 
     from posenc_cli.config import Config, TrainConfig
-    from posenc_cli.run.checkpoint import RunMeta, run_lengths
+    from posenc_cli.run.checkpoint import RunMeta
 
     cfg = Config(train=TrainConfig(seq_len=96))
-    assert run_lengths({}, cfg) == (96, 96)
-    assert run_lengths({"train_length": 256, "base_length": 128}, cfg) == (256, 128)
+    assert RunMeta(step=0).lengths(cfg) == (96, 96)
+    assert RunMeta(step=0, train_length=256, base_length=128).lengths(cfg) == (256, 128)
     meta = RunMeta(step=0, train_length=200)
     assert meta.lengths(cfg) == (200, 200)
     keys = ["kind", "schema_version", "step", "train_length", "base_length", "files"]  # unset identity keys left out

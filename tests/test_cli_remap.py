@@ -43,8 +43,8 @@ def test_self_extend_child_records_the_remap_and_evaluates_at_4x(runs: dict[str,
     assert "largest relative position at 64 tokens" in result.output  # 4×16: 15//4 + 8 - 2 = 21
     child, parent = load_run(out), load_run(runs["rope"])
     assert child.config.pos.remap == RemapConfig(method="self-extend", window=8, group=4)  # type: ignore[attr-defined]
-    assert child.meta["files"]["model.safetensors"] == parent.meta["files"]["model.safetensors"]
-    assert child.meta["extend"]["remap"] == {"method": "self-extend", "window": 8, "group": 4, "leaky": 0.0}
+    assert child.meta.files["model.safetensors"] == parent.meta.files["model.safetensors"]
+    assert child.meta.record["extend"]["remap"] == {"method": "self-extend", "window": 8, "group": 4, "leaky": 0.0}
     again = invoke(str(runs["rope"]), "--method", "self-extend", "--window", "8", "--group", "4")
     assert again.exit_code == 0 and "nothing to do" in again.output
     other = invoke(str(runs["rope"]), "--method", "self-extend", "--window", "8", "--group", "2", "--out", str(out))

@@ -15,7 +15,7 @@ from posenc_cli.cli import app
 from posenc_cli.config import Config, EvalConfig, ModelConfig, config_to_yaml
 from posenc_cli.evaluation.results import checkpoint_identity, new_results_doc, save_results
 from posenc_cli.positional import config_class
-from posenc_cli.run.checkpoint import commit_checkpoint
+from posenc_cli.run.checkpoint import RunMeta, commit_checkpoint
 from posenc_cli.sweep.runner import _mark_done
 
 runner = CliRunner()
@@ -161,7 +161,7 @@ def test_compare_cli_all_lengths(sweep_dir: Path) -> None:
 def _checkpoint(run_dir: Path, step: int, weights: bytes) -> dict[str, Any]:
     """Commit fake weights as the run's checkpoint at `step`; its identity, as evaluation records it."""
     meta = {"kind": "posenc-run", "schema_version": 1, "step": step, "train_length": 16, "status": "complete"}
-    return checkpoint_identity(commit_checkpoint(run_dir, {"model.safetensors": weights}, meta))
+    return checkpoint_identity(RunMeta.from_json(commit_checkpoint(run_dir, {"model.safetensors": weights}, meta)))
 
 
 def test_cells_of_an_earlier_checkpoint_are_not_measured(tmp_path: Path) -> None:

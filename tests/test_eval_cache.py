@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from posenc_cli.run.interrupts import run_lock
 
 
 def at_checkpoint(run, step: int, sha: str):
-    run.meta = {**run.meta, "step": step, "files": {"model.safetensors": sha}}
+    run.meta = dataclasses.replace(run.meta, step=step, files={"model.safetensors": sha})
     return run
 
 

@@ -18,6 +18,7 @@ from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
 from posenc_cli.evaluation import perplexity as ev
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry
+from posenc_cli.run.checkpoint import RunMeta
 
 V = 257  # byte vocabulary + end-of-document
 TRAIN_LEN = 16
@@ -75,18 +76,18 @@ def test_resolve_stride_and_dtype() -> None:
     assert ev.resolve_stride("nonoverlap", 3, 32) == 32
     assert ev.resolve_stride("sliding", None, 32) == 16
     assert ev.resolve_stride("sliding", 100, 32) == 32
-    assert ev.resolve_dtype("auto", {"precision": "bf16"}) == "bf16"
-    assert ev.resolve_dtype("auto", {"precision": "fp32"}) == "fp32"
-    assert ev.resolve_dtype("auto", {}) == "fp32"
-    assert ev.resolve_dtype("fp32", {"precision": "bf16"}) == "fp32"
-    assert ev.resolve_dtype("bf16", {"precision": "fp32"}, torch.device("cpu")) == "bf16"  # explicit wins
+    assert ev.resolve_dtype("auto", "bf16") == "bf16"
+    assert ev.resolve_dtype("auto", "fp32") == "fp32"
+    assert RunMeta(step=0).precision == "fp32"  # runs from before the record say nothing
+    assert ev.resolve_dtype("fp32", "bf16") == "fp32"
+    assert ev.resolve_dtype("bf16", "fp32", torch.device("cpu")) == "bf16"  # explicit wins
 
 
 def test_auto_dtype_avoids_emulated_bf16_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ev, "cpu_has_fast_bf16", lambda: False)  # posenc_cli.run.device's, as evaluate imported it
-    assert ev.resolve_dtype("auto", {"precision": "bf16"}, torch.device("cpu")) == "fp32"
+    assert ev.resolve_dtype("auto", "bf16", torch.device("cpu")) == "fp32"
     monkeypatch.setattr(ev, "cpu_has_fast_bf16", lambda: True)
-    assert ev.resolve_dtype("auto", {"precision": "bf16"}, torch.device("cpu")) == "bf16"
+    assert ev.resolve_dtype("auto", "bf16", torch.device("cpu")) == "bf16"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -196,7 +197,7 @@ def fake_run(tmp_path: Path, scheme: str = "nope", name: str = "run-a", precisio
         train=TrainConfig(seq_len=TRAIN_LEN),
     )
     tok = SimpleNamespace(token_bytes=BYTE_TOKEN_BYTES, fingerprint="byte")
-    meta = {"kind": "posenc-run", "train_length": TRAIN_LEN, "base_length": TRAIN_LEN, "precision": precision}
+    meta = RunMeta(step=0, train_length=TRAIN_LEN, base_length=TRAIN_LEN, record={"precision": precision})
     return SimpleNamespace(path=path, model=tiny_model(scheme), config=cfg, meta=meta, tokenizer=tok)
 
 

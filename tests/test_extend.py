@@ -142,12 +142,12 @@ def test_child_config_meta_and_weights(runs: dict[str, Path], tmp_path: Path) ->
     )  # fmt: skip
     assert parent.config.pos.scaling.method == "none"  # type: ignore[attr-defined]
     assert child.config.train == parent.config.train  # no fine-tune: same training length
-    assert child.meta["parent"] == str(runs["rope"].resolve())
-    assert child.meta["base_length"] == parent.meta["base_length"] == L
-    assert child.meta["train_length"] == L
-    assert child.meta["kind"] == "posenc-run"
+    assert child.meta.parent == str(runs["rope"].resolve())
+    assert child.meta.base_length == parent.meta.base_length == L
+    assert child.meta.train_length == L
+    assert child.meta.kind == "posenc-run"
     assert (out / MODEL_FILE).read_bytes() == (runs["rope"] / MODEL_FILE).read_bytes()
-    assert child.meta["files"][MODEL_FILE] == parent.meta["files"][MODEL_FILE]
+    assert child.meta.files[MODEL_FILE] == parent.meta.files[MODEL_FILE]
     assert res.regions == frequency_regions("yarn", HEAD_DIM, 10000.0, 4.0, L, beta_fast=16.0)
     assert sum(res.regions.values()) == HEAD_DIM // 2
     assert res.attention_factor == pytest.approx(0.1 * math.log(4) + 1)
@@ -235,9 +235,9 @@ def test_finetune_child_lengths_resume_and_reextension(
     assert res.status == "finetuned"
     assert res.finetune is not None and res.finetune.step == 3
     child, parent = load_run(out), load_run(runs["rope"])
-    assert child.meta["train_length"] == 4 * L == child.config.train.seq_len
-    assert child.meta["base_length"] == L
-    assert child.meta["parent"] == str(runs["rope"].resolve())
+    assert child.meta.train_length == 4 * L == child.config.train.seq_len
+    assert child.meta.base_length == L
+    assert child.meta.parent == str(runs["rope"].resolve())
     assert (child.config.train.steps, child.config.train.lr) == (3, 1e-4)
     assert child.config.pos.scaling.original_length == L  # type: ignore[attr-defined]  # not L'
     moved = [k for k, v in child.model.state_dict().items() if not torch.equal(v, parent.model.state_dict()[k])]
@@ -250,7 +250,7 @@ def test_finetune_child_lengths_resume_and_reextension(
     assert again.original_length == 4 * L
     assert again.parent_scaling == f"yarn x4 (L={L})"
     grandchild = load_run(tmp_path / "again")
-    assert grandchild.meta["base_length"] == L and grandchild.meta["train_length"] == 4 * L
+    assert grandchild.meta.base_length == L and grandchild.meta.train_length == 4 * L
     assert grandchild.config.pos.scaling.method == "linear"  # type: ignore[attr-defined]
 
 

@@ -55,7 +55,7 @@ def test_extended_dir_loads_in_transformers_with_posenc_logits(
     assert rope["rope_type"] == {"ntk": "default"}.get(method, method)
     plain = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     run = load_hf_run(out)
-    assert (run.meta["train_length"], run.meta["base_length"]) == (32, 32)  # the parent's, from the record
+    assert (run.meta.train_length, run.meta.base_length) == (32, 32)  # the parent's, from the record
     ids = torch.randint(0, 250, (1, 128), generator=torch.Generator().manual_seed(1))  # 4x the original length
     with torch.no_grad():
         torch.testing.assert_close(run.model(ids), plain(input_ids=ids).logits, rtol=0, atol=0)

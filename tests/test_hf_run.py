@@ -37,7 +37,7 @@ def test_loads_with_scheme_length_and_the_same_logits_as_transformers(dirs: dict
 
     run = load_hf_run(dirs[arch])
     assert run.config.pos.name == ("learned" if arch == "gpt2" else "rope")
-    assert run.meta["train_length"] == run.meta["base_length"] == 32 and run.meta["kind"] == "transformers"
+    assert run.meta.train_length == run.meta.base_length == 32 and run.meta.kind == "transformers"
     assert run.model.scheme.max_length == (32 if arch == "gpt2" else None)
     ids = torch.randint(0, 250, (2, 24), generator=torch.Generator().manual_seed(0))
     ref = AutoModelForCausalLM.from_pretrained(str(dirs[arch])).eval()
@@ -51,8 +51,8 @@ def test_training_length_prefers_original_and_can_be_overridden(tmp_path: Path) 
     raw["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                               "original_max_position_embeddings": 32}  # fmt: skip
     (path / "config.json").write_text(json.dumps(raw))
-    assert load_hf_run(path).meta["train_length"] == 32
-    assert load_hf_run(path, train_length=48).meta["base_length"] == 48
+    assert load_hf_run(path).meta.train_length == 32
+    assert load_hf_run(path, train_length=48).meta.base_length == 48
     with train_length_override(20):
         assert load_hf_run(path).config.train.seq_len == 20
 

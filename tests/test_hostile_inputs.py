@@ -205,7 +205,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_started_again(corpus: Path,
     (out / ".pending").mkdir()
     (out / ".pending" / "model.safetensors").write_bytes(b"half")
     train(tiny_config(corpus, steps=2), out)
-    assert load_run(out).meta["status"] == "complete"
+    assert load_run(out).meta.status == "complete"
 
 
 # -- resume state validated against the model ----------------------------------------------------------------------

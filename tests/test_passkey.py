@@ -20,7 +20,7 @@ from posenc_cli.data.tokenizer import ByteTokenizer, train_bpe
 from posenc_cli.errors import LengthBeyondScheme
 from posenc_cli.evaluation import passkey as pk
 from posenc_cli.report import passkey_report
-from posenc_cli.run.checkpoint import LoadedRun
+from posenc_cli.run.checkpoint import LoadedRun, RunMeta
 
 BYTES = ByteTokenizer()
 # The landmark-attention prompt pieces, written out independently of the module's constants.
@@ -239,7 +239,7 @@ def fake_run(path: Path, model: nn.Module, name: str = "nope") -> LoadedRun:
     from posenc_cli.positional import config_class
 
     cfg = Config(pos=config_class(name)(name=name), train=TrainConfig(seq_len=128))
-    return LoadedRun(path=path, model=model, config=cfg, meta={"train_length": 128}, tokenizer=BYTES)
+    return LoadedRun(path=path, model=model, config=cfg, meta=RunMeta(step=0, train_length=128), tokenizer=BYTES)
 
 
 def test_results_file_schema_reuse_and_na(tmp_path: Path) -> None:

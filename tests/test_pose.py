@@ -67,7 +67,7 @@ def test_pose_windows_are_L_tokens_with_ids_spanning_s_L(
     assert child.config.pos.scaling.original_length == L  # type: ignore[attr-defined]
     ft = read_meta(tmp_path / "child")["extend"]["finetune"]
     assert (ft["seq_len"], ft["pose_length"], ft["pose_chunks"]) == (L, 4 * L, 2)
-    assert child.meta["train_length"] == L and child.meta["base_length"] == L
+    assert child.meta.train_length == L and child.meta.base_length == L
 
     # deterministic for a seed: the same extension elsewhere draws the same ids and ends at the same weights
     first = list(seen)

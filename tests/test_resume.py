@@ -120,7 +120,7 @@ def test_kill_during_a_save_leaves_a_loadable_checkpoint(
     monkeypatch.setattr(os, "replace", real_replace)
     expected = 5 if phase == "writing" else 10
     loaded = load_run(run)  # consistent: checksums of every file match meta.json
-    assert loaded.meta["step"] == expected
+    assert loaded.meta.step == expected
     assert (run / PENDING).exists()  # the interrupted save left its journal behind
     train(cfg, run)
     assert not (run / PENDING).exists()
@@ -155,8 +155,8 @@ def test_sigterm_in_a_subprocess_saves_and_the_run_resumes(corpus: Path, tmp_pat
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "Interrupted by SIGTERM" in err and f"posenc train --resume {run}" in err
     loaded = load_run(run)
-    step = loaded.meta["step"]
-    assert loaded.meta["status"] == "interrupted" and step >= 3
+    step = loaded.meta.step
+    assert loaded.meta.status == "interrupted" and step >= 3
     assert max(m[0] for m in metrics(run)) == step
     cfg = tiny_config(corpus, steps=step + 4, save_every=100_000, eval_every=100_000)
     done = train(cfg, run, resume=True, force_config=True)  # same run, now with a reachable end

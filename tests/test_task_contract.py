@@ -4,6 +4,7 @@ checkpoint, reuses them on the next call, measures again after more training, an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from posenc_cli.evaluation.results import checkpoint_identity
 from posenc_cli.evaluation.tasks import registry
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class
-from posenc_cli.run.checkpoint import LoadedRun
+from posenc_cli.run.checkpoint import LoadedRun, RunMeta
 from posenc_cli.run.interrupts import run_lock
 
 TRAIN_LEN = 128  # long enough for a passkey prompt at 1x
@@ -43,7 +44,7 @@ def tiny_run(path: Path, step: int, sha: str) -> LoadedRun:
     path.mkdir(parents=True, exist_ok=True)
     meta = {"kind": "posenc-run", "train_length": TRAIN_LEN, "step": step, "files": {"model.safetensors": sha}}
     (path / "meta.json").write_text(json.dumps(meta))
-    return LoadedRun(path=path, model=model, config=cfg, meta=meta, tokenizer=ByteTokenizer())
+    return LoadedRun(path=path, model=model, config=cfg, meta=RunMeta.from_json(meta), tokenizer=ByteTokenizer())
 
 
 def test_task_measures_stores_and_reuses_cells_by_checkpoint(task, tmp_path: Path, fake_stdlib: Path) -> None:
@@ -60,7 +61,7 @@ def test_task_measures_stores_and_reuses_cells_by_checkpoint(task, tmp_path: Pat
     again = task.evaluate_job(run, run.config, device=cpu)
     assert again["reused"] == len(cells) and again["entries"] == cells  # no forward: the stored cells
 
-    run.meta = {**run.meta, "step": 20, "files": {"model.safetensors": "b" * 64}}  # trained further
+    run.meta = dataclasses.replace(run.meta, step=20, files={"model.safetensors": "b" * 64})  # trained further
     later = task.evaluate_job(run, run.config, device=cpu)
     assert later["reused"] == 0
     stored = json.loads((run.path / task.results_file).read_text())

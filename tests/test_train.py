@@ -116,7 +116,7 @@ def test_fresh_run_writes_a_complete_run_directory(corpus: Path, tmp_path: Path)
     assert kinds[0] == "data" and "start" in kinds and kinds[-1] == "end"
     assert sum(k == "step" for k in kinds) == 20
     loaded = load_run(run)
-    assert loaded.meta["step"] == 20 and loaded.config == cfg
+    assert loaded.meta.step == 20 and loaded.config == cfg
     assert result.val_loss == pytest.approx(meta["val_loss"]) and result.val_ppl == pytest.approx(
         math.exp(meta["val_loss"])
     )
@@ -163,7 +163,7 @@ def test_nan_loss_stops_before_the_update_and_keeps_the_last_checkpoint(
         train(tiny_config(corpus, steps=20, save_every=5), run)
     assert info.value.step == 8 and info.value.last_good == 5
     loaded = load_run(run)  # the step-5 checkpoint is intact and finite
-    assert loaded.meta["step"] == 5 and loaded.meta["status"] == "running"
+    assert loaded.meta.step == 5 and loaded.meta.status == "running"
     assert all(torch.isfinite(t).all() for t in loaded.model.state_dict().values())
     assert max(r[0] for r in metrics(run)) == 7  # step 8 never happened
     monkeypatch.delenv(NAN_ENV)
@@ -191,4 +191,5 @@ def test_bpe_run_keeps_its_tokenizer(corpus: Path, tmp_path: Path) -> None:
     train(cfg, tmp_path / "run")
     assert "tokenizer.json" in read_meta(tmp_path / "run")["files"]
     loaded = load_run(tmp_path / "run")
-    assert loaded.tokenizer.kind == "bpe" and loaded.tokenizer.fingerprint == loaded.meta["tokenizer"]["fingerprint"]
+    assert loaded.tokenizer.kind == "bpe"
+    assert loaded.tokenizer.fingerprint == loaded.meta.record["tokenizer"]["fingerprint"]

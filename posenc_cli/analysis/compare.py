@@ -36,7 +36,7 @@ from posenc_cli.report.tables import (
     run_label,
     table_legend,
 )
-from posenc_cli.run.checkpoint import read_config, read_meta
+from posenc_cli.run.checkpoint import RunMeta, read_config, read_meta, read_run_meta
 from posenc_cli.run.hf_run import is_hf_dir, weights_identity
 from posenc_cli.sweep.runner import job_status, read_failure, read_plan
 
@@ -207,9 +207,9 @@ def current_checkpoint(run_dir: Path) -> tuple[Any, Any]:
     """(step, weights sha256) of the run as it is on disk now (`eval_results.checkpoint_key`): what a stored cell
     must have measured to be shown. A transformers directory is step 0 with `hf_run.weights_identity`."""
     if is_hf_dir(run_dir):
-        meta: dict[str, Any] = {"step": 0, "files": {"model.safetensors": weights_identity(Path(run_dir))}}
+        meta = RunMeta(step=0, files={"model.safetensors": weights_identity(Path(run_dir))})
     else:
-        meta = read_meta(run_dir)
+        meta = read_run_meta(run_dir)
     return checkpoint_key({"checkpoint": checkpoint_identity(meta)})
 
 

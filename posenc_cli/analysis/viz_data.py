@@ -26,7 +26,6 @@ from posenc_cli.data.cache import eval_windows
 from posenc_cli.errors import ConfigError, DataError, LengthBeyondScheme
 from posenc_cli.evaluation.perplexity import CorpusCache
 from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme
-from posenc_cli.run.checkpoint import run_lengths
 
 MATRIX_LENGTH = 256  # the (i, j) bias matrix covers the first positions only (a picture, not a table)
 MAP_SIZE = 256  # attention maps longer than this are pooled into about this many query/key blocks
@@ -429,7 +428,7 @@ def parse_index(value: str, count: int, what: str, *, allow_mean: bool = False) 
 
 
 def run_train_length(run: Any) -> int:
-    return run_lengths(run.meta, run.config)[0]
+    return run.meta.lengths(run.config)[0]
 
 
 def attention_report(

@@ -97,7 +97,7 @@ def encoding_command(
 
         run = load_run(names[0])
         scheme = run.model.scheme
-        source = f"trained run {run.path.name}, step {run.meta['step']}"
+        source = f"trained run {run.path.name}, step {run.meta.step}"
         seed = run.config.train.seed
     else:
         # deferred: keeps this command's modules off posenc --help start-up

@@ -53,7 +53,6 @@ from posenc_cli.evaluation.perplexity import (
     resolve_dtype,
 )
 from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, read_results_file
-from posenc_cli.run.checkpoint import run_lengths
 
 if TYPE_CHECKING:
     from posenc_cli.data.tokenizer import Tokenizer
@@ -332,9 +331,9 @@ def evaluate_passkey_run(
     force = cfg.force if force is None else force
     device = torch.device(device) if device is not None else next(run.model.parameters()).device
     digits = cfg.digits if cfg.digits is not None else getattr(run.config.data, "passkey_digits", DEFAULT_DIGITS)
-    dtype = resolve_dtype(cfg.dtype, run.meta, device)
+    dtype = resolve_dtype(cfg.dtype, run.meta.precision, device)
     checkpoint = checkpoint_identity(run.meta)
-    train_length, base_length = run_lengths(run.meta, run.config)
+    train_length, base_length = run.meta.lengths(run.config)
 
     def plan() -> Iterator[list[PasskeyEntry]]:
         for length, multiple in cfg.planned_lengths(base_length):

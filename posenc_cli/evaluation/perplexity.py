@@ -66,7 +66,7 @@ from posenc_cli.evaluation.results import (
     window_scores,
 )
 from posenc_cli.evaluation.streaming import DEFAULT_BLOCK, default_window, evaluate_streaming
-from posenc_cli.run.checkpoint import NotARunError, load_run, read_meta, run_lengths
+from posenc_cli.run.checkpoint import NotARunError, load_run, read_meta
 from posenc_cli.run.device import cpu_has_fast_bf16, describe_device, resolve_device
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.hf_run import is_hf_dir, load_hf_run
@@ -180,14 +180,14 @@ def plan_windows(
     return np.arange(min(available, wanted), dtype=np.int64) * stride
 
 
-def resolve_dtype(dtype: str, meta: dict[str, Any], device: torch.device | None = None) -> str:
-    """'auto' -> 'bf16' when the run trained in bf16 (meta precision), else 'fp32'.
+def resolve_dtype(dtype: str, precision: str, device: torch.device | None = None) -> str:
+    """'auto' -> 'bf16' when the run trained in bf16 (`precision`, from its meta.json), else 'fp32'.
 
     Exception: on a CPU without fast bf16 matmuls (see `device.cpu_has_fast_bf16`; emulated bf16 can be tens of
     times slower) 'auto' evaluates a bf16-trained run in fp32. The entry records the dtype actually used.
     """
     if dtype == "auto":
-        if str(meta.get("precision", "fp32")) != "bf16":
+        if precision != "bf16":
             return "fp32"
         if device is not None and device.type == "cpu":
             return "bf16" if cpu_has_fast_bf16() else "fp32"
@@ -410,8 +410,8 @@ def evaluate_run(
     check_not_training(run.path)
     force = cfg.force if force is None else force
     device = torch.device(device) if device is not None else next(run.model.parameters()).device
-    train_length, base_length = run_lengths(run.meta, run.config)
-    dtype = resolve_dtype(cfg.dtype, run.meta, device)
+    train_length, base_length = run.meta.lengths(run.config)
+    dtype = resolve_dtype(cfg.dtype, run.meta.precision, device)
 
     data_cfg = data if data is not None else run.config.data
     if corpus is None:

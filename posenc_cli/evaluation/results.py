@@ -29,6 +29,7 @@ from filelock import FileLock, Timeout
 
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.fsutil import atomic_write_json
+from posenc_cli.run.checkpoint import RunMeta
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = Path("eval") / "extrapolate.json"
@@ -111,10 +112,9 @@ def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def checkpoint_identity(meta: dict[str, Any]) -> dict[str, Any]:
+def checkpoint_identity(meta: RunMeta) -> dict[str, Any]:
     """What a cell measured: the run's step and the sha256 of its weights file, both from meta.json."""
-    files = meta.get("files") or {}
-    return {"step": meta.get("step"), "model_sha256": files.get("model.safetensors")}
+    return {"step": meta.step, "model_sha256": meta.files.get("model.safetensors")}
 
 
 def checkpoint_key(entry: dict[str, Any]) -> tuple[Any, Any]:

@@ -42,7 +42,6 @@ from posenc_cli.run.checkpoint import (
     load_run,
     read_meta,
     read_verified,
-    run_lengths,
 )
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.hf_run import is_hf_dir
@@ -85,12 +84,12 @@ def validate_extend(ext: ExtendConfig) -> None:
         raise ConfigError(f"extend.finetune_lr must be > 0, got {ext.finetune_lr}")
 
 
-def parent_train_length(cfg: Config, meta: dict[str, Any]) -> int:
+def parent_train_length(cfg: Config, meta: RunMeta) -> int:
     """The checkpoint's training length (meta `train_length`; a fine-tuned child's is its L')."""
-    return run_lengths(meta, cfg)[0]
+    return meta.lengths(cfg)[0]
 
 
-def resolve_scaling(ext: ExtendConfig, parent_cfg: Config, parent_meta: dict[str, Any]) -> RopeScalingConfig:
+def resolve_scaling(ext: ExtendConfig, parent_cfg: Config, parent_meta: RunMeta) -> RopeScalingConfig:
     """The child's `pos.scaling`: L = --original-length or the checkpoint's training length, always explicit.
 
     Explicit because a fine-tuned child trains at L' (its `train.seq_len`), and RoPE would otherwise take L' as L.
@@ -220,7 +219,7 @@ def _is_complete(out_dir: Path, meta: dict[str, Any]) -> bool:
         return False
     try:
         for name in meta["files"]:
-            read_verified(out_dir, meta, name)
+            read_verified(out_dir, meta["files"], name)
     except (CheckpointError, OSError):
         return False
     return True
@@ -311,8 +310,8 @@ def extend_run(
     scaling = resolve_scaling(ext, cfg, parent.meta)
     rotary = rotary_dim(cfg.model.head_dim, cfg.pos.rotary_fraction)  # type: ignore[attr-defined]
     attention, regions, wavelengths = _frequency_numbers(scaling, rotary, cfg.pos.base)  # type: ignore[attr-defined]
-    parent_length, base_length = run_lengths(parent.meta, cfg)
-    record = extension_record(scaling, ext, str(parent.meta["files"][MODEL_FILE]), parent_length)
+    parent_length, base_length = parent.meta.lengths(cfg)
+    record = extension_record(scaling, ext, str(parent.meta.files[MODEL_FILE]), parent_length)
     child_cfg = child_config(cfg, scaling, ext, threads)
 
     _check_out_dir(out, record, resume)  # refuses a user's directory before the lock is written into it
@@ -361,13 +360,13 @@ def _write_scaled_copy(
 ) -> None:
     """Commit config + byte-identical weights (+ tokenizer file) + meta as one checkpoint (see checkpoint.py)."""
     files = {
-        MODEL_FILE: read_verified(parent.path, parent.meta, MODEL_FILE),  # checked against the parent's sha256
+        MODEL_FILE: read_verified(parent.path, parent.meta.files, MODEL_FILE),  # checked against the parent's sha256
         CONFIG_FILE: config_to_yaml(child_cfg).encode(),
     }
-    if "tokenizer.json" in parent.meta["files"]:
-        files["tokenizer.json"] = read_verified(parent.path, parent.meta, "tokenizer.json")
+    if "tokenizer.json" in parent.meta.files:
+        files["tokenizer.json"] = read_verified(parent.path, parent.meta.files, "tokenizer.json")
     now = datetime.now(UTC).isoformat(timespec="seconds")
-    meta = RunMeta.scaled_copy(parent.run_meta, train_length=train_length, extra=extra, now=now)
+    meta = RunMeta.scaled_copy(parent.meta, train_length=train_length, extra=extra, now=now)
     commit_checkpoint(out, files, meta)
 
 
@@ -419,13 +418,13 @@ def remap_run(parent_dir: Path | str, out_dir: Path | str, remap: RemapConfig, *
         )
     if cfg.pos.remap.active:  # type: ignore[attr-defined]
         raise ConfigError(f"{parent_path} already remaps positions ({cfg.pos.remap.describe()})")  # type: ignore[attr-defined]
-    parent_length, base_length = run_lengths(parent.meta, cfg)
+    parent_length, base_length = parent.meta.lengths(cfg)
     record = {
         "method": remap.method,
         "scaling": None,
         "remap": dataclasses.asdict(remap),
         "finetune": None,
-        "parent_weights_sha256": str(parent.meta["files"][MODEL_FILE]),
+        "parent_weights_sha256": str(parent.meta.files[MODEL_FILE]),
         "parent_train_length": parent_length,
         "posenc_version": __version__,
     }

@@ -27,7 +27,7 @@ from posenc_cli import __version__
 from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.rope_scaling import frequency_summary, get_method, registry
-from posenc_cli.run.checkpoint import fsync_dir, run_lengths
+from posenc_cli.run.checkpoint import fsync_dir
 from posenc_cli.run.hf_run import CONFIG_FILE, SIDE_FILES, load_hf_run
 from posenc_cli.run.run_meta import ExtendResult
 
@@ -163,7 +163,7 @@ def extend_hf_dir(src_dir: Path | str, out_dir: Path | str, ext: ExtendConfig) -
     current = dict(config.rope_parameters or {})
     if "rope_theta" not in current:
         raise ConfigError(f"{src}: per-layer rope parameters are not supported by posenc extend")
-    parent_length, base_length = run_lengths(run.meta, run.config)
+    parent_length, base_length = run.meta.lengths(run.config)
     L = int(ext.original_length or parent_length)
     rotary, base = _rotary(config, current)
     rope, max_pos = hf_rope_parameters(ext, current, L, rotary)

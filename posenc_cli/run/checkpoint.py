@@ -36,6 +36,7 @@ import shutil
 import stat
 import tempfile
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -73,13 +74,8 @@ class LoadedRun:
     path: Path
     model: nn.Module  # posenc_cli.model.GPT
     config: Config
-    meta: dict[str, Any]
+    meta: RunMeta  # the run's identity apart from the record of what made it
     tokenizer: Tokenizer
-
-    @property
-    def run_meta(self) -> RunMeta:
-        """`meta` as a type: the run's identity apart from the record of what made it."""
-        return RunMeta.from_json(self.meta)
 
 
 # Keys of meta.json that identify the checkpoint (what rebuilds the model and names its lineage); every other key is
@@ -124,8 +120,15 @@ class RunMeta:
         return {k: values[k] for k in keys if k in self.order or k in self.record or values[k] is not None}
 
     def lengths(self, cfg: Config) -> tuple[int, int]:
-        """(train_length, base_length); see `run_lengths`."""
-        return run_lengths(self.to_json(), cfg)
+        """(train_length, base_length): meta.json's, else (older runs) the config's `train.seq_len`; the base length
+        (the root run's training length) defaults to the training length. The one place they are derived."""
+        train_length = int(self.train_length or cfg.train.seq_len)
+        return train_length, int(self.base_length or train_length)
+
+    @property
+    def precision(self) -> str:
+        """The precision the checkpoint trained in ('fp32' for runs that predate the record)."""
+        return str(self.record.get("precision") or "fp32")
 
     @property
     def extra(self) -> dict[str, Any]:
@@ -201,13 +204,6 @@ _TRAINING_ORDER = (
     *("seed", "pos", "model", "n_params", "train_length", "base_length", "parent", "precision", "device"),
     *("threads", "tokens_per_s", "wall_time_s", "created", "updated", "versions", "data", "tokenizer"),
 )
-
-
-def run_lengths(meta: dict[str, Any], cfg: Config) -> tuple[int, int]:
-    """(train_length, base_length) of a run: meta.json's, else (older runs) the config's `train.seq_len`; the base
-    length (the root run's training length) defaults to the training length. The one place they are derived."""
-    train_length = int(meta.get("train_length") or cfg.train.seq_len)
-    return train_length, int(meta.get("base_length") or train_length)
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -392,10 +388,10 @@ def is_plain_name(name: object) -> bool:
     )
 
 
-def read_verified(run_dir: Path, meta: dict[str, Any], name: str) -> bytes:
-    """Bytes of committed file `name`, after checking its sha256 against meta.json."""
+def read_verified(run_dir: Path, files: Mapping[str, str], name: str) -> bytes:
+    """Bytes of committed file `name`, after checking its sha256 against `files` (meta.json's)."""
     path = committed_file(run_dir, name)
-    expected = meta["files"].get(name)
+    expected = files.get(name)
     if expected is None:
         raise CheckpointError(f"{path}: not listed in {META_FILE}")
     try:
@@ -462,7 +458,7 @@ def _read_at(fd: int, offset: int, n: int) -> bytes:
 
 def read_config(run_dir: Path, meta: dict[str, Any]) -> Config:
     path = committed_file(run_dir, CONFIG_FILE)
-    data = read_verified(run_dir, meta, CONFIG_FILE)
+    data = read_verified(run_dir, meta["files"], CONFIG_FILE)
     try:
         return config_from_dict(yaml.safe_load(data.decode("utf-8")), saved=True)
     except (UserError, yaml.YAMLError, UnicodeDecodeError) as e:
@@ -471,7 +467,7 @@ def read_config(run_dir: Path, meta: dict[str, Any]) -> Config:
 
 def load_tensors(run_dir: Path, meta: dict[str, Any], name: str) -> dict[str, Tensor]:
     """Verified safetensors file -> CPU tensors (no code path: safetensors is a JSON header plus raw bytes)."""
-    data = read_verified(run_dir, meta, name)
+    data = read_verified(run_dir, meta["files"], name)
     try:
         return safetensors.torch.load(data)
     except Exception as e:  # SafetensorError, ValueError, ... from a corrupt or hostile file
@@ -522,7 +518,7 @@ def load_run(path: Path | str, device: str | torch.device = "cpu") -> LoadedRun:
 def _load_run_once(run_dir: Path, meta: dict[str, Any], device: str | torch.device) -> LoadedRun:
     for name in sorted(meta["files"]):  # every file, resume state included, must match its checksum
         if name not in (MODEL_FILE, CONFIG_FILE):
-            read_verified(run_dir, meta, name)
+            read_verified(run_dir, meta["files"], name)
     cfg = read_config(run_dir, meta)
     tok_dir = committed_file(run_dir, "tokenizer.json").parent
     try:
@@ -538,7 +534,7 @@ def _load_run_once(run_dir: Path, meta: dict[str, Any], device: str | torch.devi
     load_weights_into(model, tensors, committed_file(run_dir, MODEL_FILE))
     model.to(device)
     model.eval()
-    return LoadedRun(path=run_dir, model=model, config=cfg, meta=meta, tokenizer=tokenizer)
+    return LoadedRun(path=run_dir, model=model, config=cfg, meta=RunMeta.from_json(meta), tokenizer=tokenizer)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -665,7 +661,7 @@ def read_state(run_dir: Path, meta: dict[str, Any]) -> tuple[dict[str, Tensor], 
     tensors = load_tensors(run_dir, meta, STATE_FILE)
     path = committed_file(run_dir, STATE_JSON)
     try:
-        info = json.loads(read_verified(run_dir, meta, STATE_JSON))
+        info = json.loads(read_verified(run_dir, meta["files"], STATE_JSON))
     except ValueError as e:
         raise CheckpointError(f"{path}: not valid JSON") from e
     required = ("step", "tokens", "optimizer", "rng")

@@ -367,9 +367,9 @@ def _write(run: LoadedRun, directory: Path, transformers: Any) -> tuple[dict[str
     hf_tokenizer(run.tokenizer, table).save_pretrained(str(directory))
     info = {
         "source_run": str(run.path.resolve()),
-        "step": run.run_meta.step,
+        "step": run.meta.step,
         "scheme": cfg.pos.name,
-        "weights_sha256": run.run_meta.files.get("model.safetensors"),
+        "weights_sha256": run.meta.files.get("model.safetensors"),
         "posenc_version": __version__,
         "transformers_version": transformers.__version__,
     }
@@ -457,7 +457,7 @@ def export_run(run_dir: Path | str, out_dir: Path | str, *, to: str = "hf", veri
         out_dir=out,
         scheme=cfg.pos.name,
         architecture=ARCHITECTURES[cfg.pos.name],
-        step=run.run_meta.step,
+        step=run.meta.step,
         tokenizer=run.tokenizer.kind,
         rope_type=rope_type,
         rope_scaling=rope_scaling,

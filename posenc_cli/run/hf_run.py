@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from posenc_cli.data.tokenizer import Tokenizer
 from posenc_cli.errors import CheckpointError, UserError
-from posenc_cli.run.checkpoint import LoadedRun
+from posenc_cli.run.checkpoint import LoadedRun, RunMeta
 from posenc_cli.run.config_load import config_from_dict
 
 __all__ = [
@@ -472,5 +472,9 @@ def load_hf_run(
         "precision": info.precision,
     }
     return LoadedRun(
-        path=info.path, model=wrapped, config=run_config(info, int(length)), meta=meta, tokenizer=tokenizer
+        path=info.path,
+        model=wrapped,
+        config=run_config(info, int(length)),
+        meta=RunMeta.from_json(meta),
+        tokenizer=tokenizer,
     )

@@ -208,12 +208,12 @@ class _Trainer:
         tokenizer, parent = None, None
         if meta is not None:
             if "tokenizer.json" in meta["files"]:
-                read_verified(run_dir, meta, "tokenizer.json")
+                read_verified(run_dir, meta["files"], "tokenizer.json")
             tokenizer = load_tokenizer(cfg.tokenizer, committed_file(run_dir, "tokenizer.json").parent)
         elif init_from is not None:
             parent = load_run(init_from)
             tokenizer = parent.tokenizer
-            inherited = {"parent": str(init_from), "base_length": parent.run_meta.base_length}
+            inherited = {"parent": str(init_from), "base_length": parent.meta.base_length}
             self.meta_extra = inherited | self.meta_extra
 
         def progress(stage: str, done: int, total: int) -> None:

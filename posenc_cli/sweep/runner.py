@@ -576,7 +576,7 @@ def _mark_done(job_dir: Path, name: str) -> None:
     meta = read_run_meta(job_dir)
     if meta.status != "complete":  # training must have finished; never mark a half-trained run done
         raise RuntimeError(f"{job_dir}: training status is {meta.status!r}, not 'complete'")
-    record = {"job": name, "checkpoint": checkpoint_identity(meta.to_json())}
+    record = {"job": name, "checkpoint": checkpoint_identity(meta)}
     atomic_write_json(job_dir / DONE_FILE, record)
 
 
@@ -596,11 +596,7 @@ def job_status(job_dir: Path) -> str:
         marker = json.loads((job_dir / DONE_FILE).read_text())
     except (OSError, ValueError):
         marker = None
-    if (
-        meta is not None
-        and isinstance(marker, dict)
-        and marker.get("checkpoint") == checkpoint_identity(meta.to_json())
-    ):
+    if meta is not None and isinstance(marker, dict) and marker.get("checkpoint") == checkpoint_identity(meta):
         return "done"
     if (job_dir / FAILED_FILE).is_file():
         return "failed"

@@ -41,7 +41,6 @@ from posenc_cli.evaluation.perplexity import (
 from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key
 from posenc_cli.evaluation.tasks import register
 from posenc_cli.evaluation.tasks.base import EvalTask, Progress
-from posenc_cli.run.checkpoint import run_lengths
 
 if TYPE_CHECKING:
     from posenc_cli.config import Config
@@ -201,9 +200,9 @@ def evaluate_tasks_run(
     force = cfg.force if force is None else force
     device = torch.device(device) if device is not None else next(run.model.parameters()).device
     digits = cfg.digits if cfg.digits is not None else getattr(run.config.data, "digits", DEFAULT_DIGITS)
-    dtype = resolve_dtype(cfg.dtype, run.meta, device)
+    dtype = resolve_dtype(cfg.dtype, run.meta.precision, device)
     checkpoint = checkpoint_identity(run.meta)
-    train_length, base_length = run_lengths(run.meta, run.config)
+    train_length, base_length = run.meta.lengths(run.config)
     planned = plan_lengths(EvalConfig(lengths=list(cfg.lengths), abs_lengths=cfg.abs_lengths), base_length)
     hay_ids, hay_label = None, "filler"
     if cfg.haystack == "corpus":
