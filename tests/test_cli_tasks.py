@@ -41,6 +41,15 @@ def test_train_on_tasks_then_eval_tasks(tmp_path: Path) -> None:
     assert "variable-tracking · RULER score, mean over depths" in compared.output
     assert "n/a" in compared.output  # learned positions at 2x
 
+    # Cells measured with another prompt text (generator version 1, before the answer prefix) are never reused
+    # or shown: they are measured again.
+    stored["entries"] = [{**e, "generator": 1} for e in stored["entries"]]
+    (run / "eval" / "tasks.json").write_text(json.dumps(stored))
+    hidden = runner.invoke(app, ["compare", str(run)], terminal_width=200)
+    assert "niah-multikey · RULER score" not in hidden.output
+    remeasured = runner.invoke(app, ["eval-tasks", *args], terminal_width=200)
+    assert remeasured.exit_code == 0 and "cells reused" not in remeasured.output
+
 
 def test_unknown_task_is_one_line(tmp_path: Path) -> None:
     result = runner.invoke(app, ["eval-tasks", str(tmp_path), "--tasks", "niah-nope"])

@@ -222,6 +222,7 @@ def stored_task_results(records: Sequence[Any]) -> list[dict[str, Any]]:
     Failed jobs and runs without retrieval cells are left out."""
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.analysis.compare import current_checkpoint
+    from posenc_cli.data.ruler.base import GENERATOR_VERSION
     from posenc_cli.evaluation.results import checkpoint_key, read_results_file
     from posenc_cli.evaluation.tasks.retrieval import COMMAND, RESULTS_FILE
 
@@ -233,7 +234,10 @@ def stored_task_results(records: Sequence[Any]) -> list[dict[str, Any]]:
         if doc is None:
             continue
         current = current_checkpoint(Path(record.run_dir))
-        ours = [e for e in doc["entries"] if checkpoint_key(e) == current]
+        # cells of this checkpoint whose prompts the current generator writes (older versions asked other text)
+        ours = [
+            e for e in doc["entries"] if checkpoint_key(e) == current and e.get("generator", 1) == GENERATOR_VERSION
+        ]
         cells = {(e["task"], int(e["length"]), float(e["depth"])): e for e in ours}
         if cells:
             scheme = record.scheme or str(doc.get("scheme", ""))

@@ -25,7 +25,7 @@ from posenc_cli.config import EvalConfig
 from posenc_cli.data.cache import cache_root
 from posenc_cli.data.ruler import RetrievalTask
 from posenc_cli.data.ruler import registry as ruler_registry
-from posenc_cli.data.ruler.base import DEFAULT_DIGITS, PromptTooShort, build_prompts
+from posenc_cli.data.ruler.base import DEFAULT_DIGITS, GENERATOR_VERSION, PromptTooShort, build_prompts
 from posenc_cli.data.sources import open_source
 from posenc_cli.data.sources.tasks import TasksDataConfig, corpus_text
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
@@ -86,6 +86,7 @@ class TaskEntry(Entry):
     digits: int
     seed: int
     haystack: str
+    generator: int = GENERATOR_VERSION  # the prompts' text version (posenc_cli.data.ruler.base)
     dtype: str
     checkpoint: dict[str, Any]
     status: str = "n/a"
@@ -98,8 +99,10 @@ class TaskEntry(Entry):
 
 
 def entry_key(e: dict[str, Any]) -> tuple[Any, ...]:
+    """What a cell measured: its settings, the prompts' generator version (cells from before it was recorded were
+    version 1) and the checkpoint."""
     cell = (e["task"], e["length"], e["depth"], e["trials"], e["digits"], e["seed"], e["haystack"], e["dtype"])
-    return (*cell, *checkpoint_key(e))
+    return (*cell, e.get("generator", 1), *checkpoint_key(e))
 
 
 def cell_rng(task: str, seed: int, length: int, depth: float) -> np.random.Generator:
