@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from posenc_cli.cli import app
 from posenc_cli.data.sources.text import TextDataConfig
 from posenc_cli.evaluation import perplexity as ev
+from posenc_cli.evaluation.results import load_results
 
 runner = CliRunner()
 SCHEMES = ("alibi", "learned", "rope")
@@ -51,7 +52,7 @@ def test_table_json_plots_and_na(runs_root: Path, tmp_path: Path) -> None:
     combined = json.loads(out_json.read_text())
     assert [r["scheme"] for r in combined["runs"]] == list(SCHEMES)
     for run in combined["runs"]:
-        stored = ev.load_results(run["path"])
+        stored = load_results(run["path"])
         assert stored["train_length"] == stored["base_length"] == 16
         cells = [e for e in stored["entries"] if e["tokens"] in (64, 72)]
         assert sorted(e["length"] for e in cells) == [8, 16, 32]
@@ -121,7 +122,7 @@ def test_streaming_protocol(runs_root: Path, tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(ev, "evaluate_streaming", lambda *a, **k: pytest.fail("recomputed a stored cell"))
     assert invoke(run, *args).exit_code == 0
     monkeypatch.undo()
-    stored = [e for e in ev.load_results(run)["entries"] if e["protocol"] == "streaming"]
+    stored = [e for e in load_results(run)["entries"] if e["protocol"] == "streaming"]
     assert sorted({e["sinks"] for e in stored}) == [0, 2] and len(stored) == 4
     # learned positions (a table of 16): a cache of 2 + 15 + 2 - 1 positions is beyond them, n/a with the reason
     result = invoke(runs_root / "sweep" / "learned", *args[:2], "--window", 15, "--stride", 2, "--abs-lengths", 32,
@@ -147,7 +148,7 @@ def test_data_override_scores_another_corpus(runs_root: Path, tmp_path: Path) ->
     assert result.exit_code == 0, result.output
     (entry,) = json.loads(out_json.read_text())["runs"][0]["entries"]
     assert entry["data"]["name"] == "text:other.txt"
-    stored = [e for e in ev.load_results(run)["entries"] if e["length"] == 16 and e["tokens"] == 96]
+    stored = [e for e in load_results(run)["entries"] if e["length"] == 16 and e["tokens"] == 96]
     assert len({e["data"]["fingerprint"] for e in stored}) == 2  # both kept, told apart by fingerprint
     assert entry["ppl"] != pytest.approx(next(e for e in stored if e is not entry)["ppl"])
 

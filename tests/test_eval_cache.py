@@ -13,6 +13,7 @@ import posenc_cli.evaluation.perplexity as ev
 from posenc_cli.config import EvalConfig
 from posenc_cli.errors import CheckpointError
 from posenc_cli.evaluation import passkey
+from posenc_cli.evaluation.results import load_results, results_path
 from posenc_cli.run.interrupts import run_lock
 
 
@@ -30,7 +31,7 @@ def test_more_training_measures_again_instead_of_reusing_stale_cells(tmp_path: P
     at_checkpoint(run, 60, "b" * 64)  # train --resume ... train.steps=60 --force-config
     out = ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())
     assert out["reused"] == 0
-    doc = ev.load_results(run.path)
+    doc = load_results(run.path)
     # the cells of the earlier weights are gone, not shown as if they measured these: length 2 is "not measured"
     assert [(e["length"], e["checkpoint"]) for e in doc["entries"]] == [(16, {"step": 60, "model_sha256": "b" * 64})]
 
@@ -48,14 +49,14 @@ def test_two_evaluations_of_one_run_keep_each_others_cells(tmp_path: Path, monke
 
     monkeypatch.setattr(ev, "evaluate_model", measure_while_another_evaluation_writes)
     ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())
-    assert sorted(e["length"] for e in ev.load_results(run.path)["entries"]) == [16, 32]
+    assert sorted(e["length"] for e in load_results(run.path)["entries"]) == [16, 32]
 
 
 def test_a_run_being_trained_is_refused(tmp_path: Path) -> None:
     run = at_checkpoint(fake_run(tmp_path), 20, "a" * 64)
     with run_lock(run.path), pytest.raises(CheckpointError, match="being trained by another process"):
         ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())
-    assert not ev.results_path(run.path).exists()
+    assert not results_path(run.path).exists()
     ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())  # training stopped: fine
 
 

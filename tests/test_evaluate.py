@@ -16,6 +16,7 @@ from posenc_cli.config import Config, EvalConfig, ModelConfig, TrainConfig
 from posenc_cli.data.sources.stdlib import StdlibDataConfig
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
 from posenc_cli.evaluation import perplexity as ev
+from posenc_cli.evaluation.results import load_results, results_path
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry
 from posenc_cli.run.checkpoint import RunMeta
@@ -209,7 +210,7 @@ def test_evaluate_run_writes_schema_and_na_for_learned(tmp_path: Path) -> None:
     run = fake_run(tmp_path, "learned")
     cfg = EvalConfig(lengths=[0.5, 1, 2], tokens=64)
     out = ev.evaluate_run(run, cfg, corpus=fake_corpus())
-    doc = ev.load_results(run.path)
+    doc = load_results(run.path)
     assert set(doc) == {"schema_version", "run", "scheme", "train_length", "base_length", "entries"}
     assert doc["schema_version"] == 1 and doc["scheme"] == "learned" and doc["run"] == "run-a"
     keys = {"protocol", "stride", "length", "multiple", "tokens", "dtype", "data", "status", "reason", "ppl", "nll"}
@@ -240,7 +241,7 @@ def test_results_merge_replace_and_reuse(tmp_path: Path, monkeypatch: pytest.Mon
     ev.evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=64), corpus=corpus)
     ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=128), corpus=corpus)  # other budget: a new entry
     ev.evaluate_run(run, EvalConfig(lengths=[1], protocol="sliding", tokens=64), corpus=corpus)
-    doc = ev.load_results(run.path)
+    doc = load_results(run.path)
     assert [(e["protocol"], e["length"], e["tokens"]) for e in doc["entries"]] == [
         ("nonoverlap", 16, 64),
         ("nonoverlap", 32, 64),
@@ -256,13 +257,13 @@ def test_results_merge_replace_and_reuse(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.undo()
 
     # --force recomputes and replaces in place; other data is a different key
-    before = json.loads(ev.results_path(run.path).read_text())
+    before = json.loads(results_path(run.path).read_text())
     out = ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64, force=True), corpus=corpus)
     assert out["reused"] == 0
-    after = ev.load_results(run.path)
+    after = load_results(run.path)
     assert len(after["entries"]) == 4 and after["entries"][0]["nll"] == pytest.approx(before["entries"][0]["nll"])
     ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus(fingerprint="fp-2"))
-    assert len(ev.load_results(run.path)["entries"]) == 5
+    assert len(load_results(run.path)["entries"]) == 5
 
 
 def test_bf16_auto_from_meta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -420,7 +421,7 @@ def test_fixed_target_runs_for_every_scheme(tmp_path: Path, scheme: str) -> None
         assert by_len[32]["status"] == "ok" and by_len[32]["tokens"] == 24
     # stored under its own key: the same lengths under nonoverlap are separate cells
     ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=24), corpus=fake_corpus(600))
-    protocols = sorted({(e["protocol"], e["stride"]) for e in ev.load_results(run.path)["entries"]}, key=str)
+    protocols = sorted({(e["protocol"], e["stride"]) for e in load_results(run.path)["entries"]}, key=str)
     assert protocols == [("fixed-target", 12), ("nonoverlap", None)]
 
 

@@ -24,8 +24,8 @@ tokenizer scores exactly the same tokens (paired numbers), and for the non-overl
 the same stretch of text.
 
 
-Results live in `eval/extrapolate.json` inside each run directory (see `posenc_cli.evaluation.results`, re-exported
-here); a new measurement replaces the entry with the same key (`entry_key`) and keeps the others.
+Results live in `eval/extrapolate.json` inside each run directory (`posenc_cli.evaluation.results` reads and writes
+it); a new measurement replaces the entry with the same key (`entry_key`) and keeps the others.
 """
 
 from __future__ import annotations
@@ -53,16 +53,10 @@ from posenc_cli.data.sources import build_data_config, source_class
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
 from posenc_cli.evaluation.loop import Entry, measure, results_header
 from posenc_cli.evaluation.results import (
-    RESULTS_FILE,
-    SCHEMA_VERSION,
     Protocol,
     checkpoint_identity,
     entry_key,
-    load_results,
-    merge_entry,
-    pick_entries,
     results_path,
-    save_results,
     window_scores,
 )
 from posenc_cli.evaluation.streaming import DEFAULT_BLOCK, default_window, evaluate_streaming
@@ -79,28 +73,20 @@ if TYPE_CHECKING:
 Progress = Callable[[str, int, int], None]  # (description, done, total)
 
 __all__ = [
-    "RESULTS_FILE",
-    "SCHEMA_VERSION",
     "CorpusCache",
     "ExtrapolateEntry",
     "check_not_training",
     "data_config_with_overrides",
-    "entry_key",
     "evaluate_each_run",
     "evaluate_model",
     "evaluate_paths",
     "evaluate_run",
     "evaluate_run_dir",
     "find_runs",
-    "load_results",
-    "merge_entry",
-    "pick_entries",
     "plan_lengths",
     "plan_windows",
     "resolve_dtype",
     "resolve_stride",
-    "results_path",
-    "save_results",
 ]
 
 
