@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from posenc_cli.config import TokenizerConfig
-from posenc_cli.data.cache import EOD_TOKEN, Corpus
+from posenc_cli.data.cache import Corpus
+from posenc_cli.data.tokenizer import EOD_TOKEN
 
 BYTE = TokenizerConfig(kind="byte", vocab_size=257)
 

@@ -27,29 +27,20 @@ from posenc_cli.config import DataConfig, TokenizerConfig
 from posenc_cli.data.sources import open_source
 from posenc_cli.data.sources.base import FORMAT_VERSION, Docs, ProgressFn, Source, report_progress, short_hash
 from posenc_cli.data.tokenizer import (
-    EOD_TOKEN,
     BPETokenizer,
     ByteTokenizer,
     Tokenizer,
-    load_tokenizer,
-    token_dtype,
     train_bpe,
 )
 from posenc_cli.errors import CheckpointError, DataError
 from posenc_cli.fsutil import atomic_path, atomic_write_json, atomic_write_text
 
 __all__ = [
-    "EOD_TOKEN",
-    "BPETokenizer",
-    "ByteTokenizer",
     "Corpus",
-    "Tokenizer",
     "cache_root",
     "eval_windows",
     "load_corpus",
-    "load_tokenizer",
     "sample_batch",
-    "token_dtype",
 ]
 
 

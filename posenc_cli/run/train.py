@@ -34,7 +34,8 @@ from torch import Tensor
 
 from posenc_cli import __version__
 from posenc_cli.config import Config, config_to_yaml
-from posenc_cli.data.cache import load_corpus, load_tokenizer, sample_batch
+from posenc_cli.data.cache import load_corpus, sample_batch
+from posenc_cli.data.tokenizer import load_tokenizer
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.model import build_model
 from posenc_cli.positional import build_scheme
