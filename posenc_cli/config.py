@@ -1,8 +1,8 @@
 """Typed configuration: one dataclass per config group, validation, and (de)serialisation.
 
-Hydra composes YAML into a plain dict (see `hydra_bridge`); `config_load.config_from_dict` turns that dict into
-these dataclasses (with `build_dataclass` below), rejecting unknown keys, wrong types and out-of-range values with one
-line that names the key. The same function rebuilds the config saved in a run directory, so evaluation and extension
+Hydra composes YAML into a plain dict (see `sweep.hydra_bridge`); `run.config_load.config_from_dict` turns that dict
+into these dataclasses (with `build_dataclass` below), rejecting unknown keys, wrong types and out-of-range values with
+one line that names the key. The same function rebuilds the config saved in a run directory, so evaluation and extension
 never need Hydra. Model code only ever sees these dataclasses. The positional schemes and data sources subclass
 `PosConfig` and `DataConfig`, so this module sits below their registries and never imports them.
 """

@@ -204,7 +204,7 @@ def _run_record(run: Path, name: RunName, keep: set[tuple[str, float]] | None = 
 
 
 def current_checkpoint(run_dir: Path) -> tuple[Any, Any]:
-    """(step, weights sha256) of the run as it is on disk now (`eval_results.checkpoint_key`): what a stored cell
+    """(step, weights sha256) of the run as it is on disk now (`results.checkpoint_key`): what a stored cell
     must have measured to be shown. A transformers directory is step 0 with `hf_run.weights_identity`."""
     if is_hf_dir(run_dir):
         meta = RunMeta(step=0, files={"model.safetensors": weights_identity(Path(run_dir))})

@@ -7,20 +7,20 @@ A task (`posenc_cli.evaluation.tasks`, one file each) supplies three things and 
   decodes every depth of a length in one batch). The plan is consumed lazily, so each entry's `created` is the
   moment its group came up;
 - `key(entry_json) -> tuple`: two entries measure the same cell when their keys agree; the key must include the
-  checkpoint (`eval_results.checkpoint_key`), so a run trained further is measured again;
+  checkpoint (`results.checkpoint_key`), so a run trained further is measured again;
 - `measure_group(group) -> entries`: the group's entries measured (same order), typically with
   `dataclasses.replace(entry, status="ok", ...)` or the reason it cannot be measured.
 
 For each group, in plan order: reuse the stored entries when every cell of the group is stored under its key (unless
 `force`), else measure the group and merge it into the results file under its lock
-(`eval_results.update_results_file`) right away, so a kill loses at most one group and another evaluation of the
+(`results.update_results_file`) right away, so a kill loses at most one group and another evaluation of the
 same run writing at the same time keeps its cells. `store=False` writes nothing. Storage that refuses writes
 (read-only, full) stops the writing but not the measuring when `unwritable="report"` (the reason is returned as
 `not_saved`), and raises when `unwritable="raise"`.
 
 Entries are frozen dataclasses (`Entry`); their fields, in order, are the keys of the stored JSON object, so
 `to_json` writes exactly what the results file holds. Stored entries are read back as plain dicts (older files may
-lack newer keys), through the one reader `eval_results.read_results_file`.
+lack newer keys), through the one reader `results.read_results_file`.
 """
 
 from __future__ import annotations

@@ -285,7 +285,7 @@ def load_passkey_results(run_dir: Path | str) -> dict[str, Any] | None:
 
 
 def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
-    """Two entries measure the same cell when these agree (the checkpoint too: see `eval_results.checkpoint_key`)."""
+    """Two entries measure the same cell when these agree (the checkpoint too: see `results.checkpoint_key`)."""
     cell = (entry["length"], entry["depth"], entry["trials"], entry["digits"], entry["seed"], entry["dtype"])
     return (*cell, *checkpoint_key(entry))
 
@@ -324,7 +324,7 @@ def evaluate_passkey_run(
 
     Returns the results doc restricted to this call's entries (length-major, depth-minor) plus "path" and "reused".
     Cells are keyed by the checkpoint they measured; a run being trained right now is refused. The depths of one
-    length are one group of the shared loop `eval_loop.measure` (decoded in one batch, stored together).
+    length are one group of the shared loop `loop.measure` (decoded in one batch, stored together).
     """
     cfg.validate()
     check_not_training(run.path)

@@ -390,7 +390,7 @@ def evaluate_run(
     results file could not be written, e.g. read-only storage: the scores are returned all the same). `store=False`
     writes nothing into the run (`extend --eval` scoring the source run it must not modify). Entries are keyed by the
     checkpoint they measured, and a run being trained right now is refused (`check_not_training`). One cell per
-    length, through the shared loop `eval_loop.measure`.
+    length, through the shared loop `loop.measure`.
     """
     cfg.validate()
     check_not_training(run.path)

@@ -86,7 +86,7 @@ def evaluate_streaming(
     """Score `model` with the streaming protocol on streams of `length` tokens cut from `tokens` (1-D ids).
 
     Streams start at 0, L, 2L, ... (the nonoverlap protocol's windows): ⌈n_tokens / L⌉ of them, or as many as fit.
-    Returns `evaluate.evaluate_model`'s keys ("tokens", "windows" = streams, "stride" = block size, "nll", "ppl",
+    Returns `perplexity.evaluate_model`'s keys ("tokens", "windows" = streams, "stride" = block size, "nll", "ppl",
     "bpb", "bytes", "per_position": mean NLL at each stream position 0..L-1). Raises `LengthBeyondScheme` when the
     cache (N + W + S - 1 positions, or L if smaller) exceeds the scheme's limit, ValueError when no stream fits.
     """

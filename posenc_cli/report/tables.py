@@ -4,7 +4,7 @@ The generic part is `render_table`: columns × rows of `Cell`s, where a cell hol
 the seeds of a sweep group) and renders as `mean` or `mean ± std`; the best mean per column is bold. An empty cell
 means one of two things, and looks different for each: "n/a" (dimmed) when the length was tried and the scheme
 cannot serve it (the reason is in the caption), "–" when it was never measured. `extrapolation_rows` turns
-eval-extrapolate results (the docs returned by `evaluate.evaluate_run` or read by `eval_results.load_results`) into
+eval-extrapolate results (the docs returned by `perplexity.evaluate_run` or read by `results.load_results`) into
 such rows, optionally aggregating several runs into one row and grouping rows into sections.
 """
 
@@ -215,7 +215,7 @@ def extrapolation_rows(
     """Columns (one per length, plus the ratio) and rows (one per run, or per `aggregate_by` key with mean ± std).
 
     Each result must hold at most one entry per length (one protocol/stride/data: `evaluate_run`'s output, or
-    `eval_results.pick_entries` of a stored doc). Rows keep the order of first appearance; with `group_by` they are
+    `results.pick_entries` of a stored doc). Rows keep the order of first appearance; with `group_by` they are
     ordered by group (stable) and the table draws a section per group.
     """
     keys = sorted({column_key(e, by) for r in results for e in r["entries"]})
@@ -231,7 +231,7 @@ def extrapolation_rows(
             row = rows[name] = TableRow(name, {}, group=group_by(r) if group_by else None, members=0)
         row.members += 1
         if len({column_key(e, by) for e in r["entries"]}) != len(r["entries"]):
-            raise ValueError(f"{r['run']}: several entries per length; select one protocol (eval_results.pick_entries)")
+            raise ValueError(f"{r['run']}: several entries per length; select one protocol (results.pick_entries)")
         for e in r["entries"]:
             cell = row.cells.setdefault(column_key(e, by), Cell())
             if e.get("status") == "ok" and e.get(metric) is not None:

@@ -1,6 +1,6 @@
 """The only module that touches Hydra: compose configs from `configs/` plus overrides.
 
-Everything else receives the plain `Config` dataclasses built by `config_load.config_from_dict`.
+Everything else receives the plain `Config` dataclasses built by `run.config_load.config_from_dict`.
 """
 
 from __future__ import annotations

@@ -5,14 +5,14 @@ Adding a task is one file in this package (plus its test): a subclass of `EvalTa
 `posenc_cli.evaluation.loop.measure` with three
 things of its own:
 
-1. a typed entry: a frozen dataclass subclassing `eval_loop.Entry`, its fields in the order of the stored JSON keys
+1. a typed entry: a frozen dataclass subclassing `loop.Entry`, its fields in the order of the stored JSON keys
    (`to_json` is what the results file holds), with at least `length`, `status` ("ok" or "n/a"), `reason` and
-   `checkpoint` (`eval_results.checkpoint_identity(run.meta)`);
+   `checkpoint` (`results.checkpoint_identity(run.meta)`);
 2. the cell plan: an iterable of groups of planned entries (status "n/a"), each group measured by one call;
-3. `key(entry_json) -> tuple`, ending with `*eval_results.checkpoint_key(entry_json)`, and the measuring function
+3. `key(entry_json) -> tuple`, ending with `*results.checkpoint_key(entry_json)`, and the measuring function
    `group -> entries` (`dataclasses.replace(entry, status="ok", ...)`, or a `reason`).
 
-Sketch (`passkey.evaluate_passkey_run` and `evaluate.evaluate_run` are the full examples)::
+Sketch (`passkey.evaluate_passkey_run` and `perplexity.evaluate_run` are the full examples)::
 
     @register
     class MyTask(EvalTask):
@@ -28,7 +28,7 @@ Sketch (`passkey.evaluate_passkey_run` and `evaluate.evaluate_run` are the full 
             done = measure(run.path / cls.results_file, cls.command, header, checkpoint, plan, measure_one, key=key)
             return {**done.header, "path": str(run.path), "reused": done.reused, "entries": done.entries}
 
-`EvalTask.load_results(run_dir)` reads any task's stored doc (the one reader, `eval_results.read_results_file`).
+`EvalTask.load_results(run_dir)` reads any task's stored doc (the one reader, `results.read_results_file`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ with no
 edit here. For each length × depth, `trials` seeded episodes become prompts of exactly that many tokens (prompt +
 the longest answer of the cell; `ruler.base.build_prompts`), the answer is decoded greedily (batched; one forward
 per generated token) and scored as RULER does: the share of expected answers present in the output (exact match for
-one answer). All tasks share `eval/tasks.json`, cells keyed by task, settings and checkpoint (`eval_loop.measure`).
+one answer). All tasks share `eval/tasks.json`, cells keyed by task, settings and checkpoint (`loop.measure`).
 """
 
 from __future__ import annotations
