@@ -169,6 +169,46 @@ def cell_rng(seed: int, length: int, depth: float) -> np.random.Generator:
     return np.random.default_rng([seed, length, round(depth * 1_000_000)])
 
 
+def check_readable(model: nn.Module, length: int) -> None:
+    """Raise `LengthBeyondScheme` (before any forward) when the model's scheme cannot read `length` - 1 tokens."""
+    scheme = getattr(model, "scheme", None)
+    limit = getattr(scheme, "max_length", None)
+    if limit is not None and length - 1 > limit:
+        raise LengthBeyondScheme(getattr(scheme, "name", type(scheme).__name__), limit, length - 1)
+
+
+def decode_prompts(
+    model: nn.Module,
+    prompts: np.ndarray,
+    steps: int,
+    length: int,
+    batch_tokens: int,
+    dtype: str,
+    device: str | torch.device,
+    progress: Progress | None,
+    label: str,
+) -> np.ndarray:
+    """Greedy continuations (N, steps) of `prompts` (N, P), `batch_tokens` // `length` rows at a time (`length`:
+    prompt + answer tokens); the model is put in eval mode and given back in the mode it came in."""
+    device = torch.device(device)
+    n = len(prompts)
+    per_batch = max(1, batch_tokens // length)
+    generated = np.empty((n, steps), dtype=np.int64)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for i in range(0, n, per_batch):
+                x = torch.from_numpy(prompts[i : i + per_batch]).to(device)  # (B, P)
+                out = greedy_decode(model, x, steps, use_bf16=dtype == "bf16")  # (B, steps)
+                generated[i : i + per_batch] = out.cpu().numpy()
+                if progress is not None:
+                    progress(label, min(i + per_batch, n), n)
+    finally:
+        model.train(was_training)
+    return generated
+
+
 def evaluate_passkey_model(
     model: nn.Module,
     tokenizer: Tokenizer,
@@ -189,32 +229,16 @@ def evaluate_passkey_model(
     Raises `LengthBeyondScheme` (before any forward) when the model cannot read length - 1 tokens and
     `PromptTooShort` when `length` leaves no room for filler.
     """
-    scheme = getattr(model, "scheme", None)
-    limit = getattr(scheme, "max_length", None)
-    if limit is not None and length - 1 > limit:
-        raise LengthBeyondScheme(getattr(scheme, "name", type(scheme).__name__), limit, length - 1)
+    check_readable(model, length)
     keys: list[str] = []
     cell_depths: list[float] = []
     for depth in depths:
         keys += random_keys(cell_rng(seed, length, depth), trials, digits)
         cell_depths += [float(depth)] * trials
     batch = build_prompts(tokenizer, keys, cell_depths, length)
-    device = torch.device(device)
-    per_batch = max(1, batch_tokens // length)
-    steps = batch.answers.shape[1]
-    generated = np.empty((len(keys), steps), dtype=np.int64)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            for i in range(0, len(keys), per_batch):
-                x = torch.from_numpy(batch.prompts[i : i + per_batch]).to(device)  # (B, P)
-                out = greedy_decode(model, x, steps, use_bf16=dtype == "bf16")  # (B, A)
-                generated[i : i + per_batch] = out.cpu().numpy()
-                if progress is not None:
-                    progress(f"L={length}", min(i + per_batch, len(keys)), len(keys))
-    finally:
-        model.train(was_training)
+    generated = decode_prompts(
+        model, batch.prompts, batch.answers.shape[1], length, batch_tokens, dtype, device, progress, f"L={length}"
+    )
     correct = exact_match(generated, batch.answers, batch.answer_len)  # (N,)
     partial = token_share(generated, batch.answers, batch.answer_len)  # (N,)
     cells = []

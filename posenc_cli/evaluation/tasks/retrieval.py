@@ -30,7 +30,7 @@ from posenc_cli.data.sources import open_source
 from posenc_cli.data.sources.tasks import TasksDataConfig, corpus_text
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
 from posenc_cli.evaluation.loop import Entry, measure, results_header
-from posenc_cli.evaluation.passkey import greedy_decode, validate_grid
+from posenc_cli.evaluation.passkey import check_readable, decode_prompts, validate_grid
 from posenc_cli.evaluation.perplexity import (
     check_not_training,
     evaluate_each_run,
@@ -129,30 +129,23 @@ def evaluate_task_model(
     """RULER scores at one total `length`, one dict per depth: {score (mean share of answers found), exact (share
     of episodes with every answer), samples}. Raises `LengthBeyondScheme` before any forward when the model cannot
     read the prompt, `PromptTooShort` when no haystack fits."""
-    scheme = getattr(model, "scheme", None)
-    limit = getattr(scheme, "max_length", None)
-    if limit is not None and length - 1 > limit:
-        raise LengthBeyondScheme(getattr(scheme, "name", type(scheme).__name__), limit, length - 1)
+    check_readable(model, length)
     episodes = []
     for depth in depths:
         rng = cell_rng(task.name, seed, length, depth)
         episodes += [task.sample(rng, float(depth), digits) for _ in range(trials)]
     batch = build_prompts(tokenizer, episodes, length, haystack)
-    device = torch.device(device)
-    per_batch = max(1, batch_tokens // length)
-    steps = batch.answers.shape[1]
-    generated = np.empty((len(episodes), steps), dtype=np.int64)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            for i in range(0, len(episodes), per_batch):
-                x = torch.from_numpy(batch.prompts[i : i + per_batch]).to(device)  # (B, P)
-                generated[i : i + per_batch] = greedy_decode(model, x, steps, use_bf16=dtype == "bf16").cpu().numpy()
-                if progress is not None:
-                    progress(f"{task.name} L={length}", min(i + per_batch, len(episodes)), len(episodes))
-    finally:
-        model.train(was_training)
+    generated = decode_prompts(
+        model,
+        batch.prompts,
+        batch.answers.shape[1],
+        length,
+        batch_tokens,
+        dtype,
+        device,
+        progress,
+        f"{task.name} L={length}",
+    )
     outputs = [tokenizer.decode(generated[r, : batch.answer_len[r]]) for r in range(len(episodes))]
     scores = np.array([task.score(o, ep.answers) for o, ep in zip(outputs, episodes, strict=True)])  # (N,)
     cells = []
