@@ -42,6 +42,18 @@ def _optional_list(text: str | None, kind: type, flag: str) -> list[Any] | None:
     return parse_list(text, kind, flag) if text is not None else None
 
 
+def set_grid(cfg: Any, lengths: str | None, abs_lengths: str | None, depths: str | None) -> None:
+    """Set a retrieval evaluation's `lengths`, `abs_lengths` and `depths` from their comma-separated flags (the ones
+    given; the config's defaults stay for the others)."""
+    for field, text, kind, flag in (
+        ("lengths", lengths, float, "--lengths"),
+        ("abs_lengths", abs_lengths, int, "--abs-lengths"),
+        ("depths", depths, float, "--depths"),
+    ):
+        if text is not None:
+            setattr(cfg, field, parse_list(text, kind, flag))
+
+
 def _one_kind_of_lengths(lengths: str | None, abs_lengths: str | None) -> None:
     if lengths is not None and abs_lengths is not None:
         raise ConfigError("give either --lengths (multiples of the base length) or --abs-lengths (tokens), not both")
@@ -362,13 +374,7 @@ def eval_passkey_command(
     if dtype not in ("auto", "fp32", "bf16"):
         raise ConfigError(f"--dtype must be auto, fp32 or bf16, got {dtype!r}")
     cfg = PasskeyConfig(trials=trials, digits=digits, seed=seed, batch_tokens=batch_tokens, dtype=dtype, force=force)
-    for field, text, kind, flag in (
-        ("lengths", lengths, float, "--lengths"),
-        ("abs_lengths", abs_lengths, int, "--abs-lengths"),
-        ("depths", depths, float, "--depths"),
-    ):
-        if text is not None:
-            setattr(cfg, field, parse_list(text, kind, flag))
+    set_grid(cfg, lengths, abs_lengths, depths)
     cfg.validate()
 
     run_device = resolve_device(device, "--device")

@@ -23,6 +23,7 @@ from posenc_cli.cli.evaluate import (
     _option,
     _report,
     parse_list,
+    set_grid,
 )
 from posenc_cli.run.device import resolve_device
 
@@ -182,13 +183,7 @@ def eval_tasks_command(
     cfg = TasksEvalConfig(
         trials=trials, digits=digits, seed=seed, haystack=haystack, batch_tokens=batch_tokens, dtype=dtype, force=force
     )
-    for field, text, kind, flag in (
-        ("lengths", lengths, float, "--lengths"),
-        ("abs_lengths", abs_lengths, int, "--abs-lengths"),
-        ("depths", depths, float, "--depths"),
-    ):
-        if text is not None:
-            setattr(cfg, field, parse_list(text, kind, flag))
+    set_grid(cfg, lengths, abs_lengths, depths)
     cfg.validate()
     run_device = resolve_device(device, "--device")
     results, seconds = _evaluate_timed(
