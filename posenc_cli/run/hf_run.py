@@ -41,6 +41,7 @@ from posenc_cli.data.tokenizer import Tokenizer
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.run.checkpoint import LoadedRun, RunMeta
 from posenc_cli.run.config_load import config_from_dict
+from posenc_cli.run.memory import available_memory as cpu_available_memory
 
 __all__ = [
     "HFCausalLM",
@@ -280,16 +281,7 @@ def available_memory(device: torch.device) -> int | None:
         return int(torch.cuda.mem_get_info(device)[0])
     if device.type != "cpu":
         return None
-    found: list[int] = []
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append(int(line.split()[1]) * 1024)
-    with contextlib.suppress(OSError, ValueError):
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
-    return min(found) if found else None
+    return cpu_available_memory()
 
 
 def forward_bytes(batch: int, length: int, *, vocab: int, hidden: int, ffn: int, heads: int, eager: bool) -> int:
