@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
@@ -70,3 +72,20 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def exclusive_or_fail(lock_path: Path, busy: Callable[[], Exception]) -> Iterator[None]:
+    """Hold the file lock at `lock_path` (its directory is created if needed) for the block, or raise `busy()` at once
+    when another process holds it (no waiting)."""
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(lock_path, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout as e:
+        raise busy() from e
+    try:
+        yield
+    finally:
+        lock.release()

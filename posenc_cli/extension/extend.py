@@ -24,12 +24,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from posenc_cli import __version__
 from posenc_cli.config import Config, ExtendConfig, config_to_yaml, replace
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.extension.hf_extend import extend_hf_dir
+from posenc_cli.fsutil import exclusive_or_fail
 from posenc_cli.positional.remap import RemapConfig, remapped_distance
 from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import RopeScalingConfig, frequency_summary, method_names
@@ -228,16 +227,9 @@ def _is_complete(out_dir: Path, meta: dict[str, Any]) -> bool:
 @contextlib.contextmanager
 def _writer_lock(out_dir: Path) -> Iterator[None]:
     """Hold `out_dir`'s extend lock, or refuse at once: a second `extend` into the same directory changes nothing."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(out_dir / LOCK_FILE, timeout=0)
-    try:
-        lock.acquire()
-    except Timeout as e:
-        raise UserError(f"{out_dir} is being written by another posenc extend; nothing was changed") from e
-    try:
+    message = f"{out_dir} is being written by another posenc extend; nothing was changed"
+    with exclusive_or_fail(out_dir / LOCK_FILE, lambda: UserError(message)):
         yield
-    finally:
-        lock.release()
 
 
 def _check_out_dir(out: Path, record: dict[str, Any], resume: bool) -> dict[str, Any] | None:

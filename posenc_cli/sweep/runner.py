@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from filelock import FileLock, Timeout
 from rich.console import Console
 
 from posenc_cli.config import replace
@@ -40,7 +39,7 @@ from posenc_cli.evaluation.results import checkpoint_identity
 from posenc_cli.evaluation.tasks import task_class
 from posenc_cli.extension.extend import extend_run, remap_run
 from posenc_cli.extension.longrope_search import search_extension
-from posenc_cli.fsutil import atomic_write_json
+from posenc_cli.fsutil import atomic_write_json, exclusive_or_fail
 from posenc_cli.perf.profiling import EvalRecorder, JobProfile, TrainRecorder, eval_facts, write_job_profile
 from posenc_cli.positional.remap import RemapConfig
 from posenc_cli.run.checkpoint import RunMeta, is_run_dir, read_run_meta
@@ -343,18 +342,9 @@ def run_sweep(
 @contextlib.contextmanager
 def sweep_lock(sweep_dir: Path) -> Iterator[None]:
     """Hold `SWEEP_LOCK` in `sweep_dir` (created if needed); another holder makes this fail at once, one line."""
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(sweep_dir / SWEEP_LOCK, timeout=0)
-    try:
-        lock.acquire()
-    except Timeout as e:
-        raise UserError(
-            f"{sweep_dir} is in use by another posenc sweep; wait for it to finish or choose another --out"
-        ) from e
-    try:
+    message = f"{sweep_dir} is in use by another posenc sweep; wait for it to finish or choose another --out"
+    with exclusive_or_fail(sweep_dir / SWEEP_LOCK, lambda: UserError(message)):
         yield
-    finally:
-        lock.release()
 
 
 def _run_stage(
