@@ -33,7 +33,12 @@ class LengthBeyondScheme(UserError):
         self.scheme = scheme
         self.limit = limit
         self.requested = requested
-        super().__init__(f"scheme '{scheme}' supports at most {limit} positions; {requested} were requested")
+        super().__init__(f"{self.reason}; {requested} were requested")
+
+    @property
+    def reason(self) -> str:
+        """Why a result cell is n/a: the same text for every evaluation."""
+        return f"scheme '{self.scheme}' supports at most {self.limit} positions"
 
 
 # Errors of the storage, not of posenc: no space, read-only, no permission, over quota. The CLI reports them as one

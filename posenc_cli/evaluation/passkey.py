@@ -392,7 +392,7 @@ def evaluate_passkey_run(
                 progress=progress,
             )
         except LengthBeyondScheme as e:  # the same reason text as eval-extrapolate
-            return [replace(c, reason=f"scheme '{e.scheme}' supports at most {e.limit} positions") for c in cells]
+            return [replace(c, reason=e.reason) for c in cells]
         except PromptTooShort as e:
             return [replace(c, reason=str(e)) for c in cells]
         keys = ("correct", "accuracy", "token_accuracy", "samples")

@@ -466,7 +466,7 @@ def evaluate_run(
                 progress=progress,
             )
         except LengthBeyondScheme as e:  # same reason text at every length, so tables can group it
-            return [replace(entry, reason=f"scheme '{e.scheme}' supports at most {e.limit} positions")]
+            return [replace(entry, reason=e.reason)]
         return [_filled(entry, result)]
 
     header = results_header(run.path.name, str(run.config.pos.name), train_length, base_length)
