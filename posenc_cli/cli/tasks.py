@@ -1,5 +1,4 @@
-"""`posenc eval-tasks`: RULER-style retrieval tasks (posenc_cli.evaluation.tasks.retrieval) per task × length ×
-depth."""
+"""`posenc eval-tasks`: RULER-style retrieval tasks (`evaluation.tasks.retrieval`) per task × length × depth."""
 
 from __future__ import annotations
 

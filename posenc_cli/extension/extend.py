@@ -83,6 +83,14 @@ def validate_extend(ext: ExtendConfig) -> None:
         raise ConfigError(f"extend.finetune_lr must be > 0, got {ext.finetune_lr}")
 
 
+def require_rope(cfg: Config, run_dir: Path | str) -> None:
+    """Frequency scaling applies to RoPE checkpoints only: one line otherwise."""
+    if cfg.pos.name != "rope":
+        raise ConfigError(
+            f"{run_dir} uses pos={cfg.pos.name}; frequency scaling (extend) applies only to RoPE checkpoints"
+        )
+
+
 def parent_train_length(cfg: Config, meta: RunMeta) -> int:
     """The checkpoint's training length (meta `train_length`; a fine-tuned child's is its L')."""
     return meta.lengths(cfg)[0]
@@ -283,9 +291,8 @@ def extend_run(
     if out.exists() and out.resolve() == parent_path.resolve():
         raise ConfigError(f"the output directory is the parent run {parent_path}; extend never modifies its source")
 
-    if is_hf_dir(
-        parent_path
-    ):  # a transformers directory: a new transformers directory (posenc_cli/extension/hf_extend.py)
+    # a transformers directory: a new transformers directory (posenc_cli/extension/hf_extend.py)
+    if is_hf_dir(parent_path):
         if ext.logn:
             raise ConfigError("--logn applies to posenc runs only; transformers directories have no log-n option")
 
@@ -293,10 +300,7 @@ def extend_run(
     with use_threads(threads):
         parent = load_run(parent_path)
     cfg = parent.config
-    if cfg.pos.name != "rope":
-        raise ConfigError(
-            f"{parent_path} uses pos={cfg.pos.name}; frequency scaling (extend) applies only to RoPE checkpoints"
-        )
+    require_rope(cfg, parent_path)
     if ext.logn and cfg.model.attn_scale != "none":
         raise ConfigError(f"{parent_path} already scales attention logits (model.attn_scale={cfg.model.attn_scale})")
     scaling = resolve_scaling(ext, cfg, parent.meta)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from posenc_cli.config import ExtendConfig, replace
 from posenc_cli.data.cache import eval_windows, load_corpus
 from posenc_cli.errors import ConfigError
-from posenc_cli.extension.extend import extend_run, parent_train_length, validate_extend
+from posenc_cli.extension.extend import extend_run, parent_train_length, require_rope, validate_extend
 from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.model import build_model
 from posenc_cli.positional.rope import rotary_dim
@@ -298,10 +298,7 @@ def search_extension(
     with use_threads(threads):
         run = load_run(parent_dir)
         cfg = run.config
-        if cfg.pos.name != "rope":
-            raise ConfigError(
-                f"{parent_dir} uses pos={cfg.pos.name}; frequency scaling (extend) applies only to RoPE checkpoints"
-            )
+        require_rope(cfg, parent_dir)
         original_length = ext.original_length or parent_train_length(cfg, run.meta)
         result = search_long_factors(
             run, ext.factor, original_length, budget=budget, seed=seed, tokens=tokens, progress=progress

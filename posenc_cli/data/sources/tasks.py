@@ -138,8 +138,7 @@ def corpus_info(data: TasksDataConfig, corpus_fingerprint: str | None) -> dict[s
 class TasksSource(DataSource):
     name = "tasks"
     config_cls = TasksDataConfig
-    # a sweep job trained on the mixture measures the tasks it learned (posenc_cli.evaluation.tasks.retrieval), then
-    # perplexity
+    # a sweep job trained on the mixture measures the tasks it learned (evaluation.tasks.retrieval), then perplexity
     tasks = (*ALL_TASKS, "extrapolate")
 
     @classmethod

@@ -1,9 +1,8 @@
 """What every evaluation task has: a name, its command and results file, and how a sweep job runs it.
 
 Adding a task is one file in this package (plus its test): a subclass of `EvalTask` decorated with
-`posenc_cli.evaluation.tasks.register`, whose `evaluate_job` runs the shared loop
-`posenc_cli.evaluation.loop.measure` with three
-things of its own:
+`posenc_cli.evaluation.tasks.register`, whose `evaluate_job` runs the shared loop `evaluation.loop.measure` with
+three things of its own:
 
 1. a typed entry: a frozen dataclass subclassing `loop.Entry`, its fields in the order of the stored JSON keys
    (`to_json` is what the results file holds), with at least `length`, `status` ("ok" or "n/a"), `reason` and
