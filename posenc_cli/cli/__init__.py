@@ -12,7 +12,19 @@ from posenc_cli import __version__
 from posenc_cli.cli.app import app, console
 
 # Each module registers its commands on `app`; the order here is the order in `posenc --help`.
-_COMMAND_MODULES = ("train", "evaluate", "tasks", "extend", "sweep", "schemes", "data", "bench", "export", "viz")
+_COMMAND_MODULES = (
+    "train",
+    "evaluate",
+    "tasks",
+    "extend",
+    "sweep",
+    "compare",
+    "schemes",
+    "data",
+    "bench",
+    "export",
+    "viz",
+)
 for _name in _COMMAND_MODULES:
     importlib.import_module(f"posenc_cli.cli.{_name}")
 
