@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc_cli.config import ModelConfig
+from posenc_cli.kv_cache import KVCache
 from posenc_cli.positional.base import PositionalScheme, PositionContext, per_head, relative_distance
 
 # Budget for one chunk's fp32 bias, (B, H, chunk, T) · 4 bytes. SDPA's math path allocates a few tensors of the same
@@ -99,12 +100,16 @@ def attend(
     causal: bool = True,
     dropout_p: float = 0.0,
     chunk_size: int | None = None,
+    q_start: int = 0,
 ) -> Tensor:
-    """softmax(q·kᵀ/√hd + bias + mask)·v for q, k, v (B, H, T, hd) -> (B, H, T, hd).
+    """softmax(q·kᵀ/√hd + bias + mask)·v for q, k, v (B, H, T, hd) -> (B, H, T − q_start, hd).
 
     `chunk_size` forces the number of queries per chunk on the bias path (None: from `BIAS_CHUNK_BYTES`, or the
     key-bias road where the scheme and the dtype allow it). bf16 inputs that need gradients on `FP32_GRAD_DEVICES`
     at most `FP32_GRAD_MAX_LEN` long are attended in fp32 (see there) and the result is cast back to bf16.
+    `q_start` > 0 (decoding with a KV cache, causal): only the query rows [q_start, T) are computed, as one query
+    chunk of the bias path against every key (rows before q_start are ignored; the fused whole-matrix roads do not
+    apply).
     """
     if q.requires_grad and q.dtype == torch.bfloat16 and _fp32_grad(q):
         with torch.autocast(q.device.type, enabled=False):  # autocast would cast SDPA's inputs back to bf16
@@ -118,10 +123,15 @@ def attend(
                 causal=causal,
                 dropout_p=dropout_p,
                 chunk_size=chunk_size,
+                q_start=q_start,
             )
         return out.to(q.dtype)
     if scheme.remap_window and remap_applies(scheme.remap_window, ctx):
-        return attend_remapped(q, k, v, scheme, layer, ctx, causal=causal, dropout_p=dropout_p, chunk_size=chunk_size)
+        return attend_remapped(
+            q, k, v, scheme, layer, ctx, causal=causal, dropout_p=dropout_p, chunk_size=chunk_size, q_start=q_start
+        )
+    if q_start:
+        return attend_rows(q, k, v, scheme, layer, ctx, q_start, dropout_p=dropout_p)
     if not scheme.has_bias:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
     if causal and chunk_size is None and key_bias_applies(q):
@@ -149,6 +159,31 @@ def attend(
         mask = fold_causal_mask(bias, q_pos, k_pos, q.dtype, causal)
         outs.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=dropout_p))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+def attend_rows(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scheme: PositionalScheme,
+    layer: int,
+    ctx: PositionContext,
+    q_start: int,
+    *,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Causal attention of the query rows [q_start, T) against all T keys: q, k, v (B, H, T, hd) -> (B, H, T −
+    q_start, hd). The rows are one query chunk of the bias path (the scheme's `bias` hook, as in the full forward's
+    chunks), or, without a bias, SDPA with the causal rows of the mask."""
+    T = q.shape[2]
+    pos = ctx.token_index
+    qc = q[:, :, q_start:]  # (B, H, Tq, hd)
+    q_pos = pos[q_start:]
+    if T - q_start == 1 and not scheme.has_bias:  # one query row: it sees every key
+        return F.scaled_dot_product_attention(qc, k, v, dropout_p=dropout_p)
+    bias = scheme.bias(layer, qc, k, q_pos, pos, ctx) if scheme.has_bias else None  # broadcastable to (B, H, Tq, T)
+    mask = fold_causal_mask(bias, q_pos, pos, q.dtype, True)
+    return F.scaled_dot_product_attention(qc, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 def remap_applies(window: int, ctx: PositionContext) -> bool:
@@ -202,8 +237,10 @@ def attend_remapped(
     causal: bool = True,
     dropout_p: float = 0.0,
     chunk_size: int | None = None,
+    q_start: int = 0,
 ) -> Tensor:
-    """softmax(merged scores + bias + mask)·v for a remapping scheme, q, k, v (B, H, T, hd) -> (B, H, T, hd).
+    """softmax(merged scores + bias + mask)·v for a remapping scheme, q, k, v (B, H, T, hd) -> (B, H, T − q_start,
+    hd): the query rows [q_start, T) (all of them by default).
 
     By query chunks: each holds two (B, H, chunk, Tk) fp32 score tensors, so the chunk is sized for half of
     `BIAS_CHUNK_BYTES`. The remapped q and k are computed once per layer (elementwise rotations, (B, H, T, hd)).
@@ -213,7 +250,7 @@ def attend_remapped(
     q2, k2 = scheme.remap(q, k, ctx)  # (B, H, T, hd) each
     pos = ctx.token_index
     outs = []
-    for start in range(0, T, chunk):
+    for start in range(q_start, T, chunk):
         end = min(start + chunk, T)
         k_end = end if causal else T  # causal: later keys are all masked
         scores = merged_scores(q, k, q2, k2, scheme.remap_window, ctx, start, end, k_end)  # (B, H, Tq, Tk)
@@ -294,19 +331,36 @@ class CausalSelfAttention(nn.Module):
             return q * factor.to(q.dtype)
         return q
 
-    def qkv_heads(self, x: Tensor, scheme: PositionalScheme, ctx: PositionContext) -> tuple[Tensor, Tensor, Tensor]:
-        """x (B, T, D) -> q, k, v (B, H, T, hd), with q and k already rotated by the scheme (and q length-scaled)."""
+    def qkv_heads(
+        self, x: Tensor, scheme: PositionalScheme, ctx: PositionContext, cache: KVCache | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, D) -> q, k, v (B, H, T, hd), with q and k already rotated by the scheme (and q length-scaled).
+
+        With a cache, x holds the Tq new tokens: their unrotated k, v join the cache, and k, v are returned for all
+        Tc + Tq tokens; q is returned for all of them too, its first Tc rows zero (only the last Tq are used).
+        """
         B, T, D = x.shape
         q, k, v = self.qkv(x).split(D, dim=2)  # 3 × (B, T, D)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
         k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
         v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        if cache is not None:
+            k, v = cache.append(self.layer, k, v)  # (B, H, Tc + T, hd), unrotated keys
+            if k.shape[2] > T:  # rotate q at the new tokens' positions: rows line up with the context's
+                q = torch.cat([q.new_zeros(B, self.n_head, k.shape[2] - T, self.head_dim), q], dim=2)
         q, k = scheme.rotate(q, k, ctx)
         return self.length_scale(q, ctx), k, v
 
-    def forward(self, x: Tensor, scheme: PositionalScheme, ctx: PositionContext, causal: bool = True) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        scheme: PositionalScheme,
+        ctx: PositionContext,
+        causal: bool = True,
+        cache: KVCache | None = None,
+    ) -> Tensor:
         B, T, D = x.shape
-        q, k, v = self.qkv_heads(x, scheme, ctx)
+        q, k, v = self.qkv_heads(x, scheme, ctx, cache)
         y = attend(
             q,
             k,
@@ -317,6 +371,7 @@ class CausalSelfAttention(nn.Module):
             causal=causal,
             dropout_p=self.dropout if self.training else 0.0,
             chunk_size=self.chunk_size,
+            q_start=q.shape[2] - T,
         )  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         return self.resid_drop(self.proj(y))

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from posenc_cli.attention import CausalSelfAttention
 from posenc_cli.config import Config, ModelConfig, PosConfig
+from posenc_cli.kv_cache import KVCache
 from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme
 
 
@@ -53,8 +54,15 @@ class Block(nn.Module):
         self.norm2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, scheme: PositionalScheme, ctx: PositionContext, causal: bool = True) -> Tensor:
-        x = x + self.attn(self.norm1(x), scheme, ctx, causal)
+    def forward(
+        self,
+        x: Tensor,
+        scheme: PositionalScheme,
+        ctx: PositionContext,
+        causal: bool = True,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        x = x + self.attn(self.norm1(x), scheme, ctx, causal, cache)
         return x + self.mlp(self.norm2(x))
 
 
@@ -122,17 +130,65 @@ class GPT(nn.Module):
             tokens = tokens * self.embed_scale
         return self.drop(self.scheme.embed(tokens, ctx))
 
-    def forward(self, idx: Tensor, *, causal: bool = True, position_ids: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        idx: Tensor,
+        *,
+        causal: bool = True,
+        position_ids: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
         """idx (B, T) int64 -> logits (B, T, V). `causal=False` drops the mask (analysis/tests only).
 
         position_ids: (T,) or (B, T) position ids (default 0..T−1), what the scheme encodes; the causal mask keeps
         following token order whatever the ids (see `PositionContext`).
+
+        cache: incremental decoding (`new_cache`, `posenc_cli.kv_cache`). idx are then the tokens after the Tc
+        cached ones; their logits equal the full forward's over all Tc + T tokens (causal only, eval mode), and
+        their keys and values are appended to the cache. position_ids, if given, are the new tokens' ids.
         """
+        if cache is not None:
+            return self._forward_cached(idx, cache, position_ids)
         ctx = self.context(idx, position_ids)
         x = self.embed(idx, ctx)  # (B, T, D)
         for block in self.blocks:
             x = block(x, self.scheme, ctx, causal)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
+
+    def new_cache(self) -> KVCache:
+        """An empty key/value cache for `forward(..., cache=)`."""
+        return KVCache(len(self.blocks))
+
+    def _forward_cached(self, idx: Tensor, cache: KVCache, position_ids: Tensor | None) -> Tensor:
+        """The new tokens idx (B, Tq) after cache's Tc: one context over all Tc + Tq positions, layers on the new
+        rows only (the scheme's embed hook sees the whole length, the cached rows zero, so that position tables
+        line up)."""
+        if self.training:
+            raise RuntimeError("the KV cache is for inference: call model.eval() first")
+        B, Tq = idx.shape
+        Tc = cache.length
+        full = idx.new_empty((B, Tc + Tq))  # only its shape and device are read
+        ids = None
+        if position_ids is not None or cache.ids is not None:
+            if position_ids is None:
+                raise ValueError("this cache holds explicit position ids: give the new tokens' position_ids")
+            new_ids, _ = checked_position_ids(position_ids, idx)
+            old_ids = cache.ids if cache.ids is not None else torch.arange(Tc, device=idx.device)
+            if old_ids.dim() != new_ids.dim():  # (T,) beside (B, T): give both a batch dimension
+                old_ids, new_ids = old_ids.expand(B, Tc), new_ids.expand(B, Tq)
+            ids = torch.cat([old_ids, new_ids], dim=-1)  # (Tc + Tq,) or (B, Tc + Tq)
+        ctx = self.context(full, ids)  # checks the length before anything is appended to the cache
+        tokens = self.wte(idx)  # (B, Tq, D)
+        if self.embed_scale != 1.0:
+            tokens = tokens * self.embed_scale
+        padded = tokens.new_zeros(B, Tc + Tq, tokens.shape[-1])  # (B, Tc + Tq, D)
+        padded[:, Tc:] = tokens
+        x = self.scheme.embed(padded, ctx)[:, Tc:]  # (B, Tq, D)
+        for block in self.blocks:
+            x = block(x, self.scheme, ctx, True, cache)
+        if ids is not None:
+            cache.ids = ids
+        return self.lm_head(self.norm_f(x))  # (B, Tq, V)
 
 
 def checked_position_ids(position_ids: Tensor, idx: Tensor) -> tuple[Tensor, int]:

@@ -1,0 +1,77 @@
+"""The key/value cache of incremental decoding: each layer's keys *before* the scheme rotates them, and its values.
+
+`GPT.forward(idx, cache=cache)` reads only the new tokens idx (B, Tq): each layer projects them, appends their
+k and v here, then lets the scheme rotate the whole key set (cached + new) at the positions of this forward and
+attends from the new rows only. Keeping keys unrotated is what makes one cache serve every scheme exactly:
+
+- RoPE and its scalings, xPos, p-RoPE: the keys are rotated at their position ids on every forward, so a
+  length-dependent table (LongRoPE's short/long switch) is the one the full forward at that length would use.
+- The bias schemes (ALiBi, T5, KERPLE, FIRE, Sandwich, CoPE): the new query rows are one query chunk of the
+  existing chunked bias path, against all cached keys; CoPE's gates read q·k of exactly those keys.
+- The remaps (Self-Extend, ReRoPE) rotate the whole key set a second time, as in the full forward.
+
+It is also StreamingLLM's cache (Xiao et al. 2023; mit-han-lab/streaming-llm `streaming_llm/kv_cache.py`
+`StartRecentKVCache`, `pos_shift/modify_llama.py:89-102`): `evict` keeps the attention sinks and the most recent
+tokens, with their K/V as first computed, and the kept tokens take the positions 0..n−1 of their place in the cache
+(keys are stored unrotated and rotated at their in-cache positions; the query sits at the cache's end).
+
+Position ids: by default (`ids` None) a cached token's id is its index in the cache, and the new tokens continue
+from there. A forward given explicit `position_ids` stores every token's id, and later forwards must give theirs.
+
+One exception to exactness: with dynamic NTK scaling beyond the original length, the full forward at length T
+recomputes every earlier token at T's frequencies, while the cache keeps each token's K/V (and the hidden states
+behind layer 2 and up) as computed at its own step, as `transformers`' dynamic caches do.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["KVCache"]
+
+
+class KVCache:
+    """Per-layer unrotated keys and values (B, H, Tc, hd) of the Tc tokens read so far, and their position ids."""
+
+    def __init__(self, n_layer: int) -> None:
+        self.keys: list[Tensor | None] = [None] * n_layer
+        self.values: list[Tensor | None] = [None] * n_layer
+        self.ids: Tensor | None = None  # (Tc,) or (B, Tc) int64 ids; None: each token's index in the cache
+
+    @property
+    def length(self) -> int:
+        """Tc, the number of cached tokens (those of every layer once a forward has completed)."""
+        k = self.keys[-1]
+        return 0 if k is None else int(k.shape[2])
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the new tokens' k, v (B, H, Tq, hd) to `layer`; returns the layer's full k, v (B, H, Tc + Tq, hd)."""
+        old_k, old_v = self.keys[layer], self.values[layer]
+        if old_k is not None and old_v is not None:
+            k = torch.cat([old_k, k], dim=2)  # (B, H, Tc + Tq, hd)
+            v = torch.cat([old_v, v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+    def evict(self, keep: Tensor | list[int] | range) -> None:
+        """Keep only the cached tokens at indexes `keep` (in cache order), dropping the rest from every layer.
+
+        The kept tokens' K/V stay as they were computed; their positions become their new indexes 0..n−1 in the
+        cache (StreamingLLM's position shift), so `ids` returns to the default.
+        """
+        if self.keys[0] is None:
+            return
+        index = torch.as_tensor(list(keep) if isinstance(keep, range) else keep, dtype=torch.long)
+        index = index.to(self.keys[0].device)
+        self.keys = [None if k is None else k.index_select(2, index) for k in self.keys]
+        self.values = [None if v is None else v.index_select(2, index) for v in self.values]
+        self.ids = None
+
+    def keep_sinks_and_recent(self, sinks: int, recent: int) -> None:
+        """StreamingLLM's `StartRecentKVCache`: keep the first `sinks` and the last `recent` tokens (no-op while
+        the cache holds at most sinks + recent)."""
+        n = self.length
+        if n <= sinks + recent:
+            return
+        self.evict([*range(sinks), *range(n - recent, n)])
