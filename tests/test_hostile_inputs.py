@@ -304,3 +304,59 @@ def test_run_search_skips_foreign_meta_json_and_corrupt_runs_beside_readable_one
     good = _minimal_run(top / "runs" / "alibi")
     _dir_with_meta(top / "runs" / "rope", "{not json")
     assert find_runs([top]) == [good]
+
+
+# -- tampered fields of meta.json and state.json: one line naming the file and the field ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("train_length", "abc", "a whole number >= 1"),
+        ("base_length", -128, "a whole number >= 1"),  # accepted before: a `1× -128` column
+        ("base_length", True, "a whole number >= 1"),
+        ("step", -1, "a whole number >= 0"),
+        ("steps", 2.5, "a whole number >= 0"),
+        ("status", "done", "'running' or 'interrupted' or 'complete'"),
+        ("parent", 7, "a string"),
+        ("val_loss", "low", "a finite number or null"),
+    ],
+)
+def test_tampered_meta_json_fields_are_one_line(
+    rope_run: Path, tmp_path: Path, field: str, value: object, expected: str
+) -> None:
+    run = _copy_run(rope_run, tmp_path / "run")
+    meta = json.loads((run / "meta.json").read_text())
+    meta[field] = value
+    (run / "meta.json").write_text(json.dumps(meta))
+    before = sorted(p.name for p in run.iterdir())
+    result = runner.invoke(app, ["eval-extrapolate", str(run), "--lengths", "1"])
+    one_line_error(result, f"{run / 'meta.json'}: field '{field}' is {value!r}, expected {expected}")
+    assert sorted(p.name for p in run.iterdir()) == before  # nothing written
+
+
+def test_meta_json_nested_200000_deep_is_one_line(rope_run: Path, tmp_path: Path) -> None:
+    run = _copy_run(rope_run, tmp_path / "run")
+    (run / "meta.json").write_text("[" * 200_000 + "]" * 200_000)
+    result = runner.invoke(app, ["eval-extrapolate", str(run), "--lengths", "1"])
+    one_line_error(result, f"{run / 'meta.json'}: unreadable or corrupt", "nested deeper than")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda opt: opt.update(param_groups=[1, 2]), "field 'optimizer.param_groups' is not a list of groups"),
+        (lambda opt: opt.update(param_groups=[{"params": ["a"]}]), "field 'optimizer.param_groups' is not a list"),
+        (lambda opt: opt.update(extra={"0": 5}), "field 'optimizer.extra' is not a mapping"),
+    ],
+)
+def test_tampered_optimizer_groups_in_state_json_are_one_line(
+    corpus: Path, stopped_run: Path, edit, message: str
+) -> None:
+    info = json.loads((stopped_run / "state.json").read_text())
+    edit(info["optimizer"])
+    _set_file(stopped_run, "state.json", json.dumps(info).encode())  # checksum recomputed, as a tamperer would
+    with pytest.raises(CheckpointError, match=f"state.json: {message}"):
+        _resume(corpus, stopped_run)
+    result = runner.invoke(app, ["train", "--resume", str(stopped_run), "train.steps=4", "--force-config"])
+    one_line_error(result, "state.json: field 'optimizer")

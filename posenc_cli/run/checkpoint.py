@@ -44,7 +44,6 @@ from typing import Any
 import numpy as np
 import safetensors.torch
 import torch
-import yaml
 from torch import Tensor, nn
 
 from posenc_cli.config import Config
@@ -54,6 +53,7 @@ from posenc_cli.fsutil import atomic_write_bytes, atomic_write_json
 from posenc_cli.model import build_model
 from posenc_cli.run.config_load import config_from_dict
 from posenc_cli.run.memory import LOAD_BYTES_PER_PARAM, available_memory, check_fits
+from posenc_cli.untrusted import load_json, loads_json, loads_yaml
 
 KIND = "posenc-run"
 SCHEMA_VERSION = 1
@@ -67,6 +67,7 @@ PENDING = ".pending"
 MAX_SMALL_FILE = 64 * 2**20  # config, JSON and tokenizer files; far above any real one
 MAX_SAFETENSORS_HEADER = 100_000_000  # the header limit safetensors itself enforces
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+STATUSES = ("running", "interrupted", "complete")  # what `train` writes: at start / at a checkpoint, on a signal, done
 
 
 @dataclass
@@ -351,9 +352,9 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     if not run_dir.is_dir() or not path.is_file() or run_dir.name == PENDING:
         raise NotARunError(f"{run_dir} is not a posenc run directory (no {META_FILE})")
     try:
-        meta = json.loads(path.read_bytes())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: unreadable or corrupt ({type(e).__name__})") from e
+        meta = load_json(path, what="run metadata", max_bytes=MAX_SMALL_FILE, error=CheckpointError)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: unreadable or corrupt ({str(e).removeprefix(f'{path}: ')})") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: unreadable or corrupt (not a JSON object)")
     if meta.get("kind") != KIND:
@@ -365,12 +366,68 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         )
     if not isinstance(meta.get("files"), dict) or not isinstance(meta.get("step"), int):
         raise CheckpointError(f"{path}: incomplete (no step or file checksums)")
+    check_meta_fields(meta, path)
     for name, digest in meta["files"].items():
         if not is_plain_name(name):
             raise CheckpointError(f"{path}: lists {name!r}, which is not a plain file name inside the run directory")
         if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
             raise CheckpointError(f"{path}: the checksum of {name} is not a sha256 digest")
     return meta
+
+
+def check_meta_fields(meta: dict[str, Any], path: Path) -> None:
+    """`CheckpointError` naming `path` and the field when a field that decides what a run is, or how its results are
+    labelled, has the wrong type or range (a hand-edited `train_length: "abc"` or `base_length: -128` would
+    otherwise reach a results column). Absent fields stay allowed (older runs)."""
+
+    def bad(key: str, expected: str) -> CheckpointError:
+        return CheckpointError(f"{path}: field '{key}' is {meta[key]!r}, expected {expected}")
+
+    for key, low in (("step", 0), ("steps", 0), ("tokens", 0), ("train_length", 1), ("base_length", 1)):
+        value = meta.get(key)
+        if key in ("train_length", "base_length") and value is None:
+            continue
+        if key in meta and not (_whole(value) and value >= low):
+            raise bad(key, f"a whole number >= {low}")
+    if meta.get("status") is not None and meta["status"] not in STATUSES:
+        raise bad("status", " or ".join(repr(s) for s in STATUSES))
+    for key in ("parent", "precision", "device", "pos"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise bad(key, "a string")
+    for key in ("train_loss", "val_loss", "best_val_loss"):
+        if meta.get(key) is not None and not _finite_number(meta[key]):
+            raise bad(key, "a finite number or null")
+    keys = meta.get("extra_keys", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise bad("extra_keys", "a list of names")
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def incomplete_reason(meta: RunMeta | dict[str, Any]) -> str | None:
+    """None when the run's meta.json says its training finished; else why not, e.g. "training stopped at step 0 of
+    60" (`status` "running" or "interrupted": a run killed mid-way, or an `extend --finetune-steps` child killed
+    before its fine-tune ended, whose weights are still the parent's). A meta.json without a status (older runs)
+    counts as finished when its step reached its steps."""
+    values = meta.to_json() if isinstance(meta, RunMeta) else meta
+    status, step, steps = values.get("status"), values.get("step"), values.get("steps")
+    finished = status == "complete" if status is not None else True
+    if finished and not (_whole(step) and _whole(steps) and step < steps):
+        return None
+    where = f"step {step} of {steps}" if _whole(steps) else f"step {step}"
+    return f"training stopped at {where}" if status != "complete" else f"marked complete at {where}"
+
+
+def require_complete(meta: RunMeta | dict[str, Any], run_dir: Path | str) -> None:
+    """`CheckpointError` (one line) unless the run at `run_dir` finished training: a result measured on it would
+    be labelled as the finished run's. Resuming (`posenc train --resume`) loads such a run without this check."""
+    reason = incomplete_reason(meta)
+    if reason is not None:
+        raise CheckpointError(
+            f"{run_dir} is incomplete ({reason}); resume it with `posenc train --resume {run_dir}` or remove it"
+        )
 
 
 def read_run_meta(run_dir: Path) -> RunMeta:
@@ -435,7 +492,7 @@ def _safetensors_size(fd: int, size: int, path: Path) -> int:
     try:
         header = json.loads(_read_at(fd, 8, n))
         ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
         return MAX_SMALL_FILE
     data = max(ends, default=0)
     available = available_memory()
@@ -460,9 +517,9 @@ def read_config(run_dir: Path, meta: dict[str, Any]) -> Config:
     path = committed_file(run_dir, CONFIG_FILE)
     data = read_verified(run_dir, meta["files"], CONFIG_FILE)
     try:
-        return config_from_dict(yaml.safe_load(data.decode("utf-8")), saved=True)
-    except (UserError, yaml.YAMLError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: invalid config ({str(e).splitlines()[0]})") from e
+        return config_from_dict(loads_yaml(data, source=path, what="config", error=CheckpointError), saved=True)
+    except UserError as e:
+        raise CheckpointError(f"{path}: invalid config ({str(e).splitlines()[0].removeprefix(f'{path}: ')})") from e
 
 
 def load_tensors(run_dir: Path, meta: dict[str, Any], name: str) -> dict[str, Tensor]:
@@ -496,15 +553,20 @@ def load_weights_into(model: nn.Module, tensors: dict[str, Tensor], path: Path) 
     model.load_state_dict(full, strict=True)
 
 
-def load_run(path: Path | str, device: str | torch.device = "cpu") -> LoadedRun:
+def load_run(path: Path | str, device: str | torch.device = "cpu", *, complete_only: bool = True) -> LoadedRun:
     """Model, config, metadata and tokenizer of a run directory, with every file verified.
 
-    Raises `CheckpointError` naming the file when anything is missing, truncated, corrupt or tampered with. A
-    trainer committing a new checkpoint while we read can make one attempt inconsistent; we then read again.
+    Raises `CheckpointError` naming the file when anything is missing, truncated, corrupt or tampered with, and
+    (unless `complete_only=False`) when the run did not finish training (`require_complete`): evaluating,
+    extending or exporting it would label the numbers of unfinished weights (an interrupted fine-tune's are still
+    its parent's) as the run's. A trainer committing a new checkpoint while we read can make one attempt
+    inconsistent; we then read again.
     """
     run_dir = Path(path)
     for _attempt in range(3):
         meta = read_meta(run_dir)
+        if complete_only:
+            require_complete(meta, run_dir)
         try:
             return _load_run_once(run_dir, meta, device)
         except CheckpointError:
@@ -660,10 +722,9 @@ def read_state(run_dir: Path, meta: dict[str, Any]) -> tuple[dict[str, Tensor], 
     """The verified resume state: (tensors, scalars)."""
     tensors = load_tensors(run_dir, meta, STATE_FILE)
     path = committed_file(run_dir, STATE_JSON)
-    try:
-        info = json.loads(read_verified(run_dir, meta["files"], STATE_JSON))
-    except ValueError as e:
-        raise CheckpointError(f"{path}: not valid JSON") from e
+    info = loads_json(
+        read_verified(run_dir, meta["files"], STATE_JSON), source=path, what="resume state", error=CheckpointError
+    )
     required = ("step", "tokens", "optimizer", "rng")
     if not isinstance(info, dict) or any(k not in info for k in required):
         raise CheckpointError(f"{path}: incomplete resume state")
@@ -678,6 +739,17 @@ def read_state(run_dir: Path, meta: dict[str, Any]) -> tuple[dict[str, Tensor], 
             raise CheckpointError(f"{path}: {key} is not a number")
     if not isinstance(info["optimizer"], dict) or not isinstance(info["optimizer"].get("extra", {}), dict):
         raise CheckpointError(f"{path}: optimizer state is not a mapping")
+    groups = info["optimizer"].get("param_groups")
+    if not isinstance(groups, list) or not all(
+        isinstance(g, dict) and isinstance(g.get("params"), list) and all(_whole(i) for i in g["params"])
+        for g in groups
+    ):
+        raise CheckpointError(f"{path}: field 'optimizer.param_groups' is not a list of groups with parameter ids")
+    extra = info["optimizer"].get("extra", {})
+    if not all(isinstance(k, str) and k.isdigit() and isinstance(v, dict) for k, v in extra.items()):
+        raise CheckpointError(f"{path}: field 'optimizer.extra' is not a mapping of parameter ids to mappings")
+    if not isinstance(info["rng"], dict):
+        raise CheckpointError(f"{path}: field 'rng' is not a mapping")
     missing = [k for k in ("rng.torch", "rng.sampler", "rng.numpy") if k not in tensors]
     if missing:
         raise CheckpointError(f"{committed_file(run_dir, STATE_FILE)}: missing tensor '{missing[0]}'")
