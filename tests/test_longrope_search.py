@@ -112,8 +112,81 @@ def test_tiny_search_beats_or_ties_its_seeds_and_writes_the_child(runs: dict[str
                                                      "long_factor": found.long_factor}  # fmt: skip
     assert json.loads((out / FACTORS_FILE).read_text())["search"]["seed"] == 1
 
-    again, found_again = extend_with_search(runs["rope"], out, ext, budget=4, seed=1, tokens=512)
-    assert found_again.long_factor == found.long_factor and again.status == "already_complete"
+    # the same search into the same child: decided done before searching (no candidate scored), factors unchanged
+    seen.clear()
+    again, found_again = extend_with_search(
+        runs["rope"], out, ext, budget=4, seed=1, tokens=512, progress=lambda *a: seen.append(a)
+    )
+    assert again.status == "already_complete" and found_again is None and seen == []
+    assert load_run(out).config.pos.scaling.long_factor == found.long_factor  # type: ignore[attr-defined]
+    record = json.loads((out / "meta.json").read_text())["extend"]
+    assert record["search"] == {"budget": 4, "seed": 1, "tokens": 512, "data": found.data}
+
+
+def test_another_search_into_the_child_is_refused_naming_what_differs(runs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "child"
+    ext = ExtendConfig(method="longrope", factor=FACTOR)
+    extend_with_search(runs["rope"], out, ext, budget=2, seed=1, tokens=128)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir())
+    never = lambda *_: pytest.fail("the search ran before the refusal")  # noqa: E731
+    with pytest.raises(ConfigError, match=r"different extension \(other search.seed: 1 there, 2 asked\)"):
+        extend_with_search(runs["rope"], out, ext, budget=2, seed=2, tokens=128, progress=never)
+    with pytest.raises(ConfigError, match=r"\(other search.tokens: 128 there, 256 asked\)"):
+        extend_with_search(runs["rope"], out, ext, budget=2, seed=1, tokens=256, progress=never)
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == before
+
+
+def _scored_windows(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[torch.Tensor]:
+    """Every input batch the models built by `module.name` (or given to it) are run on."""
+    seen: list[torch.Tensor] = []
+    real = getattr(module, name)
+
+    def spying(*args: object, **kwargs: object) -> torch.nn.Module:
+        model = real(*args, **kwargs)
+        model.register_forward_pre_hook(lambda _m, inputs: seen.append(inputs[0].detach().clone()))
+        return model
+
+    monkeypatch.setattr(module, name, spying)
+    return seen
+
+
+def test_search_scores_no_token_that_an_evaluation_scores(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The search's scored windows come from the training split (at the offsets recorded in the child), while every
+    evaluation protocol scores the validation split: no search window occurs in what eval-extrapolate scores, in
+    any protocol (the same windows at s·L were scored by both before the search was held apart)."""
+    import posenc_cli.extension.longrope_search as search_module
+    from posenc_cli.config import EvalConfig
+    from posenc_cli.data.cache import load_corpus
+    from posenc_cli.evaluation.perplexity import evaluate_run
+
+    searched = _scored_windows(monkeypatch, search_module, "build_model")
+    out = tmp_path / "child"
+    _, found = extend_with_search(runs["rope"], out, ExtendConfig(method="longrope", factor=FACTOR), budget=1,
+                                  seed=0, tokens=256)  # fmt: skip
+    assert found is not None and searched
+    windows = torch.cat(searched)  # (N, s·L): every candidate scored the same windows
+    run = load_run(runs["rope"])
+    corpus = load_corpus(run.config.data, run.config.tokenizer, tokenizer=run.tokenizer)
+    data = json.loads((out / "meta.json").read_text())["extend"]["search"]["data"]
+    assert data["fingerprint"] == corpus.info["fingerprint"]
+    stream = torch.from_numpy(getattr(corpus, data["split"])[data["start"] : data["end"]].astype("int64"))
+    length = found.target_length
+    assert all(
+        torch.equal(w, stream[k * length : (k + 1) * length]) for k, w in enumerate(windows[: len(stream) // length])
+    )
+
+    evaluated: list[torch.Tensor] = []
+    run.model.register_forward_pre_hook(lambda _m, inputs: evaluated.append(inputs[0].detach().clone()))
+    for protocol in ("nonoverlap", "sliding", "fixed-target"):
+        evaluate_run(run, EvalConfig(protocol=protocol, abs_lengths=[length], tokens=16384), store=False)
+    scored = {bytes(row.numpy().astype("int32").tobytes()) for batch in evaluated for row in batch}
+    text = b"|".join(scored)
+    assert evaluated
+    shared = [k for k, w in enumerate(windows) if w.numpy().astype("int32").tobytes() in text]
+    assert shared == []  # search windows that an evaluation also scored
+    assert data["split"] == "train"  # evaluations read only "val"
 
 
 def test_search_refuses_other_schemes_and_methods_writing_nothing(runs: dict[str, Path], tmp_path: Path) -> None:

@@ -164,7 +164,8 @@ def extend_command(
         bool,
         typer.Option(
             "--search",
-            help="Find LongRoPE's long factors by evolutionary search, scored by validation perplexity at s·L.",
+            help="Find LongRoPE's long factors by evolutionary search, scored by perplexity at s·L on the start of "
+            "the training split (evaluations read only the validation split).",
             rich_help_panel="LongRoPE",
         ),
     ] = False,
@@ -178,7 +179,7 @@ def extend_command(
     search_tokens: Annotated[
         int,
         typer.Option(
-            "--search-tokens", metavar="N", help="Validation tokens per candidate.", rich_help_panel="LongRoPE"
+            "--search-tokens", metavar="N", help="Training-split tokens per candidate.", rich_help_panel="LongRoPE"
         ),
     ] = 8192,
     window: Annotated[
@@ -261,20 +262,20 @@ def extend_command(
     ext = _longrope_factors(ext, factors, search)
     validate_extend(ext)  # before naming the default directory after the method
     out_dir = out if out is not None else default_out_dir(run_dir, ext)
-    found = None
-    if search:  # refuses a run that is not RoPE before anything is written
-        ext, found = _search(run_dir, ext, search_budget, search_seed, search_tokens, threads)
+    found = identity = None
+    if search:  # refuses a run that is not RoPE, and decides "already done", before any search or write
+        ext, found, identity = _search(run_dir, out_dir, ext, search_budget, search_seed, search_tokens, threads)
 
     if ext.finetune_steps > 0:
         # deferred: keeps this command's modules off posenc --help start-up
         from posenc_cli.run.progress import TrainDisplay
 
         with TrainDisplay(console, live=stdout_is_terminal(), log_every=1) as display:
-            result = extend_run(run_dir, out_dir, ext, threads=threads, callback=display)
+            result = extend_run(run_dir, out_dir, ext, threads=threads, callback=display, search=identity)
     else:
-        result = extend_run(run_dir, out_dir, ext, threads=threads)
+        result = extend_run(run_dir, out_dir, ext, threads=threads, search=identity)
     console.print(summary_table(result))
-    if found is not None and result.status != "interrupted":
+    if search and result.status != "interrupted":
         _report_search(result, ext, found)
     if ext.pose:
         span = finetune_length(ext, result.original_length)
@@ -364,12 +365,13 @@ def _longrope_factors(ext: ExtendConfig, factors: Path | None, search: bool) -> 
 
 
 def _search(
-    run_dir: Path, ext: ExtendConfig, budget: int, seed: int, tokens: int, threads: int
-) -> tuple[ExtendConfig, Any]:
-    """LongRoPE's search with a progress bar (stderr, on a terminal): (ext with the found factors, the search)."""
+    run_dir: Path, out_dir: Path, ext: ExtendConfig, budget: int, seed: int, tokens: int, threads: int
+) -> tuple[ExtendConfig, Any, dict[str, Any]]:
+    """LongRoPE's search with a progress bar (stderr, on a terminal): (ext with the found factors, the search or None
+    when `out_dir` already holds its child, its identity for the child's record)."""
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.cli.app import progress_bar
-    from posenc_cli.extension.longrope_search import search_extension
+    from posenc_cli.extension.longrope_search import searched_factors
 
     with progress_bar() as bar:
         task = bar.add_task(f"LongRoPE search ×{ext.factor:g}", total=budget)
@@ -378,22 +380,32 @@ def _search(
             bar.update(task, completed=done, total=total,
                        description=f"LongRoPE search ×{ext.factor:g} · best ppl {best:.4g}")  # fmt: skip
 
-        return search_extension(run_dir, ext, budget=budget, seed=seed, tokens=tokens, threads=threads,
+        return searched_factors(run_dir, out_dir, ext, budget=budget, seed=seed, tokens=tokens, threads=threads,
                                 progress=progress)  # fmt: skip
 
 
 def _report_search(result: ExtendResult, ext: ExtendConfig, found: Any) -> None:
-    """Write the factors file into the child and say what the search found and what it cost."""
+    """Write the factors file into the child and say what the search found, what it cost and which tokens it
+    scored (or that the child of this same search was already there)."""
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.extension.longrope_search import write_factors
 
+    if found is None:
+        console.print(
+            f"LongRoPE search: not re-run; {escape(_shown(result.out_dir))} already holds the child of this search "
+            "(its factors are in its config)",
+            highlight=False,
+        )
+        return
     assert ext.short_factor is not None
     path = write_factors(result.out_dir, ext.short_factor, found)
     n = len(found.history)
     seed_name = min(found.initial, key=found.initial.get)
+    data = found.data
     console.print(
         f"LongRoPE search: {n} candidates in {found.seconds:.1f} s ({n / max(found.seconds, 1e-9):.2f}/s, "
-        f"{found.tokens} tokens each at {found.target_length}); best perplexity {found.ppl:.4g} "
+        f"{found.tokens} tokens each at {found.target_length}, {data['split']} split tokens "
+        f"[{data['start']}, {data['end']}), apart from every evaluation); best perplexity {found.ppl:.4g} "
         f"(best seed {seed_name} {found.initial[seed_name]:.4g}); factors in {escape(_shown(path))}",
         highlight=False,
     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -52,8 +52,11 @@ if typing.TYPE_CHECKING:
 
 __all__ = [
     "EXTEND_METHODS",
+    "check_not_parent",
+    "check_same_keys",
     "child_config",
     "default_out_dir",
+    "existing_child",
     "extend_run",
     "extension_record",
     "finetune_length",
@@ -66,7 +69,10 @@ __all__ = [
 EXTEND_METHODS: tuple[str, ...] = method_names()  # the registry's (posenc_cli/rope_scaling/)
 LOCK_FILE = ".extend.lock"  # held by the one `extend` writing an out directory (filelock; the loser changes nothing)
 # Keys of the `extend` record that must match for a re-run to reuse (or resume) an existing child.
-_IDENTITY_KEYS = ("method", "scaling", "finetune", "parent_weights_sha256", "logn", "remap")
+# Everything that changes the child's weights or numbers: the method and its parameters (LongRoPE's factors
+# included), L, the fine-tune (steps, length, lr, warm-up, PoSE), the parent's weights, log-n, the remapping, and
+# the LongRoPE search's settings and scored tokens (`longrope_search.search_identity`).
+_IDENTITY_KEYS = ("method", "scaling", "finetune", "parent_weights_sha256", "logn", "remap", "search")
 
 # ----------------------------------------------------------------------------------------------------------------
 # Pure pieces.
@@ -89,6 +95,12 @@ def require_rope(cfg: Config, run_dir: Path | str) -> None:
         raise ConfigError(
             f"{run_dir} uses pos={cfg.pos.name}; frequency scaling (extend) applies only to RoPE checkpoints"
         )
+
+
+def check_not_parent(parent_dir: Path, out_dir: Path) -> None:
+    """Refuse an output directory that is the parent run itself."""
+    if out_dir.exists() and out_dir.resolve() == parent_dir.resolve():
+        raise ConfigError(f"the output directory is the parent run {parent_dir}; extend never modifies its source")
 
 
 def parent_train_length(cfg: Config, meta: RunMeta) -> int:
@@ -145,7 +157,12 @@ def child_config(parent_cfg: Config, scaling: RopeScalingConfig, ext: ExtendConf
 
 
 def extension_record(
-    scaling: RopeScalingConfig, ext: ExtendConfig, parent_sha: str, parent_length: int
+    scaling: RopeScalingConfig,
+    ext: ExtendConfig,
+    parent_sha: str,
+    parent_length: int,
+    *,
+    search: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """meta.json `extend`: the settings that identify the extension (`_IDENTITY_KEYS`) plus provenance."""
     assert scaling.original_length is not None
@@ -170,6 +187,8 @@ def extension_record(
     }
     if ext.logn:  # only then, so the records of earlier extensions stay what they were
         record["logn"] = {"length": scaling.original_length}
+    if search is not None:  # LongRoPE's searched factors: the search's settings and the tokens it scored
+        record["search"] = search
     return record
 
 
@@ -203,7 +222,7 @@ def _frequency_numbers(
 # The out directory: absent, empty, an earlier attempt at the same extension, or something else.
 
 
-def _existing_child(out_dir: Path) -> dict[str, Any] | None:
+def existing_child(out_dir: Path) -> dict[str, Any] | None:
     """meta.json of a posenc run in `out_dir`; None when absent, empty or posenc's unfinished attempt (claimed);
     ConfigError when it holds anything else."""
     if not out_dir.exists():
@@ -242,7 +261,7 @@ def _writer_lock(out_dir: Path) -> Iterator[None]:
 
 def _check_out_dir(out: Path, record: dict[str, Any], resume: bool) -> dict[str, Any] | None:
     """The meta of this same extension already in `out` (None: nothing there yet); refuses anything else."""
-    existing = _existing_child(out)
+    existing = existing_child(out)
     if existing is not None:
         _check_same_extension(out, existing, record)
     elif resume:
@@ -251,17 +270,41 @@ def _check_out_dir(out: Path, record: dict[str, Any], resume: bool) -> dict[str,
 
 
 def _check_same_extension(out_dir: Path, meta: dict[str, Any], record: dict[str, Any]) -> None:
+    check_same_keys(out_dir, meta, record, _IDENTITY_KEYS)
+
+
+def check_same_keys(out_dir: Path, meta: dict[str, Any], record: dict[str, Any], keys: Sequence[str]) -> None:
+    """Refuse, in one line naming what differs, a child (`meta`) whose extension record differs from `record` in
+    `keys` (the LongRoPE search checks its own part before searching)."""
     old = meta.get("extend")
     if not isinstance(old, dict):
         raise ConfigError(
             f"output directory {out_dir} already holds a run that is not an extension; choose another --out"
         )
-    diffs = [k for k in _IDENTITY_KEYS if old.get(k) != record.get(k)]
+    diffs = [k for k in keys if old.get(k) != record.get(k)]
     if diffs:
-        what = "parent weights" if diffs == ["parent_weights_sha256"] else ", ".join(diffs)
+        what = (
+            "parent weights"
+            if diffs == ["parent_weights_sha256"]
+            else "; ".join(_differs(k, old, record) for k in diffs)
+        )
         raise ConfigError(
             f"output directory {out_dir} already holds a different extension (other {what}); choose another --out"
         )
+
+
+def _differs(key: str, old: dict[str, Any], new: dict[str, Any]) -> str:
+    """'scaling.factor: 4 there, 8 asked' (the first differing entry of a record key, values shortened)."""
+    a, b = old.get(key), new.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+        sub = next(k for k in [*a, *(k for k in b if k not in a)] if a.get(k) != b.get(k))
+        key, a, b = f"{key}.{sub}", a.get(sub), b.get(sub)
+    return f"{key}: {_short(a)} there, {_short(b)} asked"
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -276,6 +319,7 @@ def extend_run(
     threads: int = 0,
     callback: Callable[[dict[str, Any]], None] | None = None,
     resume: bool = False,
+    search: dict[str, Any] | None = None,
 ) -> ExtendResult:
     """Write the RoPE-scaled child of run `parent_dir` into `out_dir` (fine-tuning it when `ext.finetune_steps`).
 
@@ -284,12 +328,12 @@ def extend_run(
     Refused with a one-line `UserError`, before anything is written: an unknown method, factor <= 1, a parent that
     is not a verified posenc run or not RoPE, and an `out_dir` that is the parent or holds anything else.
     `resume=True` additionally requires `out_dir` to hold the extension already. `callback` receives `train()`'s
-    events during a fine-tune; `threads` sets the fine-tune's `train.threads` (0 = torch's default).
+    events during a fine-tune; `threads` sets the fine-tune's `train.threads` (0 = torch's default). `search`: the
+    LongRoPE search that found `ext`'s factors (`longrope_search.search_identity`), recorded as `extend.search`.
     """
     validate_extend(ext)
     parent_path, out = Path(parent_dir), Path(out_dir)
-    if out.exists() and out.resolve() == parent_path.resolve():
-        raise ConfigError(f"the output directory is the parent run {parent_path}; extend never modifies its source")
+    check_not_parent(parent_path, out)
 
     # a transformers directory: a new transformers directory (posenc_cli/extension/hf_extend.py)
     if is_hf_dir(parent_path):
@@ -307,7 +351,7 @@ def extend_run(
     rotary = rotary_dim(cfg.model.head_dim, cfg.pos.rotary_fraction)  # type: ignore[attr-defined]
     attention, regions, wavelengths = _frequency_numbers(scaling, rotary, cfg.pos.base)  # type: ignore[attr-defined]
     parent_length, base_length = parent.meta.lengths(cfg)
-    record = extension_record(scaling, ext, str(parent.meta.files[MODEL_FILE]), parent_length)
+    record = extension_record(scaling, ext, str(parent.meta.files[MODEL_FILE]), parent_length, search=search)
     child_cfg = child_config(cfg, scaling, ext, threads)
 
     _check_out_dir(out, record, resume)  # refuses a user's directory before the lock is written into it
@@ -400,8 +444,7 @@ def remap_run(parent_dir: Path | str, out_dir: Path | str, remap: RemapConfig, *
         raise ConfigError("give a remapping method: self-extend or rerope")
     remap.validate()
     parent_path, out = Path(parent_dir), Path(out_dir)
-    if out.exists() and out.resolve() == parent_path.resolve():
-        raise ConfigError(f"the output directory is the parent run {parent_path}; extend never modifies its source")
+    check_not_parent(parent_path, out)
     if is_hf_dir(parent_path):
         raise ConfigError(f"{remap.method} applies to posenc runs only; transformers directories have no remapping")
     with use_threads(threads):

@@ -6,9 +6,19 @@ paper's monotone constraint: lower frequencies are interpolated at least as much
 population is the paper's: the λ that PI, NTK-aware scaling and YaRN amount to at this factor (`initial_candidates`),
 then each generation keeps the best candidates as parents and adds children made by mutation (`mutate`) and
 crossover (`crossover`), each projected back onto the constraints (`constrain`) and never scored twice. Every
-candidate is scored by its perplexity at the target length s·L on the start of the run's own validation split
-(non-overlapping windows, fp32), so the search costs `budget` forward passes over `tokens` tokens. Left out: the
-paper's n̂ (first positions kept un-interpolated), which `transformers`' longrope rope type has no place for.
+candidate is scored by its perplexity at the target length s·L (non-overlapping windows, fp32), so the search costs
+`budget` forward passes over `tokens` tokens. Left out: the paper's n̂ (first positions kept un-interpolated), which
+`transformers`' longrope rope type has no place for.
+
+Search data, held apart from every evaluation (`search_windows`): the reference searches on one corpus and evaluates
+on another (microsoft/LongRoPE README.md:90: PG19 validation for the search, Proof-Pile test for the evaluation).
+posenc's evaluations (`eval-extrapolate` in every protocol, fixed-target included, which scores the *end* of the
+validation stream; the training run's own validation) only ever read the validation split, so the search scores the
+first windows of the run's *training* split instead (`SEARCH_SPLIT`): no token it scores is scored by an evaluation
+of the run's own data. The cost: those tokens may have been trained on at length L (training samples windows of L
+anywhere in the split), so the search's perplexities are optimistic in level; they rank candidates at s·L, a length
+the model never trained at. The child records the tokens used (`SearchResult.data`, in meta.json's `extend.search`
+and the factors file): split, token offsets [start, end) and the corpus and tokenizer fingerprints.
 
 The pure functions take a `random.Random`, so a seed fixes the whole search (and `extend` stays idempotent: the
 same command finds the same factors). `extend_with_search` runs the search on a RoPE run and writes the child run
@@ -33,12 +43,20 @@ import torch.nn.functional as F
 from posenc_cli.config import ExtendConfig, replace
 from posenc_cli.data.cache import eval_windows, load_corpus
 from posenc_cli.errors import ConfigError
-from posenc_cli.extension.extend import extend_run, parent_train_length, require_rope, validate_extend
+from posenc_cli.extension.extend import (
+    check_not_parent,
+    check_same_keys,
+    existing_child,
+    extend_run,
+    parent_train_length,
+    require_rope,
+    validate_extend,
+)
 from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.model import build_model
 from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import NONE, RopeScalingConfig, scaled_inv_freq
-from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.checkpoint import MODEL_FILE, load_run
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.hf_run import is_hf_dir
 
@@ -57,11 +75,15 @@ __all__ = [
     "mutate",
     "search_bounds",
     "search_extension",
+    "search_identity",
     "search_long_factors",
+    "search_windows",
+    "searched_factors",
     "write_factors",
 ]
 
 FACTORS_FILE = "longrope_factors.json"  # in the child run: {"short_factor", "long_factor", "search": {...}}
+SEARCH_SPLIT = "train"  # the split the search scores (see the module docstring: evaluations read only "val")
 Candidate = tuple[float, ...]  # one λ per frequency pair
 Progress = Callable[[int, int, float], None]  # (candidates scored, budget, best perplexity so far)
 
@@ -151,6 +173,7 @@ class SearchResult:
     budget: int = 0
     seed: int = 0
     seconds: float = 0.0
+    data: dict[str, Any] = field(default_factory=dict)  # the tokens scored: split, start, end, fingerprints
 
     @property
     def initial_best(self) -> float:
@@ -160,10 +183,22 @@ class SearchResult:
         return dataclasses.asdict(self)
 
 
-def _validation_windows(run: LoadedRun, length: int, tokens: int) -> torch.Tensor:
-    """(N, length + 1) non-overlapping windows from the start of the run's validation split, N·length ≈ tokens."""
+def search_windows(run: LoadedRun, length: int, tokens: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    """((N, length + 1) non-overlapping windows from the start of the run's training split, N·length ≈ tokens; the
+    tokens they cover: split, [start, end) offsets in that split's stream, corpus and tokenizer fingerprints).
+
+    The training split, never the validation split that every evaluation scores (see the module docstring)."""
     corpus = load_corpus(run.config.data, run.config.tokenizer, tokenizer=run.tokenizer)
-    return eval_windows(corpus.val, length, length, max_windows=max(1, math.ceil(tokens / length)))
+    stream = getattr(corpus, SEARCH_SPLIT)
+    windows = eval_windows(stream, length, length, max_windows=max(1, math.ceil(tokens / length)))
+    data = {
+        "split": SEARCH_SPLIT,
+        "start": 0,
+        "end": int(windows.shape[0]) * length + 1,  # exclusive; the first token is context only, never a target
+        "fingerprint": str(corpus.info.get("fingerprint") or ""),
+        "tokenizer_fingerprint": str(corpus.info.get("tokenizer_fingerprint") or ""),
+    }
+    return windows, data
 
 
 def _scorer(run: LoadedRun, factor: float, original_length: int, windows: torch.Tensor) -> Callable[[Candidate], float]:
@@ -206,13 +241,11 @@ def search_long_factors(
     progress: Progress | None = None,
 ) -> SearchResult:
     """LongRoPE's long factors for RoPE run `run` at scale `factor` (target length round(s·L)), by evolutionary
-    search scored on the run's validation data. `budget` candidates are scored in all: the seeds first (PI, NTK,
-    YaRN), then generations of `population` children of the best `parents`. Deterministic for a given `seed`.
-    The result's perplexity is never above the best seed's (the seeds are candidates too)."""
-    if budget < 1:
-        raise ConfigError(f"--search-budget must be >= 1, got {budget}")
-    if tokens < 1:
-        raise ConfigError(f"--search-tokens must be >= 1, got {tokens}")
+    search scored on the start of the run's training split (`search_windows`). `budget` candidates are scored in
+    all: the seeds first (PI, NTK, YaRN), then generations of `population` children of the best `parents`.
+    Deterministic for a given `seed`. The result's perplexity is never above the best seed's (the seeds are
+    candidates too)."""
+    _check_settings(budget, tokens)
     cfg = run.config
     if cfg.pos.name != "rope":
         raise ConfigError(f"{run.path} uses pos={cfg.pos.name}; LongRoPE applies only to RoPE checkpoints")
@@ -220,7 +253,7 @@ def search_long_factors(
     base = float(cfg.pos.base)  # type: ignore[attr-defined]
     target = round(factor * original_length)
     t0 = time.perf_counter()
-    windows = _validation_windows(run, target, tokens)  # (N, target + 1)
+    windows, data = search_windows(run, target, tokens)  # (N, target + 1)
     score = _scorer(run, factor, original_length, windows)
     low, high = search_bounds(factor)
     rng = random.Random(seed)
@@ -266,6 +299,7 @@ def search_long_factors(
         budget=budget,
         seed=seed,
         seconds=round(time.perf_counter() - t0, 3),
+        data=data,
     )
 
 
@@ -275,6 +309,39 @@ def write_factors(out_dir: Path | str, short_factor: Sequence[float], result: Se
     doc = {"short_factor": list(short_factor), "long_factor": result.long_factor, "search": result.to_json()}
     atomic_write_json(path, doc)
     return path
+
+
+def search_identity(budget: int, seed: int, tokens: int, data: dict[str, Any]) -> dict[str, Any]:
+    """meta.json `extend.search` of a searched child: what its factors depend on besides the parent's weights,
+    factor and L (recorded apart): the search's settings and the tokens it scored (`search_windows`)."""
+    return {"budget": budget, "seed": seed, "tokens": tokens, "data": data}
+
+
+def _check_settings(budget: int, tokens: int) -> None:
+    if budget < 1:
+        raise ConfigError(f"--search-budget must be >= 1, got {budget}")
+    if tokens < 1:
+        raise ConfigError(f"--search-tokens must be >= 1, got {tokens}")
+
+
+def _searchable_run(parent_dir: Path | str, ext: ExtendConfig, budget: int, tokens: int) -> LoadedRun:
+    """The loaded RoPE run to search on; one-line refusals for anything else (before any search)."""
+    if ext.method != "longrope":
+        raise ConfigError(f"--search finds LongRoPE factors; use it with --longrope, not --method {ext.method}")
+    validate_extend(ext)
+    _check_settings(budget, tokens)
+    if is_hf_dir(Path(parent_dir)):
+        raise ConfigError("--search needs a posenc run (it scores candidates on the run's own training data)")
+    run = load_run(parent_dir)
+    require_rope(run.config, parent_dir)
+    return run
+
+
+def _with_factors(ext: ExtendConfig, run: LoadedRun, long_factor: Sequence[float]) -> ExtendConfig:
+    """`ext` with these long factors and short factors 1 (the model is unchanged up to L)."""
+    cfg = run.config
+    pairs = rotary_dim(cfg.model.head_dim, cfg.pos.rotary_fraction) // 2  # type: ignore[attr-defined]
+    return replace(ext, short_factor=[1.0] * pairs, long_factor=[float(v) for v in long_factor])
 
 
 def search_extension(
@@ -290,21 +357,67 @@ def search_extension(
     """Search LongRoPE's long factors on run `parent_dir`: (`ext` with the found long factors and short factors 1,
     so the model is unchanged up to L; the search). Writes nothing; refused with one line for a run that is not
     RoPE (or a transformers directory) and a method other than longrope."""
-    if ext.method != "longrope":
-        raise ConfigError(f"--search finds LongRoPE factors; use it with --longrope, not --method {ext.method}")
-    validate_extend(ext)
-    if is_hf_dir(Path(parent_dir)):
-        raise ConfigError("--search needs a posenc run (it scores candidates on the run's own validation data)")
     with use_threads(threads):
-        run = load_run(parent_dir)
-        cfg = run.config
-        require_rope(cfg, parent_dir)
-        original_length = ext.original_length or parent_train_length(cfg, run.meta)
+        run = _searchable_run(parent_dir, ext, budget, tokens)
+        original_length = ext.original_length or parent_train_length(run.config, run.meta)
         result = search_long_factors(
             run, ext.factor, original_length, budget=budget, seed=seed, tokens=tokens, progress=progress
         )
-    pairs = rotary_dim(cfg.model.head_dim, cfg.pos.rotary_fraction) // 2  # type: ignore[attr-defined]
-    return replace(ext, short_factor=[1.0] * pairs, long_factor=list(result.long_factor)), result
+    return _with_factors(ext, run, result.long_factor), result
+
+
+def _earlier_factors(
+    out_dir: Path, identity: dict[str, Any], parent_sha: str, scaling: dict[str, Any]
+) -> list[float] | None:
+    """The long factors of the child already in `out_dir` when it is this same search (settings, scored tokens,
+    parent weights, factor and L: the search is deterministic, so they are what a re-run would find); None when
+    `out_dir` holds no run yet. Anything else there is refused in one line now, before the search: a run that is
+    not an extension, another search (or given factors), other parent weights, factor or L."""
+    meta = existing_child(out_dir)
+    if meta is None:
+        return None
+    old = meta.get("extend")
+    old_scaling = old.get("scaling") if isinstance(old, dict) else None
+    if isinstance(old_scaling, dict):  # compare only what the factors depend on; the rest is extend_run's check
+        meta = {"extend": {**old, "scaling": {k: old_scaling.get(k) for k in scaling}}}
+    record = {"method": "longrope", "parent_weights_sha256": parent_sha, "search": identity, "scaling": scaling}
+    check_same_keys(out_dir, meta, record, ("method", "parent_weights_sha256", "scaling", "search"))
+    assert isinstance(old_scaling, dict)  # the same search recorded, so a LongRoPE scaling
+    return [float(v) for v in old_scaling["long_factor"]]
+
+
+def searched_factors(
+    parent_dir: Path | str,
+    out_dir: Path | str,
+    ext: ExtendConfig,
+    *,
+    budget: int = 16,
+    seed: int = 0,
+    tokens: int = 8192,
+    threads: int = 0,
+    progress: Progress | None = None,
+) -> tuple[ExtendConfig, SearchResult | None, dict[str, Any]]:
+    """(`ext` with the searched factors, the search, its `search_identity`) for `extend_run(..., search=identity)`
+    into `out_dir`. When `out_dir` already holds the child of this same search, the search is not re-run: the
+    factors are the child's and the search returned is None. Writes nothing; refused with one line as
+    `search_extension`, and for an `out_dir` that is the parent or holds something else, before any search."""
+    check_not_parent(Path(parent_dir), Path(out_dir))
+    with use_threads(threads):
+        run = _searchable_run(parent_dir, ext, budget, tokens)
+        original_length = ext.original_length or parent_train_length(run.config, run.meta)
+        _, data = search_windows(run, round(ext.factor * original_length), tokens)
+        identity = search_identity(budget, seed, tokens, data)
+        parent_sha, scaling = (
+            str(run.meta.files[MODEL_FILE]),
+            {"factor": float(ext.factor), "original_length": original_length},
+        )
+        long_factor = _earlier_factors(Path(out_dir), identity, parent_sha, scaling)
+        if long_factor is not None:
+            return _with_factors(ext, run, long_factor), None, identity
+        result = search_long_factors(
+            run, ext.factor, original_length, budget=budget, seed=seed, tokens=tokens, progress=progress
+        )
+    return _with_factors(ext, run, result.long_factor), result, identity
 
 
 def extend_with_search(
@@ -318,14 +431,16 @@ def extend_with_search(
     threads: int = 0,
     progress: Progress | None = None,
     callback: Callable[[dict[str, Any]], None] | None = None,
-) -> tuple[ExtendResult, SearchResult]:
-    """`search_extension`, then `extend_run` into `out_dir` with the found factors (in the child's config) and
-    `FACTORS_FILE` written there. Refused with one line, before anything is written, as `search_extension`."""
-    child_ext, result = search_extension(
-        parent_dir, ext, budget=budget, seed=seed, tokens=tokens, threads=threads, progress=progress
+) -> tuple[ExtendResult, SearchResult | None]:
+    """`searched_factors`, then `extend_run` into `out_dir` with them (in the child's config; the search's settings
+    and scored tokens in meta.json's `extend.search`) and `FACTORS_FILE` written there. A child of this same search
+    already in `out_dir` is reported done (or its fine-tune resumed) without re-running the search (the returned
+    search is then None). Refused with one line, before anything is written, as `searched_factors`."""
+    child_ext, result, identity = searched_factors(
+        parent_dir, out_dir, ext, budget=budget, seed=seed, tokens=tokens, threads=threads, progress=progress
     )
-    extended = extend_run(parent_dir, out_dir, child_ext, threads=threads, callback=callback)
-    if extended.status != "interrupted":
+    extended = extend_run(parent_dir, out_dir, child_ext, threads=threads, callback=callback, search=identity)
+    if result is not None and extended.status != "interrupted":
         assert child_ext.short_factor is not None
         write_factors(extended.out_dir, child_ext.short_factor, result)
     return extended, result
