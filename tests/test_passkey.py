@@ -12,13 +12,15 @@ import pytest
 import torch
 from torch import nn
 
-from posenc_cli.config import Config, TokenizerConfig, TrainConfig
+from posenc_cli.config import Config, ModelConfig, TokenizerConfig, TrainConfig
 from posenc_cli.data.cache import load_corpus
 from posenc_cli.data.sources import passkey as pk_source
 from posenc_cli.data.sources.passkey import PasskeyDataConfig
 from posenc_cli.data.tokenizer import ByteTokenizer, train_bpe
 from posenc_cli.errors import LengthBeyondScheme
 from posenc_cli.evaluation import passkey as pk
+from posenc_cli.model import GPT
+from posenc_cli.positional import config_class, registry
 from posenc_cli.report import passkey_report
 from posenc_cli.run.checkpoint import LoadedRun, RunMeta
 
@@ -296,3 +298,26 @@ def test_table_and_figure_render(tmp_path: Path) -> None:
     assert "length \\ depth" in text and "25%" in text and "100%" in text and "0%" in text and "2× · 256" in text
     path = save_figure(passkey_report.passkey_figure(results), tmp_path / "heat.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _Uncached(nn.Module):
+    """The same model without `new_cache`: greedy_decode then runs a full forward per generated token."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)
+
+
+@pytest.mark.parametrize("scheme", sorted(registry()))
+def test_cached_greedy_decoding_generates_what_full_forwards_generate(scheme: str) -> None:
+    torch.manual_seed(3)
+    model = GPT(ModelConfig(d_model=32, n_layer=2, n_head=2, init_std=0.3), config_class(scheme)(), 40, 32).eval()
+    prompts = torch.randint(0, 40, (3, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        cached = pk.greedy_decode(model, prompts, 10)
+        full = pk.greedy_decode(_Uncached(model), prompts, 10)
+    assert cached.shape == (3, 10)
+    assert torch.equal(cached, full)

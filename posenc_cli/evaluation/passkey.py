@@ -140,7 +140,14 @@ def build_prompts(tokenizer: Tokenizer, keys: Sequence[str], depths: Sequence[fl
 
 
 def greedy_decode(model: nn.Module, prompts: torch.Tensor, steps: int, *, use_bf16: bool = False) -> torch.Tensor:
-    """Append `steps` argmax tokens to `prompts` (B, P) -> (B, steps); one full forward per step (no KV cache)."""
+    """Append `steps` argmax tokens to `prompts` (B, P) -> (B, steps).
+
+    With posenc's model (`new_cache`) the prompt is read once and each generated token by one forward of that
+    token against the KV cache (`posenc_cli.kv_cache`: the same logits as a full forward, to rounding); any other
+    model (a `transformers` checkpoint) is run whole over the prompt and the tokens so far at every step.
+    """
+    if hasattr(model, "new_cache"):
+        return _greedy_cached(model, prompts, steps, use_bf16=use_bf16)
     x = prompts
     for _ in range(steps):
         with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
@@ -148,6 +155,19 @@ def greedy_decode(model: nn.Module, prompts: torch.Tensor, steps: int, *, use_bf
         nxt = logits[:, -1, :].float().argmax(dim=-1, keepdim=True)  # (B, 1)
         x = torch.cat([x, nxt], dim=1)  # (B, T+1)
     return x[:, prompts.shape[1] :]
+
+
+def _greedy_cached(model: nn.Module, prompts: torch.Tensor, steps: int, *, use_bf16: bool) -> torch.Tensor:
+    """`greedy_decode` through the KV cache: the prompt once, then one (B, 1) forward per generated token."""
+    cache = model.new_cache()
+    out = prompts.new_empty(prompts.shape[0], steps)  # (B, steps)
+    x = prompts
+    for i in range(steps):
+        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            logits = model(x, cache=cache)  # (B, T, V): the prompt, then one token
+        out[:, i] = logits[:, -1, :].float().argmax(dim=-1)
+        x = out[:, i : i + 1]  # (B, 1)
+    return out
 
 
 def exact_match(generated: np.ndarray, answers: np.ndarray, answer_len: np.ndarray) -> np.ndarray:
