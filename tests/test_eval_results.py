@@ -65,3 +65,35 @@ def test_window_scores_are_token_weighted() -> None:
     assert math.isclose(scores["bpb"], 6.0 / (math.log(2) * 8)) and scores["per_position"] == [1.0, 2.0]
     overflow = window_scores(torch.tensor([2000.0], dtype=torch.float64), n_windows=1, stride=1, n_bytes=0)
     assert overflow["ppl"] == math.inf and overflow["bpb"] is None
+
+
+def test_key_holds_corpus_name_positions_and_precision_and_old_entries_read_as_they_were() -> None:
+    base = {"protocol": "nonoverlap", "stride": None, "length": 8, "tokens": 64, "dtype": "fp32"}
+    old = {**base, "data": {"name": "stdlib", "fingerprint": "a"}}  # written before `positions` was recorded
+    sequential = {**old, "positions": {"mode": "sequential"}}
+    assert er.entry_key(old) == er.entry_key(sequential) and er.positions_key(old) == ("sequential", None, None)
+    random = {**old, "positions": {"mode": "random", "range": 64, "seed": 0}}
+    renamed = {**old, "data": {"name": "text:held_out.txt", "fingerprint": "a"}}
+    bf16 = {**old, "dtype": "bf16"}
+    keys = {er.entry_key(e) for e in (old, random, renamed, bf16)}
+    assert len(keys) == 4
+    assert len({er.cell_group(e) for e in (old, {**old, "length": 16, "tokens": 128})}) == 1  # one row, two lengths
+    doc: dict = {"entries": []}
+    for e in (old, random, renamed, bf16):
+        er.merge_entry(doc, e)
+    assert len(doc["entries"]) == 4
+    picked = er.pick_entries(doc, data_name="text:held_out.txt")
+    assert [x["data"]["name"] for x in picked] == ["text:held_out.txt"]
+    assert er.pick_entries(doc, positions="random") == [random]
+
+
+def test_cell_status_tells_old_na_entries_apart() -> None:
+    def old(reason: str) -> dict:
+        return {"status": "n/a", "reason": reason}
+
+    assert er.cell_status(old("scheme 'learned' supports at most 16 positions")) == "n/a"
+    assert er.cell_status(old("validation split has 40 tokens; one window needs 65")) == "too_few_tokens"
+    assert er.cell_status(old("shorter than the fixed target of 8 tokens")) == "shorter_than_target"
+    assert er.cell_status(old("non-finite loss (mean NLL inf)")) == "non_finite"
+    assert er.cell_status({"status": "too_few_tokens", "reason": "x"}) == "too_few_tokens"
+    assert er.cell_status({"status": "ok"}) == "ok"

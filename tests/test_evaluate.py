@@ -214,21 +214,22 @@ def test_evaluate_run_writes_schema_and_na_for_learned(tmp_path: Path) -> None:
     assert set(doc) == {"schema_version", "run", "scheme", "train_length", "base_length", "entries"}
     assert doc["schema_version"] == 1 and doc["scheme"] == "learned" and doc["run"] == "run-a"
     keys = {"protocol", "stride", "length", "multiple", "tokens", "dtype", "data", "status", "reason", "ppl", "nll"}
-    keys |= {"bpb", "per_position", "posenc_version", "created", "checkpoint", "device"}
+    keys |= {"bpb", "per_position", "posenc_version", "created", "checkpoint", "device", "positions"}
     assert all(set(e) == keys for e in doc["entries"])
     by_len = {e["length"]: e for e in out["entries"]}
     assert [by_len[n]["status"] for n in (8, 16, 32)] == ["ok", "ok", "n/a"]
     assert "at most 16 positions" in by_len[32]["reason"] and by_len[32]["ppl"] is None
     assert by_len[16]["stride"] is None and by_len[16]["tokens"] == 64 and by_len[16]["multiple"] == 1.0
     assert by_len[16]["data"] == {"name": "stdlib", "fingerprint": "fp-1"}
-    assert by_len[16]["dtype"] == "fp32"
+    assert by_len[16]["dtype"] == "fp32" and by_len[16]["positions"] == {"mode": "sequential"}
 
 
 def test_split_shorter_than_window_is_na_with_reason(tmp_path: Path) -> None:
     run = fake_run(tmp_path)
     out = ev.evaluate_run(run, EvalConfig(abs_lengths=[8, 64], tokens=32), corpus=fake_corpus(40))
     short = out["entries"][1]
-    assert short["status"] == "n/a" and short["tokens"] == 0 and "40 tokens" in short["reason"]
+    # a short corpus is its own state, not the scheme's limit (which is "n/a")
+    assert short["status"] == "too_few_tokens" and short["tokens"] == 0 and "40 tokens" in short["reason"]
     # too short for the budget: uses what exists and records the actual count (40 tokens -> 4 windows of 8)
     assert out["entries"][0]["status"] == "ok" and out["entries"][0]["tokens"] == 32
     out = ev.evaluate_run(run, EvalConfig(abs_lengths=[8], tokens=1000), corpus=fake_corpus(40))
@@ -415,7 +416,7 @@ def test_fixed_target_runs_for_every_scheme(tmp_path: Path, scheme: str) -> None
     out = ev.evaluate_run(run, cfg, corpus=fake_corpus(600))
     by_len = {e["length"]: e for e in out["entries"]}
     assert all(e["protocol"] == "fixed-target" and e["stride"] == 12 for e in by_len.values())
-    assert by_len[8]["status"] == "n/a" and "shorter than the fixed target" in by_len[8]["reason"]
+    assert by_len[8]["status"] == "shorter_than_target" and "shorter than the fixed target" in by_len[8]["reason"]
     assert by_len[16]["status"] == "ok" and by_len[16]["tokens"] == 24 and math.isfinite(by_len[16]["nll"])
     if scheme != "learned":
         assert by_len[32]["status"] == "ok" and by_len[32]["tokens"] == 24

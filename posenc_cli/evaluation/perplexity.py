@@ -52,7 +52,14 @@ from posenc_cli.data.cache import load_corpus
 from posenc_cli.data.sources import build_data_config, source_class
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
 from posenc_cli.evaluation.loop import Entry, measure, results_header
+from posenc_cli.evaluation.positions import Positions, resolve_positions
 from posenc_cli.evaluation.results import (
+    BEYOND_SCHEME,
+    NON_FINITE,
+    OK,
+    SEQUENTIAL,
+    SHORTER_THAN_TARGET,
+    TOO_FEW_TOKENS,
     Protocol,
     checkpoint_identity,
     entry_key,
@@ -135,8 +142,13 @@ def plan_fixed_target(n_stream: int, length: int, target: int, n_tokens: int) ->
     return starts
 
 
+def no_window_status(protocol: Protocol, length: int, stride: int) -> str:
+    """The state of a cell without a window: shorter than its fixed target, else a corpus too short for it."""
+    return SHORTER_THAN_TARGET if protocol == "fixed-target" and stride > length else TOO_FEW_TOKENS
+
+
 def no_window_reason(protocol: Protocol, n_stream: int, length: int, stride: int, n_tokens: int) -> str:
-    """Why `plan_windows` found no window (the `reason` of an n/a entry)."""
+    """Why `plan_windows` found no window (the `reason` of a too_few_tokens or shorter_than_target entry)."""
     if protocol != "fixed-target":
         what = "stream" if protocol == "streaming" else "window"
         return f"validation split has {n_stream} tokens; one {what} needs {length + 1}"
@@ -200,18 +212,24 @@ def evaluate_model(
     dtype: str = "fp32",
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
+    positions: Positions | None = None,
 ) -> dict[str, Any]:
     """Score `model` ((B, T) int64 -> (B, T, V) logits) on windows of `tokens` (1-D ids).
 
     Returns {"tokens", "windows", "stride", "nll", "ppl", "bpb", "bytes", "per_position"}; `per_position[i]` is the
     mean NLL at window position L - S + i (all L positions for nonoverlap; the S target tokens for fixed-target,
     where `stride` is the target size). Raises `LengthBeyondScheme` when the model cannot serve `length` (checked
-    before any forward when the model exposes `scheme.max_length`) and ValueError when no window fits.
+    before any forward when the model exposes `scheme.max_length`) and ValueError when no window fits. `positions`
+    random: every window is fed its own sorted draw from [0, M) as `position_ids` (`positions.Positions`), else
+    the model's default 0..L-1.
     """
     S = resolve_stride(protocol, stride, length)
     starts = plan_windows(len(tokens), length, S, n_tokens, protocol)
     if len(starts) == 0:
         raise ValueError(no_window_reason(protocol, len(tokens), length, S, n_tokens))
+    if positions is not None and positions.beyond_range(length):
+        raise ValueError(positions.beyond_range(length))
+    generator = positions.generator(length) if positions is not None and positions.random else None
     scheme = getattr(model, "scheme", None)
     limit = getattr(scheme, "max_length", None)
     if limit is not None and length > limit:
@@ -233,7 +251,11 @@ def evaluate_model(
                 batch = torch.from_numpy(window).to(device)
                 x, y = batch[:, :-1], batch[:, -S:]  # (B, L) inputs, (B, S) scored targets
                 with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                    logits = model(x)  # (B, L, V)
+                    if generator is None:
+                        logits = model(x)  # (B, L, V)
+                    else:  # one sorted draw from [0, M) per window, in window order
+                        ids = positions.draw(len(x), length, generator).to(device)  # type: ignore[union-attr]
+                        logits = model(x, position_ids=ids)  # (B, L, V)
                 scored = logits[:, -S:, :].float()  # (B, S, V): log-softmax in fp32
                 loss = F.cross_entropy(scored.reshape(-1, scored.size(-1)), y.reshape(-1), reduction="none")
                 pos_sum += loss.view(-1, S).double().sum(0).cpu()
@@ -381,6 +403,8 @@ def evaluate_run(
     force: bool | None = None,
     progress: Progress | None = None,
     store: bool = True,
+    positions: str | None = None,
+    positions_seed: int = 0,
 ) -> dict[str, Any]:
     """Measure (or reuse) every length of `cfg` for a loaded run and store the entries in its results file.
 
@@ -391,8 +415,12 @@ def evaluate_run(
     writes nothing into the run (`extend --eval` scoring the source run it must not modify). Entries are keyed by the
     checkpoint they measured, and a run being trained right now is refused (`check_not_training`). One cell per
     length, through the shared loop `loop.measure`.
+
+    `positions` (None: the run's own, see `run_positions`): "random" feeds each window a sorted draw from [0, M) of
+    a run trained with `train.random_positions=M` (seeded by `positions_seed`), "sequential" 0..T-1.
     """
     cfg.validate()
+    position_ids = run_positions(run, cfg, positions, positions_seed)
     check_not_training(run.path)
     force = cfg.force if force is None else force
     device = torch.device(device) if device is not None else next(run.model.parameters()).device
@@ -425,6 +453,7 @@ def evaluate_run(
                     tokens=n_windows * (length if streaming is not None else stride),
                     dtype=dtype,
                     data=dict(data_info),
+                    positions=position_ids.to_json(),
                     created=_now(),
                     checkpoint=dict(checkpoint),
                     device=described_device,
@@ -435,7 +464,10 @@ def evaluate_run(
         (entry,) = group
         length, stride = entry.length, resolve_stride(cfg.protocol, entry.stride, entry.length, base_length)
         if entry.tokens == 0:
-            return [replace(entry, reason=no_window_reason(cfg.protocol, len(stream), length, stride, cfg.tokens))]
+            reason = no_window_reason(cfg.protocol, len(stream), length, stride, cfg.tokens)
+            return [replace(entry, status=no_window_status(cfg.protocol, length, stride), reason=reason)]
+        if position_ids.beyond_range(length):  # T distinct ids from [0, M) need T <= M
+            return [replace(entry, status=BEYOND_SCHEME, reason=position_ids.beyond_range(length))]
         try:
             if streaming is not None:
                 result = evaluate_streaming(
@@ -464,9 +496,10 @@ def evaluate_run(
                 dtype=dtype,
                 device=device,
                 progress=progress,
+                positions=position_ids,
             )
         except LengthBeyondScheme as e:  # same reason text at every length, so tables can group it
-            return [replace(entry, reason=e.reason)]
+            return [replace(entry, status=BEYOND_SCHEME, reason=e.reason)]
         return [_filled(entry, result)]
 
     header = results_header(run.path.name, str(run.config.pos.name), train_length, base_length)
@@ -486,6 +519,21 @@ def evaluate_run(
     return out
 
 
+def run_positions(run: LoadedRun, cfg: EvalConfig, requested: str | None, seed: int = 0) -> Positions:
+    """The position ids to feed `run` (`positions.resolve_positions` on its `train.random_positions`).
+
+    The streaming protocol assigns positions inside its cache (`streaming`), so it is always sequential there, and
+    asking for random with it is a `ConfigError`.
+    """
+    train = getattr(run.config, "train", None)
+    random_range = int(getattr(train, "random_positions", 0) or 0)
+    if cfg.protocol == "streaming":
+        if requested == "random":
+            raise ConfigError("--positions random does not apply to --protocol streaming (positions are the cache's)")
+        return Positions()
+    return resolve_positions(requested, random_range, seed, run=str(run.path))
+
+
 def check_not_training(run_dir: Path) -> None:
     """Refuse to evaluate a run whose trainer holds its run lock: its weights are about to change.
 
@@ -499,7 +547,9 @@ def check_not_training(run_dir: Path) -> None:
 @dataclass(frozen=True, kw_only=True)
 class ExtrapolateEntry(Entry):
     """One length of `eval/extrapolate.json`; the fields in the order of the stored keys. `stride` is None for
-    nonoverlap, the target size for fixed-target; `tokens` the scored tokens (0: no window fits)."""
+    nonoverlap, the target size for fixed-target; `tokens` the scored tokens (0: no window fits); `data` the corpus
+    {name, fingerprint}; `positions` the position ids fed (`Positions.to_json`); `status` one of
+    `results.CellStatus`."""
 
     protocol: str
     stride: int | None
@@ -508,7 +558,8 @@ class ExtrapolateEntry(Entry):
     tokens: int
     dtype: str
     data: dict[str, str]
-    status: str = "n/a"
+    positions: dict[str, Any] = field(default_factory=lambda: dict(SEQUENTIAL))
+    status: str = BEYOND_SCHEME  # planned; measuring sets the state (`results.CellStatus`)
     reason: str | None = None
     ppl: float | None = None
     nll: float | None = None
@@ -546,10 +597,11 @@ def _now() -> str:
 def _filled(entry: ExtrapolateEntry, result: dict[str, Any]) -> ExtrapolateEntry:
     nll = result["nll"]
     if not math.isfinite(nll) or not math.isfinite(result["ppl"]):
-        return replace(entry, reason=f"non-finite loss (mean NLL {nll})", nll=nll if math.isfinite(nll) else None)
+        reason = f"non-finite loss (mean NLL {nll})"
+        return replace(entry, status=NON_FINITE, reason=reason, nll=nll if math.isfinite(nll) else None)
     return replace(
         entry,
-        status="ok",
+        status=OK,
         tokens=result["tokens"],
         ppl=result["ppl"],
         nll=nll,

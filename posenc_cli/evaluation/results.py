@@ -13,8 +13,19 @@ Every entry records the checkpoint it measured (`checkpoint_identity`: the run's
 model.safetensors from meta.json), and that identity is part of the key, so a run trained further is measured
 again instead of reusing cells of its earlier weights. Writers go through `update_results_file`: under a lock next
 to the file it re-reads what is on disk, drops entries of another checkpoint of the run, merges the new entries and
-writes, so two evaluations of one run at once keep each other's cells. A length with no entry was not measured; a
-stored entry whose `status` is not "ok" says why it cannot be (its `reason`).
+writes, so two evaluations of one run at once keep each other's cells. A length with no entry was not measured.
+
+What a cell measured is in its key (`entry_key`): the corpus (`data.name` and `data.fingerprint`), the protocol and its
+stride (and a streaming cache's `window` and `sinks`), the length, the scored-token budget, the precision (`dtype`),
+the position ids fed (`positions`: sequential 0..T-1 or the run's randomized positions with their range and seed),
+and the checkpoint. Entries from before a field was recorded are read as what they were: no `positions` is
+sequential. `cell_group` is the part of the key that a table's row shares across lengths.
+
+A cell's state is its `status` (`cell_status` also reads entries written before the states were told apart):
+"ok" (measured); "n/a" (the scheme, or the run's position range, cannot read that many tokens: as every evaluation
+writes it); "too_few_tokens" (the corpus is too short for one window at that length: a property of the data, not
+of the scheme); "shorter_than_target" (fixed-target: a length shorter than its scored target); "non_finite" (the
+loss overflowed). Every state but "ok" comes with its `reason` text.
 """
 
 from __future__ import annotations
@@ -34,17 +45,34 @@ from posenc_cli.run.checkpoint import RunMeta
 SCHEMA_VERSION = 1
 RESULTS_FILE = Path("eval") / "extrapolate.json"
 Protocol = Literal["nonoverlap", "sliding", "fixed-target", "streaming"]
+CellStatus = Literal["ok", "n/a", "too_few_tokens", "shorter_than_target", "non_finite"]
+OK: CellStatus = "ok"
+BEYOND_SCHEME: CellStatus = "n/a"  # the scheme (or the run's randomized position range) cannot read the length
+TOO_FEW_TOKENS: CellStatus = "too_few_tokens"  # the corpus holds no window of the length
+SHORTER_THAN_TARGET: CellStatus = "shorter_than_target"  # fixed-target: the length is shorter than its target
+NON_FINITE: CellStatus = "non_finite"  # the loss overflowed
+SEQUENTIAL = {"mode": "sequential"}  # positions 0..T-1: what every entry without a `positions` field was fed
 LOCK_TIMEOUT_S = 120.0  # a writer holds the lock only to read, merge and write one small file
 
 __all__ = [
+    "BEYOND_SCHEME",
+    "NON_FINITE",
+    "OK",
     "RESULTS_FILE",
     "SCHEMA_VERSION",
+    "SEQUENTIAL",
+    "SHORTER_THAN_TARGET",
+    "TOO_FEW_TOKENS",
+    "cell_group",
+    "cell_status",
     "checkpoint_identity",
+    "corpus_key",
     "entry_key",
     "load_results",
     "merge_entry",
     "new_results_doc",
     "pick_entries",
+    "positions_key",
     "read_results_file",
     "results_path",
     "save_results",
@@ -98,18 +126,55 @@ def save_results(run_dir: Path | str, doc: dict[str, Any]) -> Path:
 
 
 def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
-    """Two entries measure the same thing when these agree."""
-    data = entry.get("data") or {}
+    """Two entries measure the same thing when these agree: `cell_group` plus the length, the scored-token budget
+    and the checkpoint."""
+    return (*cell_group(entry), entry["length"], entry["tokens"], *checkpoint_key(entry))
+
+
+def cell_group(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """What the cells of one table row share across lengths: the corpus (`corpus_key`), protocol, stride, a
+    streaming cache's window and sinks, precision (`dtype`) and the position ids fed (`positions_key`). Cells of
+    different groups measured different things and are never shown as one row."""
+    streaming = (entry.get("window"), entry.get("sinks")) if entry["protocol"] == "streaming" else ()
     return (
+        *corpus_key(entry),
         entry["protocol"],
         entry["stride"],
-        entry["length"],
-        entry["tokens"],
+        *streaming,
         entry["dtype"],
-        data.get("fingerprint"),
-        *checkpoint_key(entry),
-        *((entry.get("window"), entry.get("sinks")) if entry["protocol"] == "streaming" else ()),
+        *positions_key(entry),
     )
+
+
+def corpus_key(entry: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(data name, data fingerprint) of the corpus an entry scored."""
+    data = entry.get("data") or {}
+    return data.get("name"), data.get("fingerprint")
+
+
+def positions_key(entry: dict[str, Any]) -> tuple[str, int | None, int | None]:
+    """(mode, range M, seed) of the position ids an entry fed: ("sequential", None, None) for 0..T-1, which is also
+    what an entry from before the field was recorded was fed; ("random", M, seed) for sorted draws from [0, M)."""
+    positions = entry.get("positions") or SEQUENTIAL
+    if positions.get("mode", "sequential") == "sequential":
+        return "sequential", None, None
+    return str(positions["mode"]), positions.get("range"), positions.get("seed")
+
+
+def cell_status(entry: dict[str, Any]) -> str:
+    """The state of a stored cell (see the module docstring). Entries written before the states were told apart
+    say "n/a" for all of them; their reason text tells which it was."""
+    status = str(entry.get("status"))
+    if status != BEYOND_SCHEME:
+        return status
+    reason = str(entry.get("reason") or "")
+    if reason.startswith("validation split has"):
+        return TOO_FEW_TOKENS
+    if reason.startswith("shorter than the fixed target"):
+        return SHORTER_THAN_TARGET
+    if reason.startswith("non-finite loss"):
+        return NON_FINITE
+    return BEYOND_SCHEME
 
 
 def checkpoint_identity(meta: RunMeta) -> dict[str, Any]:
@@ -179,10 +244,14 @@ def pick_entries(
     stride: int | None = None,
     dtype: str | None = None,
     data_fingerprint: str | None = None,
+    data_name: str | None = None,
+    positions: str | None = None,
 ) -> list[dict[str, Any]]:
     """One entry per length (the most recent) matching the filters, by increasing length.
 
-    `stride` None matches any stride of a sliding protocol; for compare/sweep code reading stored results.
+    `stride` None matches any stride of a sliding protocol; `positions` a mode ("sequential", "random"); for
+    compare/sweep code reading stored results. A None filter matches anything: to keep corpora, precisions and
+    position modes apart, filter on them or split the entries by `cell_group` first.
     """
     best: dict[int, dict[str, Any]] = {}
     for e in doc["entries"]:
@@ -190,7 +259,12 @@ def pick_entries(
             continue
         if dtype is not None and e["dtype"] != dtype:
             continue
-        if data_fingerprint is not None and (e.get("data") or {}).get("fingerprint") != data_fingerprint:
+        name, fingerprint = corpus_key(e)
+        if data_fingerprint is not None and fingerprint != data_fingerprint:
+            continue
+        if data_name is not None and name != data_name:
+            continue
+        if positions is not None and positions_key(e)[0] != positions:
             continue
         if e["length"] not in best or str(e.get("created", "")) >= str(best[e["length"]].get("created", "")):
             best[e["length"]] = e
