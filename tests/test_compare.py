@@ -42,9 +42,20 @@ def entry(length: int, ppl: float | None, base: int = 16) -> dict[str, Any]:
     }
 
 
-def fake_run(run_dir: Path, scheme: str, ppls: dict[int, float | None], lengths: list[float]) -> None:
-    """A run directory with a config (eval.lengths = `lengths`) and stored results, without any weights."""
+def fake_run(
+    run_dir: Path,
+    scheme: str,
+    ppls: dict[int, float | None],
+    lengths: list[float],
+    *,
+    seed: int = 0,
+    steps: int = 400,
+    entries: list[dict[str, Any]] | None = None,
+) -> None:
+    """A run directory with a config (eval.lengths = `lengths`, train.seed, train.steps) trained on corpus "x",
+    and stored results (`entries`, else one per `ppls` length), without any weights."""
     cfg = Config(model=ModelConfig(), pos=config_class(scheme)(name=scheme), eval=EvalConfig(lengths=lengths))
+    cfg.train.seed, cfg.train.steps = seed, steps
     commit_checkpoint(
         run_dir,
         {"config.yaml": config_to_yaml(cfg).encode()},
@@ -55,10 +66,11 @@ def fake_run(run_dir: Path, scheme: str, ppls: dict[int, float | None], lengths:
             "train_length": 16,
             "base_length": 16,
             "status": "complete",
+            "data": {"fingerprint": "x"},
         },
     )
     doc = new_results_doc(run_dir.name, scheme, 16, 16)
-    doc["entries"] = [entry(n, p) for n, p in ppls.items()]
+    doc["entries"] = entries if entries is not None else [entry(n, p) for n, p in ppls.items()]
     save_results(run_dir, doc)
     _mark_done(run_dir, run_dir.name)  # a sweep job counts only with its done marker
 
@@ -198,3 +210,111 @@ def test_compare_cli_costs(sweep_dir: Path) -> None:
                     and "(L=64)" in line)  # fmt: skip
     assert "10.0" in rope_row and "2.5 (L=64)" in rope_row
     assert "Cost per run" in result.output
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Numbers that cannot be mixed up: one row is one corpus, one precision, one protocol, and only seeds are averaged.
+
+
+def cells(text: str, label: str) -> list[str]:
+    row = next(line for line in text.splitlines() if line.startswith(f"│ {label} "))
+    return [c.strip() for c in row.split("│")[2:-1]]
+
+
+def test_cells_of_two_corpora_are_two_rows_own_corpus_first(tmp_path: Path) -> None:
+    """Two `eval-extrapolate data=text` runs on other files after the run's own: newest-per-length picked cells
+    from different texts into one row (16 tokens of b.txt next to 32 of a.txt)."""
+    later = "2025-03-01T00:00:00+00:00"
+    a = [{**entry(n, p), "data": {"name": "text:a.txt", "fingerprint": "a" * 16}} for n, p in ((16, 5.0), (32, 6.0))]
+    b = [{**entry(16, 7.0), "data": {"name": "text:b.txt", "fingerprint": "b" * 16}, "created": later}]
+    own = [entry(n, p) for n, p in ((16, 10.0), (32, 12.0))]  # data "text", fingerprint "x": the training corpus
+    fake_run(tmp_path / "runs" / "rope", "rope", {}, [1.0, 2.0], entries=[*a, *b, *own])
+    records = compare.gather([tmp_path / "runs"])
+    _, rows, _ = compare.comparison(records)
+    assert [r.label for r in rows] == ["rope · text", "rope · text:a.txt", "rope · text:b.txt"]
+    assert [r.group for r in rows] == ["0", "1", "2"]  # a section per corpus
+    text = render(records)
+    assert cells(text, "rope · text:b.txt")[:2] == ["7.000", "–"]
+    assert cells(text, "rope · text:a.txt")[:2] == ["5.000", "6.000"]
+    flat = " ".join(text.split())
+    assert "Corpora (each row names its own): text (fingerprint x); text:a.txt (fingerprint aaaaaaaaaaaa)" in flat
+    rows_csv = (tmp_path / "runs").parent / "csv"
+    compare.write_outputs(records, rows_csv)
+    lines = (rows_csv / "results.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    assert {"data", "data_fingerprint", "dtype", "row"} <= set(header)
+    b_line = next(line.split(",") for line in lines if "text:b.txt" in line)
+    assert b_line[header.index("data_fingerprint")] == "b" * 16 and b_line[header.index("row")] == "rope · text:b.txt"
+
+
+def test_two_texts_of_one_name_are_told_apart_by_fingerprint(tmp_path: Path) -> None:
+    one = [{**entry(16, 5.0), "data": {"name": "text:corpus.txt", "fingerprint": "1" * 16}}]
+    two = [{**entry(16, 6.0), "data": {"name": "text:corpus.txt", "fingerprint": "2" * 16}}]
+    fake_run(tmp_path / "runs" / "rope", "rope", {}, [1.0], entries=[*one, *two])
+    _, rows, _ = compare.comparison(compare.gather([tmp_path / "runs"]))
+    assert [r.label for r in rows] == ["rope · text:corpus.txt@11111111", "rope · text:corpus.txt@22222222"]
+
+
+def test_precisions_and_protocols_are_separate_rows(tmp_path: Path) -> None:
+    bf16 = [{**entry(16, 10.1), "dtype": "bf16"}]
+    sliding = [{**entry(n, 9.0), "protocol": "sliding", "stride": n // 2} for n in (16, 32)]
+    fake_run(tmp_path / "runs" / "rope", "rope", {}, [1.0, 2.0], entries=[entry(16, 10.0), *bf16, *sliding])
+    _, rows, _ = compare.comparison(compare.gather([tmp_path / "runs"]))
+    labels_ = [r.label for r in rows]
+    assert labels_ == ["rope · fp32 · nonoverlap", "rope · bf16 · nonoverlap", "rope · fp32 · sliding, stride L/2"]
+    assert all(r.members == 1 for r in rows)
+    assert [c.mean for c in (rows[2].cells[1.0], rows[2].cells[2.0])] == [9.0, 9.0]  # both lengths, one stride rule
+
+
+def test_sliding_stride_rules() -> None:
+    def e(length: int, stride: int) -> dict[str, Any]:
+        return {"protocol": "sliding", "length": length, "stride": stride}
+
+    explicit = [e(16, 16), e(32, 32), e(64, 64), e(128, 64), e(256, 64)]  # stride 64 capped at L below 64
+    assert set(compare.protocol_texts(explicit)) == {"sliding, stride 64"}
+    assert set(compare.protocol_texts([e(16, 8), e(32, 16), e(64, 32)])) == {"sliding, stride L/2"}
+
+
+def test_a_run_and_its_export_are_two_rows(tmp_path: Path) -> None:
+    """`compare outputs/runs/rope exported/rope`: one directory name, two precisions, a posenc run and a
+    transformers directory; it printed 'rope (n=2) ... ± ...' as if they were two seeds."""
+    from posenc_cli.run.hf_run import weights_identity
+
+    run = tmp_path / "outputs" / "runs" / "rope"
+    fake_run(run, "rope", {16: 10.0, 32: 12.0}, [1.0, 2.0])
+    export = tmp_path / "exported" / "rope"
+    export.mkdir(parents=True)
+    (export / "config.json").write_text(json.dumps({"model_type": "gpt_neox", "rope_theta": 10000}))
+    (export / "model.safetensors").write_bytes(b"weights")
+    doc = new_results_doc("rope", "rope", 16, 16)
+    ckpt = {"step": 0, "model_sha256": weights_identity(export)}
+    doc["entries"] = [{**entry(n, p), "checkpoint": ckpt, "dtype": "bf16"} for n, p in ((16, 10.2), (32, 12.1))]
+    save_results(export, doc)
+    result = runner.invoke(app, ["compare", str(run), str(export)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "n=2" not in result.output and "±" not in result.output
+    assert cells(result.output, "rope · fp32")[:2] == ["10.00", "12.00"]
+    assert cells(result.output, "rope · bf16")[:2] == ["10.20", "12.10"]
+    (export / "eval" / "extrapolate.json").unlink()  # same precision: told apart by directory, not averaged
+    doc["entries"] = [{**e, "dtype": "fp32"} for e in doc["entries"]]
+    save_results(export, doc)
+    _, rows, _ = compare.comparison(compare.gather([run, export]))
+    assert [(r.label, r.members) for r in rows] == [("rope · runs/rope", 1), ("rope · exported/rope", 1)]
+
+
+def test_only_seeds_are_averaged(tmp_path: Path) -> None:
+    """n=K ± std only over runs whose saved configs differ by the seed alone; the caption says so."""
+    runs = tmp_path / "runs"
+    for i, (seed, ppl) in enumerate(((0, 10.0), (1, 11.0))):
+        fake_run(runs / f"s{i}" / "rope", "rope", {16: ppl}, [1.0], seed=seed)
+    fake_run(runs / "longer" / "rope", "rope", {16: 9.0}, [1.0], seed=2, steps=800)  # another experiment
+    fake_run(runs / "copy" / "rope", "rope", {16: 10.0}, [1.0], seed=0)  # seed 0 again: not a further seed
+    records = compare.gather([runs / "s0", runs / "s1", runs / "longer", runs / "copy"])
+    _, rows, _ = compare.comparison(records)
+    by_label = {r.label: r for r in rows}
+    assert len(rows) == 3 and all(r.members == 1 for r in rows if r.label != "rope · s0/rope")
+    pair = by_label["rope · s0/rope"]
+    assert pair.members == 2 and pair.cells[1.0].mean == pytest.approx(10.5)
+    assert {"rope · longer/rope", "rope · copy/rope"} <= set(by_label)
+    flat = " ".join(render(records).split())
+    assert "rope · s0/rope (n=2)" in flat and "n=2: mean ± std over 2 seeds" in flat

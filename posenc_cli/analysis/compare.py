@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posenc_cli.config import Config, config_to_dict
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.evaluation.perplexity import find_runs
 from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, load_results
@@ -70,6 +71,9 @@ class RunRecord:
     train_length: int | None = None
     base_length: int | None = None
     entries: list[dict[str, Any]] = field(default_factory=list)
+    identity: str | None = None  # the saved config minus seed and bookkeeping (`config_identity`); None: unknown
+    seed: int | None = None
+    train_fingerprint: str | None = None  # the training corpus's, from meta.json
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -221,6 +225,7 @@ def _fill(record: RunRecord, keep: set[tuple[str, float]] | None = None) -> None
         record.status, record.error = "missing", "not evaluated yet (run posenc eval-extrapolate)"
         return
     record.scheme = str(doc.get("scheme", ""))
+    record.identity, record.seed, record.train_fingerprint = run_identity(record.run_dir)
     record.train_length = doc.get("train_length")
     record.base_length = doc.get("base_length")
     current = current_checkpoint(record.run_dir)
@@ -234,36 +239,214 @@ def _fill(record: RunRecord, keep: set[tuple[str, float]] | None = None) -> None
     record.entries = [e for e in entries if keep is None or _in_lengths(e, keep)]
 
 
+# Settings that do not change what a run learns, and the seeds: runs whose saved configs agree once these are
+# dropped are the seeds of one experiment (eval.* only chose what the cells measure, and each cell records that).
+NOT_IDENTITY = (
+    "train.seed",
+    "extend.longrope_search_seed",
+    "train.threads",
+    "train.log_every",
+    "train.logger",
+    "train.eval_every",
+    "train.eval_batches",
+    "train.save_every",
+    "data.cache_dir",
+    "eval.",
+)
+
+
+def config_identity(cfg: Config, meta: RunMeta) -> str:
+    """The resolved config without `NOT_IDENTITY`, plus the training corpus's fingerprint, as canonical JSON."""
+    flat = {k: v for k, v in _flatten(config_to_dict(cfg)).items() if not k.startswith(NOT_IDENTITY)}
+    flat["data.fingerprint"] = (meta.record.get("data") or {}).get("fingerprint")
+    return json.dumps(flat, sort_keys=True, default=str)
+
+
+def run_identity(run_dir: Path) -> tuple[str | None, int | None, str | None]:
+    """(config identity, seed, training corpus fingerprint) of a posenc run; Nones for a transformers directory
+    or a run whose config cannot be read (such a run is never averaged with another)."""
+    if is_hf_dir(run_dir):
+        return None, None, None
+    try:
+        meta = read_meta(run_dir)
+        cfg = read_config(run_dir, meta)
+    except UserError:
+        return None, None, None
+    run_meta = RunMeta.from_json(meta)
+    fingerprint = (run_meta.record.get("data") or {}).get("fingerprint")
+    return config_identity(cfg, run_meta), cfg.train.seed, str(fingerprint) if fingerprint else None
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------------
-# Aggregation.
+# Rows: one per run and setting; runs share a row only when they differ by the seed alone.
 
 
-def dominant_protocol(records: list[RunRecord]) -> tuple[str, int | None]:
-    """The (protocol, stride) most entries use; non-overlapping wins ties."""
-    counts = Counter((e["protocol"], e.get("stride")) for r in records for e in r.entries)
-    if not counts:
-        return ("nonoverlap", None)
-    return max(counts, key=lambda k: (counts[k], k[0] == "nonoverlap"))
+@dataclass(frozen=True)
+class Setting:
+    """What a cell was measured on and how, besides its length and checkpoint: a row never mixes two settings.
+
+    `data`/`fingerprint`: the corpus (`perplexity.evaluate_run`'s `data` record); `dtype`: the precision of the
+    forward; `protocol`: the windowing, with its stride rule ("sliding, stride L/2"); `positions`: the positions mode
+    when an entry records one (empty otherwise)."""
+
+    data: str
+    fingerprint: str
+    dtype: str
+    protocol: str
+    positions: str = ""
 
 
-def select_entries(record: RunRecord, protocol: tuple[str, int | None]) -> dict[float, dict[str, Any]]:
-    """The newest entry per multiple for one protocol."""
-    chosen: dict[float, dict[str, Any]] = {}
-    for e in record.entries:
-        if (e["protocol"], e.get("stride")) != protocol:
-            continue
+@dataclass(kw_only=True)
+class Series:
+    """One row member: a run's newest entry per length under one `Setting` (none for a failed or missing job)."""
+
+    record: RunRecord
+    setting: Setting | None
+    entries: list[dict[str, Any]]
+    label: str = ""
+
+
+def protocol_texts(entries: list[dict[str, Any]]) -> list[str]:
+    """The windowing of each entry as one setting: sliding entries of one evaluation share a stride rule although
+    their stored strides differ per length (L/2, or min(S, L)), so the rule is recovered from the run's entries:
+    a stride below L/2 names S itself; L//2 is "L/2" unless S = L//2 was asked elsewhere; a stride capped at L
+    belongs to the smallest asked S >= L (none: "stride >= L", the same windows as any such S)."""
+    sliding = [e for e in entries if e["protocol"] == "sliding"]
+    asked = {int(e["stride"]) for e in sliding if int(e["stride"]) < int(e["length"]) and not _is_half(e)}
+    out = []
+    for e in entries:
+        protocol = str(e["protocol"])
+        if protocol == "streaming":
+            out.append(f"streaming, window {e.get('window')}, {e.get('sinks')} sinks, blocks of {e['stride']}")
+        elif protocol == "fixed-target":
+            out.append(f"fixed-target, target {e['stride']}")
+        elif protocol != "sliding":
+            out.append(protocol)
+        elif int(e["stride"]) < int(e["length"]):
+            half = _is_half(e) and int(e["stride"]) not in asked
+            out.append("sliding, stride L/2" if half else f"sliding, stride {e['stride']}")
+        else:
+            above = [s for s in asked if s >= int(e["length"])]
+            out.append(f"sliding, stride {min(above)}" if above else "sliding, stride >= L")
+    return out
+
+
+def _is_half(entry: dict[str, Any]) -> bool:
+    return int(entry["stride"]) == max(1, int(entry["length"]) // 2) and int(entry["stride"]) < int(entry["length"])
+
+
+def entry_setting(entry: dict[str, Any], protocol: str) -> Setting:
+    data = entry.get("data") or {}
+    return Setting(
+        data=str(data.get("name") or "unrecorded corpus"),
+        fingerprint=str(data.get("fingerprint") or ""),
+        dtype=str(entry.get("dtype") or "unknown precision"),
+        protocol=protocol,
+        positions=positions_text(entry),
+    )
+
+
+def positions_text(entry: dict[str, Any]) -> str:
+    """'' for position ids 0..T-1 (also what an entry without the field was fed), else e.g. 'random positions
+    [0, 64), seed 0' (the same distinction as `results.positions_key`)."""
+    positions = entry.get("positions") or {}
+    mode = positions.get("mode", "sequential") if isinstance(positions, dict) else str(positions)
+    if mode == "sequential":
+        return ""
+    if mode == "random":
+        return f"random positions [0, {positions.get('range')}), seed {positions.get('seed')}"
+    return f"{mode} positions"
+
+
+def record_series(record: RunRecord) -> list[Series]:
+    """A run's entries split by setting, newest entry per length in each; the run's own training corpus first,
+    the others in the order they were stored. A failed or missing job is one series without entries."""
+    if record.status != "ok":
+        return [Series(record=record, setting=None, entries=[])]
+    chosen: dict[Setting, dict[float, dict[str, Any]]] = {}
+    for e, protocol in zip(record.entries, protocol_texts(record.entries), strict=True):
+        by_length = chosen.setdefault(entry_setting(e, protocol), {})
         key = round(float(e["multiple"]), 6)
-        if key not in chosen or str(e.get("created", "")) >= str(chosen[key].get("created", "")):
-            chosen[key] = e
-    return chosen
+        if key not in by_length or str(e.get("created", "")) >= str(by_length[key].get("created", "")):
+            by_length[key] = e
+    own = record.train_fingerprint
+    order = sorted(chosen, key=lambda s: bool(own) and s.fingerprint != own)  # stable
+    return [Series(record=record, setting=s, entries=[chosen[s][k] for k in sorted(chosen[s])]) for s in order]
+
+
+def labelled_series(records: list[RunRecord]) -> list[Series]:
+    """Every record's series, labelled so that one label is one row.
+
+    A label says the setting parts that vary in the table (corpus, precision, protocol, positions). Series of one
+    label are aggregated (mean ± std) only when their runs' saved configs differ by the seed alone (`identity`) and
+    their seeds differ; any other series sharing a label is told apart by the end of its directory path.
+    """
+    series = [s for r in records for s in record_series(r)]
+    settings = [s.setting for s in series if s.setting is not None]
+    corpus_names = _corpus_names(settings)
+    vary = [f for f in ("data", "dtype", "protocol", "positions") if len({getattr(s, f) for s in settings}) > 1]
+    if "data" not in vary and len(corpus_names) > 1:
+        vary.insert(0, "data")  # one name, two texts
+    groups: dict[tuple[Any, ...], list[Series]] = {}
+    for s in series:
+        base = s.record.label if s.setting is None else _with_setting(s.record.label, s.setting, vary, corpus_names)
+        s.label = base
+        identity = s.record.identity if s.setting is not None and s.record.identity else str(s.record.run_dir)
+        members = groups.setdefault((base, identity, s.setting), [])
+        if any(m.record.seed == s.record.seed for m in members):  # the same seed twice is no spread over seeds
+            groups[(base, str(s.record.run_dir), s.setting)] = [s]
+        else:
+            members.append(s)
+    by_label: dict[str, list[list[Series]]] = {}
+    for members in groups.values():
+        by_label.setdefault(members[0].label, []).append(members)
+    for label, clashing in by_label.items():
+        if len(clashing) == 1:
+            continue
+        tails = _distinct_tails([members[0].record.run_dir for members in clashing])
+        for members, tail in zip(clashing, tails, strict=True):
+            for s in members:
+                s.label = f"{label} · {tail}"
+    return series
+
+
+def _corpus_names(settings: list[Setting]) -> dict[tuple[str, str], str]:
+    """(name, fingerprint) -> shown name: the name, with the fingerprint's start where one name has two texts."""
+    pairs = list(dict.fromkeys((s.data, s.fingerprint) for s in settings))
+    names = Counter(name for name, _ in pairs)
+    return {(n, fp): f"{n}@{fp[:8]}" if names[n] > 1 else n for n, fp in pairs}
+
+
+def _with_setting(label: str, setting: Setting, vary: list[str], corpus_names: dict[tuple[str, str], str]) -> str:
+    parts = [corpus_names[(setting.data, setting.fingerprint)] if f == "data" else getattr(setting, f) for f in vary]
+    return " · ".join([label, *[p or "positions 0..L-1" for p in parts]])
+
+
+def _distinct_tails(paths: list[Path]) -> list[str]:
+    """The shortest path endings that tell the directories apart ('runs/rope', 'exported/rope')."""
+    parts = [Path(p).resolve().parts for p in paths]
+    for k in range(1, max(map(len, parts)) + 1):
+        tails = ["/".join(p[-k:]) for p in parts]
+        if len(set(tails)) == len(tails):
+            return tails
+    return [str(p) for p in paths]
 
 
 def records_to_json(records: list[RunRecord]) -> list[dict[str, Any]]:
-    """One record per run and length: labels plus the entry fields (failed jobs get one record with the error)."""
-    protocol = dominant_protocol(records)
+    """One record per run, setting and length: the row it is shown in, labels, the entry fields (failed jobs get
+    one record with the error)."""
     out = []
-    for r in records:
+    for s in labelled_series(records):
+        r = s.record
         base = {
+            "row": s.label,
             "label": r.label,
             "stage": r.stage,
             "job": r.job,
@@ -271,45 +454,47 @@ def records_to_json(records: list[RunRecord]) -> list[dict[str, Any]]:
             "scheme": r.scheme,
             "train_length": r.train_length,
             "base_length": r.base_length,
+            "seed": r.seed,
             "job_status": r.status,
             "error": r.error,
         }
-        if r.status != "ok":
+        if not s.entries:
             out.append(base)
-            continue
-        for _, e in sorted(select_entries(r, protocol).items()):
-            out.append({**base, **e})
+        out.extend({**base, **e} for e in s.entries)
     return out
 
 
 def to_csv(rows_json: list[dict[str, Any]]) -> str:
-    columns = ["label", "stage", "job", "scheme", "job_status", "error", "train_length", "base_length", *ENTRY_FIELDS]
+    """results.csv: the entry fields flattened, the corpus as `data` (its name) and `data_fingerprint`."""
+    columns = ["row", "label", "stage", "job", "scheme", "seed", "job_status", "error", "train_length", "base_length",
+               "data", "data_fingerprint", "positions", *ENTRY_FIELDS]  # fmt: skip
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
     for rec in rows_json:
-        writer.writerow({k: rec.get(k) for k in columns})
+        data = rec.get("data") or {}
+        flat = {**rec, "data": data.get("name"), "data_fingerprint": data.get("fingerprint")}
+        writer.writerow({k: flat.get(k) for k in columns})
     return buf.getvalue()
 
 
 def to_results(records: list[RunRecord]) -> list[dict[str, Any]]:
-    """Records as eval-extrapolate result docs (one protocol), labelled for the report and plot functions.
-
-    A job that failed or has no results becomes an entry-less row marked in its label, so it shows in the table.
-    """
-    protocol = dominant_protocol(records)
+    """Series as eval-extrapolate result docs (one setting each), labelled by their row, for the report and plot
+    functions. A job that failed or has no results becomes an entry-less row marked in its label."""
     out = []
-    for r in records:
-        label = r.label if r.status == "ok" else f"{r.label} [{r.status}]"
-        entries = [e for _, e in sorted(select_entries(r, protocol).items())] if r.status == "ok" else []
+    for s in labelled_series(records):
+        r = s.record
+        label = s.label if r.status == "ok" else f"{s.label} [{r.status}]"
         out.append(
             {
                 "run": label,
                 "label": label,
+                "run_dir": str(r.run_dir),
                 "scheme": r.scheme,
                 "train_length": r.train_length,
                 "base_length": r.base_length,
-                "entries": entries,
+                "setting": s.setting,
+                "entries": s.entries,
             }
         )
     return out
@@ -318,13 +503,23 @@ def to_results(records: list[RunRecord]) -> list[dict[str, Any]]:
 def comparison(
     records: list[RunRecord], *, metric: str = "ppl", baseline: str | None = None
 ) -> tuple[list[Any], list[Any], str]:
-    """(columns, rows, title) of the comparison table: one row per label, mean ± std over its runs (seeds)."""
+    """(columns, rows, title) of the comparison table: one row per label (`labelled_series`), mean ± std over its
+    seeds; with several settings, one section per setting in order of first appearance."""
     results = to_results(records)
+    settings = list(dict.fromkeys(r["setting"] for r in results if r["setting"] is not None))
+    group = None
+    if len(settings) > 1:
+        group = lambda r: str(settings.index(r["setting"]) if r["setting"] is not None else 0)  # noqa: E731
     columns, rows = extrapolation_rows(
-        results, metric=metric, label=lambda r: r["label"], aggregate_by=lambda r: r["label"], ratio=True
+        results,
+        metric=metric,
+        label=lambda r: r["label"],
+        aggregate_by=lambda r: r["label"],
+        group_by=group,
+        ratio=True,
     )
     if baseline is not None:
-        ref = _baseline_row(rows, records, baseline)
+        ref = _baseline_row(rows, results, baseline)
         relative_to_row(rows, ref)
         columns = [Column(c.key, f"{c.header}\n÷ {ref.label}", best=None) if c.key == "ratio" else c for c in columns]
     measured = [r for r in results if r["entries"]]
@@ -347,14 +542,15 @@ def relative_to_row(rows: list[Any], ref: Any) -> None:
             cell.values = [v / base for v in cell.values] if base else []
 
 
-def _baseline_row(rows: list[Any], records: list[RunRecord], baseline: str) -> Any:
+def _baseline_row(rows: list[Any], results: list[dict[str, Any]], baseline: str) -> Any:
+    """The row labelled `baseline`, else the first row of the run directory `baseline` (its own corpus's)."""
     by_label = {row.label: row for row in rows}
     if baseline in by_label:
         return by_label[baseline]
     target = Path(baseline).resolve()
-    for r in records:
-        if r.run_dir.resolve() == target and r.label in by_label:
-            return by_label[r.label]
+    for r in results:
+        if Path(r["run_dir"]).resolve() == target and r["label"] in by_label:
+            return by_label[r["label"]]
     raise UserError(f"--baseline {baseline} matches no row label or run directory")
 
 
@@ -413,13 +609,38 @@ def render(
 
 
 def caption_lines(records: list[RunRecord], baseline: str | None = None) -> list[str]:
-    """Under the table: where the numbers were measured (precision, device), why each n/a is n/a, failed jobs."""
-    results = [r for r in to_results(records) if r["entries"]]
-    lines = [f"Measured in {describe_measurement(results)}."] if results else []
+    """Under the table: the corpus of the cells, where they were measured (precision, device), what n=K averages,
+    why each n/a is n/a, failed jobs."""
+    all_results = to_results(records)
+    results = [r for r in all_results if r["entries"]]
+    lines = [corpus_line(results)] if results else []
+    lines += [f"Measured in {describe_measurement(results)}."] if results else []
+    lines += seed_lines(all_results)
     lines += reason_lines(results, lambda r: r["label"])
     if baseline is not None:
         lines.append(f"Every column, the ratio included, is divided by {baseline}'s; n/a where it has no value.")
     lines += [f"{r.label} [{r.status}]: {r.error}" for r in records if r.status != "ok"]
+    return lines
+
+
+def corpus_line(results: list[dict[str, Any]]) -> str:
+    """'Corpus: text:a.txt (fingerprint 1a2b3c4d5e6f).' or, with several, each name with its fingerprint."""
+    pairs = list(dict.fromkeys((r["setting"].data, r["setting"].fingerprint) for r in results))
+    shown = [f"{name} (fingerprint {fp[:12] or 'not recorded'})" for name, fp in pairs]
+    if len(shown) == 1:
+        return f"Corpus: {shown[0]}."
+    return f"Corpora (each row names its own): {'; '.join(shown)}."
+
+
+def seed_lines(results: list[dict[str, Any]]) -> list[str]:
+    """'n=3: mean ± std over 3 seeds ...' for each member count a row of several runs has."""
+    counts = Counter(r["label"] for r in results)
+    lines = []
+    for k in sorted(set(counts.values()) - {1}):
+        lines.append(
+            f"n={k}: mean ± std over {k} seeds (runs whose saved configs differ only in train.seed; same corpus, "
+            "precision and protocol)."
+        )
     return lines
 
 
