@@ -85,10 +85,14 @@ def rope_cos_sin(positions: Tensor, inv_freq: Tensor, layout: Layout) -> tuple[T
 
 
 def p_rope_inv_freq(inv_freq: Tensor, p: float) -> Tensor:
-    """p-RoPE (Barbero et al. 2025, "Round and Round We Go!", §6): keep the round(p·d/2) highest frequencies (pairs
+    """p-RoPE (Barbero et al. 2025, "Round and Round We Go!", §6): keep the ⌊p·d/2⌋ highest frequencies (pairs
     k = 0.. of θ_k = base^(−2k/d), decreasing in k) and set the lowest-frequency rest to 0, so those pairs never
-    rotate and carry content only. The kept frequencies are unchanged (partial rotary re-spaces them instead)."""
-    keep = round(p * inv_freq.shape[0])
+    rotate and carry content only. The kept frequencies are unchanged (partial rotary re-spaces them instead).
+
+    The count is floored as in `transformers`' `proportional` rope type (`modeling_rope_utils.py`,
+    `_compute_proportional_rope_parameters`: `int(partial_rotary_factor * head_dim // 2)`): 12 of 16 pairs at
+    p = 0.8, d = 32 (rounding would keep 13)."""
+    keep = int(p * (2 * inv_freq.shape[0]) // 2)
     out = inv_freq.clone()
     out[keep:] = 0.0
     return out

@@ -71,3 +71,17 @@ def test_settings_and_export() -> None:
     with pytest.raises(NotExportable, match="p-RoPE"):
         check_exportable(cfg)
     assert RopeConfig().p == 1.0
+
+
+@pytest.mark.parametrize(("p", "head_dim"), [(0.8, 32), (0.75, 32), (0.3, 16), (0.55, 64), (0.99, 8), (0.0, 32)])
+def test_the_kept_pairs_are_floored_as_transformers_proportional_type(p: float, head_dim: int) -> None:
+    """Oracle: `transformers`' `proportional` rope type (Gemma-style p-RoPE) keeps int(p·hd // 2) pairs."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim)
+    config.rope_parameters = {"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": p}
+    hf, _ = ROPE_INIT_FUNCTIONS["proportional"](config, "cpu")
+    ours = p_rope_inv_freq(rope_inv_freq(head_dim), p)
+    assert int((ours > 0).sum()) == int((hf > 0).sum())
+    torch.testing.assert_close(ours, hf.float(), rtol=1e-6, atol=0)
