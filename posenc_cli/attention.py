@@ -315,7 +315,9 @@ class CausalSelfAttention(nn.Module):
         self.chunk_size: int | None = None  # None: from BIAS_CHUNK_BYTES; tests force small chunks
         self.attn_scale = cfg.attn_scale
         self.logn_length = cfg.logn_length
-        if cfg.attn_scale == "ssmax":  # s_h, initialised to 1/log L: s·log n = 1 at the training length
+        # s_h, initialised to 1/log L so that s·log n = 1 at the training length: posenc's choice, citing nothing (the
+        # SSMax paper, arXiv 2501.19399, learns s per layer and head and states no initial value; its figure uses 0.43)
+        if cfg.attn_scale == "ssmax":
             self.ssmax_scale = nn.Parameter(torch.full((cfg.n_head,), 1.0 / math.log(max(cfg.logn_length, 2))))
 
     def length_scale(self, q: Tensor, ctx: PositionContext) -> Tensor:

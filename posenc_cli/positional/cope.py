@@ -11,6 +11,10 @@ holds one CoPE per attention layer). The bias depends on content, so it is compu
 every layer; under the chunked attention path a chunk of queries sees keys [0, end), and since gates of future keys
 are zeroed here, each query's sum is the same as unchunked. Causal only (future gates are always excluded).
 
+`max_pos` (the paper's p_max, the number of position embeddings) defaults to 64, a choice of posenc's that cites
+nothing: the paper's code takes it as a constructor argument with no default, and no value for it was found stated
+in the paper. 64 is half of `model=tiny`'s 128-token training length; counts beyond max_pos − 1 are clamped.
+
 Position ids: CoPE ignores them. Its positions are counted by the gates over the keys a query sees, and which keys
 those are is token order (the hook's q_pos, k_pos are token indexes), never the ids: gating by ids would let a future
 token with a repeated or smaller id into a query's count. So CoPE is trivially `relative` (ids change nothing).

@@ -4,10 +4,11 @@ Relative Positions", Eq. 4-6).
 b_h(i, j) = f_θ(ψ(i − j) / ψ(max(L, i)))_h,  ψ(x) = log(c·x + 1),  f_θ: 1 → 32 → H MLP with ReLU,
 c learned (init 0.1), threshold L = |L_mult·L0| with L_mult learned (init 1).
 
-L0 defaults to a quarter of the training length. The paper's reference code (its appendix) initialises
-`init_L = 512` for its C4 models trained at 2048 tokens, i.e. L0 = L_train/4: queries past a quarter of the
-training window are already normalised by their own position during training, so the MLP learns the progressive
-regime it meets beyond L_train. posenc earlier used the absolute 512 at every training length; at `train.seq_len=128`
+L0 defaults to a quarter of the training length. This is a documented deviation: the paper's listing (its
+appendix) defaults to the absolute `init_L = 512.`, and the paper does not state L0 as a fraction of the training
+length; L_train/4 is posenc's inference from that default and the 2048-token C4 models it served (512 = 2048/4).
+Queries past a quarter of the training window are then normalised by their own position during training, so the
+MLP learns the progressive regime it meets beyond L_train. `pos.init_L=512` gives the listing's value. posenc earlier used the absolute 512 at every training length; at `train.seq_len=128`
 max(L, i) was then the constant 512 throughout training. Runs saved then keep `init_L: 512.0` in their config.yaml
 (the field was always written), and new runs record the resolved L0 as a number (`resolve`).
 
