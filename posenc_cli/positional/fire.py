@@ -8,8 +8,9 @@ L0 defaults to a quarter of the training length. This is a documented deviation:
 appendix) defaults to the absolute `init_L = 512.`, and the paper does not state L0 as a fraction of the training
 length; L_train/4 is posenc's inference from that default and the 2048-token C4 models it served (512 = 2048/4).
 Queries past a quarter of the training window are then normalised by their own position during training, so the
-MLP learns the progressive regime it meets beyond L_train. `pos.init_L=512` gives the listing's value. posenc earlier used the absolute 512 at every training length; at `train.seq_len=128`
-max(L, i) was then the constant 512 throughout training. Runs saved then keep `init_L: 512.0` in their config.yaml
+MLP learns the progressive regime it meets beyond L_train. `pos.init_L=512` gives the listing's value. posenc
+earlier used the absolute 512 at every training length; at `train.seq_len=128` max(L, i) was then the constant 512
+throughout training. Runs saved then keep `init_L: 512.0` in their config.yaml
 (the field was always written), and new runs record the resolved L0 as a number (`resolve`).
 
 The normaliser uses max(L, i), not min: below the threshold the input is ψ(i − j)/ψ(L) (no interpolation for short
