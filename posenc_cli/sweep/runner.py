@@ -11,11 +11,22 @@ A job is done only by its marker `done.json`, written last and atomically after 
 trained further afterwards is not done any more. `job_status` is the one reader of that definition. A job whose
 training a signal stopped is neither evaluated nor marked: the sweep stops (`SweepInterrupted`) and a re-run resumes
 it from its checkpoint (Slurm's requeue path). One sweep at a time writes a sweep directory (`SWEEP_LOCK`).
+
+A job's identity is its resolved config, not only its directory name. Hydra gives every multirun a directory of
+its own (a timestamp), and so does `posenc sweep` without `--out`; `--out DIR` names a directory to continue. The
+sweep directory records, per job, the config it was planned with (`PLANNED_FILE`: the composed config without the
+keys that only change speed or logging, and a hash of it; an extend job's includes its parent's hash). A re-run
+into the same directory reuses a job only if it is planned with the same config: jobs new to the grid run beside
+the old ones, and a job whose directory holds a run planned differently (`pos=nope` then `pos=alibi`, both
+`train/default`; `train.steps=20` then `30`) is refused before anything runs, in one line naming the first setting
+that differs. Numbers measured under other settings than a row's label are never shown under it. Directories from
+before the record (no entry) are compared through a train job's own `config.yaml`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -31,7 +42,7 @@ from typing import Any, Literal
 import yaml
 from rich.console import Console
 
-from posenc_cli.config import replace
+from posenc_cli.config import Config, config_to_dict, replace
 from posenc_cli.data.sources import source_class
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.evaluation.perplexity import evaluate_each_run
@@ -42,8 +53,9 @@ from posenc_cli.extension.longrope_search import search_extension
 from posenc_cli.fsutil import atomic_write_json, exclusive_or_fail
 from posenc_cli.perf.profiling import EvalRecorder, JobProfile, TrainRecorder, eval_facts, write_job_profile
 from posenc_cli.positional.remap import RemapConfig
-from posenc_cli.run.checkpoint import RunMeta, is_run_dir, read_run_meta
+from posenc_cli.run.checkpoint import CONFIG_FILE, RunMeta, is_run_dir, read_run_meta
 from posenc_cli.run.config_load import config_from_dict
+from posenc_cli.run.memory import TRAIN_BYTES_PER_PARAM, check_fits, planned_vocab_size
 from posenc_cli.run.progress import TrainDisplay
 from posenc_cli.run.trackers import tracked
 from posenc_cli.run.train import train
@@ -62,6 +74,9 @@ DONE_FILE = "done.json"  # a job's completion marker, written last
 SWEEP_LOCK = ".sweep.lock"
 FAULT_ENV = "POSENC_DEBUG_SWEEP_FAULT"  # test hook, see `_Fault`
 PLAN_FILE = "sweep.json"
+PLANNED_FILE = "planned.json"  # per job directory: the config it was planned with (see the module docstring)
+# Settings that change a job's speed or logging, not its numbers: a job planned with other values is reused.
+RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger")
 INTERNAL_KEY = "posenc_job"
 DEFAULT_JOB = "default"  # the directory of the one job of a stage that sweeps nothing
 
@@ -98,6 +113,11 @@ class Job:
 
     def dir(self, sweep_dir: Path) -> Path:
         return stage_dir(sweep_dir, self.stage, self.parent_group) / self.name
+
+    @property
+    def key(self) -> str:
+        """The job's directory relative to its sweep directory ('train/pos=rope', 'extend/pos=rope/default')."""
+        return self.dir(Path()).as_posix()
 
     @property
     def parent_group(self) -> str | None:
@@ -287,14 +307,129 @@ class _Namespace:
         return ""
 
 
-def validate_plan(plans: list[StagePlan], user_config_dir: Path | None) -> None:
-    """Compose and validate every job's config (a bad override fails here, before anything runs)."""
+def validate_plan(plans: list[StagePlan], user_config_dir: Path | None) -> dict[str, Config]:
+    """Compose and validate every job's config as its run will (`Config.validate`, and the memory check training
+    makes before it allocates the model), so a bad override fails here, before anything runs; returns each job's
+    `Config` by `Job.key`."""
+    configs: dict[str, Config] = {}
     for plan in plans:
         for job in plan.jobs:
             try:
-                compose_config(job.overrides, user_config_dir)
+                cfg = compose_config(job.overrides, user_config_dir)
+                check_fits(cfg, planned_vocab_size(cfg), TRAIN_BYTES_PER_PARAM, "training")  # as run.train.train
             except ConfigError as e:
                 raise ConfigError(f"job {job.stage}/{job.name}: {e}") from e
+            configs[job.key] = cfg
+    return configs
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A job's identity: the config it was planned with.
+
+
+def job_identity(cfg: Config, parent_hash: str | None = None) -> dict[str, Any]:
+    """The settings that make a job's numbers what they are: the resolved config, flattened to dotted keys and
+    JSON-normalised, without `RUNTIME_KEYS`; an extend job's also names its parent's identity hash."""
+    flat = {k: v for k, v in _flatten(config_to_dict(cfg)).items() if not k.startswith(RUNTIME_KEYS)}
+    if parent_hash is not None:
+        flat["parent.config_hash"] = parent_hash
+    normalised: dict[str, Any] = json.loads(json.dumps(flat, default=str))
+    return normalised
+
+
+def identity_hash(identity: dict[str, Any]) -> str:
+    """Canonical hash of an identity (sorted keys, JSON): equal configs hash equal across processes and runs."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def plan_identities(plans: list[StagePlan], configs: dict[str, Config]) -> dict[str, dict[str, Any]]:
+    """Each job's identity by `Job.key` (parents first, as stages come in order)."""
+    identities: dict[str, dict[str, Any]] = {}
+    for plan in plans:
+        for job in plan.jobs:
+            parent = identity_hash(identities[job.parent]) if job.parent in identities else None
+            identities[job.key] = job_identity(configs[job.key], parent)
+    return identities
+
+
+def read_planned(sweep_dir: Path) -> dict[str, Any]:
+    """`PLANNED_FILE`'s jobs: {job key: {"config_hash", "config"}} (empty for a directory without one)."""
+    path = Path(sweep_dir) / PLANNED_FILE
+    if not path.is_file():
+        return {}
+    try:
+        jobs = json.loads(path.read_text()).get("jobs")
+    except (ValueError, AttributeError) as e:
+        raise ConfigError(f"{path}: not a posenc sweep record (invalid JSON)") from e
+    return jobs if isinstance(jobs, dict) else {}
+
+
+def check_planned(sweep_dir: Path, plans: list[StagePlan], identities: dict[str, dict[str, Any]]) -> None:
+    """Refuse (one line, before anything runs) a job whose directory holds a run planned with another config."""
+    recorded = read_planned(sweep_dir)
+    for job in (job for plan in plans for job in plan.jobs):
+        job_dir = job.dir(sweep_dir)
+        if job_status(job_dir) == "pending":  # nothing there to reuse
+            continue
+        entry = recorded.get(job.key)
+        old = entry.get("config") if isinstance(entry, dict) else _legacy_identity(job, job_dir)
+        if not isinstance(old, dict):
+            continue
+        new = identities[job.key]
+        if identity_hash(old) != identity_hash(new):
+            raise ConfigError(_difference(job_dir, old, new))
+
+
+def _legacy_identity(job: Job, job_dir: Path) -> dict[str, Any] | None:
+    """A train job of a directory written before `PLANNED_FILE`: its run's own config.yaml (None if it has none;
+    an extend job's config.yaml holds the derived run's settings, not the planned ones)."""
+    path = job_dir / CONFIG_FILE
+    if job.action != "train" or not path.is_file():
+        return None
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    flat = {k: v for k, v in _flatten(raw).items() if not k.startswith(RUNTIME_KEYS)}
+    normalised: dict[str, Any] = json.loads(json.dumps(flat, default=str))
+    return normalised
+
+
+def _difference(job_dir: Path, old: dict[str, Any], new: dict[str, Any]) -> str:
+    """'DIR was planned with pos.name=nope; this sweep asks pos.name=alibi (and 2 more settings); ...'."""
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k, "<unset>") != new.get(k, "<unset>")]
+    keys.sort(key=lambda k: (not k.endswith(".name"), k.startswith("parent."), k))  # the scheme's name first
+    first = keys[0]
+    more = f" (and {len(keys) - 1} more setting{'s' if len(keys) > 2 else ''})" if len(keys) > 1 else ""
+    return (
+        f"{job_dir} was planned with {first}={_show(old.get(first, '<unset>'))}; this sweep asks "
+        f"{first}={_show(new.get(first, '<unset>'))}{more}; use another --out, or delete that job's directory to "
+        "run it again"
+    )
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def write_planned(sweep_dir: Path, identities: dict[str, dict[str, Any]]) -> None:
+    """Record this sweep's jobs in `PLANNED_FILE`, keeping the entries of jobs of earlier grids."""
+    jobs = read_planned(sweep_dir)
+    for key, identity in identities.items():
+        jobs[key] = {"config_hash": identity_hash(identity), "config": identity}
+    atomic_write_json(Path(sweep_dir) / PLANNED_FILE, {"schema_version": 1, "jobs": jobs})
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -322,16 +457,19 @@ def run_sweep(
 ) -> list[StagePlan]:
     """Validate every job, then run each stage (one Hydra multirun per parent group); returns the plan.
 
-    Done jobs (`job_status`) are skipped; others resume in their own directory. The sweep directory is locked for
-    the whole run: a second sweep into it fails at once (`UserError`) and changes nothing. A job stopped by a signal
-    ends the sweep with `SweepInterrupted` before any later job or stage starts.
+    A job whose directory holds a run planned with another config is refused (`check_planned`). Done jobs
+    (`job_status`) are skipped; others resume in their own directory. The sweep directory is locked for the whole
+    run: a second sweep into it fails at once (`UserError`) and changes nothing. A job stopped by a signal ends the
+    sweep with `SweepInterrupted` before any later job or stage starts.
     """
     launcher_overrides = launcher_overrides or []
     check_launcher(launcher_overrides)
     plans = plan_sweep(spec, user_overrides)
-    validate_plan(plans, user_config_dir)
+    identities = plan_identities(plans, validate_plan(plans, user_config_dir))
     sweep_dir = Path(sweep_dir).resolve()
     with sweep_lock(sweep_dir):
+        check_planned(sweep_dir, plans, identities)  # before anything is written
+        write_planned(sweep_dir, identities)
         write_plan(spec, user_overrides, sweep_dir, plans)
         session = uuid.uuid4().hex
         for plan in plans:

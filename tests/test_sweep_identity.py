@@ -1,0 +1,102 @@
+"""A sweep job's identity is its resolved config: a re-run into the same --out reuses a job only when it is planned
+with the same config, and refuses (one line, exit 2, nothing run) a job directory planned differently."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_sweep import MICRO_MODEL, ONE_STAGE
+from typer.testing import CliRunner
+
+from posenc_cli.cli import app
+from posenc_cli.sweep.runner import PLANNED_FILE
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("identity")
+    (root / "corpus").mkdir()
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda"]
+    for i in range(6):
+        (root / "corpus" / f"doc{i}.txt").write_text(" ".join(words[(i * 7 + j * j) % 11] for j in range(600)))
+    (root / "cfg" / "model").mkdir(parents=True)
+    (root / "cfg" / "sweep").mkdir()
+    (root / "cfg" / "model" / "micro.yaml").write_text(MICRO_MODEL)
+    (root / "cfg" / "sweep" / "one.yaml").write_text(ONE_STAGE)
+    return root
+
+
+def sweep(workspace: Path, *args: str) -> tuple[int, str, str]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(workspace)
+        result = runner.invoke(app, ["sweep", "one", *args, "--config-dir", "cfg"], terminal_width=200)
+    err = "\n".join(ln for ln in result.stderr.splitlines() if not ln.startswith("warning: this machine is busy"))
+    return result.exit_code, result.stdout, err
+
+
+@pytest.fixture(scope="module")
+def nope_run(workspace: Path) -> Path:
+    code, out, err = sweep(workspace, "pos=nope", "--out", "nope")
+    assert code == 0, out + err
+    return workspace / "nope"
+
+
+def _snapshot(job_dir: Path) -> bytes:
+    return (job_dir / "model.safetensors").read_bytes()
+
+
+def test_a_scheme_changed_on_the_command_line_is_refused_not_shown_under_its_label(
+    workspace: Path, nope_run: Path
+) -> None:
+    before = _snapshot(nope_run / "train/default")
+    code, out, err = sweep(workspace, "pos=alibi", "--out", "nope")
+    assert code == 2, out + err  # was: "all 1 job(s) already done" and a row 'alibi' holding NoPE's numbers
+    assert "was planned with pos.name=nope; this sweep asks pos.name=alibi" in err
+    assert "train/default" in err and "use another --out" in err and len(err.strip().splitlines()) == 1
+    assert "already done" not in out and "Traceback" not in out + err
+    assert _snapshot(nope_run / "train/default") == before
+    records = json.loads((nope_run / "results.json").read_text())
+    assert {r["label"] for r in records} == {"nope"}  # the earlier table stands; no 'alibi' row was written
+
+
+def test_a_changed_setting_is_refused(workspace: Path, nope_run: Path) -> None:
+    code, out, err = sweep(workspace, "pos=nope", "train.steps=6", "--out", "nope")
+    assert code == 2, out + err  # was: skipped as done, the 4-step model shown for train.steps=6
+    assert "was planned with train.steps=4; this sweep asks train.steps=6" in err
+
+
+def test_the_unchanged_rerun_still_skips_and_runtime_settings_do_not_count(workspace: Path, nope_run: Path) -> None:
+    code, out, err = sweep(workspace, "pos=nope", "--out", "nope")
+    assert code == 0, out + err
+    assert "stage train: all 1 job(s) already done" in out
+    code, out, err = sweep(workspace, "pos=nope", "train.log_every=1", "--out", "nope")
+    assert code == 0 and "already done" in out, out + err
+
+
+def test_a_directory_without_the_record_is_checked_through_the_jobs_config(workspace: Path, nope_run: Path) -> None:
+    """Sweep directories written before the record: a train job's own config.yaml is compared."""
+    import shutil
+
+    legacy = workspace / "legacy"
+    shutil.copytree(nope_run, legacy)
+    (legacy / PLANNED_FILE).unlink()
+    code, out, err = sweep(workspace, "pos=nope", "--out", "legacy")
+    assert code == 0 and "already done" in out, out + err
+    (legacy / PLANNED_FILE).unlink()
+    code, out, err = sweep(workspace, "pos=alibi", "--out", "legacy")
+    assert code == 2 and "was planned with pos.name=nope; this sweep asks pos.name=alibi" in err, out + err
+
+
+def test_new_jobs_of_a_grown_grid_run_beside_the_old(workspace: Path) -> None:
+    code, out, err = sweep(workspace, "pos=nope,alibi", "--out", "grid")
+    assert code == 0, out + err
+    code, out, err = sweep(workspace, "pos=nope,alibi,rope", "--out", "grid")
+    assert code == 0, out + err
+    assert "1 of 3 job(s) to run" in out
+    planned = json.loads((workspace / "grid" / PLANNED_FILE).read_text())["jobs"]
+    assert set(planned) == {"train/pos=nope", "train/pos=alibi", "train/pos=rope"}
+    assert planned["train/pos=rope"]["config"]["pos.name"] == "rope"
