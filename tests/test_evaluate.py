@@ -302,8 +302,18 @@ def test_find_runs(tmp_path: Path) -> None:
 
 def test_data_overrides() -> None:
     base = StdlibDataConfig(val_fraction=0.05)
+    # files named for evaluation are scored whole: an evaluation-only corpus (held-out files, no training split)
     cfg = ev.data_config_with_overrides(base, ["data=text", "data.paths=[a.txt,b/]"])
-    assert cfg.source == "text" and cfg.paths == ["a.txt", "b/"] and cfg.val_fraction == 0.02  # group defaults
+    assert cfg.source == "text" and cfg.paths == [] and cfg.val_paths == ["a.txt", "b/"] and cfg.val_fraction == 0.02
+    assert cfg.evaluation_only
+    # asking for the split explicitly keeps it (the tail training holds out, or the files it holds out)
+    cfg = ev.data_config_with_overrides(base, ["data=text", "data.paths=[a.txt]", "data.val_fraction=0.1"])
+    assert cfg.paths == ["a.txt"] and cfg.val_paths == [] and not cfg.evaluation_only
+    cfg = ev.data_config_with_overrides(base, ["data=text", "data.paths=[a.txt]", "data.val_paths=[b.txt]"])
+    assert cfg.paths == ["a.txt"] and cfg.val_paths == ["b.txt"]
+    # a source without a group file composes from its registered defaults, as `train data=tasks` does
+    cfg = ev.data_config_with_overrides(base, ["data=tasks", "data.max_len=64"])
+    assert cfg.source == "tasks" and cfg.max_len == 64
     cfg = ev.data_config_with_overrides(base, ["data.val_fraction=0.1"])
     assert cfg.source == "stdlib" and cfg.val_fraction == 0.1
     with pytest.raises(ConfigError, match="data.nope"):

@@ -17,7 +17,7 @@ from posenc_cli.data.sources.base import split_document, validation_mask
 from posenc_cli.data.sources.hf import HfDataConfig
 from posenc_cli.data.sources.stdlib import StdlibDataConfig, stdlib_files
 from posenc_cli.data.sources.text import TextDataConfig, expand_paths
-from posenc_cli.errors import DataError
+from posenc_cli.errors import ConfigError, DataError
 
 
 @pytest.fixture(autouse=True)
@@ -140,6 +140,22 @@ def test_text_source_single_file_holds_out_tail(tmp_path: Path) -> None:
     assert len(train) == len(val) == 1
     assert train[0] + val[0] == book.read_text()
     assert val[0].startswith("sentence number")
+
+
+def test_text_evaluation_only_corpus_is_the_whole_files(tmp_path: Path) -> None:
+    """Held-out files alone (no data.paths): every file is validation, whole; nothing is training."""
+    book = tmp_path / "held_out.txt"
+    book.write_text("".join(f"sentence number {i} of the book.\n" for i in range(500)))
+    cfg = TextDataConfig(val_paths=[str(book)])
+    cfg.validate()
+    corpus = load_corpus(cfg, BYTE)
+    assert docs_of(corpus, "val") == [book.read_text()] and len(corpus.train) == 0
+    assert corpus.info["split_method"] == "whole files"
+    split = load_corpus(TextDataConfig(paths=[str(book)]), BYTE)  # the same file as a training corpus: its 2% tail
+    assert len(split.val) < len(corpus.val) // 10
+    assert split.info["fingerprint"] != corpus.info["fingerprint"]
+    with pytest.raises(ConfigError, match="data.paths"):
+        TextDataConfig().validate()
 
 
 def test_text_missing_paths_named(tmp_path: Path) -> None:

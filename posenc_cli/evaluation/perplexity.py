@@ -23,6 +23,12 @@ the scored tokens). Windows are always taken from the start of the validation st
 tokenizer scores exactly the same tokens (paired numbers), and for the non-overlapping protocol every length scores
 the same stretch of text.
 
+The validation stream is the run's own validation split, or another corpus given as data overrides
+(`data_config_with_overrides`): files named with `data=text 'data.paths=[held_out.txt]'` are scored whole (an
+evaluation-only corpus), not split. A length with no window in the stream is "too_few_tokens", a state of its own
+apart from "n/a" (the scheme cannot read that many tokens; `results` lists every state). A run trained with
+randomized positions is fed per-window sorted draws from its range (`positions`), unless sequential ids are asked for.
+
 
 Results live in `eval/extrapolate.json` inside each run directory (`posenc_cli.evaluation.results` reads and writes
 it); a new measurement replaces the entry with the same key (`entry_key`) and keeps the others.
@@ -49,7 +55,8 @@ from torch import nn
 from posenc_cli import __version__
 from posenc_cli.config import DataConfig, EvalConfig, config_dir
 from posenc_cli.data.cache import load_corpus
-from posenc_cli.data.sources import build_data_config, source_class
+from posenc_cli.data.sources import build_data_config, config_class, source_class
+from posenc_cli.data.sources import registry as source_registry
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
 from posenc_cli.evaluation.loop import Entry, measure, results_header
 from posenc_cli.evaluation.positions import Positions, resolve_positions
@@ -325,10 +332,18 @@ def _runs_below(path: Path) -> tuple[list[Path], list[CheckpointError]]:
 
 
 def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> DataConfig:
-    """Compose only the data group: `data=NAME` starts from configs/data/NAME.yaml, `data.KEY=VALUE` sets keys.
+    """Compose only the data group: `data=NAME` starts from NAME's defaults (configs/data/NAME.yaml, or the registered
+    source's own defaults where it has no group file, e.g. `data=tasks`), `data.KEY=VALUE` sets keys.
 
-    Without `data=NAME` the run's own data config is the starting point. Values use OmegaConf's dotlist grammar
-    (lists as `[a,b]`, `null`, numbers).
+    Without `data=NAME` the run's own data config is the starting point, and its validation split is scored. Values
+    use OmegaConf's dotlist grammar (lists as `[a,b]`, `null`, numbers).
+
+    Held-out files are scored whole: `data=text 'data.paths=[held_out.txt]'` names files to evaluate on, not a
+    corpus to split, so they become an evaluation-only corpus (`data.val_paths` = those files, no `data.paths`:
+    every file is the validation stream, see `posenc_cli.data.sources.text`). Scoring the 2% tail that training
+    would hold out instead asks for the split explicitly, with `data.val_fraction=...` or `data.val_paths=[...]`
+    (the split training makes: the same corpus fingerprint as a run trained on exactly that config). `data=text
+    'data.val_paths=[held_out.txt]'` alone is the evaluation-only corpus itself.
     """
     # deferred: keeps OmegaConf (Hydra's) off posenc --help start-up
     from omegaconf import OmegaConf
@@ -336,10 +351,12 @@ def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> Da
 
     raw: dict[str, Any] = dataclasses.asdict(base)
     dotted: list[str] = []
+    group: str | None = None
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
         if key == "data":
-            raw = _data_group_defaults(o.split("=", 1)[1])
+            group = o.split("=", 1)[1]
+            raw = _data_group_defaults(group)
         elif key.startswith("data."):
             dotted.append(o.lstrip("+~"))
         else:
@@ -354,6 +371,9 @@ def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> Da
             raise ConfigError(f"bad data override: {str(e).splitlines()[0]}") from e
         assert isinstance(parsed, dict)
         raw.update(parsed.get("data", {}))
+    split_asked = any(d.split("=", 1)[0] in ("data.val_fraction", "data.val_paths") for d in dotted)
+    if group is not None and raw.get("source") == "text" and raw.get("paths") and not split_asked:
+        raw = {**raw, "val_paths": list(raw["paths"]), "paths": []}  # the named files, whole
     # keys of the run's own source do not carry over to another one (data.source=stdlib on a data=text run)
     cfg = build_data_config(raw, drop_foreign=raw.get("source") != base.source)
     cfg.validate()
@@ -361,13 +381,15 @@ def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> Da
 
 
 def _data_group_defaults(name: str) -> dict[str, Any]:
-
+    """The defaults `data=NAME` composes to: its group file, else the registered source's config defaults."""
     group = config_dir() / "data"
     path = group / f"{name}.yaml"
-    if not path.is_file():
-        options = ", ".join(sorted(p.stem for p in group.glob("*.yaml")))
-        raise ConfigError(f"data={name} is not a data config (available: {options})")
-    return yaml.safe_load(path.read_text()) or {}
+    if path.is_file():
+        return yaml.safe_load(path.read_text()) or {}
+    if name in source_registry():
+        return dataclasses.asdict(config_class(name)())
+    options = ", ".join(sorted({p.stem for p in group.glob("*.yaml")} | set(source_registry())))
+    raise ConfigError(f"data={name} is not a data config (available: {options})")
 
 
 def data_name(cfg: DataConfig) -> str:

@@ -1,5 +1,9 @@
 """`data=text data.paths=[...]`: files, directories and globs read by the `datasets` `text` builder, one document
 per file; validation by a hash of the document's content, or the files in `data.val_paths`.
+
+An evaluation-only corpus has `data.val_paths` and no `data.paths`: every file is validation, scored whole, and
+nothing is left to train on (`posenc eval-extrapolate RUN data=text 'data.paths=[held_out.txt]'` builds one, see
+`posenc_cli.evaluation.perplexity.data_config_with_overrides`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from posenc_cli.data.sources.base import (
     Docs,
     ProgressFn,
     Source,
+    memory_table,
     report_progress,
     short_hash,
     split_table,
@@ -30,7 +35,8 @@ from posenc_cli.errors import ConfigError, DataError
 
 @dataclass(kw_only=True)
 class TextDataConfig(DataConfig):
-    """`data=text`: local files, directories or globs (`paths`); `val_paths` hold out whole files."""
+    """`data=text`: local files, directories or globs (`paths`); `val_paths` hold out whole files (alone: an
+    evaluation-only corpus, no training split)."""
 
     source: str = "text"
     paths: list[str] = field(default_factory=list)
@@ -38,8 +44,13 @@ class TextDataConfig(DataConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not self.paths:
+        if not self.paths and not self.val_paths:
             raise ConfigError("data=text needs data.paths=[FILE_OR_DIR_OR_GLOB,...]")
+
+    @property
+    def evaluation_only(self) -> bool:
+        """Only held-out files: every file is scored whole, there is no training split."""
+        return not self.paths and bool(self.val_paths)
 
 
 def expand_paths(patterns: Sequence[str]) -> list[Path]:
@@ -92,15 +103,15 @@ class TextSource(DataSource):
     def open(cls, data: TextDataConfig, root: Path, progress: ProgressFn | None) -> Source:
         val_files = expand_paths(data.val_paths) if data.val_paths else []
         held_out = set(val_files)
-        train_files = [f for f in expand_paths(data.paths) if f not in held_out]
-        if not train_files:
+        train_files = [f for f in expand_paths(data.paths) if f not in held_out] if data.paths else []
+        if not train_files and not data.evaluation_only:
             raise DataError("every file in data.paths is also in data.val_paths: nothing is left to train on")
         roles = [("train", f) for f in train_files] + [("val", f) for f in val_files]
         hashes = []
         for i, (role, f) in enumerate(roles):
             hashes.append((role, file_sha256(f)))
             report_progress(progress, "reading", i + 1, len(roles))
-        split_rule: Any = "val_paths" if val_files else data.val_fraction
+        split_rule: Any = "whole files" if data.evaluation_only else "val_paths" if val_files else data.val_fraction
         info = {
             "source": "text",
             "paths": list(data.paths),
@@ -113,7 +124,7 @@ class TextSource(DataSource):
             # deferred: keeps datasets off posenc --help start-up
             import datasets
 
-            data_files = {"train": [str(f) for f in train_files]}
+            data_files = {"train": [str(f) for f in train_files]} if train_files else {}
             if val_files:
                 data_files["val"] = [str(f) for f in val_files]
             try:
@@ -127,6 +138,8 @@ class TextSource(DataSource):
                     )
             except OSError as e:
                 raise DataError(f"could not read data.paths: {e}") from e
+            if not train_files:  # an evaluation-only corpus: the held-out files whole, nothing to train on
+                return whole(memory_table([])), whole(scan_dataset(dd["val"], "text", progress)), "whole files"
             train = scan_dataset(dd["train"], "text", progress)
             if val_files:
                 return whole(train), whole(scan_dataset(dd["val"], "text", progress)), "data.val_paths"
