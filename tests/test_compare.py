@@ -318,3 +318,11 @@ def test_only_seeds_are_averaged(tmp_path: Path) -> None:
     assert {"rope · longer/rope", "rope · copy/rope"} <= set(by_label)
     flat = " ".join(render(records).split())
     assert "rope · s0/rope (n=2)" in flat and "n=2: mean ± std over 2 seeds" in flat
+
+
+def test_reference_says_when_posencs_lengths_are_not_the_papers(sweep_dir: Path) -> None:
+    result = runner.invoke(app, ["compare", str(sweep_dir), "--reference", "alibi-table2"], terminal_width=250)
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert "1.200* / 1.06" in flat  # rope: 12 / 10 at 2x, under the paper's 1012 tokens
+    assert "posenc measured 2× under the paper's 1.98× (1012 tokens at L = 512)" in flat

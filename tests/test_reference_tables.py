@@ -7,6 +7,7 @@ import pytest
 from posenc_cli.errors import ConfigError
 from posenc_cli.report.reference_tables import (
     ALIBI_TABLE2,
+    length_notes,
     posenc_ratios,
     reference_table,
     separated_best,
@@ -56,3 +57,14 @@ def test_best_only_when_separated_by_more_than_the_seed_spread() -> None:
     assert separated_best({"a": (1.0, 0.0), "b": (1.0, 0.0)}) is None  # a tie is no winner
     assert separated_best({"a": (2.0, 0.1), "b": (1.0, 0.1)}, lower_is_better=False) == "a"
     assert separated_best({"a": (float("nan"), None)}) is None
+
+
+def test_another_length_than_the_papers_is_marked_and_said() -> None:
+    """posenc's 2× stood under the paper's 1.98× (1012 / 512) without a word; 1.98 itself is the same length."""
+    results = [{"label": "rope", "scheme": "rope", "entries": [entry(1.0, 10.0), entry(2.0, 12.0), entry(4.9, 15.0)]}]
+    _, rows = side_by_side(ALIBI_TABLE2, results)
+    assert rows[0][3] == "1.200* / 1.06" and rows[0][4] == "1.500 / 1.57"  # 4.9 vs 4.906: within 0.5%
+    notes = length_notes(ALIBI_TABLE2, results)
+    assert len(notes) == 1 and "posenc measured 2× under the paper's 1.98× (1012 tokens at L = 512)" in notes[0]
+    aligned = [{"label": "rope", "scheme": "rope", "entries": [entry(1.0, 10.0), entry(1.98, 12.0)]}]
+    assert length_notes(ALIBI_TABLE2, aligned) == [] and "*" not in side_by_side(ALIBI_TABLE2, aligned)[1][0][3]

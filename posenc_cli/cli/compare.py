@@ -18,10 +18,17 @@ def _print_reference(table: Any, records: list[Any]) -> None:
     """posenc's ppl(m·L)/ppl(L) next to the paper's, one row per run label (`reference_tables.side_by_side`)."""
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.analysis.compare import to_results
-    from posenc_cli.report.reference_tables import side_by_side
+    from posenc_cli.report.reference_tables import length_notes, side_by_side
 
-    headers, rows = side_by_side(table, to_results(records))
-    out = Table(title=f"ppl(L') / ppl(L): posenc / paper ({table.name})", caption=table.citation, title_justify="left")
+    results = to_results(records)
+    headers, rows = side_by_side(table, results)
+    caption = "\n".join([table.citation, *length_notes(table, results)])
+    out = Table(
+        title=f"ppl(L') / ppl(L): posenc / paper ({table.name})",
+        caption=caption,
+        title_justify="left",
+        caption_justify="left",
+    )
     for i, h in enumerate(headers):
         out.add_column(h, justify="left" if i < 2 else "right")
     for row in rows:

@@ -19,7 +19,17 @@ from typing import Any
 
 from posenc_cli.errors import ConfigError
 
-__all__ = ["REFERENCE_TABLES", "ReferenceTable", "posenc_ratios", "reference_table", "separated_best", "side_by_side"]
+__all__ = [
+    "REFERENCE_TABLES",
+    "ReferenceTable",
+    "length_notes",
+    "posenc_ratios",
+    "reference_table",
+    "separated_best",
+    "side_by_side",
+]
+
+SAME_LENGTH = 0.005  # posenc's multiple within 0.5% of the paper's counts as the same length (1.98 for 1012/512)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,10 +86,11 @@ def _nearest(multiples: Iterable[float], target: float, tolerance: float = 0.03)
 
 
 def posenc_ratios(results: Sequence[Mapping[str, Any]], multiples: Sequence[float]) -> dict[str, dict[str, Any]]:
-    """Per label: {"scheme", "ratios": [[per-run ratio, ...] per multiple]} of ppl(m·L) / ppl(1·L).
+    """Per label: {"scheme", "ratios": [[per-run ratio, ...] per multiple], "at": [{posenc multiples used} per
+    multiple]} of ppl(m·L) / ppl(1·L).
 
     `results` are eval-extrapolate result docs with a "label" (compare's `to_results`); a run contributes at a
-    multiple when it has an "ok" entry within 3% of it and one at 1×.
+    multiple when it has an "ok" entry within 3% of it and one at 1× (`at` says which multiple it was).
     """
     out: dict[str, dict[str, Any]] = {}
     for r in results:
@@ -87,12 +98,18 @@ def posenc_ratios(results: Sequence[Mapping[str, Any]], multiples: Sequence[floa
         row = out.setdefault(str(r.get("label") or r.get("run")), {"scheme": r.get("scheme"), "ratios": []})
         if not row["ratios"]:
             row["ratios"] = [[] for _ in multiples]
+            row["at"] = [set() for _ in multiples]
         base = _nearest(ppl, 1.0)
         for i, m in enumerate(multiples):
             at = _nearest(ppl, m)
             if base is not None and at is not None:
                 row["ratios"][i].append(ppl[at] / ppl[base])
+                row["at"][i].add(at)
     return out
+
+
+def _differs(ours: float, paper: float) -> bool:
+    return abs(ours - paper) > SAME_LENGTH * paper
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
@@ -105,6 +122,8 @@ def side_by_side(table: ReferenceTable, results: Sequence[Mapping[str, Any]]) ->
     """(headers, rows) of strings: one row per posenc label whose scheme the table has, "posenc / paper" per length.
 
     A posenc value with seeds reads "mean ± std"; "–" is not measured (or n/a); the paper's missing value is "oom".
+    A posenc value measured at another multiple than the paper's (2× under 1.98×, more than `SAME_LENGTH` apart)
+    is marked "*" (`length_notes` says which).
     """
     headers = ["run", "scheme"] + [f"{m:.3g}× ({n})" for m, n in zip(table.multiples, table.lengths, strict=True)]
     rows: list[list[str]] = []
@@ -113,12 +132,29 @@ def side_by_side(table: ReferenceTable, results: Sequence[Mapping[str, Any]]) ->
         if scheme not in table.rows:
             continue
         cells = [label, scheme]
-        for values, paper in zip(row["ratios"], table.ratios(scheme), strict=True):
+        for values, at, m, paper in zip(row["ratios"], row["at"], table.multiples, table.ratios(scheme), strict=True):
             mean, std = _mean_std(values)
             ours = "–" if mean is None else f"{mean:.3f}" + (f" ± {std:.3f}" if std is not None else "")
-            cells.append(f"{ours} / {'oom' if paper is None else f'{paper:.2f}'}")
+            mark = "*" if any(_differs(a, m) for a in at) else ""
+            cells.append(f"{ours}{mark} / {'oom' if paper is None else f'{paper:.2f}'}")
         rows.append(cells)
     return headers, rows
+
+
+def length_notes(table: ReferenceTable, results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """'* 2× (posenc) under the paper's 1.98× (1012 tokens at L = 512): not the same length' for every paper column
+    a shown posenc value was measured at another multiple for."""
+    shown = {k: v for k, v in posenc_ratios(results, table.multiples).items() if str(v["scheme"]) in table.rows}
+    notes = []
+    for i, (m, n) in enumerate(zip(table.multiples, table.lengths, strict=True)):
+        used = sorted({a for row in shown.values() for a in row["at"][i] if _differs(a, m)})
+        if used:
+            ours = ", ".join(f"{a:g}×" for a in used)
+            notes.append(
+                f"* posenc measured {ours} under the paper's {m:.3g}× ({n} tokens at L = {table.train_length}): "
+                "not the same length; evaluate at the paper's multiples to compare like with like."
+            )
+    return notes
 
 
 def separated_best(cells: Mapping[str, tuple[float, float | None]], *, lower_is_better: bool = True) -> str | None:
