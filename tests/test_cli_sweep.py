@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from launchers import needs_submitit
+from launchers import needs_joblib, needs_submitit
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
+from posenc_cli.config import config_dir
 
 runner = CliRunner()
 
@@ -44,3 +45,36 @@ def test_dry_run_shows_where_the_jobs_go() -> None:
     assert "launcher submitit_slurm (Slurm jobs): partition=gpu; other settings: Hydra's defaults" in result.output
     result = runner.invoke(app, ["sweep", "sizes", "--dry-run"], terminal_width=200)
     assert "launcher basic (one after another in this process)" in result.output
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.strip().splitlines() if not ln.startswith("warning: this machine is busy")]
+
+
+@needs_joblib
+def test_a_launcher_count_without_meaning_fails_the_dry_run_and_the_run_in_one_line(tmp_path) -> None:
+    from posenc_cli.errors import ConfigError
+    from posenc_cli.sweep.runner import find_sweep_file, load_sweep_spec, run_sweep
+
+    launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=0"]
+    for extra in (["--dry-run"], ["--out", str(tmp_path / "out")]):
+        result = runner.invoke(app, ["sweep", "extrapolation", *launcher, *extra], terminal_width=200)
+        assert result.exit_code == 2, result.output  # the dry run passed; the run ended in joblib's traceback
+        lines = _error_lines(result.stderr)
+        assert len(lines) == 1 and "hydra.launcher.n_jobs=0 has no meaning" in lines[0], result.stderr
+        assert "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+    spec = load_sweep_spec(find_sweep_file("extrapolation", [config_dir()]))
+    with pytest.raises(ConfigError, match="n_jobs=0 has no meaning"):  # a caller of the library is checked too
+        run_sweep(spec, [], tmp_path / "lib", launcher_overrides=launcher)
+    assert not (tmp_path / "lib").exists()
+
+
+def test_the_dry_run_refuses_a_model_training_would_refuse(tmp_path) -> None:
+    """The dry run makes training's own checks (Config.validate and the memory estimate) for every job."""
+    for extra in (["--dry-run"], ["--out", str(tmp_path / "out")]):
+        result = runner.invoke(app, ["sweep", "extrapolation", "model.d_model=100000", *extra], terminal_width=200)
+        assert result.exit_code == 2, result.output  # the dry run listed 7 jobs; the run then refused each one
+        lines = _error_lines(result.stderr)
+        assert len(lines) == 1 and "model.d_model=100000" in lines[0] and "training needs about" in lines[0]
+    assert not (tmp_path / "out").exists()

@@ -191,8 +191,9 @@ def check_launcher(launcher_overrides: list[str]) -> None:
 
 def launcher_settings(launcher_overrides: list[str], user_config_dir: Path | None = None) -> tuple[str, dict[str, Any]]:
     """(launcher name, the settings the overrides give it), validated as the real launch would: the plugin is
-    installed, the launcher exists (`hydra/launcher=submitit_slrum` fails, suggesting submitit_slurm) and every
-    `hydra.launcher.KEY` is one of its keys (`partiton` fails, suggesting partition)."""
+    installed, the launcher exists (`hydra/launcher=submitit_slrum` fails, suggesting submitit_slurm), every
+    `hydra.launcher.KEY` is one of its keys (`partiton` fails, suggesting partition) and its counts are in range
+    (`check_launcher_values`)."""
     check_launcher(launcher_overrides)
     name = "basic"
     for line in launcher_overrides:
@@ -200,12 +201,50 @@ def launcher_settings(launcher_overrides: list[str], user_config_dir: Path | Non
         if key == "hydra/launcher":
             name = value
     node = _launcher_node(launcher_overrides, user_config_dir)
+    check_launcher_values(node)
     given = {}
     for line in launcher_overrides:
         key, _, _ = line.lstrip("+~").partition("=")
         if key.startswith("hydra.launcher."):
             given[key.removeprefix("hydra.launcher.")] = node.get(key.removeprefix("hydra.launcher."))
     return name, given
+
+
+# Counts the launcher plugins take, with their least meaningful value (None leaves the choice to the plugin or Slurm).
+# joblib's n_jobs is a count of processes or, negative, cores + 1 + n_jobs (-1: every core); 0 has no meaning
+# (joblib/parallel.py raises "n_jobs == 0 in Parallel has no meaning" when the jobs start).
+_AT_LEAST = {
+    "timeout_min": 1,
+    "nodes": 1,
+    "tasks_per_node": 1,
+    "cpus_per_task": 1,
+    "cpus_per_gpu": 1,
+    "gpus_per_task": 1,
+    "array_parallelism": 1,
+    "gpus_per_node": 0,
+    "mem_gb": 0,
+    "mem_per_gpu": 0,
+    "mem_per_cpu": 0,
+    "signal_delay_s": 0,
+    "max_num_timeout": 0,
+}
+
+
+def check_launcher_values(node: dict[str, Any]) -> None:
+    """One line for a launcher setting the plugin would refuse only once the jobs start (`n_jobs=0`, `nodes=0`)."""
+    n_jobs = node.get("n_jobs")
+    if isinstance(n_jobs, int) and not isinstance(n_jobs, bool) and n_jobs == 0:
+        raise ConfigError(
+            "hydra.launcher.n_jobs=0 has no meaning: give the number of parallel jobs (1, 2, ...), or -1 for one per "
+            "core"
+        )
+    timeout = node.get("timeout") if "n_jobs" in node else None  # joblib's per-job timeout, in seconds
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout <= 0:
+        raise ConfigError(f"hydra.launcher.timeout={timeout} must be a positive number of seconds (or null)")
+    for key, least in _AT_LEAST.items():
+        value = node.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < least:
+            raise ConfigError(f"hydra.launcher.{key}={value} must be at least {least}")
 
 
 def _launcher_node(launcher_overrides: list[str], user_config_dir: Path | None) -> dict[str, Any]:

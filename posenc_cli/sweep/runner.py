@@ -61,10 +61,10 @@ from posenc_cli.run.trackers import tracked
 from posenc_cli.run.train import train
 from posenc_cli.sweep.hydra_bridge import (
     JobInfo,
-    check_launcher,
     compose_config,
     job_name,
     launch_multirun,
+    launcher_settings,
     parse_overrides,
     quote_value,
 )
@@ -463,7 +463,7 @@ def run_sweep(
     sweep with `SweepInterrupted` before any later job or stage starts.
     """
     launcher_overrides = launcher_overrides or []
-    check_launcher(launcher_overrides)
+    launcher_settings(launcher_overrides, user_config_dir)  # as the dry run checks them
     plans = plan_sweep(spec, user_overrides)
     identities = plan_identities(plans, validate_plan(plans, user_config_dir))
     sweep_dir = Path(sweep_dir).resolve()
