@@ -1,22 +1,25 @@
 """End to end: train a tiny model on data=tasks for a few steps, then `posenc eval-tasks` from the CLI (table, JSON,
-heatmap, scores in [0, 1], cells cached on the second call, n/a for learned positions beyond their table)."""
+heatmap, scores in [0, 1], cells cached on the second call, n/a for learned positions beyond their table, the scoring
+in the cell key and the caption); hostile flags are one line, exit 2, nothing written."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
 
 runner = CliRunner()
-TINY = ["model=tiny", "model.d_model=32", "model.n_layer=1", "model.n_head=2", "train.seq_len=128"]
+TINY = ["model=tiny", "model.d_model=32", "model.n_layer=1", "model.n_head=2", "train.seq_len=256"]
 
 
 def test_train_on_tasks_then_eval_tasks(tmp_path: Path) -> None:
     run = tmp_path / "run"
     data = ["data=tasks", "data.episodes=200", "train.steps=3", "train.batch_size=2", "train.eval_every=100"]
+    data += ["data.tokens_to_generate=48"]  # eval-tasks' budget on this run: 256 bytes hold RULER's sizes and 48
     trained = runner.invoke(app, ["train", *TINY, *data, "pos=learned", "--out", str(run)])
     assert trained.exit_code == 0, trained.output
     args = [str(run), "--tasks", "niah-multikey,variable-tracking", "--lengths", "1,2", "--depths", "0,0.5,1"]
@@ -25,11 +28,17 @@ def test_train_on_tasks_then_eval_tasks(tmp_path: Path) -> None:
     first = runner.invoke(app, ["eval-tasks", *args, "--json", str(out_json), "--plot", str(plot)], terminal_width=200)
     assert first.exit_code == 0, first.output
     assert "niah-multikey · RULER score" in first.output and "variable-tracking · RULER score" in first.output
-    assert "supports at most 128 positions" in first.output  # learned: n/a at 2x with the reason
+    assert "supports at most 256 positions" in first.output  # learned: n/a at 2x with the reason
+    assert "contained (case-insensitive) in 48 generated tokens" in first.output  # the scoring, in the caption
     entries = json.loads(out_json.read_text())["runs"][0]["entries"]
     assert len(entries) == 2 * 2 * 3
     ok = [e for e in entries if e["status"] == "ok"]
-    assert {e["length"] for e in ok} == {128} and all(0.0 <= e["score"] <= 1.0 for e in ok)
+    assert {e["length"] for e in ok} == {256} and all(0.0 <= e["score"] <= 1.0 for e in ok)
+    assert {(e["scoring"], e["generate"]) for e in entries} == {("contains", 48)}
+    assert {json.dumps(e["sizes"]) for e in entries} == {
+        '{"keys": 4, "digits": 7}',
+        '{"hops": 4, "vt_digits": 5, "letters": 5}',
+    }
     assert plot.stat().st_size > 0
     stored = json.loads((run / "eval" / "tasks.json").read_text())
     assert len(stored["entries"]) == 12
@@ -40,6 +49,19 @@ def test_train_on_tasks_then_eval_tasks(tmp_path: Path) -> None:
     assert "niah-multikey · RULER score, mean over depths" in compared.output
     assert "variable-tracking · RULER score, mean over depths" in compared.output
     assert "n/a" in compared.output  # learned positions at 2x
+
+    # posenc's exact scoring is another cell: measured, not reused, and named in the title and caption
+    exact = runner.invoke(app, ["eval-tasks", *args, "--scoring", "exact"], terminal_width=200)
+    assert exact.exit_code == 0 and "cells reused" not in exact.output, exact.output
+    assert (
+        "niah-multikey · exact score" in exact.output
+        and "Exact score (posenc's, stricter than RULER's)" in " ".join(exact.output.split())
+    ), exact.output
+    stored = json.loads((run / "eval" / "tasks.json").read_text())
+    assert len(stored["entries"]) == 24
+    both = runner.invoke(app, ["compare", str(run)], terminal_width=200)  # one table per scoring, never mixed
+    assert "niah-multikey · RULER score, mean over depths" in both.output
+    assert "niah-multikey · exact score, mean over depths" in both.output
 
     # Cells measured with another prompt text (generator version 1, before the answer prefix) are never reused
     # or shown: they are measured again.
@@ -54,3 +76,25 @@ def test_train_on_tasks_then_eval_tasks(tmp_path: Path) -> None:
 def test_unknown_task_is_one_line(tmp_path: Path) -> None:
     result = runner.invoke(app, ["eval-tasks", str(tmp_path), "--tasks", "niah-nope"])
     assert result.exit_code == 2 and "unknown task 'niah-nope'" in result.output
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--trials", "1000000000"], "--trials: 3,000,000,000 episodes"),  # 7.2 GB before; now refused up front
+        (["--seed", "-1"], "--seed must be in [0, 2^63)"),
+        (["--scoring", "fuzzy"], "--scoring must be contains or exact"),
+        (["--tokens-to-generate", "0"], "--tokens-to-generate must be in [1, 65536]"),
+        (["--sizes", "keys=100"], "--sizes keys must be at most 40"),
+        (["--sizes", "hops"], "expected name=integer pairs"),
+        (["--sizes", "colours=2"], "unknown size 'colours'"),
+    ],
+)
+def test_hostile_flags_are_one_line_and_write_nothing(tmp_path: Path, flags: list[str], message: str) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    result = runner.invoke(app, ["eval-tasks", str(run), *flags], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert list(tmp_path.rglob("*")) == [run]

@@ -55,7 +55,7 @@ def episodes(task, n: int = 8, seed: int = 0):
 
 
 @pytest.mark.parametrize("kind", ["byte", "bpe"])
-@pytest.mark.parametrize("length", [160, 300, 1000])
+@pytest.mark.parametrize("length", [320, 600, 1000])
 @pytest.mark.parametrize("haystack", ["filler", "corpus"])
 def test_prompts_have_the_length_needles_at_the_depth_and_solve_by_regex(
     task, kind: str, length: int, haystack: str, bpe

@@ -24,6 +24,7 @@ from posenc_cli.cli.evaluate import (
     parse_list,
     set_grid,
 )
+from posenc_cli.errors import ConfigError
 from posenc_cli.run.device import resolve_device
 
 if TYPE_CHECKING:
@@ -37,12 +38,52 @@ _EXAMPLES = """
   posenc eval-tasks tk --tasks niah-multikey,variable-tracking --lengths 1,2,4,8 --depths 0,0.5,1 --trials 10
   posenc eval-tasks outputs/sweeps/tasks --plot tasks.png --json tasks_all.json
   posenc eval-tasks RUN --tasks niah-single --haystack corpus   [dim](real text from the run's corpus)[/]
+  posenc eval-tasks RUN --scoring exact   [dim](posenc's stricter score: the answer's tokens, exact match)[/]
+  posenc eval-tasks RUN --tokens-to-generate 32 --sizes keys=2,hops=2   [dim](smaller than RULER's)[/]
 """
 
+SCORING_TEXT = {
+    "contains": "share of expected answers contained (case-insensitive) in {generate} generated tokens (RULER's "
+    "string_match_all)",
+    "exact": "exact score (posenc's, stricter than RULER's): the continuation cut to the answer's tokens, exact match "
+    "for one answer, else the share of answers in it",
+}
 
-def _grid(result: dict[str, Any], task: str) -> tuple[list[tuple[int, float]], list[float], np.ndarray, list[str]]:
-    """((length, multiple) rows, depth columns, scores with NaN for n/a, n/a notes) of one run's task."""
-    entries = [e for e in result["entries"] if e["task"] == task]
+
+def scoring_of(entry: dict[str, Any]) -> str:
+    """A stored cell's scoring (cells from before it was recorded were "exact")."""
+    return str(entry.get("scoring", "exact"))
+
+
+def scoring_note(entries: Sequence[dict[str, Any]]) -> str:
+    """The caption's words for how these cells (of one scoring) were scored, with their generation budgets."""
+    scoring = scoring_of(entries[0]) if entries else "contains"
+    budgets = sorted({int(e["generate"]) for e in entries if e.get("generate") is not None})
+    text = SCORING_TEXT.get(scoring, scoring).format(generate="/".join(map(str, budgets)) or "?")
+    return text[:1].upper() + text[1:]
+
+
+def parse_sizes(text: str | None) -> dict[str, int] | None:
+    """'keys=2,hops=3' -> {"keys": 2, "hops": 3}; one clear error for anything else."""
+    if text is None:
+        return None
+    sizes: dict[str, int] = {}
+    for part in (p for p in text.replace(" ", "").split(",") if p):
+        name, eq, value = part.partition("=")
+        if not eq or not value.lstrip("-").isdigit() or len(value) > 6:
+            raise ConfigError(f"--sizes {text!r}: expected name=integer pairs, e.g. --sizes keys=2,hops=2")
+        sizes[name.replace("-", "_")] = int(value)
+    if not sizes:
+        raise ConfigError("--sizes needs at least one name=integer pair")
+    return sizes
+
+
+def _grid(
+    result: dict[str, Any], task: str, scoring: str | None = None
+) -> tuple[list[tuple[int, float]], list[float], np.ndarray, list[str]]:
+    """((length, multiple) rows, depth columns, scores with NaN for n/a, n/a notes) of one run's task (the cells of
+    `scoring` only, when given)."""
+    entries = [e for e in result["entries"] if e["task"] == task and scoring in (None, scoring_of(e))]
     rows = sorted({(int(e["length"]), float(e["multiple"])) for e in entries})
     cols = sorted({float(e["depth"]) for e in entries})
     grid = np.full((len(rows), len(cols)), np.nan)
@@ -66,10 +107,12 @@ def tasks_tables(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> lis
     from posenc_cli.report.tables import LABEL_MAX_WIDTH, fit_to_content, run_label
 
     tables = []
-    for task in tasks:
-        cols = sorted({float(e["depth"]) for r in results for e in r["entries"] if e["task"] == task})
-        trials = sorted({int(e["trials"]) for r in results for e in r["entries"] if e["task"] == task})
-        table = Table(title=f"{task} · RULER score", title_justify="left", caption_justify="left", header_style="bold")
+    for task, scoring in task_scorings(results, tasks):
+        mine = [e for r in results for e in r["entries"] if e["task"] == task and scoring_of(e) == scoring]
+        cols = sorted({float(e["depth"]) for e in mine})
+        trials = sorted({int(e["trials"]) for e in mine})
+        title = f"{task} · {'RULER score' if scoring == 'contains' else 'exact score'}"
+        table = Table(title=title, title_justify="left", caption_justify="left", header_style="bold")
         table.add_column("run", no_wrap=True, overflow="ellipsis", max_width=LABEL_MAX_WIDTH)
         table.add_column("length \\ depth", justify="right", no_wrap=True)
         for d in cols:
@@ -79,7 +122,7 @@ def tasks_tables(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> lis
         for n, r in enumerate(results):
             if n:
                 table.add_section()
-            rows, rcols, grid, reasons = _grid(r, task)
+            rows, rcols, grid, reasons = _grid(r, task, scoring)
             for i, (length, multiple) in enumerate(rows):
                 cells: list[Any] = [run_label(r) if i == 0 else "", f"{multiple:g}× · {length}"]
                 for d in cols:
@@ -94,14 +137,19 @@ def tasks_tables(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> lis
             notes += [f"n/a for {run_label(r)} at {reason}" for reason in reasons]
         table.caption = "\n".join(
             [
-                "Share of expected answers in the greedy output (exact match for one answer), "
-                f"{'/'.join(map(str, trials))} trials per cell; columns: depth of the first needle; rows: prompt + "
-                "answer tokens.",
+                f"{scoring_note(mine)}, {'/'.join(map(str, trials))} trials per cell; columns: depth "
+                "of the first needle; rows: prompt + generated tokens.",
                 *notes,
             ]
         )
         tables.append(fit_to_content(table))
     return tables
+
+
+def task_scorings(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> list[tuple[str, str]]:
+    """(task, scoring) pairs present in `results`, in the order of `tasks`, "contains" first."""
+    present = {(e["task"], scoring_of(e)) for r in results for e in r["entries"]}
+    return [(t, s) for t in tasks for s in ("contains", "exact") if (t, s) in present]
 
 
 def tasks_figure(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> Figure:
@@ -149,7 +197,28 @@ def eval_tasks_command(
     abs_lengths: Annotated[str | None, _option("Absolute prompt lengths in tokens instead, e.g. 128,512.")] = None,
     depths: Annotated[str | None, _option("Depths of the first needle (default 0,0.5,1).")] = None,
     trials: Annotated[int, typer.Option(help="Episodes per task × length × depth.")] = 10,
-    digits: Annotated[int | None, _option("Digits per value (default: the run's data.digits, 4).")] = None,
+    scoring: Annotated[
+        str,
+        typer.Option(
+            help="contains: RULER's string_match_all (answers found, case-insensitive, in the generated tokens); "
+            "exact: posenc's stricter exact match of the answer's tokens."
+        ),
+    ] = "contains",
+    tokens_to_generate: Annotated[
+        int | None,
+        _option(
+            "Tokens generated per episode with --scoring contains; prompt + generated tokens = the length (default: "
+            "the run's data.tokens_to_generate, else RULER's 128 NIAH / 30 VT)."
+        ),
+    ] = None,
+    sizes: Annotated[
+        str | None,
+        _option(
+            "Episode sizes, e.g. keys=2,values=2,queries=2,hops=2,digits=4,vt_digits=4,letters=3 (default: the run's "
+            "data=tasks sizes, else RULER's 4 keys/values/queries/hops, 7 digits, VT 5 digits and 5 letters)."
+        ),
+    ] = None,
+    digits: Annotated[int | None, _option("Digits per NIAH value (default: see --sizes).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the episodes (the same seed gives the same prompts).")] = 0,
     haystack: Annotated[str, typer.Option(help="filler (repeated sentences) or corpus (the run's real text).")] = (
         "filler"
@@ -180,7 +249,16 @@ def eval_tasks_command(
     for name in names:
         registry_task(name)
     cfg = TasksEvalConfig(
-        trials=trials, digits=digits, seed=seed, haystack=haystack, batch_tokens=batch_tokens, dtype=dtype, force=force
+        trials=trials,
+        digits=digits,
+        sizes=parse_sizes(sizes),
+        scoring=scoring,
+        tokens_to_generate=tokens_to_generate,
+        seed=seed,
+        haystack=haystack,
+        batch_tokens=batch_tokens,
+        dtype=dtype,
+        force=force,
     )
     set_grid(cfg, lengths, abs_lengths, depths)
     cfg.validate()
@@ -232,7 +310,7 @@ def stored_task_results(records: Sequence[Any]) -> list[dict[str, Any]]:
         ours = [
             e for e in doc["entries"] if checkpoint_key(e) == current and e.get("generator", 1) == GENERATOR_VERSION
         ]
-        cells = {(e["task"], int(e["length"]), float(e["depth"])): e for e in ours}
+        cells = {(e["task"], scoring_of(e), int(e["length"]), float(e["depth"])): e for e in ours}
         if cells:
             scheme = record.scheme or str(doc.get("scheme", ""))
             results.append({"run": record.label, "scheme": scheme, "entries": list(cells.values())})
@@ -250,19 +328,19 @@ def task_summary_tables(results: Sequence[dict[str, Any]]) -> list[Table]:
     from posenc_cli.report.passkey_report import _ink, accuracy_colour
     from posenc_cli.report.tables import LABEL_MAX_WIDTH, fit_to_content, run_label
 
-    present = {e["task"] for r in results for e in r["entries"]}
     tables = []
-    for task in [name for name in registry() if name in present]:
-        entries = [(r, e) for r in results for e in r["entries"] if e["task"] == task]
+    for task, scoring in task_scorings(results, list(registry())):
+        entries = [(r, e) for r in results for e in r["entries"] if e["task"] == task and scoring_of(e) == scoring]
         multiples = sorted({float(e["multiple"]) for _, e in entries})
         depths = sorted({float(e["depth"]) for _, e in entries})
         trials = sorted({int(e["trials"]) for _, e in entries})
-        table = Table(title=f"{task} · RULER score, mean over depths", title_justify="left", caption_justify="left")
+        name = "RULER score" if scoring == "contains" else "exact score"
+        table = Table(title=f"{task} · {name}, mean over depths", title_justify="left", caption_justify="left")
         table.add_column("run", no_wrap=True, overflow="ellipsis", max_width=LABEL_MAX_WIDTH)
         for m in multiples:
             table.add_column(f"{m:g}×", justify="center", no_wrap=True)
         for r in results:
-            mine = [e for e in r["entries"] if e["task"] == task]
+            mine = [e for e in r["entries"] if e["task"] == task and scoring_of(e) == scoring]
             if not mine:
                 continue
             cells: list[Any] = [run_label(r)]
@@ -276,8 +354,9 @@ def task_summary_tables(results: Sequence[dict[str, Any]]) -> list[Table]:
                 cells.append(Text(f" {value:.0%} ", style=f"bold {_ink(value)} on {accuracy_colour(value)}"))
             table.add_row(*cells)
         table.caption = (
-            f"Depths {', '.join(f'{d * 100:g}%' for d in depths)}; {'/'.join(map(str, trials))} trials per cell; "
-            "n/a: a length the scheme cannot read (reasons: posenc eval-tasks DIR)."
+            f"{scoring_note([e for _, e in entries])}; depths {', '.join(f'{d * 100:g}%' for d in depths)}; "
+            f"{'/'.join(map(str, trials))} trials per cell; n/a: a length the scheme cannot read or that cannot hold "
+            "the prompt (reasons: posenc eval-tasks DIR)."
         )
         tables.append(fit_to_content(table))
     return tables

@@ -12,18 +12,35 @@ text (a slice of a corpus). The question ends with RULER's answer prefix, which 
 ends without one, so byte-level BPE cuts the joined text where it cuts the pieces one by one. The answer text is the
 answers joined by ", " after a space.
 
-Scoring follows RULER: the share of expected answers present in the greedy output (`string_match_all`); a task with
-one answer is scored by exact match of the stripped output.
+Scoring follows RULER (NVIDIA/RULER c3f5e3b) by default: `scripts/eval/synthetic/constants.py:28` `string_match_all`,
+the share of expected answers contained (case-insensitive) in the generated continuation, for every NIAH variant and
+VT, over `tokens_to_generate` tokens (`scripts/data/synthetic/constants.py`: 128 for NIAH, 30 for VT; a continuation
+ends early at the end-of-document token, as Hugging Face `generate` stops at EOS in RULER's `pred/model_wrappers.py`).
+posenc's stricter score (`scoring="exact"`) decodes only as many tokens as the answer has and asks an exact match of
+the stripped output for one answer (containment, case-sensitive, for several).
+
+The prompt and the generated tokens together fill the length under test, as in RULER, whose haystack is sized so
+that prompt tokens + `tokens_to_generate` <= `max_seq_length` (`scripts/data/synthetic/niah.py:245,268`).
+
+Sizes (`Sizes`) default to RULER's (`scripts/synthetic.yaml`): niah_multikey_1 4 keys, niah_multivalue 4 values,
+niah_multiquery 4 queries (`niah.py:77`: as many keys as queries), vt 1 chain of 4 hops; 7-digit values
+(`niah.py:108`), VT a 5-digit value and 5-letter names (`variable_tracking.py:96,110`). Deviations that remain:
+needles sit at a requested depth of the first needle (a depth grid; the others uniform) instead of RULER's random
+sentence indexes (`niah.py:179`, `variable_tracking.py:154`); RULER's needle and question wording ("One of the special
+magic numbers for ... is: ...") is shortened to " The {key} key is {value}." so that an episode fits a tiny model's
+window; keys are single words, not RULER's adjective-noun pairs.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
+
+from posenc_cli.errors import ConfigError
 
 FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 KEYS = (
@@ -33,8 +50,65 @@ KEYS = (
     "needle", "pencil", "rabbit", "saddle", "tunnel", "velvet",
 )  # fmt: skip
 VAR_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-DEFAULT_DIGITS = 4
-GENERATOR_VERSION = 2  # bump when any task's text or sampling changes (part of the data=tasks fingerprint)
+GENERATOR_VERSION = 3  # bump when any task's text or sampling changes (part of the data=tasks fingerprint)
+MAX_COUNT = 256  # values per key and hops per chain at most (RULER asks 4)
+SCORINGS: tuple[str, ...] = ("contains", "exact")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big an episode is; the defaults are RULER's (NVIDIA/RULER c3f5e3b, `scripts/synthetic.yaml`)."""
+
+    keys: int = 4  # niah-multikey: keys in the haystack, the asked one included (niah_multikey_1 num_needle_k)
+    values: int = 4  # niah-multivalue: values of the one key (niah_multivalue num_needle_v)
+    queries: int = 4  # niah-multiquery: keys asked, all in the haystack (niah_multiquery num_needle_q; niah.py:77)
+    hops: int = 4  # variable-tracking: assignments after the value, one chain (vt num_hops, num_chains 1)
+    digits: int = 7  # NIAH values (niah.py:108 generate_random_number(num_digits=7))
+    vt_digits: int = 5  # the VT value (variable_tracking.py:110 np.random.randint(10000, 99999))
+    letters: int = 5  # VT variable names (variable_tracking.py:96 k = 5)
+
+    def validate(self, prefix: str = "") -> None:
+        """One-line `ConfigError`s naming `prefix + field` for sizes no episode can have."""
+        for f in fields(self):
+            if not isinstance(getattr(self, f.name), int) or getattr(self, f.name) < 1:
+                raise ConfigError(f"{prefix}{f.name} must be an integer >= 1, got {getattr(self, f.name)!r}")
+        for name in ("keys", "queries"):
+            if getattr(self, name) > len(KEYS):
+                raise ConfigError(f"{prefix}{name} must be at most {len(KEYS)} (the key words): {getattr(self, name)}")
+        for name in ("values", "hops"):
+            if getattr(self, name) > MAX_COUNT:
+                raise ConfigError(f"{prefix}{name} must be at most {MAX_COUNT}, got {getattr(self, name)}")
+        for name in ("digits", "vt_digits"):
+            if getattr(self, name) > 18:
+                raise ConfigError(f"{prefix}{name} must be in [1, 18], got {getattr(self, name)}")
+        if max(self.keys, self.values, self.queries) > 9 * 10 ** (self.digits - 1):
+            raise ConfigError(f"{prefix}digits={self.digits} has too few numbers for distinct values")
+        if self.hops + 1 > len(VAR_LETTERS) ** min(self.letters, 8):
+            raise ConfigError(f"{prefix}letters={self.letters} has too few names for {self.hops + 1} variables")
+        if self.letters > 16:
+            raise ConfigError(f"{prefix}letters must be in [1, 16], got {self.letters}")
+
+    def of(self, names: Sequence[str]) -> dict[str, int]:
+        """The named sizes as a JSON-safe dict (what one task's cells record and are keyed by)."""
+        return {name: int(getattr(self, name)) for name in names}
+
+
+RULER_SIZES = Sizes()
+
+
+def string_match_all(output: str, answers: Sequence[str]) -> float:
+    """RULER's `string_match_all` for one output (`scripts/eval/synthetic/constants.py:28`): the share of `answers`
+    contained in `output`, both lower-cased."""
+    text = output.lower()
+    return sum(a.lower() in text for a in answers) / len(answers)
+
+
+def exact_score(output: str, answers: Sequence[str]) -> float:
+    """posenc's stricter score of a continuation cut to the answer's tokens: exact match of the stripped output for
+    one answer, else the share of answers contained (case-sensitive)."""
+    if len(answers) == 1:
+        return float(output.strip() == answers[0])
+    return sum(a in output for a in answers) / len(answers)
 
 
 class TokenizerLike(Protocol):
@@ -60,21 +134,22 @@ class Episode:
 
 
 class RetrievalTask:
-    """One registered task: `sample` draws an episode whose first needle sits at `depth`."""
+    """One registered task: `sample` draws an episode whose first needle sits at `depth`, with the sizes named in
+    `size_names`; `tokens_to_generate` is RULER's generation budget for it."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    size_names: ClassVar[tuple[str, ...]] = ("digits",)
+    tokens_to_generate: ClassVar[int] = 128  # RULER scripts/data/synthetic/constants.py 'niah'
 
     @classmethod
-    def sample(cls, rng: np.random.Generator, depth: float, digits: int = DEFAULT_DIGITS) -> Episode:
+    def sample(cls, rng: np.random.Generator, depth: float, sizes: Sizes = RULER_SIZES) -> Episode:
         raise NotImplementedError
 
     @classmethod
-    def score(cls, output: str, answers: Sequence[str]) -> float:
-        """RULER's score of one output: exact match for one answer, else the share of answers present in it."""
-        if len(answers) == 1:
-            return float(output.strip() == answers[0])
-        return sum(a in output for a in answers) / len(answers)
+    def score(cls, output: str, answers: Sequence[str], scoring: str = "contains") -> float:
+        """One output's score: RULER's `string_match_all` ("contains") or posenc's `exact_score` ("exact")."""
+        return string_match_all(output, answers) if scoring == "contains" else exact_score(output, answers)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -97,7 +172,7 @@ def random_keys(rng: np.random.Generator, n: int) -> list[str]:
     return [KEYS[i] for i in rng.choice(len(KEYS), size=n, replace=False)]
 
 
-def random_names(rng: np.random.Generator, n: int, letters: int = 3) -> list[str]:
+def random_names(rng: np.random.Generator, n: int, letters: int) -> list[str]:
     """`n` distinct upper-case variable names."""
     names: list[str] = []
     while len(names) < n:
@@ -156,9 +231,21 @@ class PromptTooShort(ValueError):
     """The requested length cannot hold the needles, question and answer."""
 
 
+class BudgetTooShort(PromptTooShort):
+    """The generation budget is shorter than the answer, so no output could score 1."""
+
+
+def until_end(ids: np.ndarray, eod_id: int) -> np.ndarray:
+    """The generated ids before the first end-of-document token (generation stops there, as `generate` does at
+    EOS in RULER's `scripts/pred/model_wrappers.py`)."""
+    stop = np.flatnonzero(ids == eod_id)
+    return ids[: stop[0]] if len(stop) else ids
+
+
 @dataclass
 class PromptBatch:
-    """Prompts of one length: every row is `length` tokens with the longest answer of the batch appended."""
+    """Prompts of one length: every row is `length` tokens less the tokens reserved for the continuation (the
+    generation budget, or the longest answer of the batch)."""
 
     prompts: np.ndarray  # (N, P) int64
     answers: np.ndarray  # (N, A) int64, right-padded with -1
@@ -177,10 +264,16 @@ def split_answer(tokenizer: TokenizerLike, text: str) -> tuple[np.ndarray, np.nd
 
 
 def build_prompts(
-    tokenizer: TokenizerLike, episodes: Sequence[Episode], length: int, haystack: np.ndarray | None = None
+    tokenizer: TokenizerLike,
+    episodes: Sequence[Episode],
+    length: int,
+    haystack: np.ndarray | None = None,
+    reserve: int | None = None,
 ) -> PromptBatch:
-    """Token prompts of `length` tokens including the batch's longest answer; `haystack`: token ids to draw the
-    haystack from (repeated when short; default the encoded filler). Raises `PromptTooShort` when no haystack fits.
+    """Token prompts of `length` - `reserve` tokens, `reserve` being the tokens left for the continuation (None:
+    the batch's longest answer; RULER reserves `tokens_to_generate`, `niah.py:245`); `haystack`: token ids to draw
+    the haystack from (repeated when short; default the encoded filler). Raises `PromptTooShort` when no haystack
+    fits.
 
     Each prompt opens with the end-of-document token, as every training document follows one.
     """
@@ -191,10 +284,14 @@ def build_prompts(
         lead, answer = split_answer(tokenizer, ep.answer_text)
         parts.append((needles, np.asarray(tokenizer.encode(ep.question), dtype=np.int64), lead, answer))
     width = max((len(a) for *_, a in parts), default=1)
-    P = length - width
+    kept = width if reserve is None else reserve
+    P = length - kept
     n_hay = np.array([P - 1 - sum(map(len, nd)) - len(q) - len(ld) for nd, q, ld, _ in parts], dtype=np.int64)
     if len(parts) and n_hay.min() < 0:
-        raise PromptTooShort(f"length {length} is shorter than a prompt without haystack ({length - n_hay.min()})")
+        after = "the answer" if reserve is None else f"{reserve} generated tokens"
+        raise PromptTooShort(
+            f"length {length} is shorter than a prompt without haystack and {after} ({length - n_hay.min()})"
+        )
     hay = np.tile(cycle, math.ceil(max(int(n_hay.max(initial=0)), 1) / max(len(cycle), 1)))
     prompts = np.empty((len(parts), P), dtype=np.int64)
     answers = np.full((len(parts), width), -1, dtype=np.int64)

@@ -1,25 +1,25 @@
-"""`niah-multikey` (RULER MK-NIAH): the asked needle among distractor needles with other keys; return its value."""
+"""`niah-multikey` (RULER MK-NIAH, `scripts/synthetic.yaml` niah_multikey_1: 4 keys): the asked needle among
+distractor needles with other keys; return its value."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from posenc_cli.data.ruler import register
-from posenc_cli.data.ruler.base import DEFAULT_DIGITS, Episode, RetrievalTask, random_keys, random_values
+from posenc_cli.data.ruler.base import RULER_SIZES, Episode, RetrievalTask, Sizes, random_keys, random_values
 from posenc_cli.data.ruler.niah_single import NEEDLE, QUESTION
-
-DISTRACTORS = 2  # RULER uses 3 at 4k+ tokens; 2 keep an episode within 128 byte tokens
 
 
 @register
 class NiahMultikey(RetrievalTask):
     name = "niah-multikey"
-    summary = f"the asked needle among {DISTRACTORS} with other keys (uniform depths)"
+    summary = "the asked needle among `keys` - 1 with other keys (uniform depths)"
+    size_names = ("keys", "digits")
 
     @classmethod
-    def sample(cls, rng: np.random.Generator, depth: float, digits: int = DEFAULT_DIGITS) -> Episode:
-        keys = random_keys(rng, 1 + DISTRACTORS)
-        values = random_values(rng, 1 + DISTRACTORS, digits)
+    def sample(cls, rng: np.random.Generator, depth: float, sizes: Sizes = RULER_SIZES) -> Episode:
+        keys = random_keys(rng, sizes.keys)
+        values = random_values(rng, sizes.keys, sizes.digits)
         needles = tuple(NEEDLE.format(key=k, value=v) for k, v in zip(keys, values, strict=True))
-        depths = (depth, *(float(d) for d in rng.random(DISTRACTORS)))
+        depths = (depth, *(float(d) for d in rng.random(sizes.keys - 1)))
         return Episode(needles, depths, QUESTION.format(key=keys[0]), (values[0],))

@@ -20,7 +20,7 @@ import numpy as np
 from posenc_cli.config import DataConfig, _non_negative, _positive
 from posenc_cli.data.ruler import registry as task_registry
 from posenc_cli.data.ruler import task_class
-from posenc_cli.data.ruler.base import GENERATOR_VERSION, episode_text, fixed_chars, haystack_text
+from posenc_cli.data.ruler.base import GENERATOR_VERSION, RULER_SIZES, Sizes, episode_text, fixed_chars, haystack_text
 from posenc_cli.data.sources import register, source_class
 from posenc_cli.data.sources.base import (
     FORMAT_VERSION,
@@ -40,7 +40,11 @@ ALL_TASKS = tuple(task_registry())  # every registered retrieval task, sorted
 @dataclass(kw_only=True)
 class TasksDataConfig(DataConfig):
     """`data=tasks`: the tasks and their weights (default equal), the share of plain corpus documents, the corpus and
-    haystack kind, the number of documents (both splits), their length range in characters, digits per value, seed.
+    haystack kind, the number of documents (both splits), their length range in characters, the episode sizes
+    (`ruler.base.Sizes`, RULER's by default: 4 keys, values, queries and hops, 7-digit values, VT 5-digit values and
+    5-letter names), seed. `posenc eval-tasks` asks a run trained on this mixture episodes of the same sizes, and
+    generates `tokens_to_generate` tokens per answer (None: RULER's budget per task, 128 NIAH / 30 VT; an evaluation
+    setting, so left out of the training data's fingerprint).
 
     Its Hydra group node is generated from these defaults (no `configs/data/tasks.yaml`), so a new retrieval task
     file joins the default mixture with no other edit. E.g. `posenc train data=tasks tokenizer=bpe
@@ -56,12 +60,22 @@ class TasksDataConfig(DataConfig):
     episodes: int = 8000
     min_len: int = 0
     max_len: int = 128
-    digits: int = 4
+    keys: int = RULER_SIZES.keys
+    values: int = RULER_SIZES.values
+    queries: int = RULER_SIZES.queries
+    hops: int = RULER_SIZES.hops
+    digits: int = RULER_SIZES.digits
+    vt_digits: int = RULER_SIZES.vt_digits
+    letters: int = RULER_SIZES.letters
+    tokens_to_generate: int | None = None
     seed: int = 0
 
     def validate(self) -> None:
         super().validate()
-        _positive(self, "data", "episodes", "digits")
+        _positive(self, "data", "episodes")
+        self.sizes().validate("data.")
+        if self.tokens_to_generate is not None and not 1 <= self.tokens_to_generate <= 1 << 20:
+            raise ConfigError(f"data.tokens_to_generate must be in [1, 2^20], got {self.tokens_to_generate}")
         _non_negative(self, "data", "min_len", "seed")
         if not self.tasks:
             raise ConfigError("data.tasks needs at least one task")
@@ -79,8 +93,10 @@ class TasksDataConfig(DataConfig):
             raise ConfigError("data.corpus must name another data source (e.g. stdlib)")
         if self.max_len < self.min_len:
             raise ConfigError(f"data.max_len={self.max_len} is below data.min_len={self.min_len}")
-        if not 1 <= self.digits <= 18:
-            raise ConfigError(f"data.digits must be in [1, 18], got {self.digits}")
+
+    def sizes(self) -> Sizes:
+        """The episode sizes of this mixture (and of eval-tasks on a run trained on it)."""
+        return Sizes(self.keys, self.values, self.queries, self.hops, self.digits, self.vt_digits, self.letters)
 
     @property
     def uses_corpus(self) -> bool:
@@ -111,6 +127,7 @@ def make_documents(data: TasksDataConfig, n: int, seed_part: int, corpus: str | 
     tasks = [task_class(name) for name in data.tasks]
     weights = np.asarray(data.weights if data.weights is not None else [1.0] * len(tasks), dtype=float)
     p = weights / weights.sum()
+    sizes = data.sizes()
     docs = []
     for _ in range(n):  # one step per document
         length = int(rng.integers(data.min_len, data.max_len + 1))
@@ -118,7 +135,7 @@ def make_documents(data: TasksDataConfig, n: int, seed_part: int, corpus: str | 
             docs.append(haystack_text(corpus, max(length, 1), rng))
             continue
         task = tasks[int(rng.choice(len(tasks), p=p))]
-        episode = task.sample(rng, float(rng.random()), data.digits)
+        episode = task.sample(rng, float(rng.random()), sizes)
         n_hay = max(length - fixed_chars(episode), 0)
         hay = haystack_text(corpus if data.haystack == "corpus" else None, n_hay, rng)
         prompt, answer = episode_text(episode, hay)
@@ -129,7 +146,8 @@ def make_documents(data: TasksDataConfig, n: int, seed_part: int, corpus: str | 
 def corpus_info(data: TasksDataConfig, corpus_fingerprint: str | None) -> dict[str, Any]:
     """JSON-safe summary of the mixture; also what its cache fingerprint is made of."""
     info = {"source": "tasks", "generator_version": GENERATOR_VERSION, "task_names": list(task_registry())}
-    info.update({k: v for k, v in dataclasses.asdict(data).items() if k not in ("source", "cache_dir")})
+    skip = ("source", "cache_dir", "tokens_to_generate")  # not the documents' settings
+    info.update({k: v for k, v in dataclasses.asdict(data).items() if k not in skip})
     info["corpus_fingerprint"] = corpus_fingerprint
     return info
 

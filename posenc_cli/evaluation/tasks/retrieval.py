@@ -1,11 +1,20 @@
 """RULER-style retrieval tasks (`niah-single`, ..., `variable-tracking`; `posenc eval-tasks`, `posenc_cli.data.ruler`).
 
 One evaluation task is registered per retrieval task of `posenc_cli.data.ruler`, so a new file there is evaluated
-with no
-edit here. For each length × depth, `trials` seeded episodes become prompts of exactly that many tokens (prompt +
-the longest answer of the cell; `ruler.base.build_prompts`), the answer is decoded greedily (batched; one forward
-per generated token) and scored as RULER does: the share of expected answers present in the output (exact match for
-one answer). All tasks share `eval/tasks.json`, cells keyed by task, settings and checkpoint (`loop.measure`).
+with no edit here. For each length × depth, `trials` seeded episodes become prompts, a greedy continuation is
+decoded (batched; `passkey.decode_prompts`) and scored.
+
+Scoring (`--scoring`): "contains" (default) is RULER's (NVIDIA/RULER c3f5e3b): `tokens_to_generate` tokens are
+generated (RULER's 128 for NIAH, 30 for VT, `scripts/data/synthetic/constants.py`; stopped at the end-of-document
+token) and scored by `string_match_all` (`scripts/eval/synthetic/constants.py:28`), the share of expected answers
+contained case-insensitively in the output. As in RULER (`scripts/data/synthetic/niah.py:245`), the prompt and the
+generated tokens together fill the length under test: the prompt has `length - tokens_to_generate` tokens, so the
+last generated token sits at position `length - 1`; a length that cannot hold the needles, question and budget is
+n/a with the reason. "exact" is posenc's stricter score: only as many tokens as the longest answer are generated
+(the prompt fills `length` minus that) and one answer must match exactly.
+
+All tasks share `eval/tasks.json`, cells keyed by task, settings (sizes, scoring and generation budget included)
+and checkpoint (`loop.measure`).
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ from __future__ import annotations
 import datetime as _dt
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -25,7 +34,16 @@ from posenc_cli.config import EvalConfig
 from posenc_cli.data.cache import cache_root
 from posenc_cli.data.ruler import RetrievalTask
 from posenc_cli.data.ruler import registry as ruler_registry
-from posenc_cli.data.ruler.base import DEFAULT_DIGITS, GENERATOR_VERSION, PromptTooShort, build_prompts
+from posenc_cli.data.ruler.base import (
+    GENERATOR_VERSION,
+    RULER_SIZES,
+    SCORINGS,
+    BudgetTooShort,
+    PromptTooShort,
+    Sizes,
+    build_prompts,
+    until_end,
+)
 from posenc_cli.data.sources import open_source
 from posenc_cli.data.sources.tasks import TasksDataConfig, corpus_text
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
@@ -41,6 +59,7 @@ from posenc_cli.evaluation.perplexity import (
 from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key
 from posenc_cli.evaluation.tasks import register
 from posenc_cli.evaluation.tasks.base import EvalTask, Progress
+from posenc_cli.run.memory import available_memory
 
 if TYPE_CHECKING:
     from posenc_cli.config import Config
@@ -49,17 +68,27 @@ if TYPE_CHECKING:
 RESULTS_FILE = Path("eval") / "tasks.json"
 COMMAND = "eval-tasks"
 SAMPLES_PER_CELL = 3
+MAX_GENERATE = 1 << 16  # --tokens-to-generate at most
+# Host bytes one episode needs besides its token rows: the Episode, its encoded pieces and its output text
+# (measured about 2 KiB at RULER's sizes; rounded up).
+EPISODE_BYTES = 4096
 
 
 @dataclass(kw_only=True)
 class TasksEvalConfig:
-    """Options of `posenc eval-tasks` (flags mirror these fields); digits None = the run's data.digits (4)."""
+    """Options of `posenc eval-tasks` (flags mirror these fields). Episode sizes: a run trained on `data=tasks` gets
+    its mixture's (`data.keys`, ..., `data.letters`), any other run RULER's (`ruler.base.Sizes`); `sizes` and
+    `digits` override them. `tokens_to_generate` None: the run's `data.tokens_to_generate`, else RULER's budget per
+    task (128 NIAH, 30 VT); only "contains" scoring generates a budget ("exact" generates the answer's tokens)."""
 
     lengths: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0])
     abs_lengths: list[int] | None = None
     depths: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
     trials: int = 10
     digits: int | None = None
+    sizes: dict[str, int] | None = None
+    scoring: str = "contains"
+    tokens_to_generate: int | None = None
     seed: int = 0
     haystack: str = "filler"
     batch_tokens: int = 16384
@@ -68,6 +97,19 @@ class TasksEvalConfig:
 
     def validate(self) -> None:
         validate_grid(self)
+        if not 0 <= self.seed < 1 << 63:
+            raise ConfigError(f"--seed must be in [0, 2^63), got {self.seed}")
+        if self.scoring not in SCORINGS:
+            raise ConfigError(f"--scoring must be {' or '.join(SCORINGS)}, got {self.scoring!r}")
+        if self.tokens_to_generate is not None and not 1 <= self.tokens_to_generate <= MAX_GENERATE:
+            raise ConfigError(f"--tokens-to-generate must be in [1, {MAX_GENERATE}], got {self.tokens_to_generate}")
+        known = {f.name for f in fields(Sizes)}
+        for name in self.sizes or {}:
+            if name not in known:
+                raise ConfigError(f"--sizes: unknown size {name!r} (known: {', '.join(sorted(known))})")
+        replace(RULER_SIZES, **(self.sizes or {})).validate("--sizes ")
+        rows = self.trials * len(self.depths)  # episodes of one task × length, held at once
+        check_memory(rows, 2, 1, "--trials")  # a lower bound, before any run is loaded
         if self.haystack not in ("filler", "corpus"):
             raise ConfigError(f"--haystack must be filler or corpus, got {self.haystack!r}")
         if self.dtype not in ("auto", "fp32", "bf16"):
@@ -83,9 +125,11 @@ class TaskEntry(Entry):
     multiple: float
     depth: float
     trials: int
-    digits: int
+    sizes: dict[str, int]  # the sizes this task uses (`ruler.base.Sizes`, `RetrievalTask.size_names`)
     seed: int
     haystack: str
+    scoring: str  # "contains" (RULER's string_match_all) or "exact"
+    generate: int | None  # tokens generated per episode ("contains"); None: the answer's tokens ("exact")
     generator: int = GENERATOR_VERSION  # the prompts' text version (posenc_cli.data.ruler.base)
     dtype: str
     checkpoint: dict[str, Any]
@@ -99,10 +143,25 @@ class TaskEntry(Entry):
 
 
 def entry_key(e: dict[str, Any]) -> tuple[Any, ...]:
-    """What a cell measured: its settings, the prompts' generator version (cells from before it was recorded were
-    version 1) and the checkpoint."""
-    cell = (e["task"], e["length"], e["depth"], e["trials"], e["digits"], e["seed"], e["haystack"], e["dtype"])
-    return (*cell, e.get("generator", 1), *checkpoint_key(e))
+    """What a cell measured: its settings, its scoring and generation budget (cells from before they were recorded
+    were scored "exact" on the answer's tokens), the prompts' generator version (1 before it was recorded) and the
+    checkpoint."""
+    sizes = e.get("sizes") if isinstance(e.get("sizes"), dict) else {"digits": e.get("digits")}
+    cell = (e["task"], e["length"], e["depth"], e["trials"], tuple(sorted(sizes.items())), e["seed"], e["haystack"])
+    scored = (e.get("scoring", "exact"), e.get("generate"))
+    return (*cell, e["dtype"], *scored, e.get("generator", 1), *checkpoint_key(e))
+
+
+def check_memory(rows: int, length: int, generate: int, flag: str, available: int | None = None) -> None:
+    """`ConfigError` (before anything is allocated) when `rows` episodes of one task × length, their prompts of
+    `length` tokens and `generate` generated tokens (int64, a copy each) need more memory than is available."""
+    need = rows * (EPISODE_BYTES + 16 * (length + generate))
+    available = available_memory() if available is None else available
+    if available is not None and need > available:
+        raise ConfigError(
+            f"{flag}: {rows:,} episodes per task × length at {length} tokens need about {need / 2**30:,.1f} GiB of "
+            f"memory and {available / 2**30:,.1f} GiB is available; ask fewer trials or depths"
+        )
 
 
 def cell_rng(task: str, seed: int, length: int, depth: float) -> np.random.Generator:
@@ -118,7 +177,9 @@ def evaluate_task_model(
     length: int,
     depths: Sequence[float],
     trials: int,
-    digits: int = DEFAULT_DIGITS,
+    sizes: Sizes = RULER_SIZES,
+    scoring: str = "contains",
+    generate: int | None = None,
     seed: int = 0,
     haystack: np.ndarray | None = None,
     batch_tokens: int = 16384,
@@ -126,28 +187,32 @@ def evaluate_task_model(
     device: str | torch.device = "cpu",
     progress: Progress = None,
 ) -> list[dict[str, Any]]:
-    """RULER scores at one total `length`, one dict per depth: {score (mean share of answers found), exact (share
-    of episodes with every answer), samples}. Raises `LengthBeyondScheme` before any forward when the model cannot
-    read the prompt, `PromptTooShort` when no haystack fits."""
+    """Scores at one total `length` (prompt + generated tokens), one dict per depth: {score (mean share of answers
+    found), exact (share of episodes with every answer found), samples}. `scoring` "contains": `generate` tokens
+    (None: the task's RULER budget) scored by RULER's `string_match_all`; "exact": the answer's tokens, exact match.
+    Raises `LengthBeyondScheme` before any forward when the model cannot read the prompt, `PromptTooShort` when no
+    haystack fits, `BudgetTooShort` when the budget cannot hold the longest answer."""
     check_readable(model, length)
+    budget = (task.tokens_to_generate if generate is None else generate) if scoring == "contains" else None
     episodes = []
     for depth in depths:
         rng = cell_rng(task.name, seed, length, depth)
-        episodes += [task.sample(rng, float(depth), digits) for _ in range(trials)]
-    batch = build_prompts(tokenizer, episodes, length, haystack)
+        episodes += [task.sample(rng, float(depth), sizes) for _ in range(trials)]
+    batch = build_prompts(tokenizer, episodes, length, haystack, budget)
+    width = batch.answers.shape[1]
+    if budget is not None and budget < width:
+        raise BudgetTooShort(
+            f"{budget} generated tokens cannot hold the longest answer ({width} tokens; --tokens-to-generate)"
+        )
+    steps = width if budget is None else budget
     generated = decode_prompts(
-        model,
-        batch.prompts,
-        batch.answers.shape[1],
-        length,
-        batch_tokens,
-        dtype,
-        device,
-        progress,
-        f"{task.name} L={length}",
-    )
-    outputs = [tokenizer.decode(generated[r, : batch.answer_len[r]]) for r in range(len(episodes))]
-    scores = np.array([task.score(o, ep.answers) for o, ep in zip(outputs, episodes, strict=True)])  # (N,)
+        model, batch.prompts, steps, length, batch_tokens, dtype, device, progress, f"{task.name} L={length}"
+    )  # (N, steps)
+    if budget is None:  # exact: the answer's own tokens
+        outputs = [tokenizer.decode(generated[r, : batch.answer_len[r]]) for r in range(len(episodes))]
+    else:
+        outputs = [tokenizer.decode(until_end(generated[r], tokenizer.eod_id)) for r in range(len(episodes))]
+    scores = np.array([task.score(o, ep.answers, scoring) for o, ep in zip(outputs, episodes, strict=True)])  # (N,)
     cells = []
     for j, depth in enumerate(depths):
         rows = range(j * trials, (j + 1) * trials)
@@ -161,6 +226,20 @@ def evaluate_task_model(
             }
         )
     return cells
+
+
+def run_sizes(run: LoadedRun, cfg: TasksEvalConfig) -> tuple[Sizes, int | None]:
+    """(episode sizes, generation budget or None) for `run`: its `data=tasks` mixture's, else RULER's sizes and no
+    budget of its own; `cfg.sizes` and `cfg.digits` override the sizes."""
+    data = run.config.data
+    base, data_budget = RULER_SIZES, None
+    if isinstance(data, TasksDataConfig):
+        base, data_budget = data.sizes(), data.tokens_to_generate
+    sizes = replace(base, **(cfg.sizes or {}))
+    if cfg.digits is not None:
+        sizes = replace(sizes, digits=cfg.digits)
+    sizes.validate("--sizes ")
+    return sizes, data_budget
 
 
 def corpus_haystack(run: LoadedRun, n_chars: int) -> tuple[np.ndarray, str]:
@@ -195,11 +274,20 @@ def evaluate_tasks_run(
     check_not_training(run.path)
     force = cfg.force if force is None else force
     device = torch.device(device) if device is not None else next(run.model.parameters()).device
-    digits = cfg.digits if cfg.digits is not None else getattr(run.config.data, "digits", DEFAULT_DIGITS)
+    sizes, data_budget = run_sizes(run, cfg)
     dtype = resolve_dtype(cfg.dtype, run.meta.precision, device)
     checkpoint = checkpoint_identity(run.meta)
     train_length, base_length = run.meta.lengths(run.config)
     planned = plan_lengths(EvalConfig(lengths=list(cfg.lengths), abs_lengths=cfg.abs_lengths), base_length)
+
+    def budget(task: type[RetrievalTask]) -> int | None:
+        """Tokens generated per episode: None for "exact" (the answer's)."""
+        if cfg.scoring != "contains":
+            return None
+        return cfg.tokens_to_generate or data_budget or task.tokens_to_generate
+
+    longest = max(n for n, _ in planned)
+    check_memory(cfg.trials * len(cfg.depths), longest, max(budget(t) or 0 for t in tasks), "--trials")
     hay_ids, hay_label = None, "filler"
     if cfg.haystack == "corpus":
         hay_ids, hay_label = corpus_haystack(run, 8 * max(n for n, _ in planned))
@@ -218,9 +306,11 @@ def evaluate_tasks_run(
                         multiple=multiple,
                         depth=float(d),
                         trials=cfg.trials,
-                        digits=digits,
+                        sizes=sizes.of(task.size_names),
                         seed=cfg.seed,
                         haystack=hay_label,
+                        scoring=cfg.scoring,
+                        generate=budget(task),
                         dtype=dtype,
                         checkpoint=dict(checkpoint),
                         created=now,
@@ -237,7 +327,9 @@ def evaluate_tasks_run(
                     length=cells[0].length,
                     depths=cfg.depths,
                     trials=cfg.trials,
-                    digits=digits,
+                    sizes=sizes,
+                    scoring=cfg.scoring,
+                    generate=budget(task),
                     seed=cfg.seed,
                     haystack=hay_ids,
                     batch_tokens=cfg.batch_tokens,
