@@ -205,3 +205,103 @@ def test_cli_bf16_evaluates_close_to_fp32(dirs: dict[str, Path], tmp_path: Path)
         assert entry["dtype"] == dtype
         ppl[dtype] = entry["ppl"]
     assert ppl["bf16"] == pytest.approx(ppl["fp32"], rel=0.05)
+
+
+# -- config.json that does not fit its weights, its tokenizer or the machine: refused before anything is built ------
+
+
+def _edit_config(path: Path, **changes: object) -> Path:
+    raw = json.loads((path / "config.json").read_text())
+    raw.update(changes)
+    (path / "config.json").write_text(json.dumps(raw))
+    return path
+
+
+def test_a_config_describing_100000_layers_is_refused_before_building(tmp_path: Path) -> None:
+    import posenc_cli.run.hf_run as hf_run
+
+    path = _edit_config(save_tiny_model(tmp_path / "m", "llama"), num_hidden_layers=100_000)
+    assert hf_run.config_parameters(json.loads((path / "config.json").read_text())) > 9e8
+    before = sorted(p.name for p in path.iterdir())
+    with pytest.raises(CheckpointError, match=r"num_hidden_layers=100000.*describes at least 9.\d+e\+08 parameters"):
+        load_hf_run(path)
+    result = _eval(str(path), "--lengths", "1")
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "does not belong to these weights" in result.output
+    assert sorted(p.name for p in path.iterdir()) == before
+
+
+def test_a_model_larger_than_memory_is_refused_before_building(
+    dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import posenc_cli.run.hf_run as hf_run
+
+    raw = json.loads((dirs["llama"] / "config.json").read_text())
+    stored = hf_run.stored_parameters(dirs["llama"])
+    assert 0 < hf_run.config_parameters(raw) <= stored  # a lower bound, for every family in the tests
+    for arch in ARCHS:
+        assert hf_run.config_parameters(json.loads((dirs[arch] / "config.json").read_text())) <= sum(
+            p.numel() for p in load_hf_run(dirs[arch]).model.parameters()
+        )
+    monkeypatch.setattr(hf_run, "cpu_available_memory", lambda: 4 * stored)  # less than 4 bytes / 0.9 per param
+    with pytest.raises(CheckpointError, match=r"parameters need about .* in fp32 and 0.0 GiB of memory is available"):
+        load_hf_run(dirs["llama"])
+
+
+def test_a_vocab_size_below_the_tokenizers_is_refused_at_load(tmp_path: Path) -> None:
+    import transformers as tf
+    from hf_utils import tiny_config, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    path = tmp_path / "m"
+    tf.AutoModelForCausalLM.from_config(tiny_config("llama", 100)).save_pretrained(str(path))  # 100 rows, ~300 ids
+    tok.save_pretrained(str(path))
+    with pytest.raises(
+        CheckpointError, match=r"the tokenizer produces ids up to \d+ but the model's vocab_size is 100"
+    ):
+        load_hf_run(path)
+    result = _eval(str(path), "--lengths", "1")
+    assert result.exit_code == 2 and "IndexError" not in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "vocab_size is 100" in result.output
+
+
+def test_a_sliding_window_is_the_training_length(tmp_path: Path) -> None:
+    """Mistral-7B-v0.1: sliding_window 4096, max_position_embeddings 32768 -> 4096 (microsoft/LongRoPE's rule)."""
+    from posenc_cli.run.hf_run import _config_length
+
+    mistral = {"model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768}
+    assert _config_length(mistral) == 4096
+    assert _config_length({**mistral, "sliding_window": None}) == 32768  # Mistral v0.2+
+    assert _config_length({**mistral, "sliding_window": 65536}) == 32768  # a window longer than the context
+    qwen2 = {"model_type": "qwen2", "sliding_window": 4096, "max_position_embeddings": 32768}
+    assert _config_length({**qwen2, "use_sliding_window": False}) == 32768
+    assert _config_length({"model_type": "gemma2", "sliding_window": 4096, "max_position_embeddings": 8192}) == 8192
+    mixed = {**mistral, "layer_types": ["sliding_attention", "full_attention"]}
+    assert _config_length(mixed) == 32768
+    scaled = {**mistral, "rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 8192}}
+    assert _config_length(scaled) == 8192
+    path = _edit_config(save_tiny_model(tmp_path / "m", "llama", max_pos=64), sliding_window=16, model_type="mistral",
+                        architectures=["MistralForCausalLM"])  # fmt: skip
+    run = load_hf_run(path)
+    assert run.meta.train_length == run.meta.base_length == 16 and run.config.train.seq_len == 16
+
+
+@pytest.mark.parametrize("case", ["fifo", "deep", "big", "not-json"])
+def test_a_hostile_config_json_is_one_line(tmp_path: Path, case: str) -> None:
+    import os
+
+    path = save_tiny_model(tmp_path / "m", "llama")
+    config = path / "config.json"
+    config.unlink()
+    if case == "fifo":
+        os.mkfifo(config)  # nobody writes it: reading it would block forever
+    elif case == "deep":
+        config.write_text("[" * 200_000 + "]" * 200_000)
+    elif case == "big":
+        config.write_text(json.dumps({"model_type": "llama", "pad": "x" * (5 * 2**20)}))
+    else:
+        config.write_text("{model_type: llama")
+    message = {"fifo": "not a regular file", "deep": "nested deeper", "big": "larger than 4 MiB", "not-json": "JSON"}
+    with pytest.raises(CheckpointError, match=message[case]) as err:
+        load_hf_run(path)
+    assert "\n" not in str(err.value) and str(config) in str(err.value)

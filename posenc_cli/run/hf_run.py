@@ -12,21 +12,31 @@ code runs on it unchanged:
   token stands for, so bits per byte compare models with different tokenizers.
 - The scheme comes from the architecture (learned: GPT-2, GPT-Neo, OPT, GPT-BigCode; ALiBi: BLOOM, MPT, Falcon with
   `alibi`; RoPE: every config with rope parameters: Llama, Mistral, Qwen2, Phi-3, GPT-NeoX, ...). The training
-  length is `original_max_position_embeddings` when the config has one (a RoPE-scaled model), else
-  `max_position_embeddings` (or the architecture's name for it); `train_length=` overrides it.
+  length is `original_max_position_embeddings` when the config has one (a RoPE-scaled model); else, for a model
+  whose every layer attends within a `sliding_window` shorter than its context size, that window (Mistral-7B-v0.1:
+  window 4096, `max_position_embeddings` 32768), as microsoft/LongRoPE does (rope/__init__.py, lines 91-94, and
+  evolution/search.py, lines 121-124, commit c9e56aa: `original_max_position_embeddings = config.sliding_window`
+  when the config has one); else `max_position_embeddings` (or the architecture's name for it). `train_length=`
+  overrides it.
 
-Refused with one line (`CheckpointError`, exit 2) before any weight is read: a config with `auto_map` or a
-`model_type` the installed `transformers` does not know (both need remote code, which posenc never runs), a
-non-causal model (e.g. `BertForMaskedLM`), weights only as pickles (`.bin`; posenc never unpickles), no tokenizer;
-and after reading: weights that are missing, corrupt or non-finite.
+Refused with one line (`CheckpointError`, exit 2) before any weight is read: a `config.json` that is not a small
+JSON object (read through `posenc_cli.untrusted`), a config with `auto_map` or a `model_type` the installed
+`transformers` does not know (both need remote code, which posenc never runs), a non-causal model (e.g.
+`BertForMaskedLM`), weights only as pickles (`.bin`; posenc never unpickles), no tokenizer; a config describing far
+more parameters than the weight files hold (`num_hidden_layers=100000` beside a 2-layer model's weights), or more
+than memory holds (estimated from the config, `config_parameters`, and the safetensors headers, before anything is
+built); a tokenizer that produces ids beyond the config's `vocab_size` (the embedding would be indexed out of
+range). After reading: weights that are missing, corrupt or non-finite.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
+import math
+import os
 import re
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -42,6 +52,7 @@ from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.run.checkpoint import LoadedRun, RunMeta
 from posenc_cli.run.config_load import config_from_dict
 from posenc_cli.run.memory import available_memory as cpu_available_memory
+from posenc_cli.untrusted import load_json, loads_json
 
 __all__ = [
     "HFCausalLM",
@@ -49,10 +60,12 @@ __all__ = [
     "HFTokenizer",
     "LengthBeyondMemory",
     "available_memory",
+    "config_parameters",
     "forward_bytes",
     "inspect_hf_dir",
     "is_hf_dir",
     "load_hf_run",
+    "stored_parameters",
     "train_length_override",
 ]
 
@@ -64,6 +77,13 @@ LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_len
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 SIDE_FILES = ("posenc_export.json", "posenc_hf_extend.json")  # posenc's own records of where a directory came from
 MEMORY_HEADROOM = 0.9  # use at most this share of the available memory
+CONFIG_MAX_BYTES = 4 * 2**20  # config.json files are a few kilobytes
+MAX_SAFETENSORS_HEADER = 100_000_000  # the header limit safetensors itself enforces
+# Loading in fp32: transformers builds the model on the meta device and fills it from the memory-mapped safetensors
+# files, so about one fp32 copy of the weights is resident.
+LOAD_BYTES_PER_PARAM = 4
+# Gated MLPs (SwiGLU/GeGLU: gate, up and down projections) everywhere except these (two projections)
+UNGATED_MLP = frozenset({"gpt2", "gpt_neo", "gpt_bigcode", "opt", "gpt_neox", "bloom", "falcon", "mpt", "phi", "gptj"})
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece byte fallback: one byte
 
 
@@ -92,14 +112,12 @@ class HFInfo:
     train_length: int | None  # from the config; None when it names none (ALiBi models)
     max_length: int | None  # learned: the table size; None: no hard limit
     precision: str  # fp32 | bf16 | fp16: the dtype the weights were saved in
+    vocab_size: int | None = None  # config.json's: the rows of the embedding
 
 
 def _read_config(path: Path) -> dict[str, Any]:
     file = path / CONFIG_FILE
-    try:
-        raw = json.loads(file.read_bytes())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{file}: unreadable or not JSON ({type(e).__name__})") from e
+    raw = load_json(file, what="transformers config", max_bytes=CONFIG_MAX_BYTES, max_depth=16, error=CheckpointError)
     if not isinstance(raw, dict):
         raise CheckpointError(f"{file}: not a transformers config (not a JSON object)")
     return raw
@@ -117,21 +135,130 @@ def _scheme(model_type: str, raw: dict[str, Any]) -> str | None:
 
 
 def _config_length(raw: dict[str, Any]) -> int | None:
-    """`original_max_position_embeddings` (top level or in the rope parameters), else the table/context size."""
+    """`original_max_position_embeddings` (top level or in the rope parameters), else a sliding window shorter than
+    the context (`_sliding_window`), else the table/context size."""
     for block in (raw.get("rope_parameters"), raw.get("rope_scaling"), raw):
-        if isinstance(block, dict) and isinstance(block.get("original_max_position_embeddings"), int):
+        if isinstance(block, dict) and _positive_int(block.get("original_max_position_embeddings")):
             return int(block["original_max_position_embeddings"])
-    for key in LENGTH_KEYS:
-        if isinstance(raw.get(key), int) and raw[key] > 0:
-            return int(raw[key])
-    return None
+    context = next((int(raw[key]) for key in LENGTH_KEYS if _positive_int(raw.get(key))), None)
+    window = _sliding_window(raw)
+    if window is not None and (context is None or window < context):
+        return window
+    return context
+
+
+def _sliding_window(raw: dict[str, Any]) -> int | None:
+    """The attention window of a model whose every layer attends within it (Mistral-7B-v0.1, Mixtral, Qwen2 with
+    `use_sliding_window`), the length it was trained to attend over (microsoft/LongRoPE takes it as the original
+    length, see the module docstring); None when the config has none, turns it off (`use_sliding_window: false`, as
+    Qwen2's configs do), or mixes windowed with global layers (`layer_types`, Gemma 2/3's `sliding_window_pattern`):
+    those models attend over their full context in their global layers."""
+    window = raw.get("sliding_window")
+    if not _positive_int(window) or raw.get("use_sliding_window") is False:
+        return None
+    layer_types = raw.get("layer_types")
+    mixed = isinstance(layer_types, list) and any(t != "sliding_attention" for t in layer_types)
+    if mixed or "sliding_window_pattern" in raw or str(raw.get("model_type", "")).startswith(("gemma", "cohere")):
+        return None
+    return int(window)
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _first_int(raw: dict[str, Any], *keys: str) -> int | None:
+    return next((int(raw[k]) for k in keys if _positive_int(raw.get(k))), None)
+
+
+def config_parameters(raw: dict[str, Any]) -> int | None:
+    """A lower bound on the parameters a transformers config describes (None when it names no sizes).
+
+    Per layer: attention q and o (2·d·H·head_dim) plus k and v (2·d·H_kv·head_dim), the MLP (3·d·ffn when gated,
+    2·d·ffn for the GPT-2-style families in `UNGATED_MLP`); plus one embedding matrix (V·d; tied or not) and a learned
+    position table. Norms, biases, MoE experts and untied heads are left out, so a real model is never below it.
+    """
+    d = _first_int(raw, "hidden_size", "n_embd", "d_model")
+    layers = _first_int(raw, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    if d is None or layers is None:
+        return None
+    heads = _first_int(raw, "num_attention_heads", "n_head", "num_heads") or 1
+    kv = 1 if raw.get("multi_query") is True else _first_int(raw, "num_key_value_heads", "n_head_kv", "num_kv_heads")
+    head_dim = _first_int(raw, "head_dim") or max(d // heads, 1)
+    ffn = _first_int(raw, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size") or 4 * d
+    mlp = (2 if str(raw.get("model_type")) in UNGATED_MLP else 3) * d * ffn
+    attention = 2 * d * heads * head_dim + 2 * d * (kv or heads) * head_dim
+    vocab = _first_int(raw, "vocab_size", "padded_vocab_size") or 0
+    learned = raw.get("model_type") in LEARNED
+    table = (_first_int(raw, "max_position_embeddings", "n_positions") or 0) if learned else 0
+    return layers * (attention + mlp) + vocab * d + table * d
+
+
+def stored_parameters(path: Path) -> int:
+    """Elements of every tensor in the directory's `*.safetensors` files, from their JSON headers only (bounded
+    reads; a FIFO or device named like a weight file is refused without blocking)."""
+    total = 0
+    for file in sorted(Path(path).glob("*.safetensors")):
+        try:
+            fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except OSError as e:
+            raise CheckpointError(_bad_weights(file, os.strerror(e.errno or 0))) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointError(_bad_weights(file, "not a regular file"))
+            n = int.from_bytes(os.pread(fd, 8, 0), "little") if st.st_size >= 8 else -1
+            if not 0 < n <= min(MAX_SAFETENSORS_HEADER, st.st_size - 8):
+                raise CheckpointError(_bad_weights(file, f"header length {n} does not fit the file"))
+            header = loads_json(os.pread(fd, n, 8), source=file, what="safetensors header", error=CheckpointError)
+        finally:
+            os.close(fd)
+        if not isinstance(header, dict):
+            raise CheckpointError(_bad_weights(file, "header is not a JSON object"))
+        for name, entry in header.items():
+            shape = entry.get("shape") if isinstance(entry, dict) else None
+            if name == "__metadata__":
+                continue
+            if not isinstance(shape, list) or not all(isinstance(x, int) and x >= 0 for x in shape):
+                raise CheckpointError(_bad_weights(file, f"tensor {name!r} has no valid shape"))
+            total += math.prod(shape)
+    return total
+
+
+def _bad_weights(file: Path, why: str) -> str:
+    return f"{file.parent}: weights could not be loaded ({file.name}: {why})"
+
+
+def check_size(path: Path, raw: dict[str, Any], available: int | None = None) -> None:
+    """Before anything is built: refuse (one line) a config describing many more parameters than the weight files
+    hold (at least twice as many, plus a million: a real model is never below `config_parameters`), and a model
+    that would not fit in memory once loaded in fp32 (`LOAD_BYTES_PER_PARAM`, at most `MEMORY_HEADROOM` of what
+    `run.memory.available_memory` reports)."""
+    described, stored = config_parameters(raw), stored_parameters(path)
+    if described is not None and described > 2 * stored + 1_000_000:
+        sizes = ", ".join(
+            f"{k}={raw[k]}" for k in ("num_hidden_layers", "n_layer", "hidden_size", "n_embd", "vocab_size") if k in raw
+        )
+        raise CheckpointError(
+            f"{path}: config.json ({sizes}) describes at least {described:.3g} parameters but the weight files hold "
+            f"{stored:.3g}; the config does not belong to these weights"
+        )
+    n = max(described or 0, stored)
+    free = cpu_available_memory() if available is None else available
+    if free is not None and n * LOAD_BYTES_PER_PARAM > MEMORY_HEADROOM * free:
+        raise CheckpointError(
+            f"{path}: about {n:.3g} parameters need about {_gib(n * LOAD_BYTES_PER_PARAM)} in fp32 and "
+            f"{_gib(free)} of memory is available"
+        )
 
 
 def _posenc_lengths(path: Path) -> dict[str, int]:
     """train_length / base_length recorded by posenc's export or extend in this directory (empty when none)."""
     for name in SIDE_FILES:
-        with contextlib.suppress(OSError, ValueError):
-            info = json.loads((path / name).read_text())
+        if not (path / name).exists():
+            continue
+        with contextlib.suppress(UserError):
+            info = load_json(path / name, what="posenc record", max_bytes=2**20, error=CheckpointError)
             if isinstance(info, dict):
                 return {k: int(info[k]) for k in ("train_length", "base_length") if isinstance(info.get(k), int)}
     return {}
@@ -178,6 +305,7 @@ def inspect_hf_dir(path: Path | str) -> HFInfo:
         raise CheckpointError(
             f"{p}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json); save it with the model"
         )
+    check_size(p, raw)
     length = _config_length(raw)
     dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "float32")
     return HFInfo(
@@ -188,6 +316,7 @@ def inspect_hf_dir(path: Path | str) -> HFInfo:
         train_length=length,
         max_length=length if scheme == "learned" else None,
         precision={"bfloat16": "bf16", "float16": "fp16"}.get(dtype, "fp32"),
+        vocab_size=_first_int(raw, "vocab_size", "padded_vocab_size"),
     )
 
 
@@ -243,9 +372,18 @@ class HFTokenizer(Tokenizer):
         self._backend = backend
         self._backend.encode_special_tokens = True
         self.eod_id = int(eod)
-        self.vocab_size = max(int(model_vocab), len(hf_tokenizer))
         added = backend.get_added_tokens_decoder()
-        self.token_bytes = token_byte_counts(backend.get_vocab(with_added_tokens=False), added, self.vocab_size)
+        plain = backend.get_vocab(with_added_tokens=False)
+        # ids the pipeline can produce: the plain vocabulary, non-special added tokens and the end of document
+        produced = [*plain.values(), *(i for i, t in added.items() if not getattr(t, "special", True)), self.eod_id]
+        top = max(produced)
+        if top >= int(model_vocab):
+            raise CheckpointError(
+                f"{source}: the tokenizer produces ids up to {top} but the model's vocab_size is {model_vocab}; "
+                "ids from vocab_size on have no embedding (a tokenizer of another model, or vocab_size edited)"
+            )
+        self.vocab_size = max(int(model_vocab), len(hf_tokenizer))
+        self.token_bytes = token_byte_counts(plain, added, self.vocab_size)
         self.token_bytes[self.eod_id] = 0
         digest = hashlib.sha256(backend.to_str().encode("utf-8") + f"|eod={self.eod_id}".encode())
         self.fingerprint = digest.hexdigest()[:16]
@@ -448,9 +586,12 @@ def load_hf_run(
         raise CheckpointError(f"{info.path}: config.json names no context length; give --train-length")
     base = override or recorded.get("base_length") or length
     with _quiet_transformers():
+        # a tokenizer beyond the embedding is refused before the weights are read
+        tokenizer = _load_tokenizer(info, info.vocab_size) if info.vocab_size is not None else None
         model = _load_model(info)
         vocab = int(model.get_output_embeddings().weight.shape[0])
-        tokenizer = _load_tokenizer(info, vocab)
+        if tokenizer is None or vocab != info.vocab_size:
+            tokenizer = _load_tokenizer(info, vocab)
     wrapped = HFCausalLM(model, HFScheme(info.scheme, info.max_length)).to(device).eval()
     meta = {
         "kind": KIND,
