@@ -75,3 +75,29 @@ def test_nan_exits_nonzero_naming_the_step(corpus: Path, tmp_path: Path, monkeyp
     result = runner.invoke(app, ["train", *tiny_overrides(corpus, steps=6), "--out", str(tmp_path / "run")])
     assert result.exit_code == 2
     assert "non-finite loss (nan) at step 3" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("train.batch_size=1000000000", "train.batch_size=1000000000 × train.seq_len=16"),
+        ("train.eval_batches=1000000000000", "train.eval_batches=1000000000000 validation batches"),
+        ("train.grad_accum=1000000000000", "train.grad_accum=1000000000000 micro-batches"),
+    ],
+)
+def test_impossible_budget_exits_2_with_one_line_and_writes_nothing(
+    corpus: Path, tmp_path: Path, override: str, names: str
+) -> None:
+    out = tmp_path / "runs" / "r"
+    result = runner.invoke(app, ["train", *tiny_overrides(corpus), override, "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and names in result.stderr  # the refusal alone, before any advice
+    assert "Traceback" not in result.output and result.stdout == ""
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_refused_after_claiming_leaves_no_directory(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    result = runner.invoke(app, ["train", *tiny_overrides(tmp_path / "missing.txt"), "--out", str(out)])
+    assert result.exit_code == 2 and "missing.txt" in result.stderr
+    assert not out.exists()

@@ -119,7 +119,7 @@ def test_kill_during_a_save_leaves_a_loadable_checkpoint(
         train(cfg, run, callback=arm)
     monkeypatch.setattr(os, "replace", real_replace)
     expected = 5 if phase == "writing" else 10
-    loaded = load_run(run)  # consistent: checksums of every file match meta.json
+    loaded = load_run(run, complete_only=False)  # consistent: checksums of every file match meta.json
     assert loaded.meta.step == expected
     assert (run / PENDING).exists()  # the interrupted save left its journal behind
     train(cfg, run)
@@ -154,7 +154,7 @@ def test_sigterm_in_a_subprocess_saves_and_the_run_resumes(corpus: Path, tmp_pat
             proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "Interrupted by SIGTERM" in err and f"posenc train --resume {run}" in err
-    loaded = load_run(run)
+    loaded = load_run(run, complete_only=False)
     step = loaded.meta.step
     assert loaded.meta.status == "interrupted" and step >= 3
     assert max(m[0] for m in metrics(run)) == step
@@ -162,3 +162,46 @@ def test_sigterm_in_a_subprocess_saves_and_the_run_resumes(corpus: Path, tmp_pat
     done = train(cfg, run, resume=True, force_config=True)  # same run, now with a reachable end
     assert done.stopped_reason == "complete" and done.step == step + 4
     assert [m[0] for m in metrics(run)] == list(range(1, step + 5))
+
+
+def _signal_at_batch(monkeypatch: pytest.MonkeyPatch, call: int, limit: int | None = None) -> list[int]:
+    """SIGTERM while drawing micro-batch number `call` (1-based); past `limit` calls the test fails at once."""
+    real, calls = train_mod._Trainer._batch, [0]
+
+    def batch(self):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if limit is not None and calls[0] > limit:
+            raise RuntimeError(f"still accumulating after {limit} micro-batches: the signal was not acted on")
+        if calls[0] == call:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self)
+
+    monkeypatch.setattr(train_mod._Trainer, "_batch", batch)
+    return calls
+
+
+def test_a_signal_within_a_huge_accumulation_stops_after_one_micro_step(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tiny_config(corpus, steps=1, grad_accum=10**6)  # one step of a million micro-batches
+    calls = _signal_at_batch(monkeypatch, call=3, limit=10)
+    stopped = train(cfg, tmp_path / "run")
+    assert stopped.stopped_reason == "interrupted" and stopped.signal == signal.SIGTERM
+    assert stopped.step == 0 and calls[0] == 3  # the micro-step under way finished, no further one started
+    assert read_meta(tmp_path / "run")["status"] == "interrupted"
+
+
+def test_a_signal_within_a_step_undoes_it_and_resume_is_bitwise_identical(
+    corpus: Path, reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped in the first of step 13's two micro-batches: the partial gradients and random draws are dropped,
+    the run saves step 12, and resuming replays step 13 whole, as the uninterrupted run did."""
+    cfg = tiny_config(corpus, model=MODEL, **STEPS)
+    run = tmp_path / "run"
+    _signal_at_batch(monkeypatch, call=2 * 12 + 1)
+    stopped = train(cfg, run)
+    assert stopped.stopped_reason == "interrupted" and stopped.step == 12
+    monkeypatch.undo()
+    train(cfg, run, resume=True)
+    assert same_weights(weights(run), weights(reference))
+    assert metrics(run) == metrics(reference)

@@ -12,7 +12,7 @@ import torch
 from train_utils import metrics, tiny_config, weights, write_corpus
 
 from posenc_cli.config import TrainConfig
-from posenc_cli.errors import CheckpointError, ConfigError
+from posenc_cli.errors import CheckpointError, ConfigError, DataError
 from posenc_cli.model import build_model
 from posenc_cli.run.checkpoint import load_run, read_meta
 from posenc_cli.run.optim import lr_at, param_groups
@@ -154,6 +154,28 @@ def test_foreign_directory_is_not_overwritten(corpus: Path, tmp_path: Path) -> N
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == b"someone else's"
 
 
+def test_a_run_refused_after_claiming_its_directory_leaves_nothing_it_created(tmp_path: Path) -> None:
+    """The corpus is missing: found only after the run directory (and its parents) were claimed and locked."""
+    cfg = tiny_config(tmp_path / "no-such-corpus.txt")
+    with pytest.raises(DataError, match="not found"):
+        train(cfg, tmp_path / "a" / "b" / "run")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    with pytest.raises(ConfigError, match="train.batch_size"):  # refused before anything is created
+        train(tiny_config(tmp_path / "no-such-corpus.txt", batch_size=10**9), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_refused_run_keeps_what_was_there_before(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").write_text("")  # leftovers of an earlier posenc process
+    (run / "failed.json").write_text("{}")
+    with pytest.raises(DataError):
+        train(tiny_config(tmp_path / "no-such-corpus.txt"), run)
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "failed.json"]
+    assert (run / "failed.json").read_text() == "{}"
+
+
 def test_nan_loss_stops_before_the_update_and_keeps_the_last_checkpoint(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -162,7 +184,7 @@ def test_nan_loss_stops_before_the_update_and_keeps_the_last_checkpoint(
     with pytest.raises(TrainingDiverged, match=r"non-finite loss \(nan\) at step 8.*checkpoint \(step 5\)") as info:
         train(tiny_config(corpus, steps=20, save_every=5), run)
     assert info.value.step == 8 and info.value.last_good == 5
-    loaded = load_run(run)  # the step-5 checkpoint is intact and finite
+    loaded = load_run(run, complete_only=False)  # the step-5 checkpoint is intact and finite
     assert loaded.meta.step == 5 and loaded.meta.status == "running"
     assert all(torch.isfinite(t).all() for t in loaded.model.state_dict().values())
     assert max(r[0] for r in metrics(run)) == 7  # step 8 never happened

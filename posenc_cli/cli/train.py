@@ -100,9 +100,10 @@ def run(cfg: Config, resume: str | None, out: str | None, force_config: bool) ->
     from posenc_cli.run.progress import TrainDisplay, interrupted_message, summary_table
     from posenc_cli.run.run_meta import default_run_dir
     from posenc_cli.run.trackers import tracked
-    from posenc_cli.run.train import train
+    from posenc_cli.run.train import check_budget, train
 
     run_dir = Path(resume or out) if (resume or out) else default_run_dir(cfg)
+    check_budget(cfg)  # a config that cannot run is refused before the busy-machine advice (train checks it too)
     if (busy := training_busy_warning(cfg.train.device, cfg.train.threads)) and env_info().is_main:
         err_console.print(f"[yellow]warning:[/] {escape(busy)}", highlight=False)
     display = TrainDisplay(console, live=stdout_is_terminal(), log_every=cfg.train.log_every)

@@ -21,6 +21,8 @@ from posenc_cli.errors import CheckpointError
 from posenc_cli.run import distributed
 from posenc_cli.run.distributed import DistInfo
 
+LOCK_FILE = ".lock"  # `run_lock`'s file in a run directory
+
 
 class Interrupts:
     """SIGINT/SIGTERM set a flag the loop checks after each step; a second signal interrupts at once.
@@ -71,7 +73,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     except ImportError:
         yield
         return
-    with open(run_dir / ".lock", "a") as f:
+    with open(run_dir / LOCK_FILE, "a") as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -89,7 +91,7 @@ def run_is_locked(run_dir: Path) -> bool:
     except ImportError:
         return False
     try:
-        fd = os.open(Path(run_dir) / ".lock", os.O_RDONLY)
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY)
     except OSError:  # no lock file: never trained here, or nothing we may open
         return False
     try:
@@ -103,4 +105,4 @@ def run_is_locked(run_dir: Path) -> bool:
         os.close(fd)
 
 
-__all__ = ["Interrupts", "run_is_locked", "run_lock"]
+__all__ = ["LOCK_FILE", "Interrupts", "run_is_locked", "run_lock"]

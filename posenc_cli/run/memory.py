@@ -52,14 +52,47 @@ def check_fits(cfg: Config, vocab_size: int, bytes_per_param: int, what: str, av
         m = cfg.model
         raise ConfigError(
             f"model.d_model={m.d_model} model.n_layer={m.n_layer} is about {n:.3g} parameters: {what} needs about "
-            f"{_gib(need)} of memory and {_gib(available)} is available"
+            f"{gib(need)} of memory and {gib(available)} is available"
         )
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:,.1f} GiB"
 
 
 def planned_vocab_size(cfg: Config) -> int:
     """The vocabulary a run of `cfg` will have, known before its tokenizer is built (bytes: 256 + end-of-document)."""
     return 257 if cfg.tokenizer.kind == "byte" else cfg.tokenizer.vocab_size
+
+
+# A lower bound on what one training micro-batch keeps for the backward pass, per token: the block's saved
+# activations (normed input, q/k/v, attention output, the second normed input, the MLP's two hidden tensors:
+# (7 + 2·mlp_ratio)·d values per layer) in bf16 or fp32, at least 2 bytes each, and the fp32 logits with their
+# log-softmax (2·V values of 4 bytes). Attention scores (T² per head) are left out: fused kernels do not keep them.
+def micro_batch_bytes(model: ModelConfig, vocab_size: int, batch_size: int, seq_len: int) -> int:
+    """Bytes one forward+backward of `batch_size` × `seq_len` tokens needs at least (see the comment above)."""
+    per_token = model.n_layer * (7 + 2 * model.mlp_ratio) * model.d_model * 2 + 2 * vocab_size * 4
+    return batch_size * seq_len * per_token
+
+
+def validation_bytes(batch_size: int, seq_len: int, eval_batches: int) -> int:
+    """Bytes `validation_batches` allocates at once: the window starts (float64, then int64), the gather index
+    and the gathered int64 tokens, (n·B, T+1) each."""
+    rows = eval_batches * batch_size
+    return rows * 16 + rows * (seq_len + 1) * 16
+
+
+# The fastest a micro-step can go, for refusing steps that can never finish: 1e15 FLOP/s is above any one
+# accelerator's dense bf16 peak (NVIDIA H200 SXM: 989 TFLOP/s), and 20 µs is less than the kernel launches a
+# forward and backward pass of even one layer issue. Training costs 6·N FLOPs per token (Kaplan et al. 2020, §2.1).
+PEAK_FLOPS = 1e15
+MIN_MICRO_STEP_S = 2e-5
+MAX_STEP_S = 86_400.0  # an optimizer step that cannot finish within a day at that speed is refused
+
+
+def step_seconds_at_least(n_params: int, batch_size: int, seq_len: int, grad_accum: int) -> float:
+    """A lower bound on one optimizer step's seconds: `grad_accum` micro-steps, each at least its FLOPs at
+    `PEAK_FLOPS` and at least `MIN_MICRO_STEP_S`."""
+    micro = max(MIN_MICRO_STEP_S, 6 * n_params * batch_size * seq_len / PEAK_FLOPS)
+    return grad_accum * micro
+
+
+def gib(n: int | float) -> str:
+    """Bytes as '1,234.5 GiB'."""
+    return f"{n / 2**30:,.1f} GiB"

@@ -69,11 +69,23 @@ from posenc_cli.run.checkpoint import (
 )
 from posenc_cli.run.device import autocast, resolve_device, resolve_precision, threads
 from posenc_cli.run.distributed import DistInfo
-from posenc_cli.run.interrupts import Interrupts, run_lock
-from posenc_cli.run.memory import TRAIN_BYTES_PER_PARAM, check_fits, planned_vocab_size
+from posenc_cli.run.interrupts import LOCK_FILE, Interrupts, run_lock
+from posenc_cli.run.memory import (
+    MAX_STEP_S,
+    TRAIN_BYTES_PER_PARAM,
+    approx_params,
+    available_memory,
+    check_fits,
+    gib,
+    micro_batch_bytes,
+    planned_vocab_size,
+    step_seconds_at_least,
+    validation_bytes,
+)
 from posenc_cli.run.metrics import MetricsLog
 from posenc_cli.run.optim import build_optimizer, lr_at
 from posenc_cli.run.run_meta import (
+    CLAIM_FILE,
     TrainResult,
     claim_run_dir,
     config_diff,
@@ -122,7 +134,7 @@ def train(
     {"parent": ..., "base_length": ...}.
     """
     cfg.validate()
-    check_fits(cfg, planned_vocab_size(cfg), TRAIN_BYTES_PER_PARAM, "training")  # before any allocation
+    check_budget(cfg)  # before any allocation, and before anything is written
     _check_position_reach(cfg)
     run_dir = Path(out_dir)
     info = distributed.env_info()  # under torchrun: this rank of a data-parallel job (see posenc_cli.run.distributed)
@@ -148,14 +160,86 @@ def train(
                 )
             if int(meta["step"]) >= cfg.train.steps:
                 return result_from_meta(run_dir, meta)
+        fresh = meta is None and info.is_main
+        new_dirs, had = (_missing_dirs(run_dir), _names(run_dir)) if fresh else ([], set())
         if info.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             if meta is None:
                 claim_run_dir(run_dir)  # before anything else is written: its contents are posenc's from now on
         lock = run_lock(run_dir) if info.is_main else contextlib.nullcontext()
-        with lock, threads(cfg.train.threads) as n_threads:
-            trainer = _Trainer(cfg, run_dir, meta, force_config, init_from, meta_extra, emit, n_threads, info, device)
-            return trainer.run()
+        try:
+            with lock, threads(cfg.train.threads) as n_threads:
+                trainer = _Trainer(
+                    cfg, run_dir, meta, force_config, init_from, meta_extra, emit, n_threads, info, device
+                )
+                return trainer.run()
+        except BaseException:
+            if fresh:
+                _unclaim(run_dir, had, new_dirs)
+            raise
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """The directories `path.mkdir(parents=True)` would create, deepest first."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _names(directory: Path) -> set[str]:
+    return {p.name for p in directory.iterdir()} if directory.is_dir() else set()
+
+
+def _unclaim(run_dir: Path, had: set[str], new_dirs: list[Path]) -> None:
+    """A fresh run that stopped before its first checkpoint: remove what this call created (the claim and the lock
+    file, then the directories it made, if empty). Once anything else appeared (a checkpoint, even one half
+    committed) the directory is a run and stays as it is; files that were there before are never touched."""
+    added = _names(run_dir) - had
+    if not added <= {CLAIM_FILE, LOCK_FILE}:
+        return
+    with contextlib.suppress(OSError):
+        for name in added:
+            (run_dir / name).unlink()
+        for directory in new_dirs:
+            directory.rmdir()
+
+
+def check_budget(cfg: Config, available: int | None = None) -> None:
+    """`ConfigError` (one line) when training `cfg` certainly cannot run here: the model, a micro-batch's
+    activations or the validation windows need more memory than is `available` (default: what the system says),
+    or one optimizer step's micro-steps could not finish within `MAX_STEP_S` even at `PEAK_FLOPS`.
+
+    Pure arithmetic on the config (lower bounds from `posenc_cli.run.memory`): nothing is allocated or written, so
+    a dry run (a sweep's plan) can call it for every job.
+    """
+    tc, vocab = cfg.train, planned_vocab_size(cfg)
+    available = available_memory() if available is None else available
+    check_fits(cfg, vocab, TRAIN_BYTES_PER_PARAM, "training", available)
+    table = tc.seq_len if cfg.pos.name == "learned" else 0
+    n_params = approx_params(cfg.model, vocab, table)
+    model_bytes = n_params * TRAIN_BYTES_PER_PARAM
+    micro = micro_batch_bytes(cfg.model, vocab, tc.batch_size, tc.seq_len)
+    if available is not None and model_bytes + micro > available:
+        raise ConfigError(
+            f"train.batch_size={tc.batch_size} × train.seq_len={tc.seq_len} needs at least {gib(micro)} of "
+            f"activations per micro-batch (and the model {gib(model_bytes)}), but {gib(available)} is available; "
+            "lower train.batch_size (train.grad_accum keeps the tokens per step)"
+        )
+    windows = validation_bytes(tc.batch_size, tc.seq_len, tc.eval_batches)
+    if available is not None and model_bytes + windows > available:
+        raise ConfigError(
+            f"train.eval_batches={tc.eval_batches} validation batches of {tc.batch_size} × {tc.seq_len + 1} tokens "
+            f"need about {gib(windows)}, but {gib(available)} is available; lower train.eval_batches"
+        )
+    step_s = step_seconds_at_least(n_params, tc.batch_size, tc.seq_len, tc.grad_accum)
+    if step_s > MAX_STEP_S:
+        raise ConfigError(
+            f"train.grad_accum={tc.grad_accum} micro-batches of {tc.batch_size} × {tc.seq_len} tokens make one "
+            f"optimizer step of at least {step_s / 86_400:,.0f} days even on the fastest hardware; lower "
+            "train.grad_accum"
+        )
 
 
 def _check_position_reach(cfg: Config) -> None:
@@ -314,7 +398,14 @@ class _Trainer:
                     group["lr"] = lr
                 t0 = time.perf_counter()
                 loss_sum = torch.zeros((), device=self.device)
+                # a signal stops a long accumulation between micro-steps (not in a job: the ranks' collectives
+                # must stay in step); the step is then undone, its random draws too, and runs again on resume
+                rng_at_start = capture_rng(self.sampler) if tc.grad_accum > 1 and not self.dist.enabled else None
+                stopped_within = False
                 for micro in range(tc.grad_accum):
+                    if rng_at_start is not None and interrupts.signum is not None:
+                        stopped_within = True
+                        break
                     x, y, ids = self._batch()
                     with self._sync_grads(last=micro == tc.grad_accum - 1):
                         with autocast(self.device, self.precision):
@@ -325,6 +416,11 @@ class _Trainer:
                             loss = loss * float("nan")
                         (loss / tc.grad_accum).backward()
                     loss_sum += loss.detach()
+                if stopped_within:
+                    assert rng_at_start is not None
+                    self.optimizer.zero_grad(set_to_none=True)
+                    restore_rng(*rng_at_start, self.sampler)
+                    break
                 if self.dist.enabled:  # the global batch's mean loss, identical on every rank
                     loss_sum = distributed.all_reduce_(loss_sum, self.dist) / self.dist.world_size
                 gnorm = self._clip()
@@ -529,4 +625,4 @@ class _Trainer:
         return result
 
 
-__all__ = ["NAN_ENV", "TrainingDiverged", "train"]
+__all__ = ["NAN_ENV", "TrainingDiverged", "check_budget", "train"]
