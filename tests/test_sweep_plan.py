@@ -103,3 +103,32 @@ def test_label_template_reads_a_key_the_user_fixed_instead_of_sweeping() -> None
     spec = load_sweep_spec(find_sweep_file("extrapolation", [config_dir()]))
     extend = plan_sweep(spec, ["extend.finetune_steps=0"])[1]
     assert [j.label for j in extend.jobs] == ["rope → yarn x4, ft 0"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("stages: [{name: a, parnet: train}]", "unknown key 'parnet' (did you mean parent?)"),
+        ("stage: [{name: a}]\nstages: [{name: a}]", "unknown sweep key 'stage' (did you mean stages?)"),
+        (
+            "stages: [{name: train}, {name: b, action: extend, parent: trian/pos=rope}]",
+            "parent stage 'trian' is not an earlier stage (did you mean train?)",
+        ),
+    ],
+)
+def test_sweep_file_typos_suggest_the_key(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        plan_sweep(load_sweep_spec(write(tmp_path, text)), [])
+    assert message in str(e.value)
+
+
+def test_sweep_name_and_group_option_typos_suggest_the_name(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        find_sweep_file("extrapolaton", [tmp_path, config_dir()])
+    assert "no sweep file named 'extrapolaton' (did you mean extrapolation?)" in str(e.value)
+    spec = load_sweep_spec(find_sweep_file("extrapolation", [config_dir()]))
+    typos = (("pos=alibii", "'pos/alibii' (did you mean alibi?)"), ("model=tinny", "(did you mean tiny?)"))
+    for override, hint in typos:
+        with pytest.raises(ConfigError) as e:
+            validate_plan(plan_sweep(spec, [override]), None)
+        assert hint in str(e.value) and "(available: " in str(e.value)

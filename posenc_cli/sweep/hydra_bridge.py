@@ -65,7 +65,7 @@ def compose_dict(overrides: list[str], user_config_dir: Path | None = None) -> d
         match = re.match(r"Could not override '([^']+)'.\s+To append", str(e))
         if match:
             raise ConfigError(unknown_key_message(match.group(1))) from e
-        raise ConfigError(one_line(e)) from e
+        raise ConfigError(_suggest_option(one_line(e))) from e
     assert isinstance(raw, dict)
     raw.pop("hydra", None)
     return raw
@@ -74,6 +74,15 @@ def compose_dict(overrides: list[str], user_config_dir: Path | None = None) -> d
 def compose_config(overrides: list[str], user_config_dir: Path | None = None) -> Config:
     """Compose and validate: the `Config` a command runs with."""
     return config_from_dict(compose_dict(overrides, user_config_dir))
+
+
+def _suggest_option(text: str) -> str:
+    """ "Could not find 'pos/alibii' (available: alibi, ...)" gains " (did you mean alibi?)" after the option."""
+    missing = re.search(r"Could not find '(?:[^']*/)?([^'/]+)'.*\(available: ([^)]*)\)", text)
+    if not missing:
+        return text
+    hint = did_you_mean(missing.group(1), [o.strip() for o in missing.group(2).split(",")])
+    return text[: missing.end(1) + 1] + hint + text[missing.end(1) + 1 :]
 
 
 def one_line(exc: BaseException) -> str:
@@ -262,12 +271,12 @@ def _launcher_node(launcher_overrides: list[str], user_config_dir: Path | None) 
             rest = [o for o in launcher_overrides if not o.lstrip("+~").startswith("hydra.launcher.")]
             keys = sorted(_compose_hydra(rest, user_config_dir))
             wrong = bad_key.group(1).removeprefix("hydra.launcher.")
-            text = f"unknown launcher key '{bad_key.group(1)}'{_did_you_mean(wrong, keys)}"
+            text = f"unknown launcher key '{bad_key.group(1)}'{did_you_mean(wrong, keys)}"
             text += f" (keys: {', '.join(k for k in keys if not k.startswith('_'))})"
         missing = re.search(r"Could not find 'hydra/launcher/([^']+)'.*\(available: ([^)]*)\)", text)
         if missing:
             options = [o.strip() for o in missing.group(2).split(",")]
-            text = f"unknown launcher hydra/launcher={missing.group(1)}{_did_you_mean(missing.group(1), options)}"
+            text = f"unknown launcher hydra/launcher={missing.group(1)}{did_you_mean(missing.group(1), options)}"
             text += f" (available: {', '.join(options)})"
         raise ConfigError(text) from e
     return node
@@ -290,7 +299,8 @@ def _compose_hydra(overrides: list[str], user_config_dir: Path | None) -> dict[s
     return node
 
 
-def _did_you_mean(word: str, options: list[str]) -> str:
+def did_you_mean(word: str, options: list[str]) -> str:
+    """' (did you mean alibi?)' for a near miss among `options` (difflib's ratio >= 0.6), else ''."""
     close = difflib.get_close_matches(word, options, n=1)
     return f" (did you mean {close[0]}?)" if close else ""
 

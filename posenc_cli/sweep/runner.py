@@ -62,6 +62,7 @@ from posenc_cli.run.train import train
 from posenc_cli.sweep.hydra_bridge import (
     JobInfo,
     compose_config,
+    did_you_mean,
     job_name,
     launch_multirun,
     launcher_settings,
@@ -135,7 +136,8 @@ def find_sweep_file(name: str, config_dirs: list[Path]) -> Path:
         if candidate.is_file():
             return candidate
     available = sorted({p.stem for root in config_dirs for p in (root / "sweep").glob("*.yaml")})
-    raise ConfigError(f"no sweep file named '{name}' (available: {', '.join(available) or 'none'})")
+    hint = did_you_mean(name, available)
+    raise ConfigError(f"no sweep file named '{name}'{hint} (available: {', '.join(available) or 'none'})")
 
 
 def load_sweep_spec(path: Path) -> SweepSpec:
@@ -148,14 +150,21 @@ def load_sweep_spec(path: Path) -> SweepSpec:
         raise ConfigError(f"{path}: a sweep file needs a non-empty 'stages' list")
     unknown = set(raw) - {"overrides", "stages", "description"}
     if unknown:
-        raise ConfigError(f"{path}: unknown sweep key '{sorted(unknown)[0]}' (valid: description, overrides, stages)")
+        key = str(sorted(unknown, key=str)[0])
+        hint = did_you_mean(key, ["description", "overrides", "stages"])
+        raise ConfigError(f"{path}: unknown sweep key '{key}'{hint} (valid: description, overrides, stages)")
     stages = []
     for i, st in enumerate(raw["stages"]):
         if not isinstance(st, dict) or "name" not in st:
             raise ConfigError(f"{path}: stage {i} needs a 'name'")
-        bad = set(st) - {"name", "action", "params", "overrides", "parent", "label"}
+        valid = ["name", "action", "params", "overrides", "parent", "label"]
+        bad = set(st) - set(valid)
         if bad:
-            raise ConfigError(f"{path}: stage '{st['name']}' has unknown key '{sorted(bad)[0]}'")
+            key = str(sorted(bad, key=str)[0])
+            hint = did_you_mean(key, valid)
+            raise ConfigError(
+                f"{path}: stage '{st['name']}' has unknown key '{key}'{hint} (valid: {', '.join(sorted(valid))})"
+            )
         action = st.get("action", "train")
         if action not in ("train", "extend"):
             raise ConfigError(f"{path}: stage '{st['name']}': action must be train or extend, got {action!r}")
@@ -263,7 +272,8 @@ def _parents(st: StageSpec, spec: SweepSpec, plans: list[StagePlan]) -> list[Job
         stage_name, match = spec.stages[0].name, stage_name
     earlier = {plan.stage.name: plan.jobs for plan in plans}
     if stage_name not in earlier:
-        raise ConfigError(f"stage '{st.name}': parent stage '{stage_name}' is not an earlier stage")
+        hint = did_you_mean(stage_name, list(earlier))
+        raise ConfigError(f"stage '{st.name}': parent stage '{stage_name}' is not an earlier stage{hint}")
     wanted = {p.strip() for p in match.split(",") if p.strip()}
     return [job for job in earlier[stage_name] if wanted <= set(job.overrides)]
 
