@@ -20,3 +20,30 @@ def test_log_line_labels_elapsed_and_eta() -> None:
     line = log_line(step_event(20, 20.0), (10, 10.0))
     assert line.endswith("| elapsed 0:00:20 | ETA 0:01:20")
     assert log_line(step_event(10, 5.0), None).endswith("| elapsed 0:00:05 | ETA -")
+
+
+def test_plain_progress_prints_each_completed_cell_and_at_most_every_interval() -> None:
+    """Evaluations piped to a log printed nothing for 80 s: plain lines now, one per cell and one per interval."""
+    import io
+
+    from rich.console import Console
+
+    from posenc_cli.run.progress import PlainProgress
+
+    now = [0.0]
+    out = io.StringIO()
+    progress = PlainProgress(Console(file=out, width=200), every_s=10.0, clock=lambda: now[0])
+    progress.note("[1/2] rope")
+    for done in range(1, 6):  # one window a second: nothing until 10 s have passed, then the completed cell
+        now[0] += 1.0
+        progress.update("[1/2] rope L=64 (windows)", done, 20)
+    now[0] += 6.0  # 11 s since the last line
+    progress.update("[1/2] rope L=64 (windows)", 6, 20)
+    now[0] += 1.0
+    progress.update("[1/2] rope L=64 (windows)", 20, 20)  # the cell is complete: printed at once
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "[1/2] rope | elapsed 0:00:00",
+        "[1/2] rope L=64 (windows): 6/20 | elapsed 0:00:11",
+        "[1/2] rope L=64 (windows): 20/20 | elapsed 0:00:12",
+    ]

@@ -22,15 +22,28 @@ _EXAMPLES = """
   posenc eval-extrapolate RUN --protocol sliding --stride 64 --abs-lengths 256,1024
   posenc eval-extrapolate RUN --protocol fixed-target --target 128 --lengths 1,2,4,8   [dim](same tokens scored)[/]
   posenc eval-extrapolate RUN --protocol streaming --window 124 --sinks 4   [dim](StreamingLLM)[/]
-  posenc eval-extrapolate RUN data=text data.paths=\\[held_out.txt]   [dim](another corpus, each run's tokenizer)[/]
+  posenc eval-extrapolate RUN data=text data.paths=\\[held_out.txt]   [dim](a held-out file, scored whole)[/]
+  posenc eval-extrapolate RUN --positions sequential   [dim](a train.random_positions run fed 0..T-1)[/]
 """
 
 
-def parse_list(text: str, kind: type, flag: str) -> list[Any]:
-    """'0.5,1,2' -> [0.5, 1.0, 2.0]; one clear error for anything else."""
+def _integer(text: str) -> int:
+    """'2048' or '1e12' -> an int; ValueError for anything that is not a whole number."""
     try:
-        values = [kind(x) for x in text.replace(" ", "").split(",") if x]
+        return int(text)
     except ValueError:
+        value = float(text)
+        if not value.is_integer():
+            raise
+        return int(value)
+
+
+def parse_list(text: str, kind: type, flag: str) -> list[Any]:
+    """'0.5,1,2' -> [0.5, 1.0, 2.0]; one clear error for anything else (integers may be written 1e6)."""
+    convert = _integer if kind is int else kind
+    try:
+        values = [convert(x) for x in text.replace(" ", "").split(",") if x]
+    except (ValueError, OverflowError):
         noun = "integers" if kind is int else "numbers"
         raise ConfigError(f"{flag} {text!r}: expected comma-separated {noun}, e.g. {flag} 1,2,4") from None
     if not values:
@@ -42,9 +55,16 @@ def _optional_list(text: str | None, kind: type, flag: str) -> list[Any] | None:
     return parse_list(text, kind, flag) if text is not None else None
 
 
-def set_grid(cfg: Any, lengths: str | None, abs_lengths: str | None, depths: str | None) -> None:
+def set_grid(
+    cfg: Any,
+    lengths: str | None,
+    abs_lengths: str | None,
+    depths: str | None,
+    paths: list[str] | None = None,
+) -> None:
     """Set a retrieval evaluation's `lengths`, `abs_lengths` and `depths` from their comma-separated flags (the ones
-    given; the config's defaults stay for the others)."""
+    given; the config's defaults stay for the others), then refuse a grid no memory can hold (`check_grid_fits`,
+    per run of `paths` when given: multiples of each run's base length are known only there)."""
     for field, text, kind, flag in (
         ("lengths", lengths, float, "--lengths"),
         ("abs_lengths", abs_lengths, int, "--abs-lengths"),
@@ -52,6 +72,89 @@ def set_grid(cfg: Any, lengths: str | None, abs_lengths: str | None, depths: str
     ):
         if text is not None:
             setattr(cfg, field, parse_list(text, kind, flag))
+    check_grid_fits(cfg, paths)
+
+
+# A retrieval evaluation builds the prompts of one length at once (trials × depths rows of int64 ids), and one
+# forward holds at least a bf16 hidden state and the bf16 logits of every position of one prompt.
+ID_BYTES = 8
+MIN_BASE_LENGTH = 2  # a run's base length is at least 2 tokens: the floor of a multiple before any run is read
+
+
+def grid_bytes(cfg: Any, length: int, d_model: int = 0, vocab: int = 0) -> int:
+    """A lower bound on the memory of one length of a retrieval grid: its prompts (built at once) and one forward."""
+    prompts = len(cfg.depths) * int(cfg.trials) * length * ID_BYTES
+    return prompts + length * 2 * (d_model + vocab)
+
+
+def check_grid_fits(cfg: Any, paths: list[str] | None = None, available: int | None = None) -> None:
+    """One-line `ConfigError` (exit 2, before anything is allocated) for a length or a trial count whose lower-bound
+    memory (`grid_bytes`) exceeds the memory available (`run.memory.available_memory`). Without `paths` only what
+    holds for any run is checked (absolute lengths; a multiple of a base length of at least 2); with them, each
+    run's own base length, width and vocabulary. A length the scheme cannot read is not refused here: its cells
+    are n/a, with the scheme's reason, and cost nothing."""
+    # deferred: keeps this command's modules off posenc --help start-up
+    from posenc_cli.run.memory import available_memory
+
+    available = available_memory() if available is None else available
+    if available is None:
+        return
+    _refuse_beyond(cfg, _longest(cfg, MIN_BASE_LENGTH), "any run", available)
+    for path, base, d_model, vocab in _run_sizes(paths or []):
+        _refuse_beyond(cfg, _longest(cfg, base), path, available, d_model, vocab)
+
+
+def _longest(cfg: Any, base_length: int) -> tuple[int, str]:
+    """(the longest prompt length of the grid, the flag that asked for it) for runs of `base_length`."""
+    if cfg.abs_lengths:
+        return max(int(n) for n in cfg.abs_lengths), f"--abs-lengths {max(cfg.abs_lengths)}"
+    m = max(float(x) for x in cfg.lengths)
+    return max(1, round(m * base_length)), f"--lengths {m:g}"
+
+
+def _refuse_beyond(
+    cfg: Any, longest: tuple[int, str], what: str, available: int, d_model: int = 0, vocab: int = 0
+) -> None:
+    length, flag = longest
+    need = grid_bytes(cfg, length, d_model, vocab)
+    if need > available:
+        raise ConfigError(
+            f"{flag} --trials {cfg.trials}: {length:,} tokens per prompt for {what}; the {len(cfg.depths)} depths × "
+            f"{cfg.trials} trials of one length need at least {_gib(need)} of memory and {_gib(available)} is "
+            "available (fewer trials or shorter lengths)"
+        )
+
+
+def _run_sizes(paths: list[str]) -> list[tuple[str, int, int, int]]:
+    """(run, base length, d_model, vocabulary) of each posenc run below `paths` that can be read cheaply (others
+    are reported by the evaluation itself)."""
+    # deferred: keeps this command's modules off posenc --help start-up
+    from posenc_cli.errors import UserError
+    from posenc_cli.evaluation.perplexity import find_runs
+    from posenc_cli.run.checkpoint import RunMeta, read_config, read_meta
+    from posenc_cli.run.hf_run import is_hf_dir
+    from posenc_cli.run.memory import planned_vocab_size
+
+    sizes = []
+    try:
+        runs = find_runs(paths)
+    except UserError:
+        return []  # the evaluation says why, in its own words
+    for path in runs:
+        if is_hf_dir(path):
+            continue
+        try:
+            meta = read_meta(path)
+            config = read_config(path, meta)
+        except UserError:
+            continue
+        base = RunMeta.from_json(meta).lengths(config)[1]
+        sizes.append((str(path), base, config.model.d_model, planned_vocab_size(config)))
+    return sizes
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
 
 
 def _one_kind_of_lengths(lengths: str | None, abs_lengths: str | None) -> None:
@@ -137,10 +240,15 @@ def _check_run_args(paths: list[str], stray: list[str], problem: str, command: s
 
 
 class _Display:
-    """Live progress on a terminal (stderr); nothing otherwise, so piped output stays the table."""
+    """Live progress on a terminal (stderr); plain lines on stderr otherwise (`run.progress.PlainProgress`: one per
+    cell, and one at least every 10 s), so a log shows the evaluation is alive and piped stdout stays the table."""
 
     def __init__(self, unit: str) -> None:
+        # deferred: keeps this command's modules off posenc --help start-up
+        from posenc_cli.run.progress import PlainProgress
+
         self._progress = progress_bar()
+        self._plain = None if err_console.is_terminal else PlainProgress(err_console)
         self._unit = unit
         self._task: Any = None
         self._run = ""
@@ -154,9 +262,18 @@ class _Display:
 
     def on_run(self, path: Path, index: int, total: int) -> None:
         self._run = f"[{index + 1}/{total}] {path.name}"
+        if self._plain is not None:
+            self._plain.note(f"{self._run}: {path}")
+
+    def on_skip(self, path: Path, why: str) -> None:
+        """A run found by a search that cannot be read: left out, said on one line (the table shows the others)."""
+        err_console.print(f"[yellow]warning:[/] skipped {escape(str(path))}: {escape(why)}", highlight=False)
 
     def progress(self, what: str, done: int, total: int) -> None:
         description = f"{self._run} {what} ({self._unit})"
+        if self._plain is not None:
+            self._plain.update(description, done, total)
+            return
         if self._task is None:
             self._task = self._progress.add_task(description, total=total)
         self._progress.update(self._task, description=description, completed=done, total=total)
@@ -183,12 +300,16 @@ def _report(
     write_plot: Callable[[Path], Iterable[Path]],
     json_path: Path | None,
     combined: dict[str, Any],
+    notes: Iterable[str] = (),
 ) -> None:
-    """Print the table and a one-line summary, then write the plot(s) and the combined JSON if asked."""
+    """Print the table (and `notes` below it) and a one-line summary, then write the plot(s) and the combined JSON
+    if asked."""
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.fsutil import atomic_write_json
 
     console.print(table)
+    for line in notes:
+        console.print(line, highlight=False, markup=False)
     reused = sum(r["reused"] for r in results)
     cells = sum(len(r["entries"]) for r in results)
     note = f"; {reused} of {cells} cells reused from {results_file} (--force recomputes)" if reused else ""
@@ -202,6 +323,61 @@ def _report(
     if json_path is not None:
         atomic_write_json(json_path, combined)
         console.print(f"wrote {json_path}", highlight=False)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# eval-extrapolate's own rendering of the cell states.
+
+# A cell the corpus is too short for is not the scheme's limit ("n/a = the scheme cannot read that many tokens"):
+# it leaves the table ("–", not measured) and gets a line of its own saying why and what to do.
+SHORT_OF_DATA = {
+    "too_few_tokens": "too few tokens in the corpus",
+    "shorter_than_target": "shorter than the fixed target",
+}
+
+
+def split_short_cells(results: Results, label: Callable[[dict[str, Any]], str]) -> tuple[Results, list[str]]:
+    """(results without their too_few_tokens / shorter_than_target cells, for the table; one line per run and
+    state naming the lengths and the reason)."""
+    # deferred: keeps this command's modules off posenc --help start-up
+    from posenc_cli.evaluation.results import cell_status
+
+    shown: Results = []
+    lines: list[str] = []
+    for r in results:
+        short: dict[tuple[str, str], list[str]] = {}
+        kept = []
+        for e in r["entries"]:
+            state = cell_status(e)
+            if state in SHORT_OF_DATA:
+                short.setdefault((state, str(e.get("reason") or "")), []).append(str(e["length"]))
+            else:
+                kept.append(e)
+        shown.append({**r, "entries": kept})
+        for (state, reason), lengths in short.items():
+            hint = " (score a longer corpus: data=text 'data.paths=[FILE]' is scored whole)"
+            line = f"– for {label(r)} at {', '.join(lengths)}: {SHORT_OF_DATA[state]}: {reason}"
+            lines.append(line + (hint if state == "too_few_tokens" else ""))
+    return shown, list(dict.fromkeys(lines))
+
+
+def _label(result: dict[str, Any]) -> str:
+    return str(result["label"])
+
+
+def positions_lines(results: Results, label: Callable[[dict[str, Any]], str]) -> list[str]:
+    """A line for each run fed randomized positions (the table's title does not say it)."""
+    lines = []
+    for r in results:
+        drawn = {
+            (p["range"], p["seed"]) for e in r["entries"] if (p := e.get("positions") or {}).get("mode") == "random"
+        }
+        for m, seed in sorted(drawn):
+            lines.append(
+                f"positions: {label(r)} fed per window sorted random draws from [0, {m}) (seed {seed}; its "
+                "train.random_positions, as in training); --positions sequential feeds 0..T-1"
+            )
+    return lines
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -257,6 +433,14 @@ def eval_extrapolate_command(
     dtype: Annotated[
         str | None, _option("auto (bf16 if the run trained in bf16 and this device runs bf16 fast), fp32 or bf16.")
     ] = None,
+    positions: Annotated[
+        str | None,
+        _option(
+            "random (sorted draws from [0, M) per window, for runs trained with train.random_positions=M: their "
+            "default) or sequential (0..T-1: every other run's default)."
+        ),
+    ] = None,
+    positions_seed: Annotated[int, typer.Option(help="Seed of the random position draws.")] = 0,
     train_length: Annotated[
         int | None,
         _option("transformers directories: the training length (default: from config.json).", "--train-length"),
@@ -293,6 +477,8 @@ def eval_extrapolate_command(
         dtype=dtype,
         force=force,
     )
+    if positions is not None and positions not in ("random", "sequential"):
+        raise ConfigError(f"--positions must be random or sequential, got {positions!r}")
     run_device = resolve_device(device, "--device")  # an unavailable device is reported as the flag given
     if train_length is not None and train_length < 2:
         raise ConfigError(f"--train-length must be >= 2, got {train_length}")
@@ -307,14 +493,19 @@ def eval_extrapolate_command(
                 threads=threads,
                 progress=display.progress,
                 on_run=display.on_run,
+                on_skip=display.on_skip,
+                positions=positions,
+                positions_seed=positions_seed,
             ),
         )
     results = labelled_in_order(results)  # the labels and order compare shows (a sweep's job: its plan label)
     by = "length" if cfg.abs_lengths is not None else "multiple"
+    shown, short_lines = split_short_cells(results, _label)
     _report(
         results,
         seconds,
-        table=extrapolation_table(results, by=by, label=lambda r: r["label"]),
+        table=extrapolation_table(shown, by=by, label=_label),
+        notes=[*short_lines, *positions_lines(results, _label)],
         results_file="eval/extrapolate.json",
         plot=plot,
         write_plot=lambda path: write_plots(results, path),
@@ -374,7 +565,7 @@ def eval_passkey_command(
     if dtype not in ("auto", "fp32", "bf16"):
         raise ConfigError(f"--dtype must be auto, fp32 or bf16, got {dtype!r}")
     cfg = PasskeyConfig(trials=trials, digits=digits, seed=seed, batch_tokens=batch_tokens, dtype=dtype, force=force)
-    set_grid(cfg, lengths, abs_lengths, depths)
+    set_grid(cfg, lengths, abs_lengths, depths, paths)
     cfg.validate()
 
     run_device = resolve_device(device, "--device")

@@ -1,12 +1,15 @@
-"""Rendering of `train()` events: a rich progress bar on a terminal, plain log lines otherwise, a final summary.
+"""Rendering of `train()` events: a rich progress bar on a terminal, plain log lines otherwise, a final summary;
+and `PlainProgress`, the plain-line progress of the evaluations when their output is not a terminal.
 
-Only the CLI uses this module; `train()` itself never prints.
+Only the CLI uses this module; `train()` and the evaluations themselves never print.
 """
 
 from __future__ import annotations
 
 import math
 import signal
+import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -103,6 +106,31 @@ class TrainDisplay:
     def _on_eval(self, e: dict[str, Any]) -> None:
         ppl = _ppl(e["val_loss"])
         self.print(f"step {e['step']}: val loss {e['val_loss']:.4f} (ppl {ppl})")
+
+
+class PlainProgress:
+    """Evaluation progress as plain lines, for a log or a pipe where a live bar cannot draw: `update` prints a line
+    when a step completes (done == total: one cell, e.g. one length of one run) and otherwise at most one every
+    `every_s` seconds, so a long cell still shows it is alive; `note` prints a line at once (a run starting)."""
+
+    def __init__(self, console: Console, *, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.console = console
+        self.every_s = every_s
+        self.clock = clock
+        self.start = clock()
+        self.last: float | None = None
+
+    def note(self, text: str) -> None:
+        self._print(text)
+
+    def update(self, description: str, done: int, total: int) -> None:
+        now = self.clock()
+        if done >= total or self.last is None or now - self.last >= self.every_s:
+            self._print(f"{description}: {done}/{total}")
+
+    def _print(self, text: str) -> None:
+        self.last = self.clock()
+        self.console.print(f"{escape(text)} | elapsed {_duration(self.last - self.start)}", highlight=False)
 
 
 def summary_table(result: TrainResult) -> Table:
