@@ -23,7 +23,7 @@ from posenc_cli.config import Config, config_to_dict
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.evaluation.perplexity import find_runs
 from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, load_results
-from posenc_cli.fsutil import atomic_write_json, atomic_write_text
+from posenc_cli.report.output_files import staged_files
 from posenc_cli.report.tables import (
     Cell,
     Column,
@@ -466,7 +466,7 @@ def records_to_json(records: list[RunRecord]) -> list[dict[str, Any]]:
 
 def to_csv(rows_json: list[dict[str, Any]]) -> str:
     """results.csv: the entry fields flattened, the corpus as `data` (its name) and `data_fingerprint`."""
-    columns = ["row", "label", "stage", "job", "scheme", "seed", "job_status", "error", "train_length", "base_length",
+    columns = ["label", "stage", "job", "scheme", "job_status", "error", "train_length", "base_length", "row", "seed",
                "data", "data_fingerprint", "positions", *ENTRY_FIELDS]  # fmt: skip
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
@@ -564,20 +564,22 @@ def to_markdown(columns: list[Any], rows: list[Any]) -> str:
 
 
 def write_outputs(records: list[RunRecord], out_dir: Path) -> list[Path]:
-    """results.json, results.csv, extrapolation.png and per_position.png in `out_dir`."""
+    """results.json, results.csv, extrapolation.png and per_position.png in `out_dir`, all moved into place together
+    at the end (`output_files.staged_files`: a kill leaves none half-written and no temporary the next write keeps)."""
     # deferred: keeps matplotlib off posenc --help start-up
-    from posenc_cli.report.plots import per_position_figure, ppl_vs_length_figure, save_figure
+    from posenc_cli.report.plots import per_position_figure, ppl_vs_length_figure, write_figure
 
     out_dir = Path(out_dir)
     rows_json = records_to_json(records)
-    paths = [out_dir / "results.json", out_dir / "results.csv"]
-    atomic_write_json(paths[0], rows_json)
-    atomic_write_text(paths[1], to_csv(rows_json))
     measured = [r for r in to_results(records) if r["entries"]]
-    if measured:
-        paths.append(save_figure(ppl_vs_length_figure(measured), out_dir / "extrapolation.png"))
-        paths.append(save_figure(per_position_figure(measured), out_dir / "per_position.png"))
-    return paths
+    names = ["results.json", "results.csv"] + (["extrapolation.png", "per_position.png"] if measured else [])
+    with staged_files(out_dir) as stage:
+        stage("results.json").write_text(json.dumps(rows_json, indent=2) + "\n")
+        stage("results.csv").write_text(to_csv(rows_json))
+        if measured:
+            write_figure(ppl_vs_length_figure(measured), stage("extrapolation.png"))
+            write_figure(per_position_figure(measured), stage("per_position.png"))
+    return [out_dir / name for name in names]
 
 
 def render(

@@ -16,7 +16,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 
-from posenc_cli.fsutil import atomic_path
+from posenc_cli.errors import ConfigError, UserError
+from posenc_cli.report.output_files import staged_files
 from posenc_cli.report.tables import describe_lengths, describe_protocol, run_label
 
 Result = dict[str, Any]
@@ -181,12 +182,32 @@ def _legend_outside(ax: Any) -> None:
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
 
 
-def save_figure(fig: Figure, path: Path | str, dpi: int = 120) -> Path:
-    """Write a PNG atomically (the figure format comes from `path`'s suffix, PNG by default)."""
+def figure_format(path: Path | str) -> str:
+    """The image format `path`'s suffix names (PNG without one); `ConfigError` for one matplotlib cannot write and
+    `UserError` for a path that is a directory, so a bad --plot fails before any work."""
     path = Path(path)
-    fmt = path.suffix.lstrip(".") or "png"
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=fmt, dpi=dpi)
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    supported = FigureCanvasAgg(Figure()).get_supported_filetypes()
+    if fmt not in supported:
+        raise ConfigError(f"{path}: cannot write a .{fmt} figure (formats: {', '.join(sorted(supported))})")
+    if path.is_dir():
+        raise UserError(f"cannot write {path}: it is a directory")
+    return fmt
+
+
+def write_figure(fig: Figure, file: Path, fmt: str = "png", dpi: int = 120) -> None:
+    """Draw `fig` into `file` as it is (no staging: `save_figure` or `output_files.staged_files` stage it)."""
+    fig.savefig(file, format=fmt, dpi=dpi)
+
+
+def save_figure(fig: Figure, path: Path | str, dpi: int = 120) -> Path:
+    """Write a figure at `path` (format from its suffix, PNG by default) through `output_files.staged_files`: a
+    kill leaves no temporary file behind that the next write would not remove; an unwritable place is one
+    `UserError` naming it."""
+    path = Path(path)
+    fmt = figure_format(path)
+    with staged_files(path.parent) as stage:
+        write_figure(fig, stage(path.name), fmt, dpi)
     return path
 
 
