@@ -48,7 +48,9 @@ def test_self_extend_child_records_the_remap_and_evaluates_at_4x(runs: dict[str,
     again = invoke(str(runs["rope"]), "--method", "self-extend", "--window", "8", "--group", "4")
     assert again.exit_code == 0 and "nothing to do" in again.output
     other = invoke(str(runs["rope"]), "--method", "self-extend", "--window", "8", "--group", "2", "--out", str(out))
-    assert other.exit_code == 2 and "different extension (other remap)" in " ".join(other.output.split())
+    assert other.exit_code == 2 and "different extension (other remap.group: 4 there, 2 asked)" in " ".join(
+        other.output.split()
+    )
 
     report = tmp_path / "eval.json"
     ev = runner.invoke(
@@ -86,7 +88,7 @@ def test_rerope_child_equals_its_parent_within_the_window(runs: dict[str, Path],
         (("--yarn", "--window", "8"), "--window belongs to --method self-extend or rerope"),
         (("--method", "rerope", "--window", "8", "--finetune-steps", "5"), "--finetune-steps does not apply"),
         (("--method", "rerope", "--window", "8", "--factor", "8"), "--factor does not apply"),
-        (("--method", "rerope", "--window", "8", "--logn"), "--logn does not apply"),
+        (("--method", "rerope", "--window", "8", "--pose"), "--pose does not apply"),
         (("--yarn", "--method", "rerope", "--window", "8"), "give one method"),
     ],
 )
@@ -151,3 +153,56 @@ def test_eval_prints_parent_and_child_side_by_side(runs: dict[str, Path], tmp_pa
     rows = [line.split("│")[1].split()[0] for line in result.output.splitlines() if line.startswith("│ ")]
     assert {"rope", "rr-eval"} <= set(rows)  # the parent and the child
     assert (out / "eval" / "extrapolate.json").is_file() and not (runs["rope"] / "eval").exists()
+
+
+def test_rerope_queries_carry_log_n_by_default_as_the_reference(runs: dict[str, Path], tmp_path: Path) -> None:
+    """bojone/rerope multiplies every query by max(1, log(id + 1) / log L): the child's config says so, its meta
+    records it, and the queries of its attention carry that factor (L = the parent's training length, 16)."""
+    out = tmp_path / "rerope"
+    result = invoke(str(runs["rope"]), "--method", "rerope", "--window", "8", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "log-n: max(1, log(i + 1) / log 16)" in result.output
+    child, parent = load_run(out), load_run(runs["rope"])
+    assert (child.config.model.attn_scale, child.config.model.logn_length) == ("logn", 16)
+    assert child.meta.record["extend"]["logn"] == {"length": 16}
+    queries, idx = {}, torch.randint(0, 200, (1, 64))
+    for name, run in (("child", child), ("parent", parent)):
+        attn = run.model.blocks[0].attn
+        attn.register_forward_hook(lambda m, a, _out, name=name: queries.update({name: attn_queries(m, a)}))
+        with torch.no_grad():
+            run.model(idx)
+    ids = torch.arange(64, dtype=torch.float64)
+    factor = ((ids + 1).log() / np.log(16)).clamp(min=1.0)  # the reference's formula, (T,)
+    torch.testing.assert_close(
+        queries["child"].double(), queries["parent"].double() * factor[:, None], atol=1e-5, rtol=1e-5
+    )
+
+    plain = tmp_path / "plain"
+    off = invoke(str(runs["rope"]), "--method", "rerope", "--window", "8", "--no-logn", "--out", str(plain))
+    assert off.exit_code == 0, off.output
+    assert load_run(plain).config.model.attn_scale == "none" and "logn" not in load_run(plain).meta.record["extend"]
+    into = invoke(str(runs["rope"]), "--method", "rerope", "--window", "8", "--no-logn", "--out", str(out))
+    assert into.exit_code == 2 and "other logn: {'length': 16} there, none asked" in " ".join(into.output.split())
+
+
+def attn_queries(attn: torch.nn.Module, args: tuple) -> torch.Tensor:
+    """The (T, hd) queries of head 0 that `attn` attends with (after rotation and length scaling), batch row 0."""
+    x, scheme, ctx = args[:3]
+    q, _, _ = attn.qkv_heads(x, scheme, ctx)
+    return q[0, 0]
+
+
+def test_self_extend_takes_no_log_n_unless_asked(runs: dict[str, Path], tmp_path: Path) -> None:
+    """datamllab/LongLM scales no query: off by default; --logn adds it (directory name says so)."""
+    result = invoke(str(runs["rope"]), "--method", "self-extend", "--window", "8", "--group", "2", "--logn")
+    assert result.exit_code == 0, result.output
+    child = load_run(runs["rope"].with_name("rope-self-extend-w8g2-logn"))
+    assert (child.config.model.attn_scale, child.config.model.logn_length) == ("logn", 16)
+    plain = tmp_path / "se"
+    assert (
+        invoke(
+            str(runs["rope"]), "--method", "self-extend", "--window", "8", "--group", "2", "--out", str(plain)
+        ).exit_code
+        == 0
+    )
+    assert load_run(plain).config.model.attn_scale == "none"

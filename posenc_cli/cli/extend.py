@@ -141,12 +141,14 @@ def extend_command(
         typer.Option("--pose-chunks", metavar="N", help="PoSE chunks per window.", rich_help_panel="Fine-tune"),
     ] = _D.pose_chunks,
     logn: Annotated[
-        bool,
+        bool | None,
         typer.Option(
-            "--logn",
-            help="Also scale attention logits by max(1, log n / log L) beyond the original length L (Qwen's log-n).",
+            "--logn/--no-logn",
+            help="Scale query i's logits by max(1, log(i + 1) / log L) beyond the original length L (Qwen's log-n). "
+            "Default: on for rerope (as bojone/rerope), off otherwise.",
+            show_default=False,
         ),
-    ] = _D.logn,
+    ] = None,
     evaluate: Annotated[
         bool, typer.Option("--eval", help="Run eval-extrapolate (default lengths) on parent and child, side by side.")
     ] = False,
@@ -211,7 +213,8 @@ def extend_command(
     metadata names the parent; `posenc eval-extrapolate` works on it as on any run. Re-running the same command is
     a no-op, or resumes an interrupted fine-tune. `dynamic` rescales per sequence length at run time (also while
     fine-tuning). `--method self-extend --window W --group G` and `--method rerope --window W [--leaky K]` remap
-    positions beyond the window at inference instead (recorded as pos.remap; no scaling, no fine-tune).
+    positions beyond the window at inference instead (recorded as pos.remap; no scaling, no fine-tune); rerope
+    also scales queries by log-n, as its reference does (--no-logn: not).
     """
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.extension.extend import default_out_dir, extend_run, finetune_length
@@ -226,14 +229,13 @@ def extend_command(
             "--original-length": original_length is not None,
             "--finetune-steps": finetune_steps != _D.finetune_steps,
             "--pose": pose,
-            "--logn": logn,
             "--factors": factors is not None,
             "--search": search,
             **{"--" + k.replace("_", "-"): v != getattr(_D, k) for k, v in scaling.items()},
         }
         if wrong := [flag for flag, on in given.items() if on]:
             raise ConfigError(f"{wrong[0]} does not apply to --method {method} (a remapping at inference, no scaling)")
-        _remap(run_dir, out, method, window, group, leaky, evaluate, threads)
+        _remap(run_dir, out, method, window, group, leaky, logn, evaluate, threads)
         return
     if given_remap := [flag for flag, value in remap_given.items() if value is not None]:
         raise ConfigError(f"{given_remap[0]} belongs to --method self-extend or rerope")
@@ -254,7 +256,7 @@ def extend_command(
         finetune_warmup=finetune_warmup,
         pose=pose,
         pose_chunks=pose_chunks,
-        logn=logn,
+        logn=bool(logn),
     )
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.extension.extend import validate_extend
@@ -302,6 +304,7 @@ def _remap(
     window: int | None,
     group: int | None,
     leaky: float | None,
+    logn: bool | None,
     evaluate: bool,
     threads: int,
 ) -> None:
@@ -319,7 +322,8 @@ def _remap(
         raise ConfigError("--group belongs to --method self-extend")
     remap = RemapConfig(method=method, window=window, group=group or 0, leaky=leaky or 0.0)
     remap.validate()  # before naming the default directory after the settings
-    result = remap_run(run_dir, out if out is not None else remap_out_dir(run_dir, remap), remap, threads=threads)
+    out_dir = out if out is not None else remap_out_dir(run_dir, remap, logn)
+    result = remap_run(run_dir, out_dir, remap, threads=threads, logn=logn)
     title = "already remapped (nothing to do)" if result.status == "already_complete" else "positions remapped"
     t = Table(title=f"posenc extend · {title}", title_justify="left", header_style="bold")
     t.add_column("", style="bold")
@@ -330,6 +334,8 @@ def _remap(
     t.add_row("positions", rope, f"{rope}, {result.remap.describe()}")
     for n, d in result.largest_distance.items():
         t.add_row(f"largest relative position at {n} tokens", str(n - 1), f"{d:g}")
+    if result.logn_length is not None:
+        t.add_row("query scaling", "none", f"log-n: max(1, log(i + 1) / log {result.logn_length})")
     t.add_row("training length", str(result.train_length), str(result.train_length))
     t.add_row("weights", "", "copied unchanged")
     console.print(t)

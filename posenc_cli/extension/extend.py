@@ -60,6 +60,7 @@ __all__ = [
     "extend_run",
     "extension_record",
     "finetune_length",
+    "remap_logn_default",
     "remap_out_dir",
     "remap_run",
     "resolve_scaling",
@@ -426,20 +427,47 @@ class RemapResult:
     train_length: int
     base_length: int
     largest_distance: dict[int, float]  # tokens -> the largest relative position the model sees at that length
+    logn_length: int | None = None  # L of the log-n query scaling the child adds (None: none added)
 
 
-def remap_out_dir(parent_dir: Path | str, remap: RemapConfig) -> Path:
-    """`<parent>-self-extend-w<W>g<G>`, `<parent>-rerope-w<W>` or `<parent>-rerope-w<W>k<k>` next to the parent."""
+def remap_logn_default(method: str) -> bool:
+    """Whether a remapping scales queries by log-n unless told otherwise: as its reference does.
+
+    ReRoPE and Leaky ReRoPE: yes. bojone/rerope (acfe788) `rerope_patch.py:56` and `leaky_rerope_patch.py:61`
+    multiply every query, before either rotation (so both the windowed and the rectified score), by
+    max(1, log(position_id + 1) / log(training_length)): posenc's `model.attn_scale=logn` with `model.logn_length`
+    = the parent's training length, applied to q before the rotations as well (`CausalSelfAttention.qkv_heads`).
+    Self-Extend: no. datamllab/LongLM's `self_extend_patch` scales no query; `--logn` adds it anyway, as an option of
+    posenc's that the reference does not have (recorded in the child's config, meta and directory name).
+    """
+    return method == "rerope"
+
+
+def remap_out_dir(parent_dir: Path | str, remap: RemapConfig, logn: bool | None = None) -> Path:
+    """`<parent>-self-extend-w<W>g<G>`, `<parent>-rerope-w<W>` or `<parent>-rerope-w<W>k<k>` next to the parent,
+    plus `-logn` (Self-Extend with log-n) or `-nologn` (ReRoPE without) when log-n is not the method's default."""
     parent = Path(parent_dir).resolve()
     tail = f"g{remap.group}" if remap.method == "self-extend" else (f"k{remap.leaky:g}" if remap.leaky else "")
+    default = remap_logn_default(remap.method)
+    on = default if logn is None else logn
+    tail += "" if on == default else ("-logn" if on else "-nologn")
     return parent.with_name(f"{parent.name}-{remap.method}-w{remap.window}{tail}")
 
 
-def remap_run(parent_dir: Path | str, out_dir: Path | str, remap: RemapConfig, *, threads: int = 0) -> RemapResult:
+def remap_run(
+    parent_dir: Path | str,
+    out_dir: Path | str,
+    remap: RemapConfig,
+    *,
+    threads: int = 0,
+    logn: bool | None = None,
+) -> RemapResult:
     """Write the child of RoPE run `parent_dir` that remaps positions as `remap` says (its config's `pos.remap`;
-    weights, tokenizer and everything else the parent's). Idempotent like `extend_run`. Refused with a one-line
-    `UserError` before anything is written: bad settings, a transformers directory, a parent that is not RoPE or
-    already remaps, an `out_dir` that is the parent or holds anything else."""
+    weights, tokenizer and everything else the parent's), with log-n query scaling (`model.attn_scale=logn`,
+    L = the parent's training length) when `logn`, by default as the method's reference (`remap_logn_default`).
+    Idempotent like `extend_run`. Refused with a one-line `UserError` before anything is written: bad settings, a
+    transformers directory, a parent that is not RoPE or already remaps, `logn` asked of a parent that already
+    scales its logits, an `out_dir` that is the parent or holds anything else."""
     if remap.method == "none":
         raise ConfigError("give a remapping method: self-extend or rerope")
     remap.validate()
@@ -457,8 +485,12 @@ def remap_run(parent_dir: Path | str, out_dir: Path | str, remap: RemapConfig, *
         )
     if cfg.pos.remap.active:  # type: ignore[attr-defined]
         raise ConfigError(f"{parent_path} already remaps positions ({cfg.pos.remap.describe()})")  # type: ignore[attr-defined]
+    if logn and cfg.model.attn_scale != "none":
+        raise ConfigError(f"{parent_path} already scales attention logits (model.attn_scale={cfg.model.attn_scale})")
     parent_length, base_length = parent.meta.lengths(cfg)
-    record = {
+    # by default as the reference; a parent that already scales its logits keeps its own scaling (config shows it)
+    add_logn = logn if logn is not None else remap_logn_default(remap.method) and cfg.model.attn_scale == "none"
+    record: dict[str, Any] = {
         "method": remap.method,
         "scaling": None,
         "remap": dataclasses.asdict(remap),
@@ -467,7 +499,11 @@ def remap_run(parent_dir: Path | str, out_dir: Path | str, remap: RemapConfig, *
         "parent_train_length": parent_length,
         "posenc_version": __version__,
     }
-    child_cfg = replace(cfg, pos=replace(cfg.pos, remap=remap))
+    model = cfg.model
+    if add_logn:
+        record["logn"] = {"length": parent_length}
+        model = replace(model, attn_scale="logn", logn_length=parent_length)
+    child_cfg = replace(cfg, model=model, pos=replace(cfg.pos, remap=remap))
     lengths = [m * parent_length for m in (1, 4, 16)]
     result = RemapResult(
         parent_dir=parent_path,
@@ -478,6 +514,7 @@ def remap_run(parent_dir: Path | str, out_dir: Path | str, remap: RemapConfig, *
         train_length=parent_length,
         base_length=base_length,
         largest_distance={n: remapped_distance(remap, n - 1, 0) for n in lengths},
+        logn_length=parent_length if add_logn else None,
     )
     _check_out_dir(out, record, resume=False)
     with _writer_lock(out):

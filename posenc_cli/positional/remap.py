@@ -5,10 +5,18 @@ merged before the softmax by a mask on the distance i − j (i, j the position i
 
 - Self-Extend (Jin et al. 2024, arXiv 2401.01325, "LLM Maybe LongLM", §3): neighbour window W, group size G. Beyond
   the window, keys sit at ⌊j/G⌋ and queries at ⌊i/G⌋ + W − ⌊W/G⌋, so the grouped distance continues from about W
-  at the window's edge; the largest distance seen at length T is about W + (T − W)/G.
+  at the window's edge; the largest distance seen at length T is about W + (T − W)/G. When G does not divide W,
+  posenc follows datamllab/LongLM's corrected formula (commit 715c1e3; `self_extend_patch/Llama_4_40.py:131` at
+  cdbbb06): the query shift is W − ⌊W/G⌋ with floor division, as in `remapped_positions` and
+  `remapped_distance`. Several other patches of that repository still divide exactly (W − W/G, e.g. `Llama.py:134`,
+  `Gemma.py:144`), which gives fractional positions when G ∤ W; posenc does not follow those. No log-n: LongLM
+  scales no query (`extend --method self-extend --logn` adds it as posenc's own option).
 - ReRoPE (Su 2023, "Rectified Rotary Position Embeddings", bojone/rerope): relative distance min(i − j, W), i.e.
   queries at W and keys at 0 beyond the window; the leaky variant (k > 1) uses W + (i − j − W)/k, queries at
   i/k + W − W/k and keys at j/k.
+  The reference also multiplies every query, before both rotations, by max(1, log(i + 1) / log L)
+  (`rerope_patch.py:56`, `leaky_rerope_patch.py:61`): that is the model's `attn_scale=logn`
+  (`posenc_cli.attention`), which `extend` turns on for ReRoPE by default, not part of the remapping here.
 
 RoPE encodes absolute angles, so the remapped score needs q and k rotated a second time (`remapped_positions`); the
 attention then computes both score matrices chunk by chunk (`posenc_cli.attention.attend_remapped`). Pairs with

@@ -9,12 +9,12 @@ import pytest
 import torch
 import yaml
 
-from posenc_cli.attention import attend
+from posenc_cli.attention import CausalSelfAttention, attend
 from posenc_cli.config import Config, ModelConfig, config_to_dict, config_to_yaml
 from posenc_cli.errors import ConfigError
 from posenc_cli.model import GPT
 from posenc_cli.positional import PositionContext
-from posenc_cli.positional.remap import RemapConfig, remapped_distance
+from posenc_cli.positional.remap import RemapConfig, remapped_distance, remapped_positions
 from posenc_cli.positional.rope import RoPE, RopeConfig
 from posenc_cli.run.config_load import config_from_dict
 
@@ -68,9 +68,34 @@ def test_equals_the_direct_formula(cfg: RemapConfig, chunk: int | None) -> None:
     torch.testing.assert_close(out.double(), direct_attention(q[0], k[0], v[0], cfg), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("cfg", METHODS, ids=lambda c: c.describe())
+def test_log_n_scales_the_query_of_both_scores(cfg: RemapConfig) -> None:
+    """bojone/rerope `rerope_patch.py:56`: the query is multiplied by max(1, log(i + 1) / log L) before either
+    rotation, so the windowed and the rectified score both carry it; posenc's `model.attn_scale=logn` likewise."""
+    torch.manual_seed(2)
+    H, T, hd, L = 2, 23, 8, 8
+    model = ModelConfig(d_model=H * hd, n_head=H, n_layer=1, attn_scale="logn", logn_length=L)
+    attn = CausalSelfAttention(model, 0).eval()
+    scheme = RoPE(RopeConfig(remap=cfg), model, train_length=L)
+    x = torch.randn(1, T, H * hd)
+    ctx = PositionContext(positions=torch.arange(T))
+    scheme.prepare(ctx)
+    with torch.no_grad():
+        out = attend(*attn.qkv_heads(x, scheme, ctx), scheme, 0, ctx)[0]  # (H, T, hd)
+        q, k, v = (t.view(T, H, hd).transpose(0, 1) for t in attn.qkv(x)[0].split(H * hd, dim=-1))  # (H, T, hd)
+    factor = (torch.arange(1, T + 1, dtype=torch.float64).log() / math.log(L)).clamp(min=1.0)  # (T,)
+    expected = direct_attention(q.double() * factor[:, None], k, v, cfg)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+
+
 def test_remapped_distance_is_the_papers() -> None:
     se = RemapConfig(method="self-extend", window=4, group=2)
     assert [remapped_distance(se, 9, j) for j in (9, 6, 5, 4, 0)] == [0, 3, 4, 4, 6]  # 4 + 4 - 2 - ⌊j/2⌋
+    # G ∤ W: LongLM's corrected formula (715c1e3, Llama_4_40.py:131) floors W/G: ⌊20/4⌋ + 5 − ⌊5/4⌋ − ⌊j/4⌋, not 8.75
+    odd = RemapConfig(method="self-extend", window=5, group=4)
+    assert [remapped_distance(odd, 20, j) for j in (16, 15, 8, 0)] == [4, 6, 7, 9]
+    q, k = remapped_positions(odd, torch.tensor([20, 0]))
+    assert (q[0] - k[1]).item() == 9.0
     rr = RemapConfig(method="rerope", window=4)
     assert [remapped_distance(rr, 20, j) for j in (20, 17, 16, 0)] == [0, 3, 4, 4]
     leaky = RemapConfig(method="rerope", window=4, leaky=8.0)
