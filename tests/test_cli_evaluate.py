@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from posenc_cli.cli import app
 from posenc_cli.data.sources.text import TextDataConfig
 from posenc_cli.evaluation import perplexity as ev
-from posenc_cli.evaluation.results import load_results
+from posenc_cli.evaluation.results import cell_group, load_results, pick_entries
 
 runner = CliRunner()
 SCHEMES = ("alibi", "learned", "rope")
@@ -113,10 +113,10 @@ def test_streaming_protocol(runs_root: Path, tmp_path: Path, monkeypatch: pytest
     args = ["--protocol", "streaming", "--window", 6, "--sinks", 2, "--abs-lengths", "16,48", "--tokens", 96]
     result = invoke(run, *args, "--json", out_json)
     assert result.exit_code == 0, result.output
-    assert "streaming, window 6, 2 sinks, blocks of 16" in result.output
+    assert "streaming, window 6, 2 sinks, blocks of 1" in result.output
     entries = json.loads(out_json.read_text())["runs"][0]["entries"]
     assert [(e["length"], e["tokens"], e["window"], e["sinks"], e["stride"]) for e in entries] == [
-        (16, 96, 6, 2, 16), (48, 96, 6, 2, 16)]  # fmt: skip
+        (16, 96, 6, 2, 1), (48, 96, 6, 2, 1)]  # fmt: skip
     # keyed by window and sinks: another cache is measured, the same one reused without a forward
     assert invoke(run, *args[:5], 0, *args[6:]).exit_code == 0
     monkeypatch.setattr(ev, "evaluate_streaming", lambda *a, **k: pytest.fail("recomputed a stored cell"))
@@ -184,3 +184,97 @@ def test_errors_exit_2(runs_root: Path, tmp_path: Path, args: list[str], message
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_held_out_file_is_scored_whole(runs_root: Path, tmp_path: Path) -> None:
+    """`data=text 'data.paths=[held_out.txt]'` scored only the file's 2% tail, and called 16x "cannot read"."""
+    held = tmp_path / "held_out.txt"
+    held.write_text(corpus_text(60, offset=9000))  # about 3,500 bytes: the 2% tail holds about 70 tokens
+    out_json = tmp_path / "h.json"
+    run = runs_root / "sweep" / "rope"
+    result = invoke(run, "data=text", f"data.paths=[{held}]", "--abs-lengths", "16,256", "--tokens", 512,
+                    "--json", out_json)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    entries = json.loads(out_json.read_text())["runs"][0]["entries"]
+    assert [(e["length"], e["status"], e["tokens"]) for e in entries] == [(16, "ok", 512), (256, "ok", 512)]
+    assert entries[0]["data"]["name"] == "text:held_out.txt"
+
+
+def test_too_few_tokens_is_its_own_state_not_the_schemes_limit(runs_root: Path, tmp_path: Path) -> None:
+    short = tmp_path / "short.txt"
+    short.write_text(corpus_text(3, offset=100))  # about 170 tokens: no window of 256
+    out_json = tmp_path / "s.json"
+    result = invoke(runs_root / "sweep" / "rope", "data=text", f"data.paths=[{short}]", "--abs-lengths", "16,256",
+                    "--tokens", 32, "--json", out_json)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (_, entry) = json.loads(out_json.read_text())["runs"][0]["entries"]
+    assert entry["status"] == "too_few_tokens" and entry["tokens"] == 0 and "one window needs 257" in entry["reason"]
+    assert "n/a" not in result.stdout and "cannot read" not in result.stdout  # not the scheme's legend
+    assert "– for rope at 256: too few tokens in the corpus: validation split has" in result.stdout
+    # the scheme's own limit still reads n/a
+    result = invoke(runs_root / "sweep" / "learned", "--abs-lengths", "16,32", "--tokens", 32)
+    assert result.exit_code == 0 and "n/a = the scheme cannot read" in result.stdout
+
+
+def test_two_corpora_on_one_run_are_two_cells_both_kept(runs_root: Path, tmp_path: Path) -> None:
+    run = runs_root / "sweep" / "alibi"
+    files = []
+    for name, offset in (("a.txt", 20000), ("b.txt", 30000)):
+        files.append(tmp_path / name)
+        files[-1].write_text(corpus_text(300, offset=offset))
+    for args in ([], ["data=text", f"data.paths=[{files[0]}]"], ["data=text", f"data.paths=[{files[1]}]"]):
+        assert invoke(run, *args, "--abs-lengths", 32, "--tokens", 64).exit_code == 0
+    stored = [
+        e for e in load_results(run)["entries"] if (e["protocol"], e["length"], e["tokens"]) == ("nonoverlap", 32, 64)
+    ]
+    assert sorted(e["data"]["name"] for e in stored) == ["text:a.txt", "text:b.txt", "text:corpus.txt"]
+    assert len({e["data"]["fingerprint"] for e in stored}) == 3
+    assert len({cell_group(e) for e in stored}) == 3  # three rows for compare, never one mixed row
+    doc = load_results(run)
+    for name in ("text:a.txt", "text:b.txt", "text:corpus.txt"):
+        picked = pick_entries(doc, data_name=name)
+        assert [e["length"] for e in picked if e["length"] == 32] == [32]
+        assert all(e["data"]["name"] == name for e in picked)
+
+
+def test_data_tasks_composes_for_evaluation(runs_root: Path, tmp_path: Path) -> None:
+    """`train data=tasks` worked while `eval-extrapolate RUN data=tasks` said it was no data config."""
+    out_json = tmp_path / "t.json"
+    result = invoke(runs_root / "sweep" / "rope", "data=tasks", "data.episodes=60", "--abs-lengths", 16,
+                    "--tokens", 32, "--json", out_json)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(out_json.read_text())["runs"][0]["entries"]
+    assert entry["status"] == "ok" and entry["data"]["name"].startswith("tasks(")
+
+
+def test_broken_run_in_a_searched_folder_is_skipped_named_one_refused(runs_root: Path, tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "leftovers"
+    for name in ("rope", "alibi"):
+        shutil.copytree(runs_root / "sweep" / name, folder / name)
+    (folder / "alibi" / "config.yaml").write_text("model: {d_model: 7}\n")  # damaged: checksum mismatch
+    result = invoke(folder, "--abs-lengths", 16, "--tokens", 32)
+    assert result.exit_code == 0, result.output
+    assert f"skipped {folder / 'alibi'}" in result.stderr and "config.yaml" in result.stderr
+    assert "│ rope " in result.stdout and "1 run(s) evaluated" in result.stdout
+    result = invoke(folder / "alibi", folder / "rope", "--abs-lengths", 16, "--tokens", 32)
+    assert result.exit_code == 2 and str(folder / "alibi") in result.output and "Traceback" not in result.output
+    assert "[1/" not in result.output  # refused before anything was measured
+
+
+def test_plain_progress_lines_when_not_a_terminal(runs_root: Path) -> None:
+    result = invoke(runs_root / "sweep" / "rope", "--abs-lengths", "16,32", "--tokens", 64, "--force")
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert any(line.startswith("[1/1] rope: ") for line in lines)
+    assert any("[1/1] rope L=32 (windows): 2/2 | elapsed" in line for line in lines)  # each completed cell
+    assert "elapsed" not in result.stdout  # the table stays alone on stdout
+
+
+def test_positions_random_on_a_run_without_them_is_one_line(runs_root: Path) -> None:
+    result = invoke(runs_root / "sweep" / "rope", "--positions", "random", "--abs-lengths", 16)
+    assert result.exit_code == 2 and "not trained with randomized positions" in result.output
+    assert str(runs_root / "sweep" / "rope") in result.output
+    result = invoke(runs_root / "sweep" / "rope", "--positions", "shuffled")
+    assert result.exit_code == 2 and "random or sequential" in result.output
