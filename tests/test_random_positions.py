@@ -89,3 +89,36 @@ def test_random_positions_are_deterministic_and_resume_exactly(corpus: Path, tmp
 def test_bad_settings_are_refused(corpus: Path, train_fields: dict[str, int], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         tiny_config(corpus, pos="rope", **train_fields).validate()
+
+
+def test_eval_extrapolate_feeds_the_trained_position_range(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """posenc evaluated a train.random_positions=M run with ids 0..T-1, a distribution it never trained on."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from posenc_cli.cli import app
+
+    train(tiny_config(corpus, pos="rope", steps=2, random_positions=M), tmp_path / "run")
+    seen = record(monkeypatch)
+    out_json = tmp_path / "e.json"
+    args = ["eval-extrapolate", str(tmp_path / "run"), "--abs-lengths", "16,32,128", "--tokens", "64"]
+    result = CliRunner().invoke(app, [*args, "--json", str(out_json)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    fed = [ids for _, ids in seen]
+    assert fed and all(ids is not None for ids in fed)
+    for ids in fed:
+        assert ids is not None and bool((ids.diff(dim=1) > 0).all()) and int(ids.max()) < M
+    assert max(int(ids.max()) for ids in fed if ids is not None) >= 2 * T
+    entries = json.loads(out_json.read_text())["runs"][0]["entries"]
+    assert [e["status"] for e in entries] == ["ok", "ok", "n/a"]  # 128 distinct ids do not fit in [0, 96)
+    assert "train.random_positions=96" in entries[2]["reason"]
+    assert all(e["positions"] == {"mode": "random", "range": M, "seed": 0} for e in entries)
+    assert f"sorted random draws from [0, {M})" in result.stdout
+
+    seen.clear()
+    result = CliRunner().invoke(app, [*args, "--positions", "sequential"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "reused" not in result.stdout and seen and all(ids is None for _, ids in seen)  # its own cells
