@@ -196,3 +196,22 @@ def test_reason_lines_name_a_row_once_for_all_its_seeds() -> None:
     seeds = [result(f"learned-s{i}", "learned", {16: 10.0 + i, 32: None}) for i in range(3)]
     lines = report.reason_lines(seeds, label=lambda r: "learned (n=3)")
     assert lines == ["n/a for learned (n=3) at 32: learned cannot serve 32"]
+
+
+def test_too_few_tokens_is_not_beyond_the_scheme() -> None:
+    """A corpus too short for one window (or a length below the fixed target) is "n/m", not the scheme's "n/a";
+    a non-finite loss is "nan"; entries from before the states were told apart are read by their reason."""
+    res = result("a", "rope", {16: 5.0, 32: None, 64: None, 128: None, 256: None})
+    e32, e64, e128, e256 = res["entries"][1:]
+    e32.update(status="too_few_tokens", reason="validation split has 40 tokens; one window needs 65")
+    e64.update(status="n/a", reason="validation split has 40 tokens; one window needs 129")  # an older file
+    e128.update(status="non_finite", reason="non-finite loss (mean NLL nan)")
+    e256.update(status="n/a", reason="scheme 'learned' supports at most 128 positions")
+    columns, rows = report.extrapolation_rows([res])
+    shown = [report.fmt_cell(rows[0].cells[c.key]) for c in columns]
+    assert shown == ["5.000", "n/m", "n/m", "nan", "n/a", "n/a"]  # the ratio 16x / 1x: 256 is beyond the scheme
+    legend = report.table_legend(columns, rows)
+    assert "n/m = not measurable there" in legend and "nan = the loss was not finite" in legend
+    lines = report.reason_lines([res], report.run_label)
+    assert lines[0] == "n/m for a (rope) at 32: validation split has 40 tokens; one window needs 65"
+    assert lines[2].startswith("nan for a (rope) at 128") and lines[3].startswith("n/a for a (rope) at 256")

@@ -18,7 +18,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullForm
 
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.report.output_files import staged_files
-from posenc_cli.report.tables import describe_lengths, describe_protocol, run_label
+from posenc_cli.report.tables import CANNOT, cell_kind, describe_lengths, describe_protocol, run_label
 
 Result = dict[str, Any]
 
@@ -74,7 +74,7 @@ def ppl_vs_length_figure(results: Sequence[Result], *, title: str | None = None)
     lengths: set[int] = set()
     for r, style in zip(results, _styles(results), strict=True):
         ok = [e for e in sorted(r["entries"], key=lambda e: e["length"]) if e.get("ppl") is not None]
-        na = [e["length"] for e in r["entries"] if e.get("ppl") is None]
+        na = [e["length"] for e in r["entries"] if e.get("ppl") is None and cell_kind(e) == CANNOT]  # the scheme's
         label = shown_label(r) + (f" — n/a from {min(na)}" if na else "")
         x = [e["length"] for e in ok]
         ax.plot(x, [e["ppl"] for e in ok], label=label, lw=1.8, ms=5, zorder=3, **style)

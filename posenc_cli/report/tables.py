@@ -2,8 +2,10 @@
 
 The generic part is `render_table`: columns × rows of `Cell`s, where a cell holds one value per member (a run, or
 the seeds of a sweep group) and renders as `mean` or `mean ± std`; the best mean per column is bold. An empty cell
-means one of two things, and looks different for each: "n/a" (dimmed) when the length was tried and the scheme
-cannot serve it (the reason is in the caption), "–" when it was never measured. `extrapolation_rows` turns
+says why, and each reason looks different: "n/a" (dimmed) when the length was tried and the scheme cannot serve it,
+"n/m" when it could not be measured on that corpus (too few tokens for one window, or a length below the fixed
+target), "nan" when the loss was not finite (reasons in the caption), and "–" when it was never measured (see
+`cell_kind`). `extrapolation_rows` turns
 eval-extrapolate results (the docs returned by `perplexity.evaluate_run` or read by `results.load_results`) into
 such rows, optionally aggregating several runs into one row and grouping rows into sections.
 """
@@ -34,19 +36,44 @@ class Column:
 
 NOT_MEASURED = "–"
 CANNOT = "n/a"
+UNMEASURABLE = "n/m"
+NON_FINITE = "nan"
 LEGEND = {
     CANNOT: "n/a = the scheme cannot read that many tokens (reasons below)",
+    UNMEASURABLE: "n/m = not measurable there: the corpus holds no window that long, or the length is below the "
+    "fixed target (reasons below)",
+    NON_FINITE: "nan = the loss was not finite",
     NOT_MEASURED: f"{NOT_MEASURED} = not measured",
 }
+# What an entry's non-ok state is shown as. Entries written before the states were told apart say "n/a" for all of
+# them; their reason text tells which (the same reading as `evaluation.results.cell_status`, which this layer
+# cannot import).
+_MARKS = {"n/a": CANNOT, "too_few_tokens": UNMEASURABLE, "shorter_than_target": UNMEASURABLE, "non_finite": NON_FINITE}
+_LEGACY_REASONS = {
+    "validation split has": UNMEASURABLE,
+    "shorter than the fixed target": UNMEASURABLE,
+    "non-finite loss": NON_FINITE,
+}
+
+
+def cell_kind(entry: dict[str, Any]) -> str:
+    """The mark of an entry without a value: n/a (beyond the scheme), n/m (too few tokens, shorter than the fixed
+    target) or nan (non-finite loss); an unknown state reads n/m (not measured there, not the scheme's fault)."""
+    status = str(entry.get("status"))
+    if status == "n/a":
+        reason = str(entry.get("reason") or "")
+        return next((mark for start, mark in _LEGACY_REASONS.items() if reason.startswith(start)), CANNOT)
+    return _MARKS.get(status, UNMEASURABLE)
 
 
 @dataclass
 class Cell:
-    """Values of one (row, column), one per member. Empty with a `reason` is n/a (tried, the scheme cannot);
-    empty without one was never measured."""
+    """Values of one (row, column), one per member. Empty with a `reason` was tried and has no value (`kind`: n/a,
+    the scheme cannot; n/m, not measurable there; nan); empty without one was never measured."""
 
     values: list[float] = field(default_factory=list)
     reason: str | None = None
+    kind: str = CANNOT
 
     @property
     def mean(self) -> float | None:
@@ -81,7 +108,7 @@ def fmt_number(value: float) -> str:
 
 def fmt_cell(cell: Cell) -> str:
     if cell.mean is None:
-        return CANNOT if cell.reason else NOT_MEASURED
+        return cell.kind if cell.reason else NOT_MEASURED
     text = fmt_number(cell.mean)
     return f"{text} ± {fmt_number(cell.std)}" if cell.std is not None else text
 
@@ -193,8 +220,19 @@ def ratio_value(
         return None, None
     for e in pair:
         if e.get("status") != "ok" or e.get(metric) is None:
-            return None, e.get("reason") or f"no {metric} at {e['length']} tokens"
+            return None, _reason(e, metric)
     return pair[0][metric] / pair[1][metric], None
+
+
+def _reason(entry: dict[str, Any], metric: str) -> str:
+    return entry.get("reason") or f"no {metric} at {entry['length']} tokens"
+
+
+def _mark_empty(cell: Cell, entry: dict[str, Any], metric: str) -> None:
+    """Record why `entry` gives `cell` no value (the first member's reason and kind win)."""
+    if cell.reason is None:
+        ok = entry.get("status") == "ok"
+        cell.reason, cell.kind = _reason(entry, metric), (UNMEASURABLE if ok else cell_kind(entry))
 
 
 def ratio_header(keys: tuple[Any, Any], by: str) -> str:
@@ -236,14 +274,16 @@ def extrapolation_rows(
             cell = row.cells.setdefault(column_key(e, by), Cell())
             if e.get("status") == "ok" and e.get(metric) is not None:
                 cell.values.append(float(e[metric]))
-            else:
-                cell.reason = cell.reason or e.get("reason")
+            elif e.get("status") != "ok":  # measured without `metric` (no byte counts: bpb): left "–"
+                _mark_empty(cell, e, metric)
         if pair is not None:
             value, reason = ratio_value(r, by, pair, metric)
             cell = row.cells.setdefault("ratio", Cell())
-            if value is None:
-                cell.reason = cell.reason or reason
-            else:
+            if value is None and reason is not None and cell.reason is None:
+                found = {column_key(e, by): e for e in r["entries"]}
+                empty = next(e for e in (found[k] for k in pair) if e.get("status") != "ok" or e.get(metric) is None)
+                _mark_empty(cell, empty, metric)
+            elif value is not None:
                 cell.values.append(value)
     if pair is not None:
         columns.append(Column("ratio", ratio_header(pair, by), best=None))
@@ -322,16 +362,17 @@ def extrapolation_caption(results: Sequence[Result], by: str, label: Callable[[R
 
 
 def reason_lines(results: Sequence[Result], label: Callable[[Result], str]) -> list[str]:
-    """'n/a for LABEL at 256, 512: REASON' for every stored entry the scheme could not serve; runs that share a label
-    (the seeds of one row) give one line."""
+    """'n/a for LABEL at 256, 512: REASON' (n/m, nan: `cell_kind`) for every stored entry without a value; runs that
+    share a label (the seeds of one row) give one line."""
     lines: list[str] = []
     for r in results:
-        reasons: dict[str, list[str]] = {}
+        reasons: dict[tuple[str, str], list[str]] = {}
         for e in r["entries"]:
             if e.get("status") != "ok":
-                reasons.setdefault(e.get("reason") or "no reason recorded", []).append(str(e["length"]))
-        for reason, lengths in reasons.items():
-            line = f"n/a for {label(r)} at {', '.join(lengths)}: {reason}"
+                key = (cell_kind(e), e.get("reason") or "no reason recorded")
+                reasons.setdefault(key, []).append(str(e["length"]))
+        for (kind, reason), lengths in reasons.items():
+            line = f"{kind} for {label(r)} at {', '.join(lengths)}: {reason}"
             if line not in lines:
                 lines.append(line)
     return lines
