@@ -10,6 +10,7 @@ never need Hydra. Model code only ever sees these dataclasses. The positional sc
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -21,6 +22,7 @@ import yaml
 
 from posenc_cli.errors import ConfigError
 from posenc_cli.rope_scaling import param_fields, settings_class
+from posenc_cli.untrusted import load_yaml
 
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes [-2**63, 2**64) and seed + 1 seeds the sampler; numpy: seed mod 2**32
 
@@ -296,8 +298,8 @@ def build_dataclass(cls: type, raw: Any, prefix: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        valid = ", ".join(sorted(fields))
-        raise ConfigError(f"unknown config key '{_join(prefix, unknown[0])}' (valid keys: {valid})")
+        dotted = _join(prefix, unknown[0])
+        raise ConfigError(_unknown(dotted, dotted, sorted(fields), "valid keys"))
     kwargs = {name: _coerce(hints[name], value, _join(prefix, name)) for name, value in raw.items()}
     return cls(**kwargs)
 
@@ -350,17 +352,63 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     raise TypeError(f"unsupported config type {tp!r} for {key}")  # a bug in a schema, not a user error
 
 
-def unknown_key_message(dotted: str) -> str:
-    """One line for an unknown dotted key, listing the valid keys at that level of the schema."""
+def suggest(name: str, choices: typing.Iterable[str]) -> str:
+    """' (did you mean pos.base?)' for the closest of `choices` to `name` (difflib's ratio >= 0.6), else ''."""
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _unknown(dotted: str, where: str, valid: list[str], what: str) -> str:
+    """One line: "unknown config key 'pos.bse' (did you mean pos.base?; valid keys: base, ...)". `where` is the
+    part of `dotted` that is wrong (the key itself, or the group it names), `valid` what that part may be."""
+    prefix, _, name = where.rpartition(".")
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f"did you mean {prefix + '.' if prefix else ''}{close[0]}?; " if close else ""
+    lead = f"no group '{where}'; " if where != dotted else ""
+    return f"unknown config key '{dotted}' ({lead}{hint}{what}: {', '.join(valid) or 'none'})"
+
+
+def unknown_key_message(dotted: str, groups: typing.Mapping[str, type] | None = None) -> str:
+    """One line for an unknown dotted key: the valid keys (or groups) at the level where it goes wrong, and the
+    closest of them ("unknown config key 'pos.bse' (did you mean pos.base?; valid keys: base, ...)").
+
+    `groups` gives the class a composition actually uses for a group whose schema here is only the base class
+    (`{"pos": RopeConfig}` for `pos=rope`: `run.config_load.unknown_override_message` finds them); without it
+    `pos.*` is checked against `PosConfig`, which has only `name`."""
     cls: Any = Config
     parts = dotted.split(".")
-    for part in parts[:-1]:
+    for depth, part in enumerate(parts[:-1]):
         hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
-        if part not in hints or not dataclasses.is_dataclass(hints[part]):
-            return f"unknown config key '{dotted}'"
-        cls = hints[part]
-    valid = sorted(f.name for f in dataclasses.fields(cls))
-    return f"unknown config key '{dotted}' (valid keys: {', '.join(valid)})"
+        nested = sorted(k for k, v in hints.items() if dataclasses.is_dataclass(v))
+        where = ".".join(parts[: depth + 1])
+        if part not in nested:
+            return _unknown(dotted, where, nested, "groups")
+        cls = (groups or {}).get(where, hints[part])
+    valid = sorted(f.name for f in dataclasses.fields(cls) if f.init)
+    return _unknown(dotted, dotted, valid, "valid keys")
+
+
+MAX_CONFIG_DIR_FILES = 10_000
+MAX_CONFIG_FILE_BYTES = 2**20  # a config group or sweep file is a few hundred bytes
+
+
+def check_config_dir(path: Path) -> None:
+    """Before Hydra reads a user's `--config-dir`: `ConfigError` (one line naming the file) unless it is a
+    directory whose YAML files are each a regular file of safe YAML (no `!!python/...` tags: nothing is ever
+    constructed from them), at most `MAX_CONFIG_FILE_BYTES`, not nested absurdly deep, and a mapping (or empty).
+    Hydra's own loader would otherwise end in a 100-line traceback, or block on a FIFO."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ConfigError(f"--config-dir {root}: {'not a directory' if root.exists() else 'no such directory'}")
+    files = sorted(f for f in root.rglob("*") if f.suffix in (".yaml", ".yml"))
+    if len(files) > MAX_CONFIG_DIR_FILES:
+        raise ConfigError(f"--config-dir {root}: more than {MAX_CONFIG_DIR_FILES} YAML files; is it a config dir?")
+    for file in files:
+        if file.is_dir():
+            continue
+        doc = load_yaml(file, what="config file", max_bytes=MAX_CONFIG_FILE_BYTES, max_depth=32)
+        if doc is not None and not isinstance(doc, dict):
+            raise ConfigError(f"{file}: config file is not a mapping of keys to values ({type(doc).__name__})")
 
 
 def _join(prefix: str, name: str) -> str:

@@ -134,3 +134,29 @@ def test_click_usage_errors_are_one_line_and_exit_2() -> None:
         assert message in result.stderr, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)  # no boxed panel
         assert "╭" not in result.output and result.stdout == ""
+
+
+def test_config_dir_with_a_python_tag_is_one_line_and_runs_nothing(tmp_path) -> None:
+    import os
+
+    marker = tmp_path / "pwned"
+    (tmp_path / "cfg" / "pos").mkdir(parents=True)
+    (tmp_path / "cfg" / "pos" / "evil.yaml").write_text(
+        f"name: rope\nbase: !!python/object/apply:os.system ['touch {marker}']\n"
+    )
+    os.mkfifo(tmp_path / "cfg" / "pos" / "later.yml")  # a FIFO would block Hydra's reader: never opened for reading
+    for command in (["train", "--cfg", "job"], ["data"], ["sweep", "list"]):
+        result = runner.invoke(app, [*command, "pos=evil", "--config-dir", str(tmp_path / "cfg")])
+        assert result.exit_code == 2, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in result.output, result.output
+        assert "evil.yaml: config file is not valid YAML (could not determine a constructor" in lines[0]
+    assert not marker.exists()
+
+
+def test_unknown_config_keys_and_groups_suggest_the_right_names() -> None:
+    result = runner.invoke(app, ["train", "trian.steps=3", "--cfg", "job"], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert "unknown config key 'trian.steps' (no group 'trian'; did you mean train?; groups: data," in result.output
+    result = runner.invoke(app, ["train", "model.n_layr=3", "--cfg", "job"], terminal_width=200)
+    assert "did you mean model.n_layer?" in result.output

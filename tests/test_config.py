@@ -45,7 +45,7 @@ def test_bad_values_are_rejected(path: tuple[str, str], value: object, message: 
 def test_unknown_key_is_rejected_with_valid_keys() -> None:
     raw = base_dict()
     raw["model"]["n_layr"] = 4
-    with pytest.raises(ConfigError, match=r"unknown config key 'model.n_layr' \(valid keys: .*n_layer"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'model.n_layr' \(.*valid keys: .*n_layer"):
         config_from_dict(raw)
 
 
@@ -78,7 +78,7 @@ def test_load_config_file_errors_name_the_file(tmp_path) -> None:
         load_config_file(missing)
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: [unclosed\n")
-    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match="bad.yaml: config file is not valid YAML"):
         load_config_file(bad)
     # A YAML tag that would construct a Python object is refused by the safe loader.
     evil = tmp_path / "evil.yaml"
@@ -131,3 +131,68 @@ def test_largest_seed_is_accepted() -> None:
     raw = base_dict()
     raw["train"]["seed"] = 2**63 - 1
     assert config_from_dict(raw).train.seed == 2**63 - 1
+
+
+# -- "did you mean": the valid keys of the class a composition selects, and the closest of them ---------------------
+
+
+def test_suggest_names_the_closest_choice_or_nothing() -> None:
+    from posenc_cli.config import suggest
+
+    assert suggest("bse", ["base", "layout", "name"]) == " (did you mean base?)"
+    assert suggest("zzzz", ["base", "layout"]) == ""
+
+
+def test_an_unknown_key_of_a_schemes_options_lists_that_schemes_keys() -> None:
+    from posenc_cli.run.config_load import unknown_override_message
+
+    message = unknown_override_message("pos.bse", ["pos=rope", "pos.bse=500"])
+    assert message.startswith("unknown config key 'pos.bse' (did you mean pos.base?; valid keys: base, ")
+    assert "rotary_fraction" in message
+    assert "pos.base?" in unknown_override_message("pos.bse", ["pos.bse=500"])  # rope: the root config's default
+    assert "did you mean data.paths?" in unknown_override_message("data.pathz", ["data=text"])
+
+
+def test_an_unknown_group_lists_the_groups_and_suggests_one() -> None:
+    from posenc_cli.config import unknown_key_message
+
+    assert unknown_key_message("trian.steps") == (
+        "unknown config key 'trian.steps' (no group 'trian'; did you mean train?; "
+        "groups: data, eval, extend, model, pos, tokenizer, train)"
+    )
+    raw = base_dict()
+    raw["model"]["n_layr"] = 4
+    with pytest.raises(ConfigError, match=r"'model.n_layr' \(did you mean model.n_layer\?; valid keys: "):
+        config_from_dict(raw)
+
+
+# -- a user's --config-dir: safe YAML only, one line naming the file -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        (
+            "evil.yaml",
+            "name: rope\nbase: !!python/object/apply:os.system ['touch {marker}']\n",
+            "constructor for the tag",
+        ),
+        ("list.yaml", "- 1\n- 2\n", "is not a mapping"),
+        ("deep.yaml", "[" * 100_000 + "]" * 100_000, "config file is"),
+        ("bad.yml", "a: [1\n", "is not valid YAML"),
+    ],
+)
+def test_a_config_dir_with_an_unsafe_file_is_refused_naming_it(tmp_path, name: str, text: str, message: str) -> None:
+    from posenc_cli.config import check_config_dir
+
+    marker = tmp_path / "pwned"
+    (tmp_path / "cfg" / "pos").mkdir(parents=True)
+    (tmp_path / "cfg" / "pos" / "fine.yaml").write_text("name: rope\nbase: 500.0\n")
+    check_config_dir(tmp_path / "cfg")
+    (tmp_path / "cfg" / "pos" / name).write_text(text.format(marker=marker))
+    with pytest.raises(ConfigError, match=message) as err:
+        check_config_dir(tmp_path / "cfg")
+    assert str(err.value).startswith(str(tmp_path / "cfg" / "pos" / name)) and "\n" not in str(err.value)
+    assert not marker.exists()
+    with pytest.raises(ConfigError, match="no such directory"):
+        check_config_dir(tmp_path / "nope")

@@ -93,9 +93,29 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+def _checked_config_dir(value: str | None) -> str | None:
+    """`--config-dir DIR`, refused in one line (exit 2) unless every YAML file in DIR is a regular file of safe YAML
+    (`config.check_config_dir`), before Hydra reads any of it."""
+    if value is not None:
+        # deferred: keeps the config schema off posenc --help start-up
+        from posenc_cli.config import check_config_dir
+
+        try:
+            check_config_dir(Path(value))
+        except UserError as e:
+            raise typer.BadParameter(str(e), param_hint="'--config-dir'") from None
+    return value
+
+
 ConfigDirOption = Annotated[
     str | None,
-    typer.Option("--config-dir", help="Extra config directory (your own groups and sweep files).", metavar="DIR"),
+    typer.Option(
+        "--config-dir",
+        help="Extra config directory (your own groups and sweep files).",
+        metavar="DIR",
+        callback=_checked_config_dir,
+    ),
 ]
 
 

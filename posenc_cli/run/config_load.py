@@ -6,15 +6,18 @@ The dataclasses live in `config`; this module sits above the registries, which p
 
 from __future__ import annotations
 
+import contextlib
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from posenc_cli.config import Config, ModelConfig, build_dataclass
+from posenc_cli.config import ROOT_CONFIG, Config, ModelConfig, build_dataclass, config_dir, unknown_key_message
 from posenc_cli.data.sources import build_data_config
-from posenc_cli.errors import ConfigError
+from posenc_cli.data.sources import config_class as data_config_class
+from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.positional import config_class
+from posenc_cli.untrusted import load_yaml
 
 
 def config_from_dict(raw: dict[str, Any], *, saved: bool = False) -> Config:
@@ -40,14 +43,45 @@ def config_from_dict(raw: dict[str, Any], *, saved: bool = False) -> Config:
     return cfg
 
 
+def unknown_override_message(dotted: str, overrides: Sequence[str]) -> str:
+    """`config.unknown_key_message` for an override that names no key, checked against the classes the overrides
+    select: `pos=rope pos.bse=500` lists RopeConfig's keys and suggests `pos.base` (the schema alone knows only
+    PosConfig's `name`); `data=text` likewise selects the text source's keys."""
+    groups: dict[str, type] = {}
+    scheme = _chosen(overrides, "pos", "name") or _default_option("pos")
+    source = _chosen(overrides, "data", "source") or _default_option("data")
+    with contextlib.suppress(UserError):
+        if scheme:
+            groups["pos"] = config_class(scheme)
+    with contextlib.suppress(UserError):
+        if source:
+            groups["data"] = data_config_class(source)
+    return unknown_key_message(dotted, groups)
+
+
+def _chosen(overrides: Sequence[str], group: str, key: str) -> str | None:
+    """The last `group=X` or `group.key=X` among Hydra overrides (with any `+`/`++` prefix)."""
+    found = None
+    for o in overrides:
+        m = re.fullmatch(rf"\+{{0,2}}{group}(?:\.{key})?=([\w.-]+)", o.strip())
+        if m:
+            found = m.group(1)
+    return found
+
+
+def _default_option(group: str) -> str | None:
+    """The option the root config's defaults list picks for `group` (configs/config.yaml: `- pos: rope`)."""
+    with contextlib.suppress(UserError):
+        root = load_yaml(config_dir() / f"{ROOT_CONFIG}.yaml", what="root config") or {}
+        for entry in root.get("defaults", []) if isinstance(root, dict) else []:
+            if isinstance(entry, dict) and isinstance(entry.get(group), str):
+                return str(entry[group])
+    return None
+
+
 def load_config_file(path: Path) -> Config:
     """Read a resolved `config.yaml` (safe YAML only) and validate it."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError as e:
-        raise ConfigError(f"config file not found: {path}") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from e
+    raw = load_yaml(path, what="config file")
     try:
         return config_from_dict(raw, saved=True)
     except ConfigError as e:
