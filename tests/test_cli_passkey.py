@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from posenc_cli.cli import app
 from posenc_cli.data.sources.passkey import PasskeyDataConfig
+from posenc_cli.errors import ConfigError
 
 runner = CliRunner()
 SCHEMES = ("learned", "nope")
@@ -92,3 +93,37 @@ def test_data_command_summarises_the_passkey_corpus(tmp_path, monkeypatch) -> No
     result = runner.invoke(app, ["data", "data=passkey", "data.passkey_episodes=50"])
     assert result.exit_code == 0, result.output
     assert "passkey: 50 episodes" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--lengths", "1000000"), "--lengths 1e+06 --trials 10: 128,000,000 tokens per prompt for "),
+        (("--abs-lengths", "1e12"), "--abs-lengths 1000000000000 --trials 10: 1,000,000,000,000 tokens per prompt"),
+        (("--trials", "1000000000000", "--lengths", "1"), "--trials 1000000000000: at least 2 tokens per prompt"),
+    ],
+)
+def test_impossible_grids_are_refused_before_allocating(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], message: str
+) -> None:
+    """These ended in allocation tracebacks: the prompts of one length are built at once."""
+    import posenc_cli.evaluation.passkey as pk
+    from posenc_cli.run import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: 16 * 2**30)
+    monkeypatch.setattr(pk, "build_prompts", lambda *a, **k: pytest.fail("allocated prompts"))
+    result = invoke(runs_root / "sweep" / "nope", *args, "--device", "cpu")
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "16.0 GiB is available" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_grid_bound_is_a_lower_bound_per_run() -> None:
+    from posenc_cli.cli.evaluate import check_grid_fits, grid_bytes
+    from posenc_cli.evaluation.passkey import PasskeyConfig
+
+    cfg = PasskeyConfig(lengths=[1, 2, 4, 8], trials=10)
+    assert grid_bytes(cfg, 1024, d_model=64, vocab=512) == 5 * 10 * 1024 * 8 + 1024 * 2 * (64 + 512)
+    check_grid_fits(cfg, available=2**30)  # an ordinary grid fits in 1 GiB
+    with pytest.raises(ConfigError, match="--lengths 8 --trials 10: at least 16 tokens per prompt for any run"):
+        check_grid_fits(cfg, available=grid_bytes(cfg, 16) - 1)  # any run: a base length of at least 2

@@ -118,10 +118,11 @@ def _refuse_beyond(
     length, flag = longest
     need = grid_bytes(cfg, length, d_model, vocab)
     if need > available:
+        floor = "at least " if what == "any run" and not cfg.abs_lengths else ""  # a multiple of an unknown base
         raise ConfigError(
-            f"{flag} --trials {cfg.trials}: {length:,} tokens per prompt for {what}; the {len(cfg.depths)} depths × "
-            f"{cfg.trials} trials of one length need at least {_gib(need)} of memory and {_gib(available)} is "
-            "available (fewer trials or shorter lengths)"
+            f"{flag} --trials {cfg.trials}: {floor}{length:,} tokens per prompt for {what}; the {len(cfg.depths)} "
+            f"depths × {cfg.trials} trials of one length need at least {_gib(need)} of memory and {_gib(available)} "
+            "is available (fewer trials or shorter lengths)"
         )
 
 
