@@ -38,7 +38,7 @@ def test_overrides_reach_the_dataclasses() -> None:
         ("model.n_layr=4", "unknown config key 'model.n_layr'"),
         ("+model.n_layr=4", "unknown config key 'model.n_layr'"),
         ("model.n_head=3", "model.n_head=3 does not divide model.d_model=128"),
-        ("data=nonexistent", "Could not find 'data/nonexistent' (available: hf, passkey, stdlib, tasks, text)"),
+        ("data=nonexistent", "Could not find 'data/nonexistent' (available: "),  # every registered source follows
         ("pos=nonexistent", "Could not find 'pos/nonexistent'"),
         ("model.n_layer", "Error parsing override 'model.n_layer'"),
     ],

@@ -166,6 +166,24 @@ def test_failing_job_is_reported_and_others_survive(workspace: Path, monkeypatch
     assert "[failed]" in output
 
 
+def test_a_failed_jobs_reason_is_on_stderr(workspace: Path, monkeypatch) -> None:
+    """A log may keep only stderr: each failed job's one-line reason is there, not only in the table's notes."""
+    monkeypatch.chdir(workspace)
+    args = ["sweep", "one", "pos=alibi", "data.paths=[missing]", "--out", "fail-err", "--config-dir", "cfg"]
+    result = runner.invoke(app, args, terminal_width=200)
+    assert result.exit_code == 1, result.output
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("job ")]
+    assert len(lines) == 1 and "fail-err/train/default failed: " in lines[0] and "missing" in lines[0], result.stderr
+
+
+def test_each_jobs_log_lines_name_the_job(two_stage: tuple[Path, str]) -> None:
+    """Parallel jobs' lines interleave in one log: each progress line starts with its job's label."""
+    _, output = two_stage
+    steps = [ln for ln in output.splitlines() if "step 4/4" in ln]
+    assert any(ln.startswith("[pos=rope] ") for ln in steps) and any(ln.startswith("[pos=alibi] ") for ln in steps)
+    assert all(ln.startswith("[") for ln in steps), steps
+
+
 @needs_joblib
 def test_joblib_launcher_runs_jobs_in_parallel_processes(workspace: Path, monkeypatch) -> None:
     code, output = sweep(

@@ -86,6 +86,21 @@ def test_sigterm_in_training_stops_the_sweep_unevaluated_and_a_rerun_resumes(wor
     assert outcome(workspace / "term") == reference
 
 
+def test_sigterm_at_the_last_training_step_stops_the_sweep_too(workspace: Path, reference) -> None:
+    """Training completes the step a signal arrives in; at the last one it then saves the run complete. The sweep
+    must still stop (it exited 0 and went on with every later job), unevaluated, and say how to resume."""
+    proc = sweep_with_fault(workspace, "last", "train:4:TERM:pos=rope")  # the sweep trains 4 steps
+    assert proc.returncode == 128 + 15, proc.stdout[-2000:] + proc.stderr
+    assert "interrupted by SIGTERM: train/pos=rope" in proc.stderr and "Resume with: posenc sweep two" in proc.stderr
+    rope = workspace / "last" / "train/pos=rope"
+    assert json.loads((rope / "meta.json").read_text())["status"] == "complete"
+    assert job_status(rope) == "partial" and not (rope / "eval").exists()
+    assert not (workspace / "last" / "train/pos=alibi" / "meta.json").exists()  # later jobs did not start
+    code, output = sweep_in_process(workspace, "last")
+    assert code == 0, output
+    assert outcome(workspace / "last") == reference
+
+
 def test_kills_in_training_evaluation_and_extension_then_rerun_give_the_same_results(
     workspace: Path, reference
 ) -> None:

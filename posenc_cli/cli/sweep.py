@@ -121,7 +121,11 @@ def sweep_command(
     doc = write_sweep_profile(sweep_dir, plans, clock, parent, measure_peak=profile)
     if profile:
         print_profile(doc, console)
-    if failed:
+    planned = {job.dir(Path(sweep_dir)).resolve() for plan in plans for job in plan.jobs}
+    unfinished = [r for r in records if r.status != "ok" and Path(r.run_dir).resolve() in planned]
+    for r in unfinished:  # on stderr too, whatever the table showed: a log may keep only stderr
+        err_console.print(f"job {r.run_dir} {r.status}: {r.error}", markup=False, highlight=False)
+    if failed or unfinished:
         raise typer.Exit(1)
 
 

@@ -312,6 +312,7 @@ class JobInfo:
     output_dir: Path
     name: str
     parallel_jobs: int = 1
+    overrides: tuple[str, ...] = ()  # the job's own (swept) overrides, as its override_dirname names them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,10 +331,13 @@ class HydraTask:
         raw = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(raw, dict)
         n_jobs = OmegaConf.select(hc, "launcher.n_jobs", default=None)
+        excluded = set(OmegaConf.select(hc, "job.config.override_dirname.exclude_keys", default=None) or [])
+        own = [str(o) for o in hc.overrides.task if str(o).split("=", 1)[0].lstrip("+~") not in excluded]
         info = JobInfo(
             output_dir=Path(hc.runtime.output_dir),
             name=str(hc.job.override_dirname),
             parallel_jobs=int(n_jobs) if n_jobs is not None else 1,
+            overrides=tuple(own),
         )
         return self.job(raw, info)
 

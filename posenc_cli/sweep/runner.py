@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import itertools
 import json
 import os
 import signal
+import sys
 import time
 import traceback
 import uuid
@@ -55,10 +57,10 @@ from posenc_cli.perf.profiling import EvalRecorder, JobProfile, TrainRecorder, e
 from posenc_cli.positional.remap import RemapConfig
 from posenc_cli.run.checkpoint import CONFIG_FILE, RunMeta, is_run_dir, read_run_meta
 from posenc_cli.run.config_load import config_from_dict
-from posenc_cli.run.memory import TRAIN_BYTES_PER_PARAM, check_fits, planned_vocab_size
+from posenc_cli.run.interrupts import Interrupts
 from posenc_cli.run.progress import TrainDisplay
 from posenc_cli.run.trackers import tracked
-from posenc_cli.run.train import train
+from posenc_cli.run.train import check_budget, train
 from posenc_cli.sweep.hydra_bridge import (
     JobInfo,
     compose_config,
@@ -318,15 +320,15 @@ class _Namespace:
 
 
 def validate_plan(plans: list[StagePlan], user_config_dir: Path | None) -> dict[str, Config]:
-    """Compose and validate every job's config as its run will (`Config.validate`, and the memory check training
-    makes before it allocates the model), so a bad override fails here, before anything runs; returns each job's
-    `Config` by `Job.key`."""
+    """Compose and validate every job's config as its run will (`Config.validate`, and `run.train.check_budget`, the
+    memory and step-time checks training makes before it allocates anything), so a bad override fails here, before
+    anything runs (in a dry run too); returns each job's `Config` by `Job.key`."""
     configs: dict[str, Config] = {}
     for plan in plans:
         for job in plan.jobs:
             try:
                 cfg = compose_config(job.overrides, user_config_dir)
-                check_fits(cfg, planned_vocab_size(cfg), TRAIN_BYTES_PER_PARAM, "training")  # as run.train.train
+                check_budget(cfg)  # as run.train.train does before allocating
             except ConfigError as e:
                 raise ConfigError(f"job {job.stage}/{job.name}: {e}") from e
             configs[job.key] = cfg
@@ -542,7 +544,8 @@ def _run_stage(
             launcher_overrides=launcher_overrides,
             user_config_dir=user_config_dir,
         )
-        stopped = [j for j in jobs if job_status(j.dir(sweep_dir)) == "interrupted"]
+        # A job that neither finished nor recorded a failure was stopped (by a signal, in this process or a worker).
+        stopped = [j for j in todo if job_status(j.dir(sweep_dir)) in ("interrupted", "partial")]
         if stopped or session in _STOPPED:
             names = [f"{j.stage}/{j.name}" for j in stopped] or ["a job"]
             raise SweepInterrupted(names, _STOPPED.get(session))
@@ -619,11 +622,13 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
             jobs = info.parallel_jobs if info.parallel_jobs > 0 else (os.cpu_count() or 1)
             cfg = replace(cfg, train=replace(cfg.train, threads=max(1, (os.cpu_count() or 1) // jobs)))
         sweep_dir = Path(job["sweep_dir"]) if job.get("sweep_dir") else None
-        if job.get("action", "train") == "train":
-            finished = _train_job(cfg, job_dir, sweep_dir, profile, fault)
+        action = str(job.get("action", "train"))
+        log = _job_console(log_label(info, action, sweep_dir))
+        if action == "train":
+            finished = _train_job(cfg, job_dir, sweep_dir, profile, fault, log)
         else:
-            finished = _extend_job(cfg, job_dir, Path(job["parent_dir"]), sweep_dir, profile, fault)
-        if finished is not None:  # a signal stopped training: resume it, do not evaluate it
+            finished = _extend_job(cfg, job_dir, Path(job["parent_dir"]), sweep_dir, profile, fault, log)
+        if finished is not None:  # a signal stopped training (at its last step too): do not evaluate it
             _STOPPED[session] = finished
             return {"status": "interrupted", "dir": str(job_dir)}
         fault.hit("evaluate", 0)
@@ -633,13 +638,75 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
         return {"status": "ok", "dir": str(job_dir)}
     except Exception as e:  # one failed job must not hide the others' results
         record = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(), "job": info.name}
-        atomic_write_json(job_dir / FAILED_FILE, record)
+        try:
+            atomic_write_json(job_dir / FAILED_FILE, record)
+        except OSError as write_error:  # e.g. a full disk: the reason still reaches the job's log
+            print(f"job {job_dir} failed: {record['error']} (its {FAILED_FILE} could not be written: {write_error})",
+                  file=sys.stderr, flush=True)  # fmt: skip
         return {"status": "failed", "dir": str(job_dir), "error": record["error"]}
 
 
-def _job_display(cfg: Any) -> Any:
-    """Plain log lines (jobs may run in worker processes or on cluster nodes, where logs are files)."""
-    return TrainDisplay(Console(soft_wrap=True), live=False, log_every=cfg.train.log_every)
+def log_label(info: JobInfo, action: str, sweep_dir: Path | None) -> str:
+    """'[pos=alibi seed=1]': the job's own overrides by their last key part, so the lines of parallel jobs can be
+    told apart; an extend job's also names its stage and parent ('[extend pos=rope finetune_steps=60]')."""
+    own = [f"{o.split('=', 1)[0].lstrip('+~').rsplit('.', 1)[-1]}={o.split('=', 1)[1]}" for o in info.overrides]
+    where = info.output_dir
+    if sweep_dir is not None and where.is_relative_to(sweep_dir):
+        where = where.relative_to(sweep_dir)
+    context = list(where.parts[:-1]) if action != "train" else []
+    return f"[{' '.join([*context, *own]) or where.as_posix()}]"
+
+
+class _Prefixed(io.TextIOBase):
+    """A text stream that starts every line with `prefix` (a job's log lines, among other jobs')."""
+
+    def __init__(self, stream: Any, prefix: str) -> None:
+        self.stream, self.prefix, self.line_start = stream, prefix, True
+
+    def write(self, text: str) -> int:
+        pieces = []
+        for piece in text.splitlines(keepends=True):
+            pieces.append(self.prefix + piece if self.line_start else piece)
+            self.line_start = piece.endswith("\n")
+        self.stream.write("".join(pieces))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _job_console(label: str) -> Console:
+    """Plain log lines, each led by the job's label (jobs may run in parallel worker processes or on cluster nodes,
+    where logs are files)."""
+    return Console(file=_Prefixed(sys.stdout, f"{label} "), soft_wrap=True)
+
+
+def _job_display(cfg: Any, console: Console | None = None) -> Any:
+    return TrainDisplay(console or Console(soft_wrap=True), live=False, log_every=cfg.train.log_every)
+
+
+class _SignalSeen:
+    """Whether a signal reached training's handler (`run.interrupts.Interrupts`), also one at the last step, after
+    which training completes and reports no signal: the handler is read while the steps run."""
+
+    def __init__(self) -> None:
+        self.handler: Interrupts | None = None
+
+    def wrap(self, callback: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+        def wrapped(event: dict[str, Any]) -> None:
+            if event.get("event") == "step" and self.handler is None:
+                handler = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+                self.handler = handler if isinstance(handler, Interrupts) else None
+            callback(event)
+
+        return wrapped
+
+    @property
+    def signum(self) -> int | None:
+        return None if self.handler is None else (self.handler.signum or self.handler.pending)
 
 
 def _tracked(display: Any, cfg: Any, job_dir: Path, sweep_dir: Path | None) -> Any:
@@ -649,21 +716,32 @@ def _tracked(display: Any, cfg: Any, job_dir: Path, sweep_dir: Path | None) -> A
     return tracked(display, cfg, job_dir, group=sweep_dir.name, store=sweep_dir)
 
 
-def _train_job(cfg: Any, job_dir: Path, sweep_dir: Path | None, profile: JobProfile, fault: _Fault) -> int | None:
-    """Train (or resume) the job's run; None when training finished, else the signal that stopped it (0: unknown)."""
-    with _job_display(cfg) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
-        recorder = TrainRecorder(profile, cfg, fault.on_step(callback))
+def _train_job(
+    cfg: Any, job_dir: Path, sweep_dir: Path | None, profile: JobProfile, fault: _Fault, log: Console | None = None
+) -> int | None:
+    """Train (or resume) the job's run; None when training finished and no signal came, else the signal that stopped
+    it (0: unknown) or that came at its last step."""
+    seen = _SignalSeen()
+    with _job_display(cfg, log) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
+        recorder = TrainRecorder(profile, cfg, seen.wrap(fault.on_step(callback)))
         result = train(cfg, job_dir, resume=is_run_dir(job_dir), callback=recorder)
-    return (result.signal or 0) if result.stopped_reason == "interrupted" else None
+    return (result.signal or 0) if result.stopped_reason == "interrupted" else seen.signum
 
 
 def _extend_job(
-    cfg: Any, job_dir: Path, parent_dir: Path, sweep_dir: Path | None, profile: JobProfile, fault: _Fault
+    cfg: Any,
+    job_dir: Path,
+    parent_dir: Path,
+    sweep_dir: Path | None,
+    profile: JobProfile,
+    fault: _Fault,
+    log: Console | None = None,
 ) -> int | None:
     """Extend (or resume the fine-tune of) the job's run; like `_train_job`, None when it finished."""
-    with _job_display(cfg) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
+    seen = _SignalSeen()
+    with _job_display(cfg, log) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
         booked, start = sum(profile.seconds.values()), time.perf_counter()
-        recorder = TrainRecorder(profile, cfg, fault.on_step(callback))
+        recorder = TrainRecorder(profile, cfg, seen.wrap(fault.on_step(callback)))
         if cfg.extend.remap != "none":  # a training-free position remapping instead of a scaling
             ext = cfg.extend
             remap = RemapConfig(method=ext.remap, window=ext.remap_window, group=ext.remap_group, leaky=ext.remap_leaky)
@@ -678,7 +756,7 @@ def _extend_job(
             result = extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads, callback=recorder)
         fine_tune = sum(profile.seconds.values()) - booked  # its setup, steps, validation and saves
         profile.add("extend", time.perf_counter() - start - fine_tune)
-    return (getattr(result, "signal", None) or 0) if result.status == "interrupted" else None
+    return (getattr(result, "signal", None) or 0) if result.status == "interrupted" else seen.signum
 
 
 def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None, fault: _Fault | None = None) -> None:
