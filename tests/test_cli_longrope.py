@@ -75,7 +75,7 @@ def test_search_writes_the_found_factors(runs: dict[str, Path], tmp_path: Path) 
         ("rope", ["--search", "--factors", "f.json"], "give --factors FILE or --search, not both"),
         ("rope", ["--search", "--long-factor", "2"], "give the factors once"),
         ("rope", ["--search", "--search-budget", "0"], "--search-budget must be >= 1"),
-        ("rope", ["--factors", "missing.json"], "cannot read it"),
+        ("rope", ["--factors", "missing.json"], "missing.json: the --factors file not found"),
         (
             "rope",
             ["--longrope", "--long-factor", "2", "--long-factor", "3"],

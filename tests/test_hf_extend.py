@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -176,3 +178,24 @@ def test_longrope_extension_loads_in_transformers_with_posenc_logits(
     ids = torch.randint(0, 250, (1, 128), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(run.model(ids), plain(input_ids=ids).logits, rtol=0, atol=0)
+
+
+def test_the_new_directory_has_the_mode_mkdir_gives(sources: dict[str, Path], tmp_path: Path) -> None:
+    """0o777 less the umask (here 0o027: 0o750), not mkdtemp's private 0o700."""
+    old = os.umask(0o027)
+    try:
+        result = _extend(str(sources["llama"]), "--yarn", "--factor", "4", "--out", str(tmp_path / "ext"))
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE((tmp_path / "ext").stat().st_mode) == 0o750
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_huge_factor_is_refused_in_one_line(sources: dict[str, Path], tmp_path: Path, method: str) -> None:
+    out = tmp_path / "ext"
+    result = _extend(str(sources["llama"]), f"--{method}", "--factor", "1e308", "--out", str(out))
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert f"--factor 1e+308 is out of range for {method}" in " ".join(result.output.split())
+    assert len(result.output.strip().splitlines()) == 1 and not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ext.extend-")]

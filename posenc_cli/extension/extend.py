@@ -28,10 +28,11 @@ from posenc_cli import __version__
 from posenc_cli.config import Config, ExtendConfig, config_to_yaml, replace
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.extension.hf_extend import extend_hf_dir
+from posenc_cli.extension.limits import frequency_numbers
 from posenc_cli.fsutil import exclusive_or_fail
 from posenc_cli.positional.remap import RemapConfig, remapped_distance
 from posenc_cli.positional.rope import rotary_dim
-from posenc_cli.rope_scaling import RopeScalingConfig, frequency_summary, method_names
+from posenc_cli.rope_scaling import RopeScalingConfig, method_names
 from posenc_cli.run.checkpoint import (
     CONFIG_FILE,
     MODEL_FILE,
@@ -212,9 +213,10 @@ def describe_scaling(scaling: Any) -> str:
 def _frequency_numbers(
     scaling: RopeScalingConfig, rotary: int, base: float
 ) -> tuple[float, dict[str, int], tuple[float, float]]:
-    """(attention factor, regions, longest wavelength before/after); raises ConfigError for bad parameters."""
+    """(attention factor, regions, longest wavelength before/after); ConfigError for bad parameters and for a
+    factor out of the method's range (`limits.frequency_numbers`)."""
     assert scaling.original_length is not None
-    return frequency_summary(
+    return frequency_numbers(
         scaling.method, rotary, base, scaling.factor, scaling.original_length, **scaling.param_values()
     )
 

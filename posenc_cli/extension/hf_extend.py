@@ -18,15 +18,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from posenc_cli import __version__
 from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
-from posenc_cli.rope_scaling import frequency_summary, get_method, registry
+from posenc_cli.extension.limits import frequency_numbers
+from posenc_cli.rope_scaling import get_method, registry
 from posenc_cli.run.checkpoint import fsync_dir
 from posenc_cli.run.hf_run import CONFIG_FILE, SIDE_FILES, load_hf_run
 from posenc_cli.run.run_meta import ExtendResult
@@ -68,8 +69,8 @@ def _rotary(config: Any, rope: dict[str, Any]) -> tuple[int, float]:
 
 def _numbers(ext: ExtendConfig, rotary: int, base: float, L: int) -> tuple[float, dict[str, int], tuple[float, float]]:
     """(attention factor, frequency regions, longest wavelength before/after) for the summary (posenc's maths,
-    tested equal to transformers')."""
-    return frequency_summary(ext.method, rotary, base, ext.factor, L, **ext.param_values())
+    tested equal to transformers'); ConfigError for a factor out of the method's range."""
+    return frequency_numbers(ext.method, rotary, base, ext.factor, L, **ext.param_values())
 
 
 def _describe(rope: dict[str, Any]) -> str:
@@ -129,6 +130,19 @@ def _check_written(tmp: Path, rope: dict[str, Any], max_pos: int) -> None:
         raise ConfigError(f"transformers did not keep the rope parameter '{what}' as written; nothing was written")
 
 
+def _new_temp_dir(out: Path) -> Path:
+    """A new, uniquely named directory next to `out`, with the mode a plain mkdir gives (0o777 less the umask),
+    which the finished directory keeps: `tempfile.mkdtemp`'s 0o700 would make the extension private."""
+    for _ in range(100):
+        tmp = out.parent / f".{out.name}.extend-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            tmp.mkdir()
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"no free temporary name next to {out}")  # pragma: no cover - 100 collisions of 32 bits
+
+
 def _publish(tmp: Path, out: Path) -> None:
     for path in tmp.iterdir():
         with open(path, "rb") as f:
@@ -166,8 +180,8 @@ def extend_hf_dir(src_dir: Path | str, out_dir: Path | str, ext: ExtendConfig) -
     parent_length, base_length = run.meta.lengths(run.config)
     L = int(ext.original_length or parent_length)
     rotary, base = _rotary(config, current)
+    attention, regions, wavelengths = _numbers(ext, rotary, base, L)  # first: refuses a factor out of range
     rope, max_pos = hf_rope_parameters(ext, current, L, rotary)
-    attention, regions, wavelengths = _numbers(ext, rotary, base, L)
     weights = {p.name: p.stat().st_size for p in sorted(src.iterdir()) if p.suffix == ".safetensors"}
     record = {
         "kind": "posenc-hf-extend",
@@ -206,7 +220,7 @@ def extend_hf_dir(src_dir: Path | str, out_dir: Path | str, ext: ExtendConfig) -
         return result
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.extend-", dir=out.parent))
+    tmp = _new_temp_dir(out)
     try:
         config.rope_parameters = rope
         config.max_position_embeddings = max_pos

@@ -52,6 +52,7 @@ from posenc_cli.extension.extend import (
     require_rope,
     validate_extend,
 )
+from posenc_cli.extension.limits import check_factor
 from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.model import build_model
 from posenc_cli.positional.rope import rotary_dim
@@ -360,6 +361,7 @@ def search_extension(
     with use_threads(threads):
         run = _searchable_run(parent_dir, ext, budget, tokens)
         original_length = ext.original_length or parent_train_length(run.config, run.meta)
+        check_factor(ext.method, ext.factor, original_length)
         result = search_long_factors(
             run, ext.factor, original_length, budget=budget, seed=seed, tokens=tokens, progress=progress
         )
@@ -405,6 +407,7 @@ def searched_factors(
     with use_threads(threads):
         run = _searchable_run(parent_dir, ext, budget, tokens)
         original_length = ext.original_length or parent_train_length(run.config, run.meta)
+        check_factor(ext.method, ext.factor, original_length)
         _, data = search_windows(run, round(ext.factor * original_length), tokens)
         identity = search_identity(budget, seed, tokens, data)
         parent_sha, scaling = (
