@@ -1,10 +1,17 @@
-"""Atomic file writes: a kill at any moment leaves either the old file or the new one, never half of one."""
+"""Atomic file writes: a kill at any moment leaves either the old file or the new one, never half of one.
+
+A write that fails for lack of space names the file it was writing: `os.write` and friends raise `OSError` without
+a file name, and a short write (numpy's `tofile`: "N requested and M written") carries no errno at all; inside
+`atomic_path` both become `OSError(errno, strerror, path)` with the target's path (`named_storage_error`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,9 +39,38 @@ def atomic_path(path: Path) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        named = named_storage_error(e, path, tmp)
+        if named is e:
+            raise
+        raise named from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
+def named_storage_error(e: OSError, path: Path, tmp: Path | None = None) -> OSError:
+    """`e` naming `path`: the same errno and message with `path` as its file name when `e` names no file (or only
+    the temporary file `tmp`); a short write without errno ("N requested and M written": the storage took fewer
+    bytes than given, which on a local file system means it is full) becomes ENOSPC. Any other error is `e`."""
+    if e.errno is None and _SHORT_WRITE.search(str(e)):
+        return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (short write: {e})", str(path))
+    if e.errno is not None and (e.filename is None or (tmp is not None and e.filename == str(tmp))):
+        return OSError(e.errno, e.strerror or os.strerror(e.errno), str(path))
+    return e
+
+
+def write_all(f: Any, data: Any) -> None:
+    """Write every byte of `data` (bytes or a contiguous array) to the binary file `f`; a storage that takes fewer
+    bytes raises an `OSError` (ENOSPC, naming `f`'s file) instead of being ignored or raising without errno."""
+    view = memoryview(data).cast("B")
+    written = f.write(view)
+    if written is not None and written < len(view):
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (short write)", getattr(f, "name", None))
 
 
 def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:

@@ -87,3 +87,29 @@ def test_files_note_explains_files_vs_documents() -> None:
     assert files_note(1790, {"train": 1727, "val": 35}) == "1,790 (28 empty files skipped: no document)"
     assert files_note(3, {"train": 2, "val": 1}) == "3"
     assert files_note(1, {"train": 1, "val": 1}) == "1"  # one file cut into train and val
+
+
+@pytest.mark.parametrize("failure", ["enospc", "short-write"])
+@pytest.mark.parametrize("command", ["data", "train"])
+def test_a_full_disk_under_the_token_cache_is_one_line_naming_the_file(
+    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str, command: str
+) -> None:
+    import errno
+
+    def full(f, data) -> None:
+        if failure == "enospc":
+            raise OSError(errno.ENOSPC, "No space left on device")  # as os.write raises it: no file name
+        raise OSError("4096 requested and 1024 written")  # numpy's tofile: a short write, no errno
+
+    monkeypatch.setattr(data_mod, "write_all", full)
+    args = ["data=text", f"data.paths=[{corpus_dir}]", "model.d_model=32", "model.n_layer=1", "model.n_head=2"]
+    if command == "train":
+        args += ["train.steps=1", "train.device=cpu", "train.threads=1", "--out", str(tmp_path / "run")]
+    result = runner.invoke(app, [command, *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert "train.bin: No space left on device" in lines[0] and str(tmp_path / "cache") in lines[0]
+    entries = list((tmp_path / "cache" / "tokens").glob("*"))
+    assert all(sorted(p.name for p in e.iterdir()) == [] for e in entries)  # no half-written split or manifest
+    assert not (tmp_path / "run" / "model.safetensors").exists()

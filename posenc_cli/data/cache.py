@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import platform
 import time
@@ -32,8 +31,9 @@ from posenc_cli.data.tokenizer import (
     Tokenizer,
     train_bpe,
 )
-from posenc_cli.errors import CheckpointError, DataError
-from posenc_cli.fsutil import atomic_path, atomic_write_json, atomic_write_text
+from posenc_cli.errors import CheckpointError, DataError, UserError
+from posenc_cli.fsutil import atomic_path, atomic_write_json, atomic_write_text, write_all
+from posenc_cli.untrusted import load_json
 
 __all__ = [
     "Corpus",
@@ -107,6 +107,12 @@ def tokenize(tokenizer: Tokenizer, docs: Sequence[str]) -> np.ndarray:
     return tokenizer.encode_documents(docs)
 
 
+def write_ids(f: Any, ids: np.ndarray) -> None:
+    """Append `ids` to the open split file `f`: every byte, or an `OSError` with errno (`fsutil.write_all`; numpy's
+    `tofile` reports a short write on a full disk without errno, which read as a bug instead of a full disk)."""
+    write_all(f, np.ascontiguousarray(ids))
+
+
 def _cache_key(source_fp: str, tokenizer_fp: str) -> str:
     return short_hash("tokens", FORMAT_VERSION, source_fp, tokenizer_fp)
 
@@ -114,7 +120,7 @@ def _cache_key(source_fp: str, tokenizer_fp: str) -> str:
 def read_manifest(entry: Path, key: str) -> dict[str, Any] | None:
     """The manifest of a complete cache entry, or None when anything is missing or does not match."""
     try:
-        manifest = json.loads((entry / MANIFEST).read_text())
+        manifest = load_json(entry / MANIFEST, what="token cache manifest", max_bytes=2**20, error=DataError)
         if manifest["format"] != FORMAT_VERSION or manifest["key"] != key:
             return None
         itemsize = np.dtype(manifest["dtype"]).itemsize
@@ -122,7 +128,7 @@ def read_manifest(entry: Path, key: str) -> dict[str, Any] | None:
             meta = manifest["splits"][split]
             if (entry / meta["file"]).stat().st_size != meta["tokens"] * itemsize:
                 return None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (UserError, OSError, ValueError, KeyError, TypeError):
         return None
     return manifest
 
@@ -142,7 +148,7 @@ def _build_entry(
         with atomic_path(entry / f"{name}.bin") as tmp, open(tmp, "wb") as f:
             for batch in docs.batches():
                 ids = tokenize(tokenizer, batch)
-                ids.astype(tokenizer.dtype, copy=False).tofile(f)
+                write_ids(f, ids.astype(tokenizer.dtype, copy=False))
                 n_tokens += int(ids.size)
                 n_bytes += int(tokenizer.token_bytes[ids].sum())
                 done += len(batch)
