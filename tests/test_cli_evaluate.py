@@ -263,7 +263,10 @@ def test_broken_run_in_a_searched_folder_is_skipped_named_one_refused(runs_root:
     assert "[1/" not in result.output  # refused before anything was measured
 
 
-def test_plain_progress_lines_when_not_a_terminal(runs_root: Path) -> None:
+def test_plain_progress_lines_when_not_a_terminal(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from posenc_cli.run import progress
+
+    monkeypatch.setattr(progress, "QUIET_S", 0.0)  # as if the evaluation took longer than the quiet start
     result = invoke(runs_root / "sweep" / "rope", "--abs-lengths", "16,32", "--tokens", 64, "--force")
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()

@@ -23,7 +23,8 @@ def test_log_line_labels_elapsed_and_eta() -> None:
 
 
 def test_plain_progress_prints_each_completed_cell_and_at_most_every_interval() -> None:
-    """Evaluations piped to a log printed nothing for 80 s: plain lines now, one per cell and one per interval."""
+    """Evaluations piped to a log printed nothing for 80 s: plain lines now, one per cell and one per interval,
+    after a quiet start (an evaluation done within it prints only its table)."""
     import io
 
     from rich.console import Console
@@ -32,18 +33,26 @@ def test_plain_progress_prints_each_completed_cell_and_at_most_every_interval() 
 
     now = [0.0]
     out = io.StringIO()
-    progress = PlainProgress(Console(file=out, width=200), every_s=10.0, clock=lambda: now[0])
+    progress = PlainProgress(Console(file=out, width=200), every_s=10.0, quiet_s=3.0, clock=lambda: now[0])
     progress.note("[1/2] rope")
-    for done in range(1, 6):  # one window a second: nothing until 10 s have passed, then the completed cell
+    for done in range(1, 6):  # one window a second: after the quiet 3 s, one line, then nothing for 10 s
         now[0] += 1.0
         progress.update("[1/2] rope L=64 (windows)", done, 20)
-    now[0] += 6.0  # 11 s since the last line
+    now[0] += 9.0  # 11 s since the last line
     progress.update("[1/2] rope L=64 (windows)", 6, 20)
     now[0] += 1.0
     progress.update("[1/2] rope L=64 (windows)", 20, 20)  # the cell is complete: printed at once
+    progress.note("[2/2] alibi")
     lines = out.getvalue().splitlines()
     assert lines == [
-        "[1/2] rope | elapsed 0:00:00",
-        "[1/2] rope L=64 (windows): 6/20 | elapsed 0:00:11",
-        "[1/2] rope L=64 (windows): 20/20 | elapsed 0:00:12",
+        "[1/2] rope | elapsed 0:00:03",  # the note held during the quiet start opens the first line
+        "[1/2] rope L=64 (windows): 3/20 | elapsed 0:00:03",
+        "[1/2] rope L=64 (windows): 6/20 | elapsed 0:00:14",
+        "[1/2] rope L=64 (windows): 20/20 | elapsed 0:00:15",
+        "[2/2] alibi | elapsed 0:00:15",
     ]
+    quiet = io.StringIO()
+    progress = PlainProgress(Console(file=quiet, width=200), quiet_s=10.0, clock=lambda: 5.0)
+    progress.note("[1/1] rope")
+    progress.update("[1/1] rope L=64 (windows)", 20, 20)
+    assert quiet.getvalue() == ""  # done within the quiet start: nothing but the table

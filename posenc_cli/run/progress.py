@@ -108,24 +108,49 @@ class TrainDisplay:
         self.print(f"step {e['step']}: val loss {e['val_loss']:.4f} (ppl {ppl})")
 
 
-class PlainProgress:
-    """Evaluation progress as plain lines, for a log or a pipe where a live bar cannot draw: `update` prints a line
-    when a step completes (done == total: one cell, e.g. one length of one run) and otherwise at most one every
-    `every_s` seconds, so a long cell still shows it is alive; `note` prints a line at once (a run starting)."""
+QUIET_S = 10.0  # an evaluation done within this many seconds prints no progress at all
+EVERY_S = 10.0  # then a line at least this often, and one per completed cell
 
-    def __init__(self, console: Console, *, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+
+class PlainProgress:
+    """Evaluation progress as plain lines, for a log or a pipe where a live bar cannot draw.
+
+    Nothing is printed during the first `quiet_s` seconds (a quick evaluation stays its table); after that, `update`
+    prints a line when a step completes (done == total: one cell, e.g. one length of one run) and otherwise at most
+    one every `every_s` seconds, so a long cell still shows it is alive. `note` (a run starting) is printed at once
+    after the quiet start, and during it is kept to open the first line printed.
+    """
+
+    def __init__(
+        self,
+        console: Console,
+        *,
+        every_s: float | None = None,
+        quiet_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.console = console
-        self.every_s = every_s
+        self.every_s = EVERY_S if every_s is None else every_s
+        self.quiet_s = QUIET_S if quiet_s is None else quiet_s
         self.clock = clock
         self.start = clock()
         self.last: float | None = None
+        self.held: str | None = None
 
     def note(self, text: str) -> None:
-        self._print(text)
+        if self.clock() - self.start < self.quiet_s:
+            self.held = text
+        else:
+            self._print(text)
 
     def update(self, description: str, done: int, total: int) -> None:
         now = self.clock()
+        if now - self.start < self.quiet_s:
+            return
         if done >= total or self.last is None or now - self.last >= self.every_s:
+            if self.held is not None:
+                self._print(self.held)
+                self.held = None
             self._print(f"{description}: {done}/{total}")
 
     def _print(self, text: str) -> None:
