@@ -237,7 +237,10 @@ def test_cells_of_two_corpora_are_two_rows_own_corpus_first(tmp_path: Path) -> N
     assert cells(text, "rope · text:b.txt")[:2] == ["7.000", "–"]
     assert cells(text, "rope · text:a.txt")[:2] == ["5.000", "6.000"]
     flat = " ".join(text.split())
-    assert "Corpora (each row names its own): text (fingerprint x); text:a.txt (fingerprint aaaaaaaaaaaa)" in flat
+    assert (
+        "Corpora (each row names its own): text (fingerprint x, the training corpus); text:a.txt (fingerprint "
+        "aaaaaaaaaaaa); text:b.txt" in flat
+    )
     rows_csv = (tmp_path / "runs").parent / "csv"
     compare.write_outputs(records, rows_csv)
     lines = (rows_csv / "results.csv").read_text().splitlines()
@@ -245,6 +248,7 @@ def test_cells_of_two_corpora_are_two_rows_own_corpus_first(tmp_path: Path) -> N
     assert {"data", "data_fingerprint", "dtype", "row"} <= set(header)
     b_line = next(line.split(",") for line in lines if "text:b.txt" in line)
     assert b_line[header.index("data_fingerprint")] == "b" * 16 and b_line[header.index("row")] == "rope · text:b.txt"
+    assert b_line[header.index("positions")] == "sequential"
 
 
 def test_two_texts_of_one_name_are_told_apart_by_fingerprint(tmp_path: Path) -> None:
@@ -293,8 +297,8 @@ def test_a_run_and_its_export_are_two_rows(tmp_path: Path) -> None:
     result = runner.invoke(app, ["compare", str(run), str(export)], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "n=2" not in result.output and "±" not in result.output
-    assert cells(result.output, "rope · fp32")[:2] == ["10.00", "12.00"]
-    assert cells(result.output, "rope · bf16")[:2] == ["10.20", "12.10"]
+    assert cells(result.output, "rope · runs/rope · fp32")[:2] == ["10.00", "12.00"]
+    assert cells(result.output, "rope · exported/rope · bf16")[:2] == ["10.20", "12.10"]
     (export / "eval" / "extrapolate.json").unlink()  # same precision: told apart by directory, not averaged
     doc["entries"] = [{**e, "dtype": "fp32"} for e in doc["entries"]]
     save_results(export, doc)

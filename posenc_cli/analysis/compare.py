@@ -384,37 +384,50 @@ def record_series(record: RunRecord) -> list[Series]:
 def labelled_series(records: list[RunRecord]) -> list[Series]:
     """Every record's series, labelled so that one label is one row.
 
-    A label says the setting parts that vary in the table (corpus, precision, protocol, positions). Series of one
-    label are aggregated (mean ± std) only when their runs' saved configs differ by the seed alone (`identity`) and
-    their seeds differ; any other series sharing a label is told apart by the end of its directory path.
+    Runs of one label are the seeds of one experiment (`seed_clusters`); runs of one label that are not (a run and
+    its export, two experiments in directories of one name) are told apart by the end of their directory paths.
+    A label then says the setting parts that vary in the table (corpus, precision, protocol, positions), so the
+    series sharing a label, averaged as mean ± std, share their setting and differ by the seed alone.
     """
+    tails = _cluster_tails(seed_clusters(records))
     series = [s for r in records for s in record_series(r)]
     settings = [s.setting for s in series if s.setting is not None]
     corpus_names = _corpus_names(settings)
     vary = [f for f in ("data", "dtype", "protocol", "positions") if len({getattr(s, f) for s in settings}) > 1]
     if "data" not in vary and len(corpus_names) > 1:
         vary.insert(0, "data")  # one name, two texts
-    groups: dict[tuple[Any, ...], list[Series]] = {}
     for s in series:
-        base = s.record.label if s.setting is None else _with_setting(s.record.label, s.setting, vary, corpus_names)
-        s.label = base
-        identity = s.record.identity if s.setting is not None and s.record.identity else str(s.record.run_dir)
-        members = groups.setdefault((base, identity, s.setting), [])
-        if any(m.record.seed == s.record.seed for m in members):  # the same seed twice is no spread over seeds
-            groups[(base, str(s.record.run_dir), s.setting)] = [s]
-        else:
-            members.append(s)
-    by_label: dict[str, list[list[Series]]] = {}
-    for members in groups.values():
-        by_label.setdefault(members[0].label, []).append(members)
-    for label, clashing in by_label.items():
-        if len(clashing) == 1:
-            continue
-        tails = _distinct_tails([members[0].record.run_dir for members in clashing])
-        for members, tail in zip(clashing, tails, strict=True):
-            for s in members:
-                s.label = f"{label} · {tail}"
+        label = " · ".join([s.record.label, tails[id(s.record)]] if id(s.record) in tails else [s.record.label])
+        s.label = label if s.setting is None else _with_setting(label, s.setting, vary, corpus_names)
     return series
+
+
+def seed_clusters(records: list[RunRecord]) -> list[list[RunRecord]]:
+    """The measured records grouped as the seeds of one experiment: one label, one saved config but for the seed
+    (`config_identity`), distinct seeds. A run without a readable config (a transformers directory) is alone, and
+    so is a run repeating a seed of its cluster. Failed or unmeasured jobs join no cluster."""
+    clusters: dict[tuple[str, str], list[RunRecord]] = {}
+    for r in records:
+        if r.status != "ok":
+            continue
+        key = (r.label, r.identity or str(r.run_dir))
+        if any(m.seed == r.seed for m in clusters.get(key, [])):  # the same seed twice is no spread over seeds
+            key = (r.label, str(r.run_dir))
+        clusters.setdefault(key, []).append(r)
+    return list(clusters.values())
+
+
+def _cluster_tails(clusters: list[list[RunRecord]]) -> dict[int, str]:
+    """id(record) -> the end of its cluster's first directory, for clusters sharing a label with another."""
+    by_label: dict[str, list[list[RunRecord]]] = {}
+    for cluster in clusters:
+        by_label.setdefault(cluster[0].label, []).append(cluster)
+    out: dict[int, str] = {}
+    for clashing in by_label.values():
+        if len(clashing) > 1:
+            for cluster, tail in zip(clashing, _distinct_tails([c[0].run_dir for c in clashing]), strict=True):
+                out.update((id(r), tail) for r in cluster)
+    return out
 
 
 def _corpus_names(settings: list[Setting]) -> dict[tuple[str, str], str]:
@@ -474,6 +487,8 @@ def to_csv(rows_json: list[dict[str, Any]]) -> str:
     for rec in rows_json:
         data = rec.get("data") or {}
         flat = {**rec, "data": data.get("name"), "data_fingerprint": data.get("fingerprint")}
+        if "protocol" in rec:  # an entry: its positions as text ("sequential" for 0..L-1)
+            flat["positions"] = positions_text(rec) or "sequential"
         writer.writerow({k: flat.get(k) for k in columns})
     return buf.getvalue()
 
@@ -494,6 +509,7 @@ def to_results(records: list[RunRecord]) -> list[dict[str, Any]]:
                 "train_length": r.train_length,
                 "base_length": r.base_length,
                 "setting": s.setting,
+                "train_fingerprint": r.train_fingerprint,
                 "entries": s.entries,
             }
         )
@@ -626,9 +642,14 @@ def caption_lines(records: list[RunRecord], baseline: str | None = None) -> list
 
 
 def corpus_line(results: list[dict[str, Any]]) -> str:
-    """'Corpus: text:a.txt (fingerprint 1a2b3c4d5e6f).' or, with several, each name with its fingerprint."""
+    """'Corpus: text:a.txt (fingerprint 1a2b3c4d5e6f, the training corpus).' or, with several, each name with its
+    fingerprint ("training corpus" where a run shown on it was trained on it)."""
     pairs = list(dict.fromkeys((r["setting"].data, r["setting"].fingerprint) for r in results))
-    shown = [f"{name} (fingerprint {fp[:12] or 'not recorded'})" for name, fp in pairs]
+    trained = {r["setting"].fingerprint for r in results if r["setting"].fingerprint == r["train_fingerprint"]}
+    shown = [
+        f"{name} (fingerprint {fp[:12] or 'not recorded'}{', the training corpus' if fp and fp in trained else ''})"
+        for name, fp in pairs
+    ]
     if len(shown) == 1:
         return f"Corpus: {shown[0]}."
     return f"Corpora (each row names its own): {'; '.join(shown)}."

@@ -113,7 +113,8 @@ def fmt_cell(cell: Cell) -> str:
     return f"{text} ± {fmt_number(cell.std)}" if cell.std is not None else text
 
 
-LABEL_MAX_WIDTH = 40  # longer run names end in "…"
+LABEL_MAX_WIDTH = 40  # longer run names end in "…" (task and cost tables)
+LABEL_WRAP_WIDTH = 56  # result tables: longer labels wrap onto a second line
 
 
 def fit_to_content(table: Table) -> Table:
@@ -136,7 +137,8 @@ def render_table(
     legend = table_legend(columns, rows)
     caption = "\n".join(x for x in (legend, caption) if x) or None
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left", header_style="bold")
-    table.add_column(label_header, no_wrap=True, overflow="ellipsis", max_width=LABEL_MAX_WIDTH)
+    # a long label wraps rather than lose its end (the corpus, precision or directory that tells rows apart)
+    table.add_column(label_header, overflow="fold", max_width=LABEL_WRAP_WIDTH)
     for col in columns:
         width = max([len(fmt_cell(r.cells.get(col.key, Cell()))) for r in rows] + [3])
         table.add_column(col.header, justify="right", no_wrap=True, min_width=width)
