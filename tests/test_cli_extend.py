@@ -132,6 +132,18 @@ def test_help_shows_an_example() -> None:
     assert "posenc extend outputs/runs/rope --yarn --factor 4" in result.output
 
 
+def test_help_is_readable_at_80_columns() -> None:
+    """Piped or in an 80-column terminal nothing is cut ("…|self-extend|re…"): every method is named in full."""
+    from posenc_cli.rope_scaling import registry
+
+    result = runner.invoke(app, ["extend", "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    assert "…" not in result.output and max(len(line) for line in result.output.splitlines()) <= 80
+    flat = " ".join(result.output.replace("│", " ").split())
+    assert f"One of {', '.join(registry())}, self-extend, rerope (default yarn)" in flat
+    assert "posenc extend RUN --method rerope --window 96" in result.output
+
+
 def test_eval_labels_a_sweep_job_as_compare_does(runs: dict[str, Path], tmp_path: Path) -> None:
     """The parent, a sweep's job, keeps its plan label in extend --eval's table (one label per run everywhere)."""
     import shutil

@@ -23,12 +23,17 @@ if TYPE_CHECKING:
 
 _D = ExtendConfig()  # flag defaults = configs/extend/default.yaml = ExtendConfig's defaults
 _REMAP = "Self-Extend / ReRoPE"
-_EPILOG = (
-    "Examples:  posenc extend outputs/runs/rope --yarn --factor 4 --eval   "
-    "|   posenc extend outputs/runs/rope --yarn --factor 4 --finetune-steps 60 --out outputs/runs/rope-yarn-ft   "
-    "|   posenc extend RUN --llama3 --factor 8 --low-freq-factor 1 --high-freq-factor 4   "
-    "|   posenc extend RUN --method self-extend --window 64 --group 4   "
-    "|   posenc extend RUN --method rerope --window 96"
+# One example per line (Typer keeps single line breaks in an epilog), each short enough for 80 columns.
+_EPILOG = "\n".join(
+    [
+        "Examples:",
+        "  posenc extend outputs/runs/rope --yarn --factor 4 --eval",
+        "  posenc extend RUN --yarn --factor 4 --finetune-steps 60 --out RUN-yarn-ft",
+        "  posenc extend RUN --llama3 --factor 8 --low-freq-factor 1 --high-freq-factor 4",
+        "  posenc extend RUN --longrope --search --factor 4",
+        "  posenc extend RUN --method self-extend --window 64 --group 4",
+        "  posenc extend RUN --method rerope --window 96",
+    ]
 )
 
 
@@ -77,15 +82,23 @@ def _with_scaling_options(func: Callable[..., None]) -> Callable[..., None]:
     command.__annotations__ = {p.name: p.annotation for p in params}
     command.__name__, command.__qualname__ = func.__name__, func.__qualname__
     titles = ", ".join(m.title for m in registry().values())
-    command.__doc__ = (func.__doc__ or "").replace("{methods}", titles)
+    command.__doc__ = _paragraphs((func.__doc__ or "").replace("{methods}", titles))
     return command
+
+
+def _paragraphs(doc: str) -> str:
+    """`doc` with each paragraph on one line: Typer keeps a docstring's single line breaks after the first
+    paragraph, which a terminal narrower than the source lines shows as ragged half-empty lines."""
+    return "\n\n".join(" ".join(part.split()) for part in inspect.cleandoc(doc).split("\n\n"))
 
 
 @app.command("extend", epilog=_EPILOG)
 @handles_errors
 @_with_scaling_options
 def extend_command(
-    run_dir: Annotated[Path, typer.Argument(help="The RoPE run directory to extend (never modified).")],
+    run_dir: Annotated[
+        Path, typer.Argument(metavar="RUN_DIR", help="The RoPE run directory to extend (never modified).")
+    ],
     out: Annotated[
         Path | None,
         typer.Option(
@@ -96,8 +109,8 @@ def extend_command(
         str | None,
         typer.Option(
             "--method",
-            metavar="M",
-            help=f"{'|'.join(registry())}|self-extend|rerope (default {_D.method}).",
+            metavar="METHOD",
+            help=f"One of {', '.join(registry())}, self-extend, rerope (default {_D.method}).",
             rich_help_panel="Method",
         ),
     ] = None,
