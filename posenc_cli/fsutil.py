@@ -91,6 +91,23 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def make_temp_dir(parent: Path, prefix: str) -> Path:
+    """A new, uniquely named directory in `parent` (created if needed) with the mode a plain `mkdir` gives
+    (0o777 less the umask), for a result that is renamed into place when complete: `tempfile.mkdtemp`'s 0o700
+    would make the published directory unreadable to everyone else."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    set_default_mode(tmp)
+    return tmp
+
+
+def set_default_mode(path: Path) -> None:
+    """Give `path` the mode a plain `open()`/`mkdir` would (0o666 or 0o777 less the umask), for files that a
+    library creates private (safetensors' `save_file` writes 0o600)."""
+    os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~_umask())
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -64,3 +64,17 @@ def test_non_empty_output_and_unknown_format_are_refused(runs: dict[str, Path], 
 def test_help_has_an_example() -> None:
     result = runner.invoke(app, ["export", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0 and "posenc export outputs/runs/rope --to hf --out" in result.output
+
+
+def test_the_exported_directory_and_files_get_the_usual_modes(runs: dict[str, Path], tmp_path: Path) -> None:
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        result = invoke(str(runs["learned"]), "--out", str(tmp_path / "hf"))
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE((tmp_path / "hf").stat().st_mode) == 0o755  # mkdtemp's 0o700 made it private
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "hf").iterdir()} == {0o644}

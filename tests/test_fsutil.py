@@ -87,3 +87,15 @@ def test_write_all_refuses_a_short_write(tmp_path: Path) -> None:
     with open(tmp_path / "g", "wb") as f:
         write_all(f, np.arange(10, dtype=np.uint16))
     assert np.array_equal(np.fromfile(tmp_path / "g", dtype=np.uint16), np.arange(10))
+
+
+def test_make_temp_dir_has_mkdirs_mode(tmp_path: Path) -> None:
+    from posenc_cli.fsutil import make_temp_dir
+
+    old = os.umask(0o027)
+    try:
+        a, b = make_temp_dir(tmp_path / "new", ".x-"), make_temp_dir(tmp_path / "new", ".x-")
+    finally:
+        os.umask(old)
+    assert a != b and a.name.startswith(".x-") and a.parent == tmp_path / "new"
+    assert stat.S_IMODE(a.stat().st_mode) == 0o750

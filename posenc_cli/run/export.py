@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +39,7 @@ from posenc_cli import __version__
 from posenc_cli.config import Config
 from posenc_cli.data.tokenizer import EOD_TOKEN
 from posenc_cli.errors import ConfigError, UserError
+from posenc_cli.fsutil import make_temp_dir, set_default_mode
 from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import get_method
 from posenc_cli.run.checkpoint import fsync_dir, load_run
@@ -363,6 +363,7 @@ def _write(run: LoadedRun, directory: Path, transformers: Any) -> tuple[dict[str
     hf_cfg.architectures = [ARCHITECTURES[cfg.pos.name]]
     tensors = {k: v.contiguous() for k, v in weights.items()}
     safetensors.torch.save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    set_default_mode(directory / "model.safetensors")  # save_file creates it 0o600
     hf_cfg.save_pretrained(str(directory))
     hf_tokenizer(run.tokenizer, table).save_pretrained(str(directory))
     info = {
@@ -435,7 +436,7 @@ def export_run(run_dir: Path | str, out_dir: Path | str, *, to: str = "hf", veri
     transformers = _require_transformers()
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_exports(out)
-    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out, os.getpid()), dir=out.parent))
+    tmp = make_temp_dir(out.parent, _temp_prefix(out, os.getpid()))  # the published directory keeps its mode
     try:
         rope_scaling, table = _write(run, tmp, transformers)
         length = min(table or 2 * cfg.train.seq_len, VERIFY_MAX_TOKENS)  # RoPE: beyond the training length too
