@@ -288,7 +288,7 @@ def build_prompts(
     P = length - kept
     n_hay = np.array([P - 1 - sum(map(len, nd)) - len(q) - len(ld) for nd, q, ld, _ in parts], dtype=np.int64)
     if len(parts) and n_hay.min() < 0:
-        after = "the answer" if reserve is None else f"{reserve} generated tokens"
+        after = "the answer" if reserve is None else f"{reserve} generated tokens (--tokens-to-generate)"
         raise PromptTooShort(
             f"length {length} is shorter than a prompt without haystack and {after} ({length - n_hay.min()})"
         )
