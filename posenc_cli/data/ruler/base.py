@@ -26,9 +26,11 @@ Sizes (`Sizes`) default to RULER's (`scripts/synthetic.yaml`): niah_multikey_1 4
 niah_multiquery 4 queries (`niah.py:77`: as many keys as queries), vt 1 chain of 4 hops; 7-digit values
 (`niah.py:108`), VT a 5-digit value and 5-letter names (`variable_tracking.py:96,110`). Deviations that remain:
 needles sit at a requested depth of the first needle (a depth grid; the others uniform) instead of RULER's random
-sentence indexes (`niah.py:179`, `variable_tracking.py:154`); RULER's needle and question wording ("One of the special
-magic numbers for ... is: ...") is shortened to " The {key} key is {value}." so that an episode fits a tiny model's
-window; keys are single words, not RULER's adjective-noun pairs.
+sentence indexes (`niah.py:179`, `variable_tracking.py:154`), and at a haystack unit (token or character), which may
+fall inside a filler sentence, not between sentences; RULER's needle and question wording ("One of the special
+magic numbers for ... is: ...", its instruction line) is shortened to " The {key} key is {value}." so that an episode
+fits a tiny model's window; keys are single words, not RULER's adjective-noun pairs; multiquery joins its keys with
+" and " (RULER: "a, b, and c", `niah.py:189`).
 """
 
 from __future__ import annotations
