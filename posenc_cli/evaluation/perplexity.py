@@ -40,7 +40,7 @@ import dataclasses
 import datetime as _dt
 import json
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -57,7 +57,7 @@ from posenc_cli.config import DataConfig, EvalConfig, config_dir
 from posenc_cli.data.cache import load_corpus
 from posenc_cli.data.sources import build_data_config, config_class, source_class
 from posenc_cli.data.sources import registry as source_registry
-from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
+from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme, UserError
 from posenc_cli.evaluation.loop import Entry, measure, results_header
 from posenc_cli.evaluation.positions import Positions, resolve_positions
 from posenc_cli.evaluation.results import (
@@ -73,9 +73,12 @@ from posenc_cli.evaluation.results import (
     results_path,
     window_scores,
 )
-from posenc_cli.evaluation.runs import checked_runs, evaluate_each_run, find_runs, locate_runs
+from posenc_cli.evaluation.runs import checked_runs, find_runs, locate_runs, named_error
 from posenc_cli.evaluation.streaming import DEFAULT_BLOCK, default_window, evaluate_streaming
-from posenc_cli.run.device import cpu_has_fast_bf16, describe_device
+from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.device import cpu_has_fast_bf16, describe_device, resolve_device
+from posenc_cli.run.device import threads as use_threads
+from posenc_cli.run.hf_run import is_hf_dir, load_hf_run
 from posenc_cli.run.interrupts import run_is_locked
 
 if TYPE_CHECKING:
@@ -584,6 +587,40 @@ def _filled(entry: ExtrapolateEntry, result: dict[str, Any]) -> ExtrapolateEntry
         bpb=result["bpb"],
         per_position=[round(v, 6) for v in result["per_position"]],
     )
+
+
+def evaluate_each_run(
+    run_dirs: Sequence[Path | str],
+    evaluate: Callable[[LoadedRun, torch.device], dict[str, Any]],
+    *,
+    device: str | torch.device = "auto",
+    threads: int = 0,
+    on_run: Callable[[Path, int, int], None] | None = None,
+    skippable: Iterable[Path] = (),
+    on_skip: Callable[[Path, str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Load each run directory in turn (one model in memory at a time) and collect `evaluate(run, device)`.
+
+    A run of `skippable` (found by a search, not named) that fails to load is left out with `on_skip(run, why)`;
+    any other failure to load raises, naming the run.
+    """
+    device = resolve_device(device)
+    may_skip = {Path(p).resolve() for p in skippable}
+    results = []
+    with use_threads(threads):
+        for i, path in enumerate(run_dirs):
+            if on_run is not None:
+                on_run(Path(path), i, len(run_dirs))
+            try:
+                run = load_hf_run(path, device=device) if is_hf_dir(path) else load_run(path, device=device)
+            except UserError as e:
+                if Path(path).resolve() not in may_skip or on_skip is None:
+                    raise named_error(Path(path), e) from e
+                on_skip(Path(path), str(named_error(Path(path), e)))
+                continue
+            results.append(evaluate(run, device))
+            del run
+    return results
 
 
 def _run_evaluator(
