@@ -78,3 +78,19 @@ def test_the_dry_run_refuses_a_model_training_would_refuse(tmp_path) -> None:
         lines = _error_lines(result.stderr)
         assert len(lines) == 1 and "model.d_model=100000" in lines[0] and "training needs about" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_the_dry_run_listing_tells_every_job_apart_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 80 columns (or piped) the listing cut job names to 'pos=sinusoidal,train.see…': the seeds looked alike."""
+    from posenc_cli.cli.app import console
+
+    monkeypatch.setattr(console, "width", 80)  # as COLUMNS=80 gives it (conftest sets COLUMNS=200 for all tests)
+    result = runner.invoke(app, ["sweep", "alibi-paper", "--dry-run"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(ln.rstrip()) for ln in lines) <= 80, [ln for ln in lines if len(ln.rstrip()) > 80]
+    assert "…" not in result.stdout
+    for pos in ("sinusoidal", "rope", "t5", "alibi", "nope", "learned"):
+        for seed in (0, 1, 2):
+            assert sum(f"pos={pos} train.seed={seed} " in ln for ln in lines) == 1, (pos, seed)
+    assert "eval.tokens=8192" in result.stdout  # the overrides every job shares, shown once, wrapped

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -159,17 +160,28 @@ def launcher_line(name: str, given: dict) -> str:
 
 
 def _print_plan(name: str, plans: list, out: Path | None, launcher_name: str, launcher_given: dict) -> None:
+    """The jobs of each stage, readable at 80 columns and piped: the overrides every job of a stage shares once,
+    then one row per job with the overrides that tell it apart (its directory name), folded rather than cut."""
     total = sum(len(p.jobs) for p in plans)
     console.print(f"[bold]{name}[/]: {total} job(s) in {len(plans)} stage(s); dry run, nothing was started")
     console.print(escape(launcher_line(launcher_name, launcher_given)), highlight=False)
     for plan in plans:
-        table = Table(title=f"stage {plan.stage.name} ({plan.stage.action})", title_justify="left")
-        table.add_column("job")
-        table.add_column("label")
-        table.add_column("parent")
-        table.add_column("overrides")
+        shared = " ".join(plan.fixed.values()) or "(none)"
+        console.print(f"\n[bold]stage {escape(plan.stage.name)}[/] ({plan.stage.action}): {len(plan.jobs)} job(s)")
+        common = Table.grid(padding=(0, 1))
+        common.add_column(no_wrap=True)
+        common.add_column(overflow="fold")  # wrapped under itself, never cut
+        common.add_row("  every job:", escape(shared))
+        console.print(common, highlight=False)
+        with_parent = plan.stage.action == "extend"
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        table.add_column("job: its swept overrides", overflow="fold")
+        table.add_column("label", overflow="fold")
+        if with_parent:
+            table.add_column("parent", overflow="fold")
         for job in plan.jobs:
-            table.add_row(job.name, job.label, job.parent or "", " ".join(job.overrides))
+            swept = " ".join(job.swept) or "(nothing swept)"
+            table.add_row(swept, job.label, *([job.parent or ""] if with_parent else []))
         if not plan.jobs:
-            table.add_row("(none)", "", plan.stage.parent or "", "no parent run matches")
+            table.add_row("(none)", f"no parent run matches '{plan.stage.parent}'", *([""] if with_parent else []))
         console.print(table)
