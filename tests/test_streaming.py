@@ -176,3 +176,19 @@ def test_block_plan_scheme_limit_and_models_without_a_cache() -> None:
 
     with pytest.raises(ConfigError, match="KV cache"):
         evaluate_streaming(NoCache(), tokens, None, length=32, window=8, sinks=2, n_tokens=32)
+
+
+def test_cells_read_before_the_kv_cache_are_not_reused() -> None:
+    """A streaming cell stored without `decode` was measured by re-encoding the kept tokens: another key, so it is
+    measured again rather than reused, and it never shares a table row with a KV-cache cell."""
+    from posenc_cli.evaluation.results import cell_group, entry_key
+    from posenc_cli.evaluation.streaming import STREAMING_DECODE
+
+    new = {
+        "protocol": "streaming", "stride": 1, "window": 6, "sinks": 2, "decode": STREAMING_DECODE, "length": 48,
+        "tokens": 96, "dtype": "fp32", "data": {"name": "text", "fingerprint": "f"},
+        "checkpoint": {"step": 10, "sha256": "abc"},
+    }  # fmt: skip
+    old = {k: v for k, v in new.items() if k != "decode"}
+    assert entry_key(new) != entry_key(old) and cell_group(new) != cell_group(old)
+    assert entry_key(new) == entry_key(dict(new))

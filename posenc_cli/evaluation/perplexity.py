@@ -74,7 +74,7 @@ from posenc_cli.evaluation.results import (
     window_scores,
 )
 from posenc_cli.evaluation.runs import checked_runs, find_runs, locate_runs, named_error
-from posenc_cli.evaluation.streaming import DEFAULT_BLOCK, default_window, evaluate_streaming
+from posenc_cli.evaluation.streaming import DEFAULT_BLOCK, STREAMING_DECODE, default_window, evaluate_streaming
 from posenc_cli.run.checkpoint import load_run
 from posenc_cli.run.device import cpu_has_fast_bf16, describe_device, resolve_device
 from posenc_cli.run.device import threads as use_threads
@@ -553,10 +553,13 @@ class ExtrapolateEntry(Entry):
 @dataclass(frozen=True, kw_only=True)
 class StreamingEntry(ExtrapolateEntry):
     """An entry of the streaming protocol: `stride` is the block size, `tokens` every token of the streams, and the
-    cache's recent `window` and `sinks` (part of the entry's key) follow the other fields."""
+    cache's recent `window` and `sinks` (part of the entry's key) follow the other fields. `decode` (in the key too)
+    says how the cache was read: "kv-cache", StreamingLLM's K/V kept as first computed (`evaluation.streaming`);
+    entries without it were measured by re-encoding the kept tokens per block and are measured again."""
 
     window: int
     sinks: int
+    decode: str = STREAMING_DECODE
 
 
 def streaming_settings(cfg: EvalConfig, base_length: int) -> dict[str, int] | None:

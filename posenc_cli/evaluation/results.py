@@ -135,7 +135,12 @@ def cell_group(entry: dict[str, Any]) -> tuple[Any, ...]:
     """What the cells of one table row share across lengths: the corpus (`corpus_key`), protocol, stride, a
     streaming cache's window and sinks, precision (`dtype`) and the position ids fed (`positions_key`). Cells of
     different groups measured different things and are never shown as one row."""
-    streaming = (entry.get("window"), entry.get("sinks")) if entry["protocol"] == "streaming" else ()
+    # streaming: the cache's window and sinks, and how it was read (entries from before the KV cache re-encoded it)
+    streaming = (
+        (entry.get("window"), entry.get("sinks"), entry.get("decode", "recompute"))
+        if entry["protocol"] == "streaming"
+        else ()
+    )
     return (
         *corpus_key(entry),
         entry["protocol"],

@@ -42,7 +42,11 @@ from torch import nn
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
 from posenc_cli.evaluation.results import window_scores
 
-__all__ = ["DEFAULT_BLOCK", "block_rows", "default_window", "evaluate_streaming"]
+__all__ = ["DEFAULT_BLOCK", "STREAMING_DECODE", "block_rows", "default_window", "evaluate_streaming"]
+
+# How a streaming cell was read, in its key: the KV cache (StreamingLLM's decoding). Cells stored without it were
+# measured by re-encoding the kept tokens in a fresh forward per block, which is not StreamingLLM's protocol.
+STREAMING_DECODE = "kv-cache"
 
 # Tokens read per forward unless --stride says otherwise: 1, StreamingLLM's decoding. With the KV cache each forward
 # reads only the new tokens, so S = 1 costs one (B, 1)-token forward per position for B streams at once.
