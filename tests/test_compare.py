@@ -330,3 +330,21 @@ def test_reference_says_when_posencs_lengths_are_not_the_papers(sweep_dir: Path)
     flat = " ".join(result.output.split())
     assert "1.200* / 1.06" in flat  # rope: 12 / 10 at 2x, under the paper's 1012 tokens
     assert "posenc measured 2× under the paper's 1.98× (1012 tokens at L = 512)" in flat
+
+
+def test_baseline_divides_each_corpus_by_its_own(tmp_path: Path) -> None:
+    """--baseline alibi with two corpora: each row is divided by alibi's row on the same corpus (it divided every
+    row by one row, whatever corpus it came from)."""
+
+    def on(name: str, n: int, ppl: float) -> dict[str, Any]:
+        return {**entry(n, ppl), "data": {"name": name, "fingerprint": name}}
+
+    fake_run(tmp_path / "runs" / "rope", "rope", {}, [1.0], entries=[on("x", 16, 10.0), on("other", 16, 30.0)])
+    fake_run(tmp_path / "runs" / "alibi", "alibi", {}, [1.0], entries=[on("x", 16, 5.0), on("other", 16, 20.0)])
+    fake_run(tmp_path / "runs" / "t5", "t5", {}, [1.0], entries=[on("third", 16, 7.0)])
+    _, rows, _ = compare.comparison(compare.gather([tmp_path / "runs"]), baseline="alibi")
+    means = {r.label: r.cells[1.0].mean for r in rows}
+    assert means["rope · x"] == pytest.approx(2.0) and means["rope · other"] == pytest.approx(1.5)
+    assert means["alibi · other"] == pytest.approx(1.0) and means["t5 · third"] is None
+    third = next(r for r in rows if r.label == "t5 · third")
+    assert third.cells[1.0].reason == "alibi has no row measured like this one"

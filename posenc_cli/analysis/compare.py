@@ -7,6 +7,13 @@ A run has one label wherever it is shown: a sweep's job keeps its plan label (an
 reached through the sweep directory, a stage directory below it, or the run directory itself; any other run below a
 sweep is named by its path in the sweep (`train/pos=rope-yarnx8`). A sweep's table has the sweep's own lengths
 (`eval.lengths` of its jobs): a length evaluated later for some run only shows with `all_lengths`.
+
+A row never mixes what a cell measured (`Setting`: corpus name and fingerprint, precision, protocol with its stride
+rule, positions mode): a run evaluated on two corpora is two rows, its training corpus first, each labelled with the
+parts that vary in the table. Rows average runs (n=K, mean ± std) only over the seeds of one experiment: one label,
+saved configs equal but for the seed (`config_identity`), distinct seeds (`seed_clusters`); other runs of one label
+(a run and its `export`) are told apart by their directories. The files of `--out` are staged and moved into place
+together (`report.output_files`).
 """
 
 from __future__ import annotations
@@ -504,6 +511,7 @@ def to_results(records: list[RunRecord]) -> list[dict[str, Any]]:
             {
                 "run": label,
                 "label": label,
+                "base_label": r.label,
                 "run_dir": str(r.run_dir),
                 "scheme": r.scheme,
                 "train_length": r.train_length,
@@ -535,9 +543,18 @@ def comparison(
         ratio=True,
     )
     if baseline is not None:
-        ref = _baseline_row(rows, results, baseline)
-        relative_to_row(rows, ref)
-        columns = [Column(c.key, f"{c.header}\n÷ {ref.label}", best=None) if c.key == "ratio" else c for c in columns]
+        refs = _baseline_rows(rows, results, baseline)
+        setting_of = {r["label"]: r["setting"] for r in results}
+        means = {s: {key: cell.mean for key, cell in ref.cells.items()} for s, ref in refs.items()}  # before dividing
+        for row in rows:  # each row against the baseline's row of the same corpus, precision, protocol, positions
+            setting = setting_of.get(row.label)
+            if setting not in refs:
+                for cell in row.cells.values():
+                    cell.values, cell.reason = [], cell.reason or f"{baseline} has no row measured like this one"
+            else:
+                relative_to_row([row], refs[setting], means[setting])
+        shown = next(iter(refs.values())).label if len(refs) == 1 else baseline
+        columns = [Column(c.key, f"{c.header}\n÷ {shown}", best=None) if c.key == "ratio" else c for c in columns]
     measured = [r for r in results if r["entries"]]
     what = {"ppl": "Perplexity", "bpb": "Bits per byte", "nll": "Mean NLL (nats)"}[metric]
     title = f"{what}{' relative to ' + baseline if baseline else ''} by evaluation length"
@@ -546,10 +563,12 @@ def comparison(
     return columns, rows, title
 
 
-def relative_to_row(rows: list[Any], ref: Any) -> None:
+def relative_to_row(rows: list[Any], ref: Any, ref_means: dict[Any, float | None] | None = None) -> None:
     """Divide every cell by the reference row's mean in the same column, the ratio column included: a row's
-    "16× / 1×" becomes its ratio over the reference's ratio (how much more it degrades than the reference)."""
-    ref_means = {key: cell.mean for key, cell in ref.cells.items()}
+    "16× / 1×" becomes its ratio over the reference's ratio (how much more it degrades than the reference).
+    `ref_means`: the reference's means taken before any row was divided (the reference may be among `rows`)."""
+    if ref_means is None:
+        ref_means = {key: cell.mean for key, cell in ref.cells.items()}
     for row in rows:
         for key, cell in row.cells.items():
             base = ref_means.get(key)
@@ -558,16 +577,21 @@ def relative_to_row(rows: list[Any], ref: Any) -> None:
             cell.values = [v / base for v in cell.values] if base else []
 
 
-def _baseline_row(rows: list[Any], results: list[dict[str, Any]], baseline: str) -> Any:
-    """The row labelled `baseline`, else the first row of the run directory `baseline` (its own corpus's)."""
+def _baseline_rows(rows: list[Any], results: list[dict[str, Any]], baseline: str) -> dict[Any, Any]:
+    """The rows to divide by, one per setting: the row labelled `baseline`, else the rows of the runs labelled
+    `baseline` (as `RunRecord.label`: every corpus it was measured on) or of the run directory `baseline`."""
     by_label = {row.label: row for row in rows}
-    if baseline in by_label:
-        return by_label[baseline]
     target = Path(baseline).resolve()
-    for r in results:
-        if Path(r["run_dir"]).resolve() == target and r["label"] in by_label:
-            return by_label[r["label"]]
-    raise UserError(f"--baseline {baseline} matches no row label or run directory")
+    chosen = [r for r in results if r["label"] == baseline]
+    chosen = chosen or [r for r in results if r["base_label"] == baseline]
+    chosen = chosen or [r for r in results if Path(r["run_dir"]).resolve() == target]
+    refs: dict[Any, Any] = {}
+    for r in chosen:
+        if r["label"] in by_label and r["setting"] is not None:
+            refs.setdefault(r["setting"], by_label[r["label"]])
+    if not refs:
+        raise UserError(f"--baseline {baseline} matches no row label, run label or run directory")
+    return refs
 
 
 def to_markdown(columns: list[Any], rows: list[Any]) -> str:
@@ -636,7 +660,10 @@ def caption_lines(records: list[RunRecord], baseline: str | None = None) -> list
     lines += seed_lines(all_results)
     lines += reason_lines(results, lambda r: r["label"])
     if baseline is not None:
-        lines.append(f"Every column, the ratio included, is divided by {baseline}'s; n/a where it has no value.")
+        lines.append(
+            f"Every column, the ratio included, is divided by {baseline}'s, measured like the row (same corpus, "
+            "precision, protocol and positions); n/a where it has no value."
+        )
     lines += [f"{r.label} [{r.status}]: {r.error}" for r in records if r.status != "ok"]
     return lines
 
