@@ -4,6 +4,7 @@ generation budgets as defaults, prompt + generated tokens filling the length, an
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,7 +12,10 @@ import torch
 
 from posenc_cli.data.ruler import registry
 from posenc_cli.data.ruler.base import Sizes, exact_score, string_match_all, until_end
+from posenc_cli.data.sources.stdlib import StdlibDataConfig
+from posenc_cli.data.sources.tasks import TasksDataConfig, corpus_info, make_documents
 from posenc_cli.data.tokenizer import ByteTokenizer
+from posenc_cli.errors import ConfigError
 from posenc_cli.evaluation.tasks import retrieval
 
 
@@ -149,3 +153,28 @@ def test_cells_are_keyed_by_scoring_budget_and_sizes() -> None:
     # a cell from before scoring was recorded was scored exactly on the answer's tokens
     old = retrieval.entry_key({**cell, "digits": 7})
     assert old == retrieval.entry_key({**contains, "scoring": "exact", "generate": None})
+
+
+def test_a_run_is_asked_its_mixtures_sizes_and_budget_unless_flags_say_otherwise() -> None:
+    def run(data):
+        return SimpleNamespace(config=SimpleNamespace(data=data))
+
+    mixture = TasksDataConfig(hops=2, letters=3, tokens_to_generate=24)
+    assert retrieval.run_sizes(run(mixture), retrieval.TasksEvalConfig()) == (Sizes(hops=2, letters=3), 24)
+    flags = retrieval.TasksEvalConfig(sizes={"hops": 3}, digits=5)
+    assert retrieval.run_sizes(run(mixture), flags) == (Sizes(hops=3, letters=3, digits=5), 24)
+    assert retrieval.run_sizes(run(StdlibDataConfig()), retrieval.TasksEvalConfig()) == (Sizes(), None)
+
+
+def test_mixture_sizes_are_validated_and_only_they_change_the_fingerprint() -> None:
+    with pytest.raises(ConfigError, match="data.keys must be at most 40"):
+        TasksDataConfig(keys=41).validate()
+    with pytest.raises(ConfigError, match="data.hops must be at most 256"):
+        TasksDataConfig(hops=10**9).validate()
+    with pytest.raises(ConfigError, match="data.tokens_to_generate"):
+        TasksDataConfig(tokens_to_generate=0).validate()
+    base = corpus_info(TasksDataConfig(), None)
+    assert corpus_info(TasksDataConfig(tokens_to_generate=32), None) == base  # an evaluation setting
+    assert corpus_info(TasksDataConfig(hops=2), None) != base
+    docs = make_documents(TasksDataConfig(tasks=["variable-tracking"], hops=2, letters=3), 20, 0, None)
+    assert all(len(re.findall(r"VAR [A-Z]{3} =", d)) == 3 for d in docs)
