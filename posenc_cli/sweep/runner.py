@@ -482,7 +482,7 @@ def run_sweep(
     with sweep_lock(sweep_dir):
         check_planned(sweep_dir, plans, identities)  # before anything is written
         write_planned(sweep_dir, identities)
-        write_plan(spec, user_overrides, sweep_dir, plans)
+        write_plan(spec, user_overrides, sweep_dir, plans, identities)
         session = uuid.uuid4().hex
         for plan in plans:
             _run_stage(plan, sweep_dir, session, launcher_overrides, user_config_dir, on_event)
@@ -555,8 +555,15 @@ def _hydra_quote(value: str) -> str:
     return quote_value(value)
 
 
-def write_plan(spec: SweepSpec, user_overrides: list[str], sweep_dir: Path, plans: list[StagePlan]) -> None:
-    """`sweep.json`: what ran and how each job is labelled, so `compare` can rebuild the table from disk."""
+def write_plan(
+    spec: SweepSpec,
+    user_overrides: list[str],
+    sweep_dir: Path,
+    plans: list[StagePlan],
+    identities: dict[str, dict[str, Any]] | None = None,
+) -> None:
+    """`sweep.json`: what ran and how each job is labelled (and, given `identities`, the hash of the config each job
+    was planned with, as `PLANNED_FILE` records it), so `compare` can rebuild the table from disk."""
     record = {
         "schema_version": 1,
         "sweep": spec.name,
@@ -570,6 +577,7 @@ def write_plan(spec: SweepSpec, user_overrides: list[str], sweep_dir: Path, plan
                 "label": job.label,
                 "parent": job.parent,
                 "swept": job.swept,
+                **({"config_hash": identity_hash(identities[job.key])} if identities and job.key in identities else {}),
             }
             for plan in plans
             for job in plan.jobs
