@@ -16,6 +16,7 @@ _COMMAND_MODULES = (
     "train",
     "evaluate",
     "tasks",
+    "algorithmic",
     "extend",
     "sweep",
     "compare",

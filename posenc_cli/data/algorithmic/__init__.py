@@ -1,0 +1,37 @@
+"""Registry of the algorithmic length-generalisation tasks of Kazemnejad et al. 2023 (`copy`, `reverse`, `addition`,
+`sorting`, `summation`, `parity`, `polynomial`).
+
+Each module of this package except `base` holds one task: a seeded generator of one example (prompt and answer) of a
+given instance length, and an independent solver that reads the answer off the prompt (what the contract test
+`tests/test_algorithmic_contract.py` checks on every registered task). The `data=algorithmic` training source
+(`posenc_cli.data.sources.algorithmic`), `posenc eval-algorithmic` (`posenc_cli.evaluation.algorithmic`) and the
+tests pick a new task file up from this registry with no other edit. Imports neither torch nor the tokenizers.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from posenc_cli.data.algorithmic.base import AlgorithmicTask, Example
+from posenc_cli.errors import ConfigError
+from posenc_cli.registry import Registry
+
+__all__ = ["AlgorithmicTask", "Example", "register", "registry", "task_class"]
+
+_TASKS: Registry[type[AlgorithmicTask]] = Registry(__name__, "algorithmic task")
+register = _TASKS.register  # class decorator: make `cls` an algorithmic task named `cls.name`
+
+
+def registry() -> dict[str, type[AlgorithmicTask]]:
+    """All registered algorithmic tasks by name, sorted."""
+    return _TASKS.entries()
+
+
+def task_class(name: str, what: str = "algorithmic task") -> type[AlgorithmicTask]:
+    """The task registered as `name`; else one `ConfigError` line with the closest name ("did you mean")."""
+    entries = registry()
+    if name in entries:
+        return entries[name]
+    close = difflib.get_close_matches(str(name), list(entries), n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    raise ConfigError(f"unknown {what} '{name}'{hint} (available: {', '.join(entries)})")

@@ -1,0 +1,154 @@
+"""`data=algorithmic`: seeded examples of the algorithmic tasks of Kazemnejad et al. 2023
+(`posenc_cli.data.algorithmic`) of instance lengths <= L, one document each.
+
+Each document draws a task uniformly from `data.tasks` and an instance length uniformly from
+[max(data.min_length, the task's least), data.max_length = L] (the reference generates the same number of examples per
+length bin: McGill-NLP/length-generalization 40f8a44, `scripts/dataset_builders/make_*_dataset.py`, `main`), then one
+example; its text is the prompt and the answer (`Example.text`). The paper trains on L = 20 (L = 8 with a
+scratchpad, not built here) and tests on 1..2L (`posenc eval-algorithmic`, `posenc_cli.evaluation.algorithmic`).
+
+How examples reach the model (and where that deviates from the paper): the documents are tokenized by the ordinary
+token cache, each followed by the end-of-document token, into one stream per split; training draws windows of
+`train.seq_len` tokens at uniform offsets of that stream (`data.cache.sample_batch`) and its loss is plain
+next-token prediction over every position of the window: prompt tokens, answer tokens and the end-of-document token
+alike, and the cut examples at the window's edges. The reference instead trains one example per sequence starting at
+position 0 (`configs/data/seq2seq.jsonnet`: `decoder_only_group_samples: false`) with the loss on the answer tokens
+only (`decoder_only_mask_inputs: true`); posenc's training loop has no loss mask. Two consequences: a model also
+learns to predict the (random) prompts, which costs capacity but not correctness, and an example can sit anywhere
+in a window, so a window longer than the longest training example shows the model positions no training example
+reaches. Keep `train.seq_len` about the token length of the longest training example (`configs/sweep/algorithmic.yaml`
+does) so that test examples beyond L also need positions beyond those seen in training, as in the paper.
+
+The validation split (`val_fraction` of `examples`) is drawn from its own seeded stream with the same lengths <= L.
+`eval_examples` and `eval_max_length` (None: 2L) are what `eval-algorithmic` and a sweep job measure on a run trained
+on this source; evaluation settings, so not part of the training data's fingerprint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from posenc_cli.config import DataConfig, _non_negative, _positive
+from posenc_cli.data.algorithmic import registry as task_registry
+from posenc_cli.data.algorithmic import task_class
+from posenc_cli.data.algorithmic.base import GENERATOR_VERSION, MAX_LENGTH
+from posenc_cli.data.sources import register
+from posenc_cli.data.sources.base import (
+    FORMAT_VERSION,
+    DataSource,
+    Docs,
+    ProgressFn,
+    Source,
+    memory_table,
+    short_hash,
+    whole,
+)
+from posenc_cli.errors import ConfigError
+
+ALL_TASKS = tuple(task_registry())  # every registered algorithmic task, sorted
+PAPER_MAX_LENGTH = 20  # L of the paper's main experiments (Kazemnejad et al. 2023, section 4)
+EVAL_SETTINGS = ("eval_examples", "eval_max_length")  # read by eval-algorithmic, not part of the documents
+
+
+@dataclass(kw_only=True)
+class AlgorithmicDataConfig(DataConfig):
+    """`data=algorithmic`: the tasks (default all), the number of examples (both splits), the instance-length range
+    [min_length, max_length = L] of training, the generator's seed; and, for `posenc eval-algorithmic` on a run
+    trained on it, examples per task × length and the longest test length (None: 2L).
+
+    Its Hydra group node is generated from these defaults (no `configs/data/algorithmic.yaml`), so a new task file
+    joins the default mixture with no other edit. E.g. `posenc train data=algorithmic 'data.tasks=[copy,reverse]'
+    data.max_length=20`."""
+
+    source: str = "algorithmic"
+    tasks: list[str] = field(default_factory=lambda: list(ALL_TASKS))
+    examples: int = 100_000  # the paper's 100K training examples (per task there; see the module docstring)
+    min_length: int = 1
+    max_length: int = PAPER_MAX_LENGTH
+    seed: int = 0
+    eval_examples: int = 100
+    eval_max_length: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        _positive(self, "data", "examples", "min_length", "max_length", "eval_examples")
+        _non_negative(self, "data", "seed")
+        if not self.tasks:
+            raise ConfigError("data.tasks needs at least one task")
+        for name in self.tasks:
+            task_class(name, "task in data.tasks")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ConfigError(f"data.tasks names a task twice: {self.tasks}")
+        if self.max_length < self.min_length:
+            raise ConfigError(f"data.max_length={self.max_length} is below data.min_length={self.min_length}")
+        if self.max_length > MAX_LENGTH:
+            raise ConfigError(f"data.max_length must be at most {MAX_LENGTH}, got {self.max_length}")
+        if self.eval_max_length is not None and not 1 <= self.eval_max_length <= 2 * MAX_LENGTH:
+            raise ConfigError(f"data.eval_max_length must be in [1, {2 * MAX_LENGTH}], got {self.eval_max_length}")
+
+    @property
+    def test_max_length(self) -> int:
+        """The longest instance length evaluated: `eval_max_length`, else 2L."""
+        return self.eval_max_length if self.eval_max_length is not None else 2 * self.max_length
+
+
+def length_range(data: AlgorithmicDataConfig, name: str) -> tuple[int, int]:
+    """[low, high] instance lengths of training examples of task `name`."""
+    low = max(data.min_length, task_class(name).min_length)
+    return low, max(low, data.max_length)
+
+
+def make_documents(data: AlgorithmicDataConfig, n: int, seed_part: int) -> list[str]:
+    """`n` example texts of the mixture; the same arguments give the same list (`seed_part` 0: train, 1: val)."""
+    rng = np.random.default_rng([data.seed, GENERATOR_VERSION, seed_part])
+    tasks = [task_class(name) for name in data.tasks]
+    ranges = [length_range(data, name) for name in data.tasks]
+    docs = []
+    for _ in range(n):  # one step per document
+        i = int(rng.integers(0, len(tasks)))
+        low, high = ranges[i]
+        docs.append(tasks[i].sample(rng, int(rng.integers(low, high + 1))).text)
+    return docs
+
+
+def corpus_info(data: AlgorithmicDataConfig) -> dict[str, Any]:
+    """JSON-safe summary of the examples; also what their cache fingerprint is made of."""
+    info: dict[str, Any] = {"source": "algorithmic", "generator_version": GENERATOR_VERSION}
+    skip = ("source", "cache_dir", *EVAL_SETTINGS)  # not the documents' settings
+    info.update({k: v for k, v in dataclasses.asdict(data).items() if k not in skip})
+    return info
+
+
+def split_sizes(data: AlgorithmicDataConfig) -> tuple[int, int]:
+    """(train, val) documents: round(val_fraction · examples) to validation, at least one when val_fraction > 0."""
+    n_val = max(1, round(data.val_fraction * data.examples)) if data.val_fraction > 0 else 0
+    n_val = min(n_val, data.examples - 1)
+    return data.examples - n_val, n_val
+
+
+@register
+class AlgorithmicSource(DataSource):
+    name = "algorithmic"
+    config_cls = AlgorithmicDataConfig
+    # a sweep job trained on the examples measures exact match per task × length, then perplexity
+    tasks = ("algorithmic", "extrapolate")
+
+    @classmethod
+    def open(cls, data: AlgorithmicDataConfig, root: Path, progress: ProgressFn | None) -> Source:
+        info = corpus_info(data)
+
+        def documents() -> tuple[Docs, Docs, str]:
+            n_train, n_val = split_sizes(data)
+            train, val = make_documents(data, n_train, 0), make_documents(data, n_val, 1)
+            return whole(memory_table(train)), whole(memory_table(val)), "generated examples (seeded)"
+
+        return Source(fingerprint=short_hash("algorithmic", FORMAT_VERSION, info), info=info, documents=documents)
+
+    @classmethod
+    def describe(cls, data: AlgorithmicDataConfig) -> str:
+        return f"algorithmic({','.join(data.tasks)}; L={data.max_length})"

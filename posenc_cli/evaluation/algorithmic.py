@@ -1,0 +1,350 @@
+"""Exact-match accuracy of greedy answers per algorithmic task × instance length (Kazemnejad et al. 2023;
+`posenc eval-algorithmic`; the tasks are `posenc_cli.data.algorithmic`).
+
+For each task and instance length n (default 1..2L, L the run's `data.max_length`), `examples` seeded examples become
+prompts `<eod> prompt` (every training document follows an end-of-document token) and the model's greedy
+continuation is decoded through the KV cache (`passkey.decode_prompts`). An example is right when the continuation
+is exactly the answer's tokens followed by the end-of-document token, i.e. the answer and then a stop, as the
+reference compares the whole generated output with the target (McGill-NLP/length-generalization 40f8a44,
+`src/data/data_instance_processor/data_instance_processor.py` `is_prediction_correct`). Prompts of one cell are
+decoded in groups of equal token length (no padding, so every row sees exactly its own tokens at positions 0..).
+
+Cells go to `eval/algorithmic.json` through the shared loop (`loop.measure`), keyed by task, length, examples,
+seed, generator version, precision and checkpoint; each records L and whether n is in distribution (n <= L, the
+lengths of training) or beyond it (L+1..2L, the paper's test split). A cell whose longest example needs more positions
+than the scheme can read is n/a with the reason every evaluation gives.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from posenc_cli import __version__
+from posenc_cli.data.algorithmic import registry as task_registry
+from posenc_cli.data.algorithmic import task_class
+from posenc_cli.data.algorithmic.base import GENERATOR_VERSION, MAX_LENGTH, Example
+from posenc_cli.data.sources.algorithmic import PAPER_MAX_LENGTH, AlgorithmicDataConfig
+from posenc_cli.errors import ConfigError, LengthBeyondScheme
+from posenc_cli.evaluation.loop import Entry, measure, results_header
+from posenc_cli.evaluation.passkey import check_readable, decode_prompts
+from posenc_cli.evaluation.perplexity import check_not_training, evaluate_each_run, find_runs, resolve_dtype
+from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, read_results_file
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from posenc_cli.data.tokenizer import Tokenizer
+    from posenc_cli.run.checkpoint import LoadedRun
+
+RESULTS_FILE = Path("eval") / "algorithmic.json"
+COMMAND = "eval-algorithmic"
+SAMPLES_PER_CELL = 3
+DEFAULT_EXAMPLES = 100
+Progress = Callable[[str, int, int], None]  # (description, done, total)
+
+
+@dataclass(kw_only=True)
+class AlgorithmicEvalConfig:
+    """Options of `posenc eval-algorithmic` (flags mirror these fields). None means: the run's `data=algorithmic`
+    settings (tasks, L = data.max_length, lengths 1..data.eval_max_length or 2L, data.eval_examples), and for a run
+    trained on other data every task, L = 20 (the paper's), 1..2L and 100 examples."""
+
+    tasks: list[str] | None = None
+    lengths: list[int] | None = None
+    max_length: int | None = None
+    examples: int | None = None
+    seed: int = 0
+    batch_tokens: int = 16384
+    dtype: str = "auto"
+    force: bool = False
+
+    def validate(self) -> None:
+        if self.tasks is not None:
+            if not self.tasks:
+                raise ConfigError("--tasks needs at least one task")
+            for name in self.tasks:
+                task_class(name)
+        if self.lengths is not None:
+            if not self.lengths:
+                raise ConfigError("--lengths needs at least one length")
+            if any(not 1 <= n <= 2 * MAX_LENGTH for n in self.lengths):
+                raise ConfigError(f"--lengths must be instance lengths in [1, {2 * MAX_LENGTH}], got {self.lengths}")
+        if self.max_length is not None and not 1 <= self.max_length <= MAX_LENGTH:
+            raise ConfigError(f"--max-length must be in [1, {MAX_LENGTH}], got {self.max_length}")
+        if self.examples is not None and self.examples < 1:
+            raise ConfigError(f"--examples must be >= 1, got {self.examples}")
+        if self.batch_tokens < 1:
+            raise ConfigError(f"--batch-tokens must be >= 1, got {self.batch_tokens}")
+        if self.seed < 0:
+            raise ConfigError(f"--seed must be >= 0, got {self.seed}")
+        if self.dtype not in ("auto", "fp32", "bf16"):
+            raise ConfigError(f"--dtype must be auto, fp32 or bf16, got {self.dtype!r}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run is asked: tasks, instance lengths, L (training's longest length) and examples per cell."""
+
+    tasks: list[str]
+    lengths: list[int]
+    max_length: int
+    examples: int
+
+
+def plan_for(cfg: AlgorithmicEvalConfig, data: Any) -> Plan:
+    """`cfg` with its None fields filled from the run's data config `data` (see `AlgorithmicEvalConfig`)."""
+    trained = data if isinstance(data, AlgorithmicDataConfig) else None
+    tasks = cfg.tasks or (list(trained.tasks) if trained else list(task_registry()))
+    max_length = cfg.max_length or (trained.max_length if trained else PAPER_MAX_LENGTH)
+    top = trained.test_max_length if trained and cfg.max_length is None else 2 * max_length
+    lengths = sorted(set(cfg.lengths)) if cfg.lengths else list(range(1, top + 1))
+    examples = cfg.examples or (trained.eval_examples if trained else DEFAULT_EXAMPLES)
+    return Plan(tasks, lengths, max_length, examples)
+
+
+def cell_examples(task: str, length: int, n: int, seed: int) -> list[Example]:
+    """The `n` examples of one cell: they depend only on (seed, generator version, task, length), not on the other
+    cells asked, and never on a training stream (those are seeded with three numbers, these with five)."""
+    cls = task_class(task)
+    rng = np.random.default_rng([seed, GENERATOR_VERSION, 2, zlib.crc32(task.encode()), length])
+    return [cls.sample(rng, length) for _ in range(n)]
+
+
+def encode_example(tokenizer: Tokenizer, example: Example) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt ids with the leading end-of-document token, answer ids with the closing one). Raises ValueError when
+    the tokenizer cuts `prompt + answer` elsewhere than between the two (then the prompt is not what training saw)."""
+    prompt = np.asarray(tokenizer.encode(example.prompt), dtype=np.int64)
+    answer = np.asarray(tokenizer.encode(example.answer), dtype=np.int64)
+    whole = np.asarray(tokenizer.encode(example.text), dtype=np.int64)
+    if not np.array_equal(whole, np.concatenate([prompt, answer])):
+        raise ValueError(f"the tokenizer does not cut {example.text!r} between prompt and answer")
+    eod = np.array([tokenizer.eod_id], dtype=np.int64)
+    return np.concatenate([eod, prompt]), np.concatenate([answer, eod])
+
+
+def until_end(ids: np.ndarray, eod_id: int) -> np.ndarray:
+    """Generated ids before the first end-of-document token."""
+    stop = np.flatnonzero(ids == eod_id)
+    return ids[: stop[0]] if len(stop) else ids
+
+
+def evaluate_cell(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    examples: Sequence[Example],
+    *,
+    batch_tokens: int = 16384,
+    dtype: str = "fp32",
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    label: str = "",
+) -> dict[str, Any]:
+    """Greedy answers to `examples`: {correct, accuracy, tokens (the longest prompt + answer, end tokens included),
+    samples}. Raises `LengthBeyondScheme` (before any forward) when the model cannot read the longest example."""
+    encoded = [encode_example(tokenizer, e) for e in examples]
+    tokens = max(len(p) + len(a) for p, a in encoded)
+    check_readable(model, tokens)  # it reads every token but the last generated one
+    right = np.zeros(len(examples), dtype=bool)
+    outputs: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(examples)
+    by_width: dict[int, list[int]] = {}
+    for i, (p, _) in enumerate(encoded):
+        by_width.setdefault(len(p), []).append(i)
+    for width, rows in sorted(by_width.items()):  # one decode per prompt length: no padding
+        prompts = np.stack([encoded[i][0] for i in rows])  # (n, width)
+        steps = max(len(encoded[i][1]) for i in rows)
+        generated = decode_prompts(
+            model, prompts, steps, width + steps, batch_tokens, dtype, device, progress, label
+        )  # (n, steps)
+        for r, i in enumerate(rows):
+            answer = encoded[i][1]
+            right[i] = np.array_equal(generated[r, : len(answer)], answer)
+            outputs[i] = generated[r]
+    samples = [
+        {
+            "prompt": e.prompt,
+            "answer": e.answer,
+            "output": tokenizer.decode(until_end(outputs[i], tokenizer.eod_id)),
+        }
+        for i, e in enumerate(examples[:SAMPLES_PER_CELL])
+    ]
+    correct = int(right.sum())
+    return {"correct": correct, "accuracy": correct / len(examples), "tokens": int(tokens), "samples": samples}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Results file and runs.
+
+
+def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """Two entries measure the same cell when these agree (the checkpoint too: see `results.checkpoint_key`)."""
+    cell = (entry["task"], entry["length"], entry["examples"], entry["seed"], entry["generator"], entry["dtype"])
+    return (*cell, entry["train_max_length"], *checkpoint_key(entry))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmicEntry(Entry):
+    """One task × instance-length cell of `eval/algorithmic.json`; the fields in the order of the stored keys."""
+
+    task: str
+    length: int
+    train_max_length: int  # L: lengths <= L are in distribution
+    in_distribution: bool
+    examples: int
+    seed: int
+    generator: int
+    dtype: str
+    checkpoint: dict[str, Any]
+    status: str = "n/a"
+    reason: str | None = None
+    tokens: int | None = None
+    correct: int | None = None
+    accuracy: float | None = None
+    samples: list[dict[str, str]] = field(default_factory=list)
+    posenc_version: str = __version__
+    created: str
+
+
+def evaluate_algorithmic_run(
+    run: LoadedRun,
+    cfg: AlgorithmicEvalConfig,
+    *,
+    device: str | torch.device | None = None,
+    force: bool | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Measure (or reuse) every task × length cell `cfg` asks of a loaded run; store them in eval/algorithmic.json.
+
+    Returns the results doc restricted to this call's entries (task-major, length-minor) plus "path", "reused" and
+    "not_saved". A run being trained right now is refused.
+    """
+    cfg.validate()
+    check_not_training(run.path)
+    force = cfg.force if force is None else force
+    device = torch.device(device) if device is not None else next(run.model.parameters()).device
+    dtype = resolve_dtype(cfg.dtype, run.meta.precision, device)
+    checkpoint = checkpoint_identity(run.meta)
+    train_length, base_length = run.meta.lengths(run.config)
+    plan = plan_for(cfg, run.config.data)
+
+    def cells() -> Iterator[list[AlgorithmicEntry]]:
+        for task in plan.tasks:
+            for n in plan.lengths:
+                yield [
+                    AlgorithmicEntry(
+                        task=task,
+                        length=n,
+                        train_max_length=plan.max_length,
+                        in_distribution=n <= plan.max_length,
+                        examples=plan.examples,
+                        seed=cfg.seed,
+                        generator=GENERATOR_VERSION,
+                        dtype=dtype,
+                        checkpoint=dict(checkpoint),
+                        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                    )
+                ]
+
+    def measure_cell(group: Sequence[AlgorithmicEntry]) -> list[AlgorithmicEntry]:
+        (cell,) = group
+        examples = cell_examples(cell.task, cell.length, cell.examples, cell.seed)
+        try:
+            measured = evaluate_cell(
+                run.model,
+                run.tokenizer,
+                examples,
+                batch_tokens=cfg.batch_tokens,
+                dtype=dtype,
+                device=device,
+                progress=progress,
+                label=f"{cell.task} n={cell.length}",
+            )
+        except LengthBeyondScheme as e:  # the same reason text as eval-extrapolate
+            return [replace(cell, reason=e.reason)]
+        return [replace(cell, status="ok", **measured)]
+
+    header = results_header(run.path.name, str(run.config.pos.name), train_length, base_length)
+    done = measure(
+        run.path / RESULTS_FILE, COMMAND, header, checkpoint, cells(), measure_cell, key=entry_key, force=force
+    )
+    out = dict(done.header)
+    out.update(path=str(run.path), reused=done.reused, entries=done.entries, not_saved=done.not_saved)
+    return out
+
+
+def evaluate_algorithmic_paths(
+    paths: Sequence[Path | str],
+    cfg: AlgorithmicEvalConfig,
+    *,
+    device: str | torch.device = "auto",
+    threads: int = 0,
+    force: bool | None = None,
+    progress: Progress | None = None,
+    on_run: Callable[[Path, int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Find the runs below `paths` and evaluate each in turn (one model in memory at a time)."""
+    cfg.validate()
+
+    def evaluate(run: LoadedRun, run_device: torch.device) -> dict[str, Any]:
+        return evaluate_algorithmic_run(run, cfg, device=run_device, force=force, progress=progress)
+
+    return evaluate_each_run(find_runs(paths), evaluate, device=device, threads=threads, on_run=on_run)
+
+
+def load_algorithmic_results(run_dir: Path | str) -> dict[str, Any] | None:
+    """The stored `eval/algorithmic.json` of a run, None when absent; CheckpointError when unreadable."""
+    return read_results_file(Path(run_dir) / RESULTS_FILE, COMMAND)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Summaries (what the tables print; pure functions of the entries).
+
+
+@dataclass(frozen=True)
+class TaskSummary:
+    """One task of one run: accuracy per measured length (None: n/a), and the mean accuracy over the measured
+    lengths <= L (in distribution) and over L+1..2L (beyond; the paper's test split), None when none was measured."""
+
+    task: str
+    max_length: int
+    accuracy: dict[int, float | None]
+    in_distribution: float | None
+    beyond: float | None
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize(entries: Sequence[dict[str, Any]]) -> list[TaskSummary]:
+    """Per task (in first-seen order): accuracy by length and the in-distribution / beyond-L means. Cells of one
+    task must share L (a run has one); the latest entry per length wins."""
+    by_task: dict[str, dict[int, dict[str, Any]]] = {}
+    for e in entries:
+        by_task.setdefault(str(e["task"]), {})[int(e["length"])] = e
+    out = []
+    for task, cells in by_task.items():
+        limits = {int(e["train_max_length"]) for e in cells.values()}
+        if len(limits) != 1:
+            raise ValueError(f"cells of task {task} were measured with different L: {sorted(limits)}")
+        (limit,) = limits
+        accuracy = {
+            n: (float(e["accuracy"]) if e.get("status") == "ok" and e.get("accuracy") is not None else None)
+            for n, e in sorted(cells.items())
+        }
+        inside = [a for n, a in accuracy.items() if n <= limit and a is not None]
+        beyond = [a for n, a in accuracy.items() if limit < n <= 2 * limit and a is not None]
+        out.append(TaskSummary(task, limit, accuracy, _mean(inside), _mean(beyond)))
+    return out
+
+
+def combined_json(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """All runs' results in one JSON-safe document (for --json)."""
+    return {"schema_version": 1, "runs": [{k: v for k, v in r.items() if k != "reused"} for r in results]}
