@@ -78,6 +78,9 @@ def test_compare_out_into_an_unwritable_place_is_one_line(tmp_path: Path) -> Non
     result = runner.invoke(app, ["compare", str(tmp_path / "runs"), "--out", str(blocker / "out")])
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and f"cannot write {blocker / 'out'}" in " ".join(result.output.split())
+    assert "Perplexity" not in result.output  # refused before any table was printed
+    with pytest.raises(UserError, match="Not a directory"):
+        output_files.check_writable_dir(blocker / "deeper" / "still")
 
 
 def test_plot_into_an_unwritable_place_or_format_is_a_user_error(tmp_path: Path) -> None:

@@ -79,6 +79,11 @@ def compare_command(
         raise UserError(f"--metric must be ppl, bpb or nll, got {metric}")
     if fmt not in ("table", "csv", "json", "markdown"):
         raise UserError(f"--format must be table, csv, json or markdown, got {fmt}")
+    if out is not None:
+        # deferred: keeps this command's modules off posenc --help start-up
+        from posenc_cli.report.output_files import check_writable_dir
+
+        check_writable_dir(out)  # before any table is printed
     records = gather(paths, all_lengths=all_lengths)
     table = reference_table(reference) if reference is not None else None  # an unknown name fails before output
     render(records, metric=metric, baseline=baseline, fmt=fmt, out=out, console=console)

@@ -14,6 +14,7 @@ the path the user gave: one line and exit code 2 in the CLI.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import socket
@@ -24,7 +25,14 @@ from posenc_cli.errors import UserError
 
 STAGING_PREFIX = ".posenc-staging"
 
-__all__ = ["STAGING_PREFIX", "UnwritableError", "remove_stale_staging", "staged_files", "staging_name"]
+__all__ = [
+    "STAGING_PREFIX",
+    "UnwritableError",
+    "check_writable_dir",
+    "remove_stale_staging",
+    "staged_files",
+    "staging_name",
+]
 
 
 class UnwritableError(UserError):
@@ -33,6 +41,20 @@ class UnwritableError(UserError):
     def __init__(self, path: Path, error: OSError) -> None:
         why = os.strerror(error.errno) if error.errno is not None else str(error)
         super().__init__(f"cannot write {path}: {why}")
+
+
+def check_writable_dir(directory: Path | str) -> None:
+    """Fail early (`UnwritableError`, before any work) when `directory` could not be created or written: its first
+    existing ancestor is not a directory, or this process may not write there. Storage that is full or read-only
+    still fails at the write itself."""
+    directory = Path(directory)
+    existing = next((p for p in (directory, *directory.absolute().parents) if p.exists()), None)
+    if existing is None:
+        return
+    if not existing.is_dir():
+        raise UnwritableError(directory, OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UnwritableError(directory, OSError(errno.EACCES, os.strerror(errno.EACCES)))
 
 
 def staging_name(pid: int | None = None) -> str:

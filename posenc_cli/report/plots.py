@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 
 from posenc_cli.errors import ConfigError, UserError
-from posenc_cli.report.output_files import staged_files
+from posenc_cli.report.output_files import check_writable_dir, staged_files
 from posenc_cli.report.tables import CANNOT, cell_kind, describe_lengths, describe_protocol, run_label
 
 Result = dict[str, Any]
@@ -184,7 +184,8 @@ def _legend_outside(ax: Any) -> None:
 
 def figure_format(path: Path | str) -> str:
     """The image format `path`'s suffix names (PNG without one); `ConfigError` for one matplotlib cannot write and
-    `UserError` for a path that is a directory, so a bad --plot fails before any work."""
+    `UserError` for a path that is a directory or cannot be written (`output_files.check_writable_dir`), so a
+    bad --plot fails before any work."""
     path = Path(path)
     fmt = path.suffix.lstrip(".").lower() or "png"
     supported = FigureCanvasAgg(Figure()).get_supported_filetypes()
@@ -192,6 +193,7 @@ def figure_format(path: Path | str) -> str:
         raise ConfigError(f"{path}: cannot write a .{fmt} figure (formats: {', '.join(sorted(supported))})")
     if path.is_dir():
         raise UserError(f"cannot write {path}: it is a directory")
+    check_writable_dir(path.parent)
     return fmt
 
 
