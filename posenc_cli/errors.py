@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 
 
 class UserError(Exception):
@@ -48,13 +49,24 @@ DISK_ERRNOS = frozenset(
 )
 
 
+# numpy's `tofile` (and other C writers) report a short write, which on a local file system means it is full, as
+# an OSError without errno: "4096 requested and 1024 written".
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
 def is_disk_error(e: BaseException) -> bool:
-    """True for an `OSError` of the disk kind (`DISK_ERRNOS`)."""
-    return isinstance(e, OSError) and e.errno in DISK_ERRNOS
+    """True for an `OSError` of the disk kind (`DISK_ERRNOS`, or a short write without errno)."""
+    if not isinstance(e, OSError):
+        return False
+    return e.errno in DISK_ERRNOS or (e.errno is None and bool(_SHORT_WRITE.search(str(e))))
 
 
 def disk_error_message(e: OSError) -> str:
     """'PATH: No space left on device' (both paths of a rename); the storage's own words, one line."""
-    what = os.strerror(e.errno) if e.errno is not None else str(e)
+    short = _SHORT_WRITE.search(str(e)) if e.errno is None else None
+    if short is not None:
+        what = f"{os.strerror(errno.ENOSPC)} (short write: {short.group(0)})"
+    else:
+        what = os.strerror(e.errno) if e.errno is not None else str(e)
     paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
     return f"{paths}: {what}" if paths else f"storage error: {what}"

@@ -105,7 +105,7 @@ def test_shell_completion_completes_command_names() -> None:
     env = {**os.environ, "_POSENC_COMPLETE": "complete_bash", "COMP_WORDS": "posenc ev", "COMP_CWORD": "1"}
     code = "from posenc_cli.cli import main; main()"
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert result.stdout.split() == ["eval-extrapolate", "eval-passkey", "eval-tasks"], result.stderr
+    assert result.stdout.split() == ["eval-algorithmic", "eval-extrapolate", "eval-passkey", "eval-tasks"], result.stderr
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
 
 
@@ -160,3 +160,20 @@ def test_unknown_config_keys_and_groups_suggest_the_right_names() -> None:
     assert "unknown config key 'trian.steps' (no group 'trian'; did you mean train?; groups: data," in result.output
     result = runner.invoke(app, ["train", "model.n_layr=3", "--cfg", "job"], terminal_width=200)
     assert "did you mean model.n_layer?" in result.output
+
+
+def test_a_short_write_without_errno_is_a_disk_error_line() -> None:
+    import typer
+
+    from posenc_cli.cli.app import handles_errors
+
+    stub = typer.Typer()
+
+    @stub.command()
+    @handles_errors
+    def write() -> None:
+        raise OSError("4096 requested and 1024 written")  # numpy's tofile on a full disk: no errno, no path
+
+    result = runner.invoke(stub, [])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "No space left on device (short write: 4096 requested and 1024 written)" in result.output
