@@ -106,7 +106,9 @@ def test_rerun_is_a_no_op_and_another_extension_is_refused(sources: dict[str, Pa
     again = _extend(str(sources["llama"]), "--yarn", "--out", str(out))
     assert again.exit_code == 0 and "already extended" in again.output
     other = _extend(str(sources["llama"]), "--linear", "--out", str(out))
-    assert other.exit_code == 2 and "not empty" in other.output
+    assert other.exit_code == 2 and "different extension (other method: yarn there, linear asked" in " ".join(
+        other.output.split()
+    )
     assert (out / RECORD_FILE).read_text() == record
 
 
@@ -199,3 +201,15 @@ def test_a_huge_factor_is_refused_in_one_line(sources: dict[str, Path], tmp_path
     assert f"--factor 1e+308 is out of range for {method}" in " ".join(result.output.split())
     assert len(result.output.strip().splitlines()) == 1 and not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ext.extend-")]
+
+
+def test_another_extension_into_the_directory_is_refused_naming_what_differs(
+    sources: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "ext"
+    assert _extend(str(sources["llama"]), "--yarn", "--factor", "4", "--out", str(out)).exit_code == 0
+    before = _digest(out)
+    result = _extend(str(sources["llama"]), "--yarn", "--factor", "8", "--out", str(out))
+    assert result.exit_code == 2
+    assert "different extension (other factor: 4 there, 8 asked;" in " ".join(result.output.split())
+    assert _digest(out) == before

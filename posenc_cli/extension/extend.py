@@ -28,6 +28,7 @@ from posenc_cli import __version__
 from posenc_cli.config import Config, ExtendConfig, config_to_yaml, replace
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.extension.hf_extend import extend_hf_dir
+from posenc_cli.extension.identity import differences
 from posenc_cli.extension.limits import frequency_numbers
 from posenc_cli.fsutil import exclusive_or_fail
 from posenc_cli.positional.remap import RemapConfig, remapped_distance
@@ -286,28 +287,10 @@ def check_same_keys(out_dir: Path, meta: dict[str, Any], record: dict[str, Any],
         )
     diffs = [k for k in keys if old.get(k) != record.get(k)]
     if diffs:
-        what = (
-            "parent weights"
-            if diffs == ["parent_weights_sha256"]
-            else "; ".join(_differs(k, old, record) for k in diffs)
-        )
+        what = "parent weights" if diffs == ["parent_weights_sha256"] else "; ".join(differences(old, record, keys))
         raise ConfigError(
             f"output directory {out_dir} already holds a different extension (other {what}); choose another --out"
         )
-
-
-def _differs(key: str, old: dict[str, Any], new: dict[str, Any]) -> str:
-    """'scaling.factor: 4 there, 8 asked' (the first differing entry of a record key, values shortened)."""
-    a, b = old.get(key), new.get(key)
-    if isinstance(a, dict) and isinstance(b, dict):
-        sub = next(k for k in [*a, *(k for k in b if k not in a)] if a.get(k) != b.get(k))
-        key, a, b = f"{key}.{sub}", a.get(sub), b.get(sub)
-    return f"{key}: {_short(a)} there, {_short(b)} asked"
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    text = "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # ----------------------------------------------------------------------------------------------------------------

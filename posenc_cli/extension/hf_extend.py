@@ -26,6 +26,7 @@ from typing import Any
 from posenc_cli import __version__
 from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
+from posenc_cli.extension.identity import differences
 from posenc_cli.extension.limits import frequency_numbers
 from posenc_cli.rope_scaling import get_method, registry
 from posenc_cli.run.checkpoint import fsync_dir
@@ -86,10 +87,17 @@ def _existing(out: Path, record: dict[str, Any]) -> bool:
         raise ConfigError(f"output directory {out} exists and is not a directory")
     if not any(out.iterdir()):
         return False
-    with contextlib.suppress(OSError, ValueError):
+    old = None
+    with contextlib.suppress(OSError, ValueError, RecursionError):
         old = json.loads((out / RECORD_FILE).read_text())
-        if isinstance(old, dict) and all(old.get(k) == record[k] for k in _IDENTITY):
+    if isinstance(old, dict) and old.get("kind") == record["kind"]:
+        diffs = differences(old, record, _IDENTITY)
+        if not diffs:
             return True
+        raise ConfigError(
+            f"output directory {out} already holds a different extension (other {'; '.join(diffs)}); "
+            "choose another --out"
+        )
     raise ConfigError(f"output directory {out} exists and is not empty; choose another --out")
 
 
