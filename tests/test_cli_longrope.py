@@ -62,6 +62,13 @@ def test_search_writes_the_found_factors(runs: dict[str, Path], tmp_path: Path) 
     scaling = load_run(out).config.pos.scaling  # type: ignore[attr-defined]
     assert scaling.method == "longrope" and scaling.long_factor == doc["long_factor"]
     assert len(doc["long_factor"]) == PAIRS and doc["search"]["budget"] == 3
+    assert "train split tokens [0, 129)" in " ".join(result.output.split())  # 2 windows of 64 + 1
+    assert doc["search"]["data"]["split"] == "train"
+
+    again = invoke(str(runs["rope"]), *args)  # decided done before the search: no candidate scored
+    assert again.exit_code == 0, again.output
+    flat = " ".join(again.output.split())
+    assert "already extended (nothing to do)" in flat and "not re-run" in flat and "candidates" not in flat
 
 
 @pytest.mark.parametrize(
