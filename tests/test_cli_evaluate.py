@@ -281,3 +281,15 @@ def test_positions_random_on_a_run_without_them_is_one_line(runs_root: Path) -> 
     assert str(runs_root / "sweep" / "rope") in result.output
     result = invoke(runs_root / "sweep" / "rope", "--positions", "shuffled")
     assert result.exit_code == 2 and "random or sequential" in result.output
+
+
+def test_a_file_the_run_trained_on_is_not_scored_whole(runs_root: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "renamed.txt"
+    copy.write_bytes((runs_root / "corpus.txt").read_bytes())  # the training corpus under another name
+    run = runs_root / "sweep" / "rope"
+    for path in (runs_root / "corpus.txt", copy):
+        result = invoke(run, "data=text", f"data.paths=[{path}]", "--abs-lengths", 16, "--tokens", 32)
+        assert result.exit_code == 2, result.output
+        assert f"{path.name} is in the training data of {run}" in result.output and "[1/" not in result.output
+    split = invoke(run, "data=text", f"data.paths=[{copy}]", "data.val_fraction=0.1", "--abs-lengths", 16)
+    assert split.exit_code == 0, split.output  # its held-out tail, asked for

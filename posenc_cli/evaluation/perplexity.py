@@ -57,7 +57,8 @@ from posenc_cli.config import DataConfig, EvalConfig, config_dir
 from posenc_cli.data.cache import load_corpus
 from posenc_cli.data.sources import build_data_config, config_class, source_class
 from posenc_cli.data.sources import registry as source_registry
-from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme, UserError
+from posenc_cli.data.sources.text import TextDataConfig, trained_files_among
+from posenc_cli.errors import CheckpointError, ConfigError, DataError, LengthBeyondScheme, UserError
 from posenc_cli.evaluation.loop import Entry, measure, results_header
 from posenc_cli.evaluation.positions import Positions, resolve_positions
 from posenc_cli.evaluation.results import (
@@ -332,6 +333,20 @@ def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> Da
     return cfg
 
 
+def check_held_out(data: DataConfig, trained: DataConfig, run: Path | str) -> None:
+    """Refuse an evaluation-only corpus (files scored whole) holding a file the run trained on: its score would be
+    on trained text, under a held-out label. The run's own held-out split is what it scores without overrides."""
+    if not isinstance(data, TextDataConfig) or not data.evaluation_only:
+        return
+    trained_on = trained_files_among(data, trained)
+    if trained_on:
+        raise DataError(
+            f"{trained_on[0].name} is in the training data of {run} (its data.paths): scored whole it would score "
+            "text the run trained on; drop the data overrides to score the run's own validation split, or give "
+            "data.val_fraction=F to score the file's held-out tail"
+        )
+
+
 def _data_group_defaults(name: str) -> dict[str, Any]:
     """The defaults `data=NAME` composes to: its group file, else the registered source's config defaults."""
     group = config_dir() / "data"
@@ -402,6 +417,7 @@ def evaluate_run(
     dtype = resolve_dtype(cfg.dtype, run.meta.precision, device)
 
     data_cfg = data if data is not None else run.config.data
+    check_held_out(data_cfg, run.config.data, run.path)
     if corpus is None:
         corpus = (corpora or CorpusCache()).get(data_cfg, run)
     stream = corpus.val
@@ -698,7 +714,7 @@ def evaluate_paths(
     def check(config: Any, path: Path) -> None:  # the settings must fit every run before any is measured
         config_positions(config, path, cfg, positions)
         if data_overrides:
-            data_config_with_overrides(config.data, data_overrides)
+            check_held_out(data_config_with_overrides(config.data, data_overrides), config.data, path)
 
     runs, searched = checked_runs(paths, check=check, on_skip=on_skip)
     evaluate = _run_evaluator(

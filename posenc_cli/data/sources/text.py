@@ -94,6 +94,29 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def trained_files_among(corpus: TextDataConfig, trained: DataConfig) -> list[Path]:
+    """Files of `corpus` whose content is a file `trained` (a run's data config) trains on, wholly or in part: a
+    file of its `data.paths` not held out by its `data.val_paths` (a lone file's head is training). Compared by
+    size, then sha256; [] when `trained` is not a text corpus or its files are not on this machine."""
+    if not isinstance(trained, TextDataConfig) or not trained.paths:
+        return []
+    try:
+        held_out = set(expand_paths(trained.val_paths)) if trained.val_paths else set()
+        training = [f for f in expand_paths(trained.paths) if f not in held_out]
+        mine = expand_paths(corpus.val_paths) + (expand_paths(corpus.paths) if corpus.paths else [])
+    except DataError:
+        return []
+    sizes: dict[int, list[Path]] = {}
+    for f in training:
+        sizes.setdefault(f.stat().st_size, []).append(f)
+    found = []
+    for f in mine:
+        same_size = sizes.get(f.stat().st_size, [])
+        if same_size and file_sha256(f) in {file_sha256(t) for t in same_size}:
+            found.append(f)
+    return found
+
+
 @register
 class TextSource(DataSource):
     name = "text"
