@@ -320,7 +320,7 @@ def test_run_search_skips_foreign_meta_json_and_corrupt_runs_beside_readable_one
         ("steps", 2.5, "a whole number >= 0"),
         ("status", "done", "'running' or 'interrupted' or 'complete'"),
         ("parent", 7, "a string"),
-        ("val_loss", "low", "a finite number or null"),
+        ("val_loss", "low", "a number or null"),
     ],
 )
 def test_tampered_meta_json_fields_are_one_line(

@@ -394,9 +394,10 @@ def check_meta_fields(meta: dict[str, Any], path: Path) -> None:
     for key in ("parent", "precision", "device", "pos"):
         if meta.get(key) is not None and not isinstance(meta[key], str):
             raise bad(key, "a string")
-    for key in ("train_loss", "val_loss", "best_val_loss"):
-        if meta.get(key) is not None and not _finite_number(meta[key]):
-            raise bad(key, "a finite number or null")
+    for key in ("train_loss", "val_loss", "best_val_loss", "tokens_per_s", "wall_time_s"):
+        value = meta.get(key)
+        if value is not None and not (isinstance(value, int | float) and not isinstance(value, bool)):
+            raise bad(key, "a number or null")
     keys = meta.get("extra_keys", [])
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise bad("extra_keys", "a list of names")
