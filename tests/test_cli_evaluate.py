@@ -210,7 +210,7 @@ def test_too_few_tokens_is_its_own_state_not_the_schemes_limit(runs_root: Path, 
     (_, entry) = json.loads(out_json.read_text())["runs"][0]["entries"]
     assert entry["status"] == "too_few_tokens" and entry["tokens"] == 0 and "one window needs 257" in entry["reason"]
     assert "n/a" not in result.stdout and "cannot read" not in result.stdout  # not the scheme's legend
-    assert "– for rope at 256: too few tokens in the corpus: validation split has" in result.stdout
+    assert "n/m for rope at 256: validation split has" in result.stdout and "scored whole" in result.stdout
     # the scheme's own limit still reads n/a
     result = invoke(runs_root / "sweep" / "learned", "--abs-lengths", "16,32", "--tokens", 32)
     assert result.exit_code == 0 and "n/a = the scheme cannot read" in result.stdout

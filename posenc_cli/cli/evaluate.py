@@ -329,37 +329,21 @@ def _report(
 # ----------------------------------------------------------------------------------------------------------------
 # eval-extrapolate's own rendering of the cell states.
 
-# A cell the corpus is too short for is not the scheme's limit ("n/a = the scheme cannot read that many tokens"):
-# it leaves the table ("–", not measured) and gets a line of its own saying why and what to do.
-SHORT_OF_DATA = {
-    "too_few_tokens": "too few tokens in the corpus",
-    "shorter_than_target": "shorter than the fixed target",
-}
+# A cell the corpus is too short for is not the scheme's limit: the table marks it n/m (`report.tables.cell_kind`)
+# with its reason; this line says what to do about it.
+SHORT_CORPUS_HINT = (
+    "n/m where the corpus is too short: score a longer one (files named with data=text 'data.paths=[FILE]' are "
+    "scored whole)"
+)
 
 
-def split_short_cells(results: Results, label: Callable[[dict[str, Any]], str]) -> tuple[Results, list[str]]:
-    """(results without their too_few_tokens / shorter_than_target cells, for the table; one line per run and
-    state naming the lengths and the reason)."""
+def short_corpus_lines(results: Results) -> list[str]:
+    """The hint line when a cell had too few tokens for one window (`results.cell_status` too_few_tokens)."""
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.evaluation.results import cell_status
+    from posenc_cli.evaluation.results import TOO_FEW_TOKENS, cell_status
 
-    shown: Results = []
-    lines: list[str] = []
-    for r in results:
-        short: dict[tuple[str, str], list[str]] = {}
-        kept = []
-        for e in r["entries"]:
-            state = cell_status(e)
-            if state in SHORT_OF_DATA:
-                short.setdefault((state, str(e.get("reason") or "")), []).append(str(e["length"]))
-            else:
-                kept.append(e)
-        shown.append({**r, "entries": kept})
-        for (state, reason), lengths in short.items():
-            hint = " (score a longer corpus: data=text 'data.paths=[FILE]' is scored whole)"
-            line = f"– for {label(r)} at {', '.join(lengths)}: {SHORT_OF_DATA[state]}: {reason}"
-            lines.append(line + (hint if state == "too_few_tokens" else ""))
-    return shown, list(dict.fromkeys(lines))
+    short = any(cell_status(e) == TOO_FEW_TOKENS for r in results for e in r["entries"])
+    return [SHORT_CORPUS_HINT] if short else []
 
 
 def _label(result: dict[str, Any]) -> str:
@@ -501,12 +485,11 @@ def eval_extrapolate_command(
         )
     results = labelled_in_order(results)  # the labels and order compare shows (a sweep's job: its plan label)
     by = "length" if cfg.abs_lengths is not None else "multiple"
-    shown, short_lines = split_short_cells(results, _label)
     _report(
         results,
         seconds,
-        table=extrapolation_table(shown, by=by, label=_label),
-        notes=[*short_lines, *positions_lines(results, _label)],
+        table=extrapolation_table(results, by=by, label=_label),
+        notes=[*short_corpus_lines(results), *positions_lines(results, _label)],
         results_file="eval/extrapolate.json",
         plot=plot,
         write_plot=lambda path: write_plots(results, path),
