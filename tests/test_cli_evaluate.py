@@ -251,12 +251,15 @@ def test_broken_run_in_a_searched_folder_is_skipped_named_one_refused(runs_root:
     import shutil
 
     folder = tmp_path / "leftovers"
-    for name in ("rope", "alibi"):
+    for name in ("rope", "alibi", "learned"):
         shutil.copytree(runs_root / "sweep" / name, folder / name)
     (folder / "alibi" / "config.yaml").write_text("model: {d_model: 7}\n")  # damaged: checksum mismatch
+    weights = folder / "learned" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)  # damaged weights: found only when loading
     result = invoke(folder, "--abs-lengths", 16, "--tokens", 32)
     assert result.exit_code == 0, result.output
     assert f"skipped {folder / 'alibi'}" in result.stderr and "config.yaml" in result.stderr
+    assert f"skipped {folder / 'learned'}" in result.stderr and "checksum mismatch" in result.stderr
     assert "│ rope " in result.stdout and "1 run(s) evaluated" in result.stdout
     result = invoke(folder / "alibi", folder / "rope", "--abs-lengths", 16, "--tokens", 32)
     assert result.exit_code == 2 and str(folder / "alibi") in result.output and "Traceback" not in result.output
