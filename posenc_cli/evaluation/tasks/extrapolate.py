@@ -28,5 +28,6 @@ class ExtrapolateTask(EvalTask):
     def evaluate_job(
         cls, run: LoadedRun, cfg: Config, *, device: torch.device, progress: Progress = None
     ) -> dict[str, Any]:
-        """The job's `eval` settings on the run's own validation split."""
+        """The job's `eval` settings on the run's own validation split, fed the run's own positions (a job trained
+        with `train.random_positions=M` is fed sorted draws from [0, M), as in training: `perplexity.run_positions`)."""
         return evaluate.evaluate_run(run, cfg.eval, device=device, progress=progress)
