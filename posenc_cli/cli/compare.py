@@ -66,6 +66,10 @@ def compare_command(
 ) -> None:
     """Comparison table (and plots with --out) from run or sweep directories already on disk.
 
+    One row per run and way of measuring: another corpus, precision, protocol or positions mode is another row.
+
+    n=K rows average seeds (configs equal but for train.seed); other runs of one name show their directory.
+
     Example: [bold]posenc compare outputs/sweeps/*-extrapolation --metric bpb --format markdown[/]
     """
     # deferred: keeps this command's modules off posenc --help start-up
