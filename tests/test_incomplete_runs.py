@@ -92,3 +92,15 @@ def test_cli_export_refuses_an_incomplete_run(runs: dict[str, Path], tmp_path: P
     assert result.exit_code == 2, result.output
     assert "is incomplete (training stopped at step 0 of 6)" in result.stderr
     assert not (tmp_path / "hf").exists()
+
+
+def test_the_suggested_resume_finishes_the_child_which_then_loads(runs: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    child = Path(shutil.copytree(runs["child"], tmp_path / "child"))
+    result = runner.invoke(app, ["train", "--resume", str(child)])
+    assert result.exit_code == 0, result.output
+    meta = read_meta(child)
+    assert (meta["status"], meta["step"], meta["steps"]) == ("complete", 6, 6)
+    assert meta["extend"]["method"] == "linear" and meta["parent"] == str(runs["parent"].resolve())
+    assert load_run(child).config.pos.scaling.factor == 2.0  # type: ignore[attr-defined]
