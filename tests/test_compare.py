@@ -348,3 +348,16 @@ def test_baseline_divides_each_corpus_by_its_own(tmp_path: Path) -> None:
     assert means["alibi · other"] == pytest.approx(1.0) and means["t5 · third"] is None
     third = next(r for r in rows if r.label == "t5 · third")
     assert third.cells[1.0].reason == "alibi has no row measured like this one"
+
+
+def test_random_positions_are_a_setting_and_said(tmp_path: Path) -> None:
+    """Cells fed randomized position ids (a run trained with train.random_positions) are another row than cells
+    fed 0..L-1; alone in a table, the caption says which ids they were fed."""
+    random = {"mode": "random", "range": 64, "seed": 0}
+    drawn = [{**entry(n, 9.0), "positions": random} for n in (16, 32)]
+    fake_run(tmp_path / "runs" / "rope", "rope", {}, [1.0, 2.0], entries=[entry(16, 10.0), *drawn])
+    _, rows, _ = compare.comparison(compare.gather([tmp_path / "runs"]))
+    assert [r.label for r in rows] == ["rope · positions 0..L-1", "rope · random positions [0, 64), seed 0"]
+    fake_run(tmp_path / "only" / "rope", "rope", {}, [1.0, 2.0], entries=drawn)
+    flat = " ".join(render(compare.gather([tmp_path / "only"])).split())
+    assert "Position ids: random positions [0, 64), seed 0" in flat

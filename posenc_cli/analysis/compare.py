@@ -656,6 +656,9 @@ def caption_lines(records: list[RunRecord], baseline: str | None = None) -> list
     all_results = to_results(records)
     results = [r for r in all_results if r["entries"]]
     lines = [corpus_line(results)] if results else []
+    positions = {r["setting"].positions for r in results}
+    if len(positions) == 1 and (only := next(iter(positions))):  # several: each row names its own
+        lines.append(f"Position ids: {only} (each window its own sorted draw).")
     lines += [f"Measured in {describe_measurement(results)}."] if results else []
     lines += seed_lines(all_results)
     lines += reason_lines(results, lambda r: r["label"])
