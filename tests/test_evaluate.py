@@ -311,6 +311,10 @@ def test_data_overrides() -> None:
     assert cfg.paths == ["a.txt"] and cfg.val_paths == [] and not cfg.evaluation_only
     cfg = ev.data_config_with_overrides(base, ["data=text", "data.paths=[a.txt]", "data.val_paths=[b.txt]"])
     assert cfg.paths == ["a.txt"] and cfg.val_paths == ["b.txt"]
+    text_run = ev.data_config_with_overrides(base, ["data=text", "data.paths=[train.txt]", "data.val_fraction=0.1"])
+    cfg = ev.data_config_with_overrides(text_run, ["data.paths=[held.txt]"])  # a text run's own source: whole too
+    assert cfg.paths == [] and cfg.val_paths == ["held.txt"]
+    assert ev.data_config_with_overrides(text_run, ["data.val_fraction=0.3"]).paths == ["train.txt"]
     # a source without a group file composes from its registered defaults, as `train data=tasks` does
     cfg = ev.data_config_with_overrides(base, ["data=tasks", "data.max_len=64"])
     assert cfg.source == "tasks" and cfg.max_len == 64

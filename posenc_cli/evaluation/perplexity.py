@@ -291,12 +291,13 @@ def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> Da
     Without `data=NAME` the run's own data config is the starting point, and its validation split is scored. Values
     use OmegaConf's dotlist grammar (lists as `[a,b]`, `null`, numbers).
 
-    Held-out files are scored whole: `data=text 'data.paths=[held_out.txt]'` names files to evaluate on, not a
-    corpus to split, so they become an evaluation-only corpus (`data.val_paths` = those files, no `data.paths`:
-    every file is the validation stream, see `posenc_cli.data.sources.text`). Scoring the 2% tail that training
-    would hold out instead asks for the split explicitly, with `data.val_fraction=...` or `data.val_paths=[...]`
-    (the split training makes: the same corpus fingerprint as a run trained on exactly that config). `data=text
-    'data.val_paths=[held_out.txt]'` alone is the evaluation-only corpus itself.
+    Held-out files are scored whole: `data=text 'data.paths=[held_out.txt]'` (or `data.paths=[...]` alone on a run
+    trained on data=text) names files to evaluate on, not a corpus to split, so they become an evaluation-only
+    corpus (`data.val_paths` = those files, no `data.paths`: every file is the validation stream, see
+    `posenc_cli.data.sources.text`). Scoring the 2% tail that training would hold out instead asks for the split
+    explicitly, with `data.val_fraction=...` or `data.val_paths=[...]` (the split training makes: the same corpus
+    fingerprint as a run trained on exactly that config). `data=text 'data.val_paths=[held_out.txt]'` alone is the
+    evaluation-only corpus itself. A file the run trained on is refused (`check_held_out`).
     """
     # deferred: keeps OmegaConf (Hydra's) off posenc --help start-up
     from omegaconf import OmegaConf
@@ -304,12 +305,10 @@ def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> Da
 
     raw: dict[str, Any] = dataclasses.asdict(base)
     dotted: list[str] = []
-    group: str | None = None
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
         if key == "data":
-            group = o.split("=", 1)[1]
-            raw = _data_group_defaults(group)
+            raw = _data_group_defaults(o.split("=", 1)[1])
         elif key.startswith("data."):
             dotted.append(o.lstrip("+~"))
         else:
@@ -324,8 +323,9 @@ def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> Da
             raise ConfigError(f"bad data override: {str(e).splitlines()[0]}") from e
         assert isinstance(parsed, dict)
         raw.update(parsed.get("data", {}))
-    split_asked = any(d.split("=", 1)[0] in ("data.val_fraction", "data.val_paths") for d in dotted)
-    if group is not None and raw.get("source") == "text" and raw.get("paths") and not split_asked:
+    keys = {d.split("=", 1)[0] for d in dotted}
+    split_asked = bool(keys & {"data.val_fraction", "data.val_paths"})
+    if "data.paths" in keys and raw.get("source") == "text" and raw.get("paths") and not split_asked:
         raw = {**raw, "val_paths": list(raw["paths"]), "paths": []}  # the named files, whole
     # keys of the run's own source do not carry over to another one (data.source=stdlib on a data=text run)
     cfg = build_data_config(raw, drop_foreign=raw.get("source") != base.source)
