@@ -63,6 +63,13 @@ def test_a_scheme_changed_on_the_command_line_is_refused_not_shown_under_its_lab
     assert {r["label"] for r in records} == {"nope"}  # the earlier table stands; no 'alibi' row was written
 
 
+def test_the_dry_run_refuses_what_the_run_would(workspace: Path, nope_run: Path) -> None:
+    code, out, err = sweep(workspace, "pos=alibi", "--out", "nope", "--dry-run")
+    assert code == 2 and "was planned with pos.name=nope; this sweep asks pos.name=alibi" in err, out + err
+    code, out, err = sweep(workspace, "pos=nope", "--out", "nope", "--dry-run")
+    assert code == 0 and "dry run" in out, out + err
+
+
 def test_a_changed_setting_is_refused(workspace: Path, nope_run: Path) -> None:
     code, out, err = sweep(workspace, "pos=nope", "train.steps=6", "--out", "nope")
     assert code == 2, out + err  # was: skipped as done, the 4-step model shown for train.steps=6

@@ -69,8 +69,10 @@ def sweep_command(
     from posenc_cli.sweep.hydra_bridge import launcher_settings
     from posenc_cli.sweep.runner import (
         SweepInterrupted,
+        check_planned,
         find_sweep_file,
         load_sweep_spec,
+        plan_identities,
         plan_sweep,
         run_sweep,
         validate_plan,
@@ -89,7 +91,9 @@ def sweep_command(
     launcher_name, launcher_given = launcher_settings(launcher, user_dir)  # as the launch itself would check
     if dry_run:
         plans = plan_sweep(spec, task)
-        validate_plan(plans, user_dir)
+        configs = validate_plan(plans, user_dir)
+        if out is not None and out.is_dir():  # a job there planned with another config is refused, as the run would
+            check_planned(out.resolve(), plans, plan_identities(plans, configs))
         _print_plan(spec.name, plans, out, launcher_name, launcher_given)
         return
     if launcher_name in LOCAL_LAUNCHERS:
