@@ -11,6 +11,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from posenc_cli.analysis import compare
+from posenc_cli.analysis import rows as row_setup
 from posenc_cli.cli import app
 from posenc_cli.config import Config, EvalConfig, ModelConfig, config_to_yaml
 from posenc_cli.evaluation.results import checkpoint_identity, new_results_doc, save_results
@@ -93,7 +94,7 @@ def sweep_dir(tmp_path: Path) -> Path:
     return out
 
 
-def labels(records: list[compare.RunRecord]) -> list[str]:
+def labels(records: list[row_setup.RunRecord]) -> list[str]:
     return [r.label for r in records]
 
 
@@ -132,7 +133,7 @@ def test_write_outputs_never_adds_columns_the_sweep_did_not_measure(sweep_dir: P
     assert {r["device"] for r in rows} == {"cpu (Test CPU)"}
 
 
-def render(records: list[compare.RunRecord], **kw: Any) -> str:
+def render(records: list[row_setup.RunRecord], **kw: Any) -> str:
     console = Console(width=200, record=True)
     compare.render(records, console=console, **kw)
     return console.export_text()
@@ -275,8 +276,8 @@ def test_sliding_stride_rules() -> None:
         return {"protocol": "sliding", "length": length, "stride": stride}
 
     explicit = [e(16, 16), e(32, 32), e(64, 64), e(128, 64), e(256, 64)]  # stride 64 capped at L below 64
-    assert set(compare.protocol_texts(explicit)) == {"sliding, stride 64"}
-    assert set(compare.protocol_texts([e(16, 8), e(32, 16), e(64, 32)])) == {"sliding, stride L/2"}
+    assert set(row_setup.protocol_texts(explicit)) == {"sliding, stride 64"}
+    assert set(row_setup.protocol_texts([e(16, 8), e(32, 16), e(64, 32)])) == {"sliding, stride L/2"}
 
 
 def test_a_run_and_its_export_are_two_rows(tmp_path: Path) -> None:

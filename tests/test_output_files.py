@@ -13,6 +13,7 @@ from test_plots import RESULTS
 from typer.testing import CliRunner
 
 from posenc_cli.analysis import compare
+from posenc_cli.analysis import rows as row_setup
 from posenc_cli.cli import app
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.report import output_files, plots
@@ -20,7 +21,7 @@ from posenc_cli.report import output_files, plots
 runner = CliRunner()
 
 
-def _killed_mid_write(out: Path, records: list[compare.RunRecord], monkeypatch: pytest.MonkeyPatch) -> None:
+def _killed_mid_write(out: Path, records: list[row_setup.RunRecord], monkeypatch: pytest.MonkeyPatch) -> None:
     """`compare.write_outputs` in a forked child that SIGKILLs itself halfway through the per-position plot: no
     `finally`, no cleanup, as under `kill -9`."""
     real = plots.write_figure

@@ -1,0 +1,252 @@
+"""Rows of a comparison: which cells may stand in one row, and how a row is labelled.
+
+A row never mixes what a cell measured (`Setting`: corpus name and fingerprint, precision, protocol with its stride
+rule, positions mode), and averages runs only over the seeds of one experiment (`seed_clusters`: one label, saved
+configs equal but for the seed, `config_identity`, and distinct seeds). `labelled_series` gives every run's cells
+under each setting (`Series`) the label of its row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posenc_cli.config import Config, config_to_dict
+from posenc_cli.errors import UserError
+from posenc_cli.run.checkpoint import RunMeta, read_config, read_meta
+from posenc_cli.run.hf_run import is_hf_dir
+
+
+@dataclass(kw_only=True)
+class RunRecord:
+    """One run (or one failed sweep job) with its evaluation entries."""
+
+    label: str
+    run_dir: Path
+    stage: str = ""
+    job: str = ""
+    status: str = "ok"  # ok | failed | missing
+    error: str = ""
+    scheme: str = ""
+    train_length: int | None = None
+    base_length: int | None = None
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    identity: str | None = None  # the saved config minus seed and bookkeeping (`config_identity`); None: unknown
+    seed: int | None = None
+    train_fingerprint: str | None = None  # the training corpus's, from meta.json
+
+
+# Settings that do not change what a run learns, and the seeds: runs whose saved configs agree once these are
+# dropped are the seeds of one experiment (eval.* only chose what the cells measure, and each cell records that).
+NOT_IDENTITY = (
+    "train.seed",
+    "extend.longrope_search_seed",
+    "train.threads",
+    "train.log_every",
+    "train.logger",
+    "train.eval_every",
+    "train.eval_batches",
+    "train.save_every",
+    "data.cache_dir",
+    "eval.",
+)
+
+
+def config_identity(cfg: Config, meta: RunMeta) -> str:
+    """The resolved config without `NOT_IDENTITY`, plus the training corpus's fingerprint, as canonical JSON."""
+    flat = {k: v for k, v in _flatten(config_to_dict(cfg)).items() if not k.startswith(NOT_IDENTITY)}
+    flat["data.fingerprint"] = (meta.record.get("data") or {}).get("fingerprint")
+    return json.dumps(flat, sort_keys=True, default=str)
+
+
+def run_identity(run_dir: Path) -> tuple[str | None, int | None, str | None]:
+    """(config identity, seed, training corpus fingerprint) of a posenc run; Nones for a transformers directory
+    or a run whose config cannot be read (such a run is never averaged with another)."""
+    if is_hf_dir(run_dir):
+        return None, None, None
+    try:
+        meta = read_meta(run_dir)
+        cfg = read_config(run_dir, meta)
+    except UserError:
+        return None, None, None
+    run_meta = RunMeta.from_json(meta)
+    fingerprint = (run_meta.record.get("data") or {}).get("fingerprint")
+    return config_identity(cfg, run_meta), cfg.train.seed, str(fingerprint) if fingerprint else None
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rows: one per run and setting; runs share a row only when they differ by the seed alone.
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a cell was measured on and how, besides its length and checkpoint: a row never mixes two settings.
+
+    `data`/`fingerprint`: the corpus (`perplexity.evaluate_run`'s `data` record); `dtype`: the precision of the
+    forward; `protocol`: the windowing, with its stride rule ("sliding, stride L/2"); `positions`: the positions mode
+    when an entry records one (empty otherwise)."""
+
+    data: str
+    fingerprint: str
+    dtype: str
+    protocol: str
+    positions: str = ""
+
+
+@dataclass(kw_only=True)
+class Series:
+    """One row member: a run's newest entry per length under one `Setting` (none for a failed or missing job)."""
+
+    record: RunRecord
+    setting: Setting | None
+    entries: list[dict[str, Any]]
+    label: str = ""
+
+
+def protocol_texts(entries: list[dict[str, Any]]) -> list[str]:
+    """The windowing of each entry as one setting: sliding entries of one evaluation share a stride rule although
+    their stored strides differ per length (L/2, or min(S, L)), so the rule is recovered from the run's entries:
+    a stride below L/2 names S itself; L//2 is "L/2" unless S = L//2 was asked elsewhere; a stride capped at L
+    belongs to the smallest asked S >= L (none: "stride >= L", the same windows as any such S)."""
+    sliding = [e for e in entries if e["protocol"] == "sliding"]
+    asked = {int(e["stride"]) for e in sliding if int(e["stride"]) < int(e["length"]) and not _is_half(e)}
+    out = []
+    for e in entries:
+        protocol = str(e["protocol"])
+        if protocol == "streaming":
+            out.append(f"streaming, window {e.get('window')}, {e.get('sinks')} sinks, blocks of {e['stride']}")
+        elif protocol == "fixed-target":
+            out.append(f"fixed-target, target {e['stride']}")
+        elif protocol != "sliding":
+            out.append(protocol)
+        elif int(e["stride"]) < int(e["length"]):
+            half = _is_half(e) and int(e["stride"]) not in asked
+            out.append("sliding, stride L/2" if half else f"sliding, stride {e['stride']}")
+        else:
+            above = [s for s in asked if s >= int(e["length"])]
+            out.append(f"sliding, stride {min(above)}" if above else "sliding, stride >= L")
+    return out
+
+
+def _is_half(entry: dict[str, Any]) -> bool:
+    return int(entry["stride"]) == max(1, int(entry["length"]) // 2) and int(entry["stride"]) < int(entry["length"])
+
+
+def entry_setting(entry: dict[str, Any], protocol: str) -> Setting:
+    data = entry.get("data") or {}
+    return Setting(
+        data=str(data.get("name") or "unrecorded corpus"),
+        fingerprint=str(data.get("fingerprint") or ""),
+        dtype=str(entry.get("dtype") or "unknown precision"),
+        protocol=protocol,
+        positions=positions_text(entry),
+    )
+
+
+def positions_text(entry: dict[str, Any]) -> str:
+    """'' for position ids 0..T-1 (also what an entry without the field was fed), else e.g. 'random positions
+    [0, 64), seed 0' (the same distinction as `results.positions_key`)."""
+    positions = entry.get("positions") or {}
+    mode = positions.get("mode", "sequential") if isinstance(positions, dict) else str(positions)
+    if mode == "sequential":
+        return ""
+    if mode == "random":
+        return f"random positions [0, {positions.get('range')}), seed {positions.get('seed')}"
+    return f"{mode} positions"
+
+
+def record_series(record: RunRecord) -> list[Series]:
+    """A run's entries split by setting, newest entry per length in each; the run's own training corpus first,
+    the others in the order they were stored. A failed or missing job is one series without entries."""
+    if record.status != "ok":
+        return [Series(record=record, setting=None, entries=[])]
+    chosen: dict[Setting, dict[float, dict[str, Any]]] = {}
+    for e, protocol in zip(record.entries, protocol_texts(record.entries), strict=True):
+        by_length = chosen.setdefault(entry_setting(e, protocol), {})
+        key = round(float(e["multiple"]), 6)
+        if key not in by_length or str(e.get("created", "")) >= str(by_length[key].get("created", "")):
+            by_length[key] = e
+    own = record.train_fingerprint
+    order = sorted(chosen, key=lambda s: bool(own) and s.fingerprint != own)  # stable
+    return [Series(record=record, setting=s, entries=[chosen[s][k] for k in sorted(chosen[s])]) for s in order]
+
+
+def labelled_series(records: list[RunRecord]) -> list[Series]:
+    """Every record's series, labelled so that one label is one row.
+
+    Runs of one label are the seeds of one experiment (`seed_clusters`); runs of one label that are not (a run and
+    its export, two experiments in directories of one name) are told apart by the end of their directory paths.
+    A label then says the setting parts that vary in the table (corpus, precision, protocol, positions), so the
+    series sharing a label, averaged as mean ± std, share their setting and differ by the seed alone.
+    """
+    tails = _cluster_tails(seed_clusters(records))
+    series = [s for r in records for s in record_series(r)]
+    settings = [s.setting for s in series if s.setting is not None]
+    corpus_names = _corpus_names(settings)
+    vary = [f for f in ("data", "dtype", "protocol", "positions") if len({getattr(s, f) for s in settings}) > 1]
+    if "data" not in vary and len(corpus_names) > 1:
+        vary.insert(0, "data")  # one name, two texts
+    for s in series:
+        label = " · ".join([s.record.label, tails[id(s.record)]] if id(s.record) in tails else [s.record.label])
+        s.label = label if s.setting is None else _with_setting(label, s.setting, vary, corpus_names)
+    return series
+
+
+def seed_clusters(records: list[RunRecord]) -> list[list[RunRecord]]:
+    """The measured records grouped as the seeds of one experiment: one label, one saved config but for the seed
+    (`config_identity`), distinct seeds. A run without a readable config (a transformers directory) is alone, and
+    so is a run repeating a seed of its cluster. Failed or unmeasured jobs join no cluster."""
+    clusters: dict[tuple[str, str], list[RunRecord]] = {}
+    for r in records:
+        if r.status != "ok":
+            continue
+        key = (r.label, r.identity or str(r.run_dir))
+        if any(m.seed == r.seed for m in clusters.get(key, [])):  # the same seed twice is no spread over seeds
+            key = (r.label, str(r.run_dir))
+        clusters.setdefault(key, []).append(r)
+    return list(clusters.values())
+
+
+def _cluster_tails(clusters: list[list[RunRecord]]) -> dict[int, str]:
+    """id(record) -> the end of its cluster's first directory, for clusters sharing a label with another."""
+    by_label: dict[str, list[list[RunRecord]]] = {}
+    for cluster in clusters:
+        by_label.setdefault(cluster[0].label, []).append(cluster)
+    out: dict[int, str] = {}
+    for clashing in by_label.values():
+        if len(clashing) > 1:
+            for cluster, tail in zip(clashing, _distinct_tails([c[0].run_dir for c in clashing]), strict=True):
+                out.update((id(r), tail) for r in cluster)
+    return out
+
+
+def _corpus_names(settings: list[Setting]) -> dict[tuple[str, str], str]:
+    """(name, fingerprint) -> shown name: the name, with the fingerprint's start where one name has two texts."""
+    pairs = list(dict.fromkeys((s.data, s.fingerprint) for s in settings))
+    names = Counter(name for name, _ in pairs)
+    return {(n, fp): f"{n}@{fp[:8]}" if names[n] > 1 else n for n, fp in pairs}
+
+
+def _with_setting(label: str, setting: Setting, vary: list[str], corpus_names: dict[tuple[str, str], str]) -> str:
+    parts = [corpus_names[(setting.data, setting.fingerprint)] if f == "data" else getattr(setting, f) for f in vary]
+    return " · ".join([label, *[p or "positions 0..L-1" for p in parts]])
+
+
+def _distinct_tails(paths: list[Path]) -> list[str]:
+    """The shortest path endings that tell the directories apart ('runs/rope', 'exported/rope')."""
+    parts = [Path(p).resolve().parts for p in paths]
+    for k in range(1, max(map(len, parts)) + 1):
+        tails = ["/".join(p[-k:]) for p in parts]
+        if len(set(tails)) == len(tails):
+            return tails
+    return [str(p) for p in paths]
