@@ -222,10 +222,11 @@ def check_budget(cfg: Config, available: int | None = None) -> None:
     model_bytes = n_params * TRAIN_BYTES_PER_PARAM
     micro = micro_batch_bytes(cfg.model, vocab, tc.batch_size, tc.seq_len)
     if available is not None and model_bytes + micro > available:
+        besides = f" besides the model's {gib(model_bytes)}" if model_bytes >= 2**30 // 10 else ""
         raise ConfigError(
             f"train.batch_size={tc.batch_size} × train.seq_len={tc.seq_len} needs at least {gib(micro)} of "
-            f"activations per micro-batch (and the model {gib(model_bytes)}), but {gib(available)} is available; "
-            "lower train.batch_size (train.grad_accum keeps the tokens per step)"
+            f"activations per micro-batch{besides}, but {gib(available)} is available; lower train.batch_size "
+            "(train.grad_accum keeps the tokens per step)"
         )
     windows = validation_bytes(tc.batch_size, tc.seq_len, tc.eval_batches)
     if available is not None and model_bytes + windows > available:
