@@ -44,8 +44,10 @@ def train_command(
 ) -> None:
     """Train one model; the run directory holds weights, config, metadata, metrics and the resume state.
 
-    SIGTERM or Ctrl-C finishes the current step, saves a checkpoint and exits with 128+signal; the same command
-    (or --resume DIR) then continues exactly where it stopped. A finished run is left alone (exit 0).
+    SIGTERM or Ctrl-C finishes the current step (with train.grad_accum > 1: the current micro-batch, and the step
+    is redone on resume), saves a checkpoint and exits with 128+signal; the same command (or --resume DIR) then
+    continues exactly where it stopped. A config that cannot run here (memory, a step that could never finish) is
+    refused before anything is allocated or written. A finished run is left alone (exit 0).
     """
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.cli.app import split_args
