@@ -107,3 +107,10 @@ def test_new_jobs_of_a_grown_grid_run_beside_the_old(workspace: Path) -> None:
     planned = json.loads((workspace / "grid" / PLANNED_FILE).read_text())["jobs"]
     assert set(planned) == {"train/pos=nope", "train/pos=alibi", "train/pos=rope"}
     assert planned["train/pos=rope"]["config"]["pos.name"] == "rope"
+
+
+def test_a_job_that_failed_before_its_run_existed_runs_again_with_new_settings(workspace: Path) -> None:
+    code, out, err = sweep(workspace, "pos=alibi", "data.paths=[missing]", "--out", "failed")
+    assert code == 1, out + err
+    code, out, err = sweep(workspace, "pos=alibi", "--out", "failed")  # the fix: nothing there to reuse
+    assert code == 0 and "1 of 1 job(s) to run" in out, out + err

@@ -381,7 +381,8 @@ def check_planned(sweep_dir: Path, plans: list[StagePlan], identities: dict[str,
     recorded = read_planned(sweep_dir)
     for job in (job for plan in plans for job in plan.jobs):
         job_dir = job.dir(sweep_dir)
-        if job_status(job_dir) == "pending":  # nothing there to reuse
+        status = job_status(job_dir)
+        if status == "pending" or (status == "failed" and not is_run_dir(job_dir)):  # nothing there to reuse
             continue
         entry = recorded.get(job.key)
         old = entry.get("config") if isinstance(entry, dict) else _legacy_identity(job, job_dir)
