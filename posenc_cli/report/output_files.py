@@ -43,18 +43,19 @@ class UnwritableError(UserError):
         super().__init__(f"cannot write {path}: {why}")
 
 
-def check_writable_dir(directory: Path | str) -> None:
-    """Fail early (`UnwritableError`, before any work) when `directory` could not be created or written: its first
-    existing ancestor is not a directory, or this process may not write there. Storage that is full or read-only
-    still fails at the write itself."""
+def check_writable_dir(directory: Path | str, shown: Path | str | None = None) -> None:
+    """Fail early (`UnwritableError` naming `shown`, else `directory`, before any work) when `directory` could not
+    be created or written: its first existing ancestor is not a directory, or this process may not write there.
+    Storage that is full or read-only still fails at the write itself."""
     directory = Path(directory)
+    named = Path(shown) if shown is not None else directory
     existing = next((p for p in (directory, *directory.absolute().parents) if p.exists()), None)
     if existing is None:
         return
     if not existing.is_dir():
-        raise UnwritableError(directory, OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)))
+        raise UnwritableError(named, OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)))
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UnwritableError(directory, OSError(errno.EACCES, os.strerror(errno.EACCES)))
+        raise UnwritableError(named, OSError(errno.EACCES, os.strerror(errno.EACCES)))
 
 
 def staging_name(pid: int | None = None) -> str:

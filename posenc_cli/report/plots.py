@@ -193,7 +193,7 @@ def figure_format(path: Path | str) -> str:
         raise ConfigError(f"{path}: cannot write a .{fmt} figure (formats: {', '.join(sorted(supported))})")
     if path.is_dir():
         raise UserError(f"cannot write {path}: it is a directory")
-    check_writable_dir(path.parent)
+    check_writable_dir(path.parent, shown=path)
     return fmt
 
 
