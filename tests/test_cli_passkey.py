@@ -100,7 +100,7 @@ def test_data_command_summarises_the_passkey_corpus(tmp_path, monkeypatch) -> No
     [
         (("--lengths", "1000000"), "--lengths 1e+06 --trials 10: 128,000,000 tokens per prompt for "),
         (("--abs-lengths", "1e12"), "--abs-lengths 1000000000000 --trials 10: 1,000,000,000,000 tokens per prompt"),
-        (("--trials", "1000000000000", "--lengths", "1"), "--trials 1000000000000: at least 2 tokens per prompt"),
+        (("--trials", "1000000000000", "--lengths", "1"), "--trials 1000000000000: 128 tokens per prompt for "),
     ],
 )
 def test_impossible_grids_are_refused_before_allocating(
@@ -116,6 +116,16 @@ def test_impossible_grids_are_refused_before_allocating(
     assert result.exit_code == 2, result.output
     assert message in result.output and "16.0 GiB is available" in result.output
     assert "Traceback" not in result.output
+
+
+def test_lengths_beyond_the_scheme_are_na_not_refused(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from posenc_cli.run import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: 16 * 2**30)
+    args = ("--lengths", "1000000", "--depths", "0", "--trials", 1, "--device", "cpu")
+    result = invoke(runs_root / "sweep" / "learned", *args)  # a table of 128 positions: nothing to allocate
+    assert result.exit_code == 0, result.output
+    assert "supports at most 128 positions" in result.output
 
 
 def test_grid_bound_is_a_lower_bound_per_run() -> None:

@@ -89,32 +89,44 @@ def grid_bytes(cfg: Any, length: int, d_model: int = 0, vocab: int = 0) -> int:
 
 def check_grid_fits(cfg: Any, paths: list[str] | None = None, available: int | None = None) -> None:
     """One-line `ConfigError` (exit 2, before anything is allocated) for a length or a trial count whose lower-bound
-    memory (`grid_bytes`) exceeds the memory available (`run.memory.available_memory`). Without `paths` only what
-    holds for any run is checked (absolute lengths; a multiple of a base length of at least 2); with them, each
-    run's own base length, width and vocabulary. A length the scheme cannot read is not refused here: its cells
-    are n/a, with the scheme's reason, and cost nothing."""
+    memory (`grid_bytes`) exceeds the memory available (`run.memory.available_memory`).
+
+    With `paths`, each posenc run is checked with its own base length, width, vocabulary and position limit: a
+    length its scheme cannot read is not refused (its cells are n/a, with the scheme's reason, and cost nothing).
+    Without them (or for a run that cannot be read cheaply, a transformers directory) only what holds for any run
+    is checked: every length asked for, a multiple taken of a base length of at least 2.
+    """
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.run.memory import available_memory
 
     available = available_memory() if available is None else available
     if available is None:
         return
-    _refuse_beyond(cfg, _longest(cfg, MIN_BASE_LENGTH), "any run", available)
-    for path, base, d_model, vocab in _run_sizes(paths or []):
-        _refuse_beyond(cfg, _longest(cfg, base), path, available, d_model, vocab)
+    sizes, unknown = _run_sizes(paths) if paths is not None else ([], True)
+    if unknown:
+        _refuse_beyond(cfg, _longest(cfg, MIN_BASE_LENGTH), "any run", available)
+    for path, base, limit, d_model, vocab in sizes:
+        longest = _longest(cfg, base, limit)
+        if longest is not None:
+            _refuse_beyond(cfg, longest, path, available, d_model, vocab)
 
 
-def _longest(cfg: Any, base_length: int) -> tuple[int, str]:
-    """(the longest prompt length of the grid, the flag that asked for it) for runs of `base_length`."""
+def _longest(cfg: Any, base_length: int, limit: int | None = None) -> tuple[int, str] | None:
+    """(the longest prompt length of the grid at most `limit`, the flag that asked for it) for runs of
+    `base_length`; None when every length is beyond `limit`."""
     if cfg.abs_lengths:
-        return max(int(n) for n in cfg.abs_lengths), f"--abs-lengths {max(cfg.abs_lengths)}"
-    m = max(float(x) for x in cfg.lengths)
-    return max(1, round(m * base_length)), f"--lengths {m:g}"
+        asked = [(int(n), f"--abs-lengths {int(n)}") for n in cfg.abs_lengths]
+    else:
+        asked = [(max(1, round(float(m) * base_length)), f"--lengths {float(m):g}") for m in cfg.lengths]
+    readable = [a for a in asked if limit is None or a[0] <= limit]
+    return max(readable) if readable else None
 
 
 def _refuse_beyond(
-    cfg: Any, longest: tuple[int, str], what: str, available: int, d_model: int = 0, vocab: int = 0
+    cfg: Any, longest: tuple[int, str] | None, what: str, available: int, d_model: int = 0, vocab: int = 0
 ) -> None:
+    if longest is None:
+        return
     length, flag = longest
     need = grid_bytes(cfg, length, d_model, vocab)
     if need > available:
@@ -126,9 +138,10 @@ def _refuse_beyond(
         )
 
 
-def _run_sizes(paths: list[str]) -> list[tuple[str, int, int, int]]:
-    """(run, base length, d_model, vocabulary) of each posenc run below `paths` that can be read cheaply (others
-    are reported by the evaluation itself)."""
+def _run_sizes(paths: list[str]) -> tuple[list[tuple[str, int, int | None, int, int]], bool]:
+    """([(run, base length, position limit, d_model, vocabulary)] of each posenc run below `paths` that can be read
+    cheaply, whether some run could not be (a transformers directory, a broken run: the evaluation reports the
+    latter in its own words)). The position limit is a learned table's size (the only scheme with one), else None."""
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.errors import UserError
     from posenc_cli.evaluation.perplexity import find_runs
@@ -136,22 +149,26 @@ def _run_sizes(paths: list[str]) -> list[tuple[str, int, int, int]]:
     from posenc_cli.run.hf_run import is_hf_dir
     from posenc_cli.run.memory import planned_vocab_size
 
-    sizes = []
     try:
         runs = find_runs(paths)
     except UserError:
-        return []  # the evaluation says why, in its own words
+        return [], True
+    sizes = []
+    unknown = False
     for path in runs:
-        if is_hf_dir(path):
-            continue
         try:
+            if is_hf_dir(path):
+                raise UserError("a transformers directory")
             meta = read_meta(path)
             config = read_config(path, meta)
         except UserError:
+            unknown = True
             continue
         base = RunMeta.from_json(meta).lengths(config)[1]
-        sizes.append((str(path), base, config.model.d_model, planned_vocab_size(config)))
-    return sizes
+        learned = config.pos.name == "learned"
+        limit = (getattr(config.pos, "table_size", None) or config.train.seq_len) if learned else None
+        sizes.append((str(path), base, limit, config.model.d_model, planned_vocab_size(config)))
+    return sizes, unknown
 
 
 def _gib(n: float) -> str:
