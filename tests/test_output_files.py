@@ -6,8 +6,10 @@ import os
 import signal
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
+from matplotlib.figure import Figure
 from test_compare import fake_run
 from test_plots import RESULTS
 from typer.testing import CliRunner
@@ -22,17 +24,17 @@ runner = CliRunner()
 
 
 def _killed_mid_write(out: Path, records: list[row_setup.RunRecord], monkeypatch: pytest.MonkeyPatch) -> None:
-    """`compare.write_outputs` in a forked child that SIGKILLs itself halfway through the per-position plot: no
-    `finally`, no cleanup, as under `kill -9`."""
-    real = plots.write_figure
+    """`compare.write_outputs` in a forked child that SIGKILLs itself halfway through drawing the per-position plot
+    (whatever file it draws into): no `finally`, no cleanup, as under `kill -9`."""
+    real = Figure.savefig
 
-    def dies_in_second_plot(fig: object, file: Path, *args: object) -> None:
-        if file.name == "per_position.png":
-            file.write_bytes(b"\x89PNG half")
+    def dies_in_second_plot(fig: Figure, fname: Any, *args: Any, **kwargs: Any) -> None:
+        if "per_position" in str(fname):
+            Path(fname).write_bytes(b"\x89PNG half")
             os.kill(os.getpid(), signal.SIGKILL)
-        real(fig, file, *args)  # type: ignore[arg-type]
+        real(fig, fname, *args, **kwargs)
 
-    monkeypatch.setattr(plots, "write_figure", dies_in_second_plot)
+    monkeypatch.setattr(Figure, "savefig", dies_in_second_plot)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child never returns
         try:
@@ -41,7 +43,7 @@ def _killed_mid_write(out: Path, records: list[row_setup.RunRecord], monkeypatch
             os._exit(0)  # only reached if the kill did not happen
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    monkeypatch.setattr(plots, "write_figure", real)
+    monkeypatch.setattr(Figure, "savefig", real)
 
 
 def test_a_kill_during_compare_out_leaves_nothing_the_next_run_keeps(
