@@ -129,7 +129,7 @@ def test_lengths_beyond_the_scheme_are_na_not_refused(runs_root: Path, monkeypat
 
 
 def test_grid_bound_is_a_lower_bound_per_run() -> None:
-    from posenc_cli.cli.evaluate import check_grid_fits, grid_bytes
+    from posenc_cli.evaluation.grid import check_grid_fits, grid_bytes
     from posenc_cli.evaluation.passkey import PasskeyConfig
 
     cfg = PasskeyConfig(lengths=[1, 2, 4, 8], trials=10)
