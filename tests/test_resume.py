@@ -205,3 +205,18 @@ def test_a_signal_within_a_step_undoes_it_and_resume_is_bitwise_identical(
     train(cfg, run, resume=True)
     assert same_weights(weights(run), weights(reference))
     assert metrics(run) == metrics(reference)
+
+
+def test_auto_precision_continues_in_the_precision_the_run_trained_in(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resumed where `auto` would decide otherwise (another machine), a run keeps its one precision and label."""
+    import posenc_cli.run.device as device
+
+    cfg = tiny_config(corpus, steps=4, save_every=2, precision="auto")
+    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: True)
+    assert train(cfg, tmp_path / "run", callback=_signal_at(2)).precision == "bf16"
+    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: False)  # the machine it continues on
+    done = train(cfg, tmp_path / "run", resume=True)
+    assert done.precision == "bf16" and read_meta(tmp_path / "run")["precision"] == "bf16"
+    assert train(tiny_config(corpus, steps=4, precision="auto"), tmp_path / "fresh").precision == "fp32"

@@ -67,7 +67,7 @@ from posenc_cli.run.checkpoint import (
     tokenizer_files,
     unpack_optimizer,
 )
-from posenc_cli.run.device import autocast, resolve_device, resolve_precision, threads
+from posenc_cli.run.device import Precision, autocast, resolve_device, resolve_precision, threads
 from posenc_cli.run.distributed import DistInfo
 from posenc_cli.run.interrupts import LOCK_FILE, Interrupts, run_lock
 from posenc_cli.run.memory import (
@@ -258,6 +258,16 @@ def _check_position_reach(cfg: Config) -> None:
         )
 
 
+def _session_precision(precision: str, device: torch.device, prev: RunMeta | None) -> Precision:
+    """The precision of this session: `precision=auto` continues a run in the precision it trained in, so a run has
+    one precision and the label in its meta.json (what its evaluations compute in) stays true when it is resumed on
+    another machine; an explicit fp32/bf16 applies as given (changing it needs --force-config)."""
+    recorded = prev.record.get("precision") if prev is not None else None
+    if precision == "auto" and recorded in ("fp32", "bf16"):
+        return resolve_precision(str(recorded), device)
+    return resolve_precision(precision, device)
+
+
 def _restore_sampler(tensors: dict[str, Tensor], info: dict[str, Any], sampler: torch.Generator) -> None:
     """Restore all RNG states, the batch sampler's included (tests monkeypatch this to prove it matters)."""
     restore_rng(tensors, info, sampler, sampler_too=True)
@@ -283,12 +293,12 @@ class _Trainer:
         self.dist = info
         self.resumed = meta is not None
         self.device = device if device is not None else resolve_device(cfg.train.device)
-        self.precision = resolve_precision(cfg.train.precision, self.device)
         if meta is not None:
             if info.is_main:
                 recover(run_dir)
             meta = read_meta(run_dir)
         self.prev_meta = RunMeta.from_json(meta) if meta is not None else RunMeta(step=0)
+        self.precision = _session_precision(cfg.train.precision, self.device, self.prev_meta if meta else None)
         self.meta_extra = self.prev_meta.extra | (meta_extra or {})
 
         tokenizer, parent = None, None
