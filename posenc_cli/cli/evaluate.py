@@ -63,9 +63,9 @@ def set_grid(
     paths: list[str] | None = None,
 ) -> None:
     """Set a retrieval evaluation's `lengths`, `abs_lengths` and `depths` from their comma-separated flags (the ones
-    given; the config's defaults stay for the others), then refuse a grid no memory can hold
-    (`evaluation.grid.check_grid_fits`, per run of `paths` when given: multiples of each run's base length are known
-    only there)."""
+    given; the config's defaults stay for the others). With the command's run `paths`, then refuse a grid no memory
+    can hold for them (`evaluation.grid.check_grid_fits`: multiples of each run's base length are known only there;
+    eval-tasks checks its episodes itself and passes none)."""
     for field, text, kind, flag in (
         ("lengths", lengths, float, "--lengths"),
         ("abs_lengths", abs_lengths, int, "--abs-lengths"),
@@ -73,10 +73,11 @@ def set_grid(
     ):
         if text is not None:
             setattr(cfg, field, parse_list(text, kind, flag))
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.evaluation.grid import check_grid_fits
+    if paths is not None:
+        # deferred: keeps this command's modules off posenc --help start-up
+        from posenc_cli.evaluation.grid import check_grid_fits
 
-    check_grid_fits(cfg, paths)
+        check_grid_fits(cfg, paths)
 
 
 def _one_kind_of_lengths(lengths: str | None, abs_lengths: str | None) -> None:
