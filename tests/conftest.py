@@ -26,9 +26,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Token caches go to a session temp dir unless a test sets POSENC_CACHE_DIR itself."""
+    """Token caches and the machine's precision decision go to a session temp dir unless a test sets
+    POSENC_CACHE_DIR / POSENC_PRECISION_CACHE itself (the suite never writes ~/.cache/posenc)."""
     if "POSENC_CACHE_DIR" not in os.environ:
         os.environ["POSENC_CACHE_DIR"] = str(tmp_path_factory.mktemp("posenc-cache"))
+    if "POSENC_PRECISION_CACHE" not in os.environ:
+        os.environ["POSENC_PRECISION_CACHE"] = str(tmp_path_factory.mktemp("precision") / "precision.json")
 
 
 @pytest.fixture
