@@ -3,7 +3,7 @@ per file; validation by a hash of the document's content, or the files in `data.
 
 An evaluation-only corpus has `data.val_paths` and no `data.paths`: every file is validation, scored whole, and
 nothing is left to train on (`posenc eval-extrapolate RUN data=text 'data.paths=[held_out.txt]'` builds one, see
-`posenc_cli.evaluation.perplexity.data_config_with_overrides`).
+`posenc_cli.evaluation.corpus.data_config_with_overrides`).
 """
 
 from __future__ import annotations
