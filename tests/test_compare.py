@@ -362,3 +362,23 @@ def test_random_positions_are_a_setting_and_said(tmp_path: Path) -> None:
     fake_run(tmp_path / "only" / "rope", "rope", {}, [1.0, 2.0], entries=drawn)
     flat = " ".join(render(compare.gather([tmp_path / "only"])).split())
     assert "Position ids: random positions [0, 64), seed 0" in flat
+
+
+def test_streaming_cells_of_another_decode_are_another_row(tmp_path: Path) -> None:
+    """Streaming cells stored before the KV cache (re-encoded, no `decode`) never share a row with kv-cache ones;
+    a key part no label shows still splits rows ("variant k")."""
+    cache = {"protocol": "streaming", "stride": 4, "window": 12, "sinks": 4}
+    old = {**entry(32, 9.0), **cache}
+    new = {**entry(32, 8.0), **cache, "decode": "kv-cache"}
+    fake_run(tmp_path / "runs" / "rope", "rope", {}, [2.0], entries=[old, new])
+    _, rows, _ = compare.comparison(compare.gather([tmp_path / "runs"]))
+    assert [r.label for r in rows] == [
+        "rope · streaming, window 12, 4 sinks, blocks of 4, recompute",
+        "rope · streaming, window 12, 4 sinks, blocks of 4, kv-cache",
+    ]
+    shown = row_setup.entry_setting(entry(16, 5.0), "nonoverlap")
+    keyed = [row_setup.Setting(**{**vars(shown), "group": (i,)}) for i in range(2)]  # a key field no label shows
+    record = row_setup.RunRecord(label="rope", run_dir=tmp_path)
+    series = [row_setup.Series(record=record, setting=k, entries=[], label="rope") for k in keyed]
+    row_setup._tell_apart_unshown_settings(series)
+    assert [s.label for s in series] == ["rope · variant 1", "rope · variant 2"]

@@ -16,6 +16,7 @@ from typing import Any
 
 from posenc_cli.config import Config, config_to_dict
 from posenc_cli.errors import UserError
+from posenc_cli.evaluation.results import cell_group
 from posenc_cli.run.checkpoint import RunMeta, read_config, read_meta
 from posenc_cli.run.hf_run import is_hf_dir
 
@@ -101,6 +102,7 @@ class Setting:
     dtype: str
     protocol: str
     positions: str = ""
+    group: tuple[Any, ...] = field(default=(), repr=False)  # `results.cell_group` with the stride rule for the stride
 
 
 @dataclass(kw_only=True)
@@ -124,7 +126,8 @@ def protocol_texts(entries: list[dict[str, Any]]) -> list[str]:
     for e in entries:
         protocol = str(e["protocol"])
         if protocol == "streaming":
-            out.append(f"streaming, window {e.get('window')}, {e.get('sinks')} sinks, blocks of {e['stride']}")
+            cache = f"window {e.get('window')}, {e.get('sinks')} sinks, blocks of {e['stride']}"
+            out.append(f"streaming, {cache}, {e.get('decode', 'recompute')}")  # no decode: re-encoded (older)
         elif protocol == "fixed-target":
             out.append(f"fixed-target, target {e['stride']}")
         elif protocol != "sliding":
@@ -150,6 +153,7 @@ def entry_setting(entry: dict[str, Any], protocol: str) -> Setting:
         dtype=str(entry.get("dtype") or "unknown precision"),
         protocol=protocol,
         positions=positions_text(entry),
+        group=cell_group({**entry, "stride": protocol}),  # whatever else evaluation keys a row by
     )
 
 
@@ -199,7 +203,20 @@ def labelled_series(records: list[RunRecord]) -> list[Series]:
     for s in series:
         label = " · ".join([s.record.label, tails[id(s.record)]] if id(s.record) in tails else [s.record.label])
         s.label = label if s.setting is None else _with_setting(label, s.setting, vary, corpus_names)
+    _tell_apart_unshown_settings(series)
     return series
+
+
+def _tell_apart_unshown_settings(series: list[Series]) -> None:
+    """Settings that differ only in a part no label shows (a key field evaluation added later) get "variant k"."""
+    settings: dict[str, list[Setting]] = {}
+    for s in series:
+        if s.setting is not None and s.setting not in settings.setdefault(s.label, []):
+            settings[s.label].append(s.setting)
+    for s in series:
+        found = settings.get(s.label, [])
+        if len(found) > 1 and s.setting is not None:
+            s.label = f"{s.label} · variant {found.index(s.setting) + 1}"
 
 
 def seed_clusters(records: list[RunRecord]) -> list[list[RunRecord]]:
