@@ -302,7 +302,8 @@ def eval_extrapolate_command(
         list[str] | None,
         typer.Argument(
             help="Run or sweep directories (runs are found recursively), then optional data overrides "
-            "(data=text data.paths=[FILE]) to score every run on another corpus with its own tokenizer.",
+            "to score every run on another corpus with its own tokenizer: data=text data.paths=[FILE] scores FILE "
+            "whole (add data.val_fraction=F to score its held-out tail instead).",
             metavar="RUN_DIR... [DATA OVERRIDES]",
             show_default=False,
         ),
