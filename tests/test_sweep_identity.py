@@ -11,7 +11,7 @@ from test_sweep import MICRO_MODEL, ONE_STAGE
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
-from posenc_cli.sweep.runner import PLANNED_FILE
+from posenc_cli.sweep.identity import PLANNED_FILE
 
 runner = CliRunner()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from posenc_cli.sweep import runner
+from posenc_cli.sweep import joblog, runner
 from posenc_cli.sweep.hydra_bridge import JobInfo, compose_dict
 
 
@@ -29,12 +29,12 @@ def test_log_label_names_the_job_by_its_own_overrides(
     tmp_path: Path, job_dir: str, overrides: tuple[str, ...], action: str, label: str
 ) -> None:
     info = JobInfo(output_dir=tmp_path / job_dir, name=",".join(overrides), overrides=overrides)
-    assert runner.log_label(info, action, tmp_path) == label
+    assert joblog.log_label(info, action, tmp_path) == label
 
 
 def test_every_line_of_a_jobs_log_starts_with_its_label() -> None:
     sink = io.StringIO()
-    stream = runner._Prefixed(sink, "[pos=rope] ")
+    stream = joblog.Prefixed(sink, "[pos=rope] ")
     stream.write("step 1")
     stream.write(" done\nstep 2\n\nstep")
     stream.write(" 3\n")

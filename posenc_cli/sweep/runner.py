@@ -14,7 +14,7 @@ it from its checkpoint (Slurm's requeue path). One sweep at a time writes a swee
 
 A job's identity is its resolved config, not only its directory name. Hydra gives every multirun a directory of
 its own (a timestamp), and so does `posenc sweep` without `--out`; `--out DIR` names a directory to continue. The
-sweep directory records, per job, the config it was planned with (`PLANNED_FILE`: the composed config without the
+sweep directory records, per job, the config it was planned with (`sweep.identity`: the composed config without the
 keys that only change speed or logging, and a hash of it; an extend job's includes its parent's hash). A re-run
 into the same directory reuses a job only if it is planned with the same config: jobs new to the grid run beside
 the old ones, and a job whose directory holds a run planned differently (`pos=nope` then `pos=alibi`, both
@@ -26,8 +26,6 @@ before the record (no entry) are compared through a train job's own `config.yaml
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import itertools
 import json
 import os
@@ -44,7 +42,7 @@ from typing import Any, Literal
 import yaml
 from rich.console import Console
 
-from posenc_cli.config import Config, config_to_dict, replace
+from posenc_cli.config import Config, replace
 from posenc_cli.data.sources import source_class
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.evaluation.perplexity import evaluate_each_run
@@ -55,9 +53,8 @@ from posenc_cli.extension.longrope_search import search_extension
 from posenc_cli.fsutil import atomic_write_json, exclusive_or_fail
 from posenc_cli.perf.profiling import EvalRecorder, JobProfile, TrainRecorder, eval_facts, write_job_profile
 from posenc_cli.positional.remap import RemapConfig
-from posenc_cli.run.checkpoint import CONFIG_FILE, RunMeta, is_run_dir, read_run_meta
+from posenc_cli.run.checkpoint import RunMeta, is_run_dir, read_run_meta
 from posenc_cli.run.config_load import config_from_dict
-from posenc_cli.run.interrupts import Interrupts
 from posenc_cli.run.progress import TrainDisplay
 from posenc_cli.run.trackers import tracked
 from posenc_cli.run.train import check_budget, train
@@ -71,15 +68,21 @@ from posenc_cli.sweep.hydra_bridge import (
     parse_overrides,
     quote_value,
 )
+from posenc_cli.sweep.identity import (
+    difference,
+    identity_hash,
+    job_identity,
+    read_planned,
+    run_config_identity,
+    write_planned,
+)
+from posenc_cli.sweep.joblog import SignalSeen, job_console, log_label
 
 FAILED_FILE = "failed.json"
 DONE_FILE = "done.json"  # a job's completion marker, written last
 SWEEP_LOCK = ".sweep.lock"
 FAULT_ENV = "POSENC_DEBUG_SWEEP_FAULT"  # test hook, see `_Fault`
 PLAN_FILE = "sweep.json"
-PLANNED_FILE = "planned.json"  # per job directory: the config it was planned with (see the module docstring)
-# Settings that change a job's speed or logging, not its numbers: a job planned with other values is reused.
-RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger")
 INTERNAL_KEY = "posenc_job"
 DEFAULT_JOB = "default"  # the directory of the one job of a stage that sweeps nothing
 
@@ -336,22 +339,7 @@ def validate_plan(plans: list[StagePlan], user_config_dir: Path | None) -> dict[
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# A job's identity: the config it was planned with.
-
-
-def job_identity(cfg: Config, parent_hash: str | None = None) -> dict[str, Any]:
-    """The settings that make a job's numbers what they are: the resolved config, flattened to dotted keys and
-    JSON-normalised, without `RUNTIME_KEYS`; an extend job's also names its parent's identity hash."""
-    flat = {k: v for k, v in _flatten(config_to_dict(cfg)).items() if not k.startswith(RUNTIME_KEYS)}
-    if parent_hash is not None:
-        flat["parent.config_hash"] = parent_hash
-    normalised: dict[str, Any] = json.loads(json.dumps(flat, default=str))
-    return normalised
-
-
-def identity_hash(identity: dict[str, Any]) -> str:
-    """Canonical hash of an identity (sorted keys, JSON): equal configs hash equal across processes and runs."""
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+# A job's identity: the config it was planned with (see `sweep.identity`).
 
 
 def plan_identities(plans: list[StagePlan], configs: dict[str, Config]) -> dict[str, dict[str, Any]]:
@@ -364,18 +352,6 @@ def plan_identities(plans: list[StagePlan], configs: dict[str, Config]) -> dict[
     return identities
 
 
-def read_planned(sweep_dir: Path) -> dict[str, Any]:
-    """`PLANNED_FILE`'s jobs: {job key: {"config_hash", "config"}} (empty for a directory without one)."""
-    path = Path(sweep_dir) / PLANNED_FILE
-    if not path.is_file():
-        return {}
-    try:
-        jobs = json.loads(path.read_text()).get("jobs")
-    except (ValueError, AttributeError) as e:
-        raise ConfigError(f"{path}: not a posenc sweep record (invalid JSON)") from e
-    return jobs if isinstance(jobs, dict) else {}
-
-
 def check_planned(sweep_dir: Path, plans: list[StagePlan], identities: dict[str, dict[str, Any]]) -> None:
     """Refuse (one line, before anything runs) a job whose directory holds a run planned with another config."""
     recorded = read_planned(sweep_dir)
@@ -385,64 +361,15 @@ def check_planned(sweep_dir: Path, plans: list[StagePlan], identities: dict[str,
         if status == "pending" or (status == "failed" and not is_run_dir(job_dir)):  # nothing there to reuse
             continue
         entry = recorded.get(job.key)
-        old = entry.get("config") if isinstance(entry, dict) else _legacy_identity(job, job_dir)
+        if isinstance(entry, dict):
+            old = entry.get("config")
+        else:  # a directory from before the record: a train job's own config.yaml
+            old = run_config_identity(job_dir) if job.action == "train" else None
         if not isinstance(old, dict):
             continue
         new = identities[job.key]
         if identity_hash(old) != identity_hash(new):
-            raise ConfigError(_difference(job_dir, old, new))
-
-
-def _legacy_identity(job: Job, job_dir: Path) -> dict[str, Any] | None:
-    """A train job of a directory written before `PLANNED_FILE`: its run's own config.yaml (None if it has none;
-    an extend job's config.yaml holds the derived run's settings, not the planned ones)."""
-    path = job_dir / CONFIG_FILE
-    if job.action != "train" or not path.is_file():
-        return None
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    if not isinstance(raw, dict):
-        return None
-    flat = {k: v for k, v in _flatten(raw).items() if not k.startswith(RUNTIME_KEYS)}
-    normalised: dict[str, Any] = json.loads(json.dumps(flat, default=str))
-    return normalised
-
-
-def _difference(job_dir: Path, old: dict[str, Any], new: dict[str, Any]) -> str:
-    """'DIR was planned with pos.name=nope; this sweep asks pos.name=alibi (and 2 more settings); ...'."""
-    keys = [k for k in sorted(set(old) | set(new)) if old.get(k, "<unset>") != new.get(k, "<unset>")]
-    keys.sort(key=lambda k: (not k.endswith(".name"), k.startswith("parent."), k))  # the scheme's name first
-    first = keys[0]
-    more = f" (and {len(keys) - 1} more setting{'s' if len(keys) > 2 else ''})" if len(keys) > 1 else ""
-    return (
-        f"{job_dir} was planned with {first}={_show(old.get(first, '<unset>'))}; this sweep asks "
-        f"{first}={_show(new.get(first, '<unset>'))}{more}; use another --out, or delete that job's directory to "
-        "run it again"
-    )
-
-
-def _show(value: Any) -> str:
-    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
-
-
-def write_planned(sweep_dir: Path, identities: dict[str, dict[str, Any]]) -> None:
-    """Record this sweep's jobs in `PLANNED_FILE`, keeping the entries of jobs of earlier grids."""
-    jobs = read_planned(sweep_dir)
-    for key, identity in identities.items():
-        jobs[key] = {"config_hash": identity_hash(identity), "config": identity}
-    atomic_write_json(Path(sweep_dir) / PLANNED_FILE, {"schema_version": 1, "jobs": jobs})
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+            raise ConfigError(difference(job_dir, old, new))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -632,7 +559,7 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
             cfg = replace(cfg, train=replace(cfg.train, threads=max(1, (os.cpu_count() or 1) // jobs)))
         sweep_dir = Path(job["sweep_dir"]) if job.get("sweep_dir") else None
         action = str(job.get("action", "train"))
-        log = _job_console(log_label(info, action, sweep_dir))
+        log = job_console(log_label(info, action, sweep_dir))
         if action == "train":
             finished = _train_job(cfg, job_dir, sweep_dir, profile, fault, log)
         else:
@@ -655,67 +582,8 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
         return {"status": "failed", "dir": str(job_dir), "error": record["error"]}
 
 
-def log_label(info: JobInfo, action: str, sweep_dir: Path | None) -> str:
-    """'[pos=alibi seed=1]': the job's own overrides by their last key part, so the lines of parallel jobs can be
-    told apart; an extend job's also names its stage and parent ('[extend pos=rope finetune_steps=60]')."""
-    own = [f"{o.split('=', 1)[0].lstrip('+~').rsplit('.', 1)[-1]}={o.split('=', 1)[1]}" for o in info.overrides]
-    where = info.output_dir
-    if sweep_dir is not None and where.is_relative_to(sweep_dir):
-        where = where.relative_to(sweep_dir)
-    context = list(where.parts[:-1]) if action != "train" else []
-    return f"[{' '.join([*context, *own]) or where.as_posix()}]"
-
-
-class _Prefixed(io.TextIOBase):
-    """A text stream that starts every line with `prefix` (a job's log lines, among other jobs')."""
-
-    def __init__(self, stream: Any, prefix: str) -> None:
-        self.stream, self.prefix, self.line_start = stream, prefix, True
-
-    def write(self, text: str) -> int:
-        pieces = []
-        for piece in text.splitlines(keepends=True):
-            pieces.append(self.prefix + piece if self.line_start else piece)
-            self.line_start = piece.endswith("\n")
-        self.stream.write("".join(pieces))
-        return len(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-    def isatty(self) -> bool:
-        return False
-
-
-def _job_console(label: str) -> Console:
-    """Plain log lines, each led by the job's label (jobs may run in parallel worker processes or on cluster nodes,
-    where logs are files)."""
-    return Console(file=_Prefixed(sys.stdout, f"{label} "), soft_wrap=True)
-
-
 def _job_display(cfg: Any, console: Console | None = None) -> Any:
     return TrainDisplay(console or Console(soft_wrap=True), live=False, log_every=cfg.train.log_every)
-
-
-class _SignalSeen:
-    """Whether a signal reached training's handler (`run.interrupts.Interrupts`), also one at the last step, after
-    which training completes and reports no signal: the handler is read while the steps run."""
-
-    def __init__(self) -> None:
-        self.handler: Interrupts | None = None
-
-    def wrap(self, callback: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
-        def wrapped(event: dict[str, Any]) -> None:
-            if event.get("event") == "step" and self.handler is None:
-                handler = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
-                self.handler = handler if isinstance(handler, Interrupts) else None
-            callback(event)
-
-        return wrapped
-
-    @property
-    def signum(self) -> int | None:
-        return None if self.handler is None else (self.handler.signum or self.handler.pending)
 
 
 def _tracked(display: Any, cfg: Any, job_dir: Path, sweep_dir: Path | None) -> Any:
@@ -730,7 +598,7 @@ def _train_job(
 ) -> int | None:
     """Train (or resume) the job's run; None when training finished and no signal came, else the signal that stopped
     it (0: unknown) or that came at its last step."""
-    seen = _SignalSeen()
+    seen = SignalSeen()
     with _job_display(cfg, log) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
         recorder = TrainRecorder(profile, cfg, seen.wrap(fault.on_step(callback)))
         result = train(cfg, job_dir, resume=is_run_dir(job_dir), callback=recorder)
@@ -747,7 +615,7 @@ def _extend_job(
     log: Console | None = None,
 ) -> int | None:
     """Extend (or resume the fine-tune of) the job's run; like `_train_job`, None when it finished."""
-    seen = _SignalSeen()
+    seen = SignalSeen()
     with _job_display(cfg, log) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
         booked, start = sum(profile.seconds.values()), time.perf_counter()
         recorder = TrainRecorder(profile, cfg, seen.wrap(fault.on_step(callback)))

@@ -1,0 +1,107 @@
+"""A sweep job's identity: the config it was planned with (see `sweep.runner`'s module docstring).
+
+The identity is the composed config flattened to dotted keys, without the settings that change only speed or logging
+(`RUNTIME_KEYS`), plus, for an extend job, its parent's identity hash; `identity_hash` is a canonical sha256 of it.
+`PLANNED_FILE` in a sweep directory keeps each job's identity and hash across sweeps into that directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from posenc_cli.config import Config, config_to_dict
+from posenc_cli.errors import ConfigError
+from posenc_cli.fsutil import atomic_write_json
+from posenc_cli.run.checkpoint import CONFIG_FILE
+
+PLANNED_FILE = "planned.json"  # in a sweep directory: per job, the config it was planned with
+# Settings that change a job's speed or logging, not its numbers: a job planned with other values is reused.
+RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger")
+
+
+def job_identity(cfg: Config, parent_hash: str | None = None) -> dict[str, Any]:
+    """The settings that make a job's numbers what they are: the resolved config, flattened to dotted keys and
+    JSON-normalised, without `RUNTIME_KEYS`; an extend job's also names its parent's identity hash."""
+    flat = {k: v for k, v in _flatten(config_to_dict(cfg)).items() if not k.startswith(RUNTIME_KEYS)}
+    if parent_hash is not None:
+        flat["parent.config_hash"] = parent_hash
+    return _normalised(flat)
+
+
+def identity_hash(identity: dict[str, Any]) -> str:
+    """Canonical hash of an identity (sorted keys, JSON): equal configs hash equal across processes and runs."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_config_identity(run_dir: Path) -> dict[str, Any] | None:
+    """The identity of the config a run directory's own config.yaml holds (None if it has none): what a train job of
+    a sweep directory written before `PLANNED_FILE` is compared by. (An extend job's config.yaml holds the derived
+    run's settings, not the planned ones, so it is not comparable.)"""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    return _normalised({k: v for k, v in _flatten(raw).items() if not k.startswith(RUNTIME_KEYS)})
+
+
+def read_planned(sweep_dir: Path) -> dict[str, Any]:
+    """`PLANNED_FILE`'s jobs: {job key: {"config_hash", "config"}} (empty for a directory without one)."""
+    path = Path(sweep_dir) / PLANNED_FILE
+    if not path.is_file():
+        return {}
+    try:
+        jobs = json.loads(path.read_text()).get("jobs")
+    except (ValueError, AttributeError) as e:
+        raise ConfigError(f"{path}: not a posenc sweep record (invalid JSON)") from e
+    return jobs if isinstance(jobs, dict) else {}
+
+
+def difference(job_dir: Path, old: dict[str, Any], new: dict[str, Any]) -> str:
+    """'DIR was planned with pos.name=nope; this sweep asks pos.name=alibi (and 2 more settings); ...'."""
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k, "<unset>") != new.get(k, "<unset>")]
+    keys.sort(key=lambda k: (not k.endswith(".name"), k.startswith("parent."), k))  # the scheme's name first
+    first = keys[0]
+    more = f" (and {len(keys) - 1} more setting{'s' if len(keys) > 2 else ''})" if len(keys) > 1 else ""
+    return (
+        f"{job_dir} was planned with {first}={_show(old.get(first, '<unset>'))}; this sweep asks "
+        f"{first}={_show(new.get(first, '<unset>'))}{more}; use another --out, or delete that job's directory to "
+        "run it again"
+    )
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def write_planned(sweep_dir: Path, identities: dict[str, dict[str, Any]]) -> None:
+    """Record this sweep's jobs in `PLANNED_FILE`, keeping the entries of jobs of earlier grids."""
+    jobs = read_planned(sweep_dir)
+    for key, identity in identities.items():
+        jobs[key] = {"config_hash": identity_hash(identity), "config": identity}
+    atomic_write_json(Path(sweep_dir) / PLANNED_FILE, {"schema_version": 1, "jobs": jobs})
+
+
+def _normalised(flat: dict[str, Any]) -> dict[str, Any]:
+    """As the values read back from JSON (tuples as lists, paths as strings), so a record and a plan compare equal."""
+    out: dict[str, Any] = json.loads(json.dumps(flat, default=str))
+    return out
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
