@@ -114,3 +114,16 @@ def test_a_job_that_failed_before_its_run_existed_runs_again_with_new_settings(w
     assert code == 1, out + err
     code, out, err = sweep(workspace, "pos=alibi", "--out", "failed")  # the fix: nothing there to reuse
     assert code == 0 and "1 of 1 job(s) to run" in out, out + err
+
+
+def test_identity_ignores_speed_and_logging_and_names_the_parent() -> None:
+    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.sweep.identity import difference, identity_hash, job_identity
+
+    base = job_identity(compose_config(["pos=rope"]))
+    faster = job_identity(compose_config(["pos=rope", "train.threads=2", "train.log_every=7", "train.device=cpu"]))
+    assert identity_hash(base) == identity_hash(faster)
+    assert identity_hash(base) != identity_hash(job_identity(compose_config(["pos=rope", "train.seed=1"])))
+    child_a, child_b = job_identity(compose_config([]), "aaaa"), job_identity(compose_config([]), "bbbb")
+    assert identity_hash(child_a) != identity_hash(child_b)  # a child of a retrained parent is not its old self
+    assert "derived from a parent run planned with another config" in difference(Path("D"), child_a, child_b)

@@ -71,6 +71,11 @@ def difference(job_dir: Path, old: dict[str, Any], new: dict[str, Any]) -> str:
     keys = [k for k in sorted(set(old) | set(new)) if old.get(k, "<unset>") != new.get(k, "<unset>")]
     keys.sort(key=lambda k: (not k.endswith(".name"), k.startswith("parent."), k))  # the scheme's name first
     first = keys[0]
+    if first == "parent.config_hash":  # the job's own settings agree; its parent's do not
+        return (
+            f"{job_dir} was derived from a parent run planned with another config than this sweep's; use another "
+            "--out, or delete that job's directory to run it again"
+        )
     more = f" (and {len(keys) - 1} more setting{'s' if len(keys) > 2 else ''})" if len(keys) > 1 else ""
     return (
         f"{job_dir} was planned with {first}={_show(old.get(first, '<unset>'))}; this sweep asks "
@@ -80,7 +85,7 @@ def difference(job_dir: Path, old: dict[str, Any], new: dict[str, Any]) -> str:
 
 
 def _show(value: Any) -> str:
-    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, (list, dict)) else str(value)
 
 
 def write_planned(sweep_dir: Path, identities: dict[str, dict[str, Any]]) -> None:
