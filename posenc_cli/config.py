@@ -144,7 +144,8 @@ class TrainConfig:
     eval_batches: int = 8
     save_every: int = 200
     logger: Literal["none", "tensorboard", "wandb", "mlflow"] = "none"
-    # Training-time position ids (posenc_cli/positional/ids.py; evaluation always uses 0..T−1). 0 = off.
+    # Training-time position ids (posenc_cli/positional/ids.py). 0 = off. eval-extrapolate feeds a random_positions
+    # run sorted draws from [0, M) too, as the reference does at test time (posenc_cli/evaluation/positions.py).
     random_positions: int = 0  # M: each sequence's ids a sorted random subset of [0, M) (Ruoss et al. 2023)
     pose_length: int = 0  # PoSE: ids of each seq_len window skip-wise spanning [0, pose_length) (Zhu et al. 2023)
     pose_chunks: int = 2  # PoSE: chunks per window (2 in the paper)
