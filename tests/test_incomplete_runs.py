@@ -104,3 +104,17 @@ def test_the_suggested_resume_finishes_the_child_which_then_loads(runs: dict[str
     assert (meta["status"], meta["step"], meta["steps"]) == ("complete", 6, 6)
     assert meta["extend"]["method"] == "linear" and meta["parent"] == str(runs["parent"].resolve())
     assert load_run(child).config.pos.scaling.factor == 2.0  # type: ignore[attr-defined]
+
+
+def test_compare_does_not_show_cells_stored_on_an_incomplete_run(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Cells that an earlier posenc stored on a killed child (its weights still the parent's) are not its numbers."""
+    import shutil
+
+    from posenc_cli.config import EvalConfig
+    from posenc_cli.evaluation.perplexity import evaluate_run
+
+    child = Path(shutil.copytree(runs["child"], tmp_path / "child"))
+    evaluate_run(load_run(child, complete_only=False), EvalConfig(lengths=[1.0], tokens=32))  # as before the fix
+    result = runner.invoke(app, ["compare", str(child)], terminal_width=200)
+    assert "incomplete (training stopped at step 0 of 6); resume it with posenc train --resume" in result.output
+    assert "1×" not in result.output  # no table of its cells

@@ -44,7 +44,7 @@ from posenc_cli.report.tables import (
     run_label,
     table_legend,
 )
-from posenc_cli.run.checkpoint import RunMeta, read_config, read_meta, read_run_meta
+from posenc_cli.run.checkpoint import RunMeta, incomplete_reason, read_config, read_meta, read_run_meta
 from posenc_cli.run.hf_run import is_hf_dir, weights_identity
 from posenc_cli.sweep.runner import job_status, read_failure, read_plan
 
@@ -213,6 +213,10 @@ def _fill(record: RunRecord, keep: set[tuple[str, float]] | None = None) -> None
         record.status, record.error = "missing", "not evaluated yet (run posenc eval-extrapolate)"
         return
     record.scheme = str(doc.get("scheme", ""))
+    if not is_hf_dir(record.run_dir) and (why := incomplete_reason(read_meta(record.run_dir))) is not None:
+        record.status = "missing"  # its weights are not the finished run's: cells stored on them are not shown
+        record.error = f"incomplete ({why}); resume it with posenc train --resume {record.run_dir}"
+        return
     record.identity, record.seed, record.train_fingerprint = run_identity(record.run_dir)
     record.train_length = doc.get("train_length")
     record.base_length = doc.get("base_length")
