@@ -178,3 +178,11 @@ def test_mixture_sizes_are_validated_and_only_they_change_the_fingerprint() -> N
     assert corpus_info(TasksDataConfig(hops=2), None) != base
     docs = make_documents(TasksDataConfig(tasks=["variable-tracking"], hops=2, letters=3), 20, 0, None)
     assert all(len(re.findall(r"VAR [A-Z]{3} =", d)) == 3 for d in docs)
+
+
+def test_episodes_that_cannot_fit_in_memory_are_refused_before_allocation() -> None:
+    retrieval.check_memory(30, 4096, 128, "--trials", available=2**30)  # 30 episodes: a few MiB
+    with pytest.raises(ConfigError, match=r"--trials: 3,000,000 episodes .* need about .* GiB"):
+        retrieval.check_memory(3_000_000, 4096, 128, "--trials", available=2**30)
+    with pytest.raises(ConfigError, match="--trials"):  # the up-front bound in validate, before any run is read
+        retrieval.TasksEvalConfig(trials=10**9).validate()
