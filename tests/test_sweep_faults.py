@@ -107,7 +107,11 @@ def test_kills_in_training_evaluation_and_extension_then_rerun_give_the_same_res
     out = workspace / "kills"
     for fault in ("train:3:KILL:pos=alibi", "eval:2:KILL:pos=alibi", "eval:1:TERM:extend"):
         proc = sweep_with_fault(workspace, "kills", fault)
-        assert proc.returncode < 0, (fault, proc.returncode, proc.stderr[-2000:])  # killed by the signal
+        if fault.endswith("TERM:extend"):  # stops the evaluation, says how to resume (it was killed by the signal)
+            assert proc.returncode == 128 + 15, (fault, proc.returncode, proc.stderr[-2000:])
+            assert "interrupted by SIGTERM: extend/pos=rope/default" in proc.stderr and "Resume with" in proc.stderr
+        else:
+            assert proc.returncode < 0, (fault, proc.returncode, proc.stderr[-2000:])  # killed by the signal
     # The last kill came during the extension's evaluation: its cells are partly stored, the job is not done.
     assert job_status(out / "extend/pos=rope/default") == "partial"
     assert all(job_status(out / job) == "done" for job in JOBS[:2])

@@ -66,6 +66,7 @@ def sweep_command(
     from posenc_cli.cli.tasks import print_task_summary
     from posenc_cli.config import config_dir as packaged_config_dir
     from posenc_cli.perf.profiling import StageClock, process_age_s, write_sweep_profile
+    from posenc_cli.run.interrupts import Stopped, sigterm_raises
     from posenc_cli.sweep.hydra_bridge import launcher_settings
     from posenc_cli.sweep.runner import (
         SweepInterrupted,
@@ -102,13 +103,19 @@ def sweep_command(
     console.print(f"[bold]sweep[/] {spec.name} → {sweep_dir}", highlight=False)
     start = time.perf_counter()
     clock = StageClock(lambda kind, text: console.print(f"[cyan]{kind}[/] {text}", highlight=False))
+    again = ["posenc", "sweep", name, *overrides, "--out", str(sweep_dir)]
+    again += ["--config-dir", str(config_dir)] if config_dir else []
     try:
-        plans = run_sweep(spec, task, sweep_dir, launcher_overrides=launcher, user_config_dir=user_dir, on_event=clock)
+        with sigterm_raises():  # between jobs too (jobs in this process handle their own)
+            plans = run_sweep(
+                spec, task, sweep_dir, launcher_overrides=launcher, user_config_dir=user_dir, on_event=clock
+            )
     except SweepInterrupted as e:
-        again = ["posenc", "sweep", name, *overrides, "--out", str(sweep_dir)]
-        again += ["--config-dir", str(config_dir)] if config_dir else []
-        err_console.print(f"sweep {e}; it was not evaluated. Resume with: {shlex.join(again)}", markup=False)
+        err_console.print(f"sweep {e}. Resume with: {shlex.join(again)}", markup=False)
         raise typer.Exit(128 + (e.signum or 2)) from None
+    except Stopped as e:
+        err_console.print(f"sweep interrupted by SIGTERM. Resume with: {shlex.join(again)}", markup=False)
+        raise typer.Exit(128 + e.signum) from None
     clock.finish()
     console.print(f"sweep finished in {time.perf_counter() - start:.0f} s", highlight=False)
     report_start = time.perf_counter()

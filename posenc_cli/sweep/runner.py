@@ -55,6 +55,7 @@ from posenc_cli.perf.profiling import EvalRecorder, JobProfile, TrainRecorder, e
 from posenc_cli.positional.remap import RemapConfig
 from posenc_cli.run.checkpoint import RunMeta, is_run_dir, read_run_meta
 from posenc_cli.run.config_load import config_from_dict
+from posenc_cli.run.interrupts import Stopped, sigterm_raises
 from posenc_cli.run.progress import TrainDisplay
 from posenc_cli.run.trackers import tracked
 from posenc_cli.run.train import check_budget, train
@@ -377,13 +378,14 @@ def check_planned(sweep_dir: Path, plans: list[StagePlan], identities: dict[str,
 
 
 class SweepInterrupted(Exception):
-    """A signal stopped a job's training: it saved its checkpoint, and re-running the sweep resumes it."""
+    """A signal stopped a job (its training saved a checkpoint; its evaluation kept the cells it measured), and
+    re-running the sweep resumes it."""
 
     def __init__(self, jobs: list[str], signum: int | None) -> None:
         self.jobs = jobs
         self.signum = signum
         name = signal.Signals(signum).name if signum else "a signal"
-        super().__init__(f"interrupted by {name}: {', '.join(jobs)} saved a checkpoint and will resume")
+        super().__init__(f"interrupted by {name}: {', '.join(jobs)} did not finish (nothing of it was marked done)")
 
 
 def run_sweep(
@@ -475,7 +477,7 @@ def _run_stage(
         # A job that neither finished nor recorded a failure was stopped (by a signal, in this process or a worker).
         stopped = [j for j in todo if job_status(j.dir(sweep_dir)) in ("interrupted", "partial")]
         if stopped or session in _STOPPED:
-            names = [f"{j.stage}/{j.name}" for j in stopped] or ["a job"]
+            names = [j.key for j in stopped] or ["a job"]
             raise SweepInterrupted(names, _STOPPED.get(session))
 
 
@@ -539,7 +541,8 @@ _STOPPED: dict[str, int | None] = {}  # sweep sessions in which this process saw
 def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
     """Train or extend, then evaluate, then mark the job done; record a failure in the job directory instead of
     raising. A done job returns at once; a job whose training a signal stopped is not evaluated (status
-    "interrupted"), and later jobs of the same sweep in this process do not start."""
+    "interrupted"), nor finished when SIGTERM comes during its evaluation, and later jobs of the same sweep in this
+    process do not start."""
     job = raw.pop(INTERNAL_KEY, {}) or {}
     job_dir = info.output_dir
     session = str(job.get("session", ""))
@@ -553,25 +556,29 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
     (job_dir / DONE_FILE).unlink(missing_ok=True)  # one of an earlier checkpoint
     fault = _Fault.from_env(job_dir)
     try:
-        cfg = config_from_dict(raw)
-        if cfg.train.threads == 0 and info.parallel_jobs != 1:
-            jobs = info.parallel_jobs if info.parallel_jobs > 0 else (os.cpu_count() or 1)
-            cfg = replace(cfg, train=replace(cfg.train, threads=max(1, (os.cpu_count() or 1) // jobs)))
-        sweep_dir = Path(job["sweep_dir"]) if job.get("sweep_dir") else None
-        action = str(job.get("action", "train"))
-        log = job_console(log_label(info, action, sweep_dir))
-        if action == "train":
-            finished = _train_job(cfg, job_dir, sweep_dir, profile, fault, log)
-        else:
-            finished = _extend_job(cfg, job_dir, Path(job["parent_dir"]), sweep_dir, profile, fault, log)
-        if finished is not None:  # a signal stopped training (at its last step too): do not evaluate it
-            _STOPPED[session] = finished
-            return {"status": "interrupted", "dir": str(job_dir)}
-        fault.hit("evaluate", 0)
-        _evaluate_job(cfg, job_dir, profile, fault)
-        write_job_profile(job_dir, profile, time.perf_counter() - started)  # informative; not a done marker
-        _mark_done(job_dir, info.name)
-        return {"status": "ok", "dir": str(job_dir)}
+        with sigterm_raises():  # outside training's own handler (data, evaluation) SIGTERM stops the job too
+            cfg = config_from_dict(raw)
+            if cfg.train.threads == 0 and info.parallel_jobs != 1:
+                jobs = info.parallel_jobs if info.parallel_jobs > 0 else (os.cpu_count() or 1)
+                cfg = replace(cfg, train=replace(cfg.train, threads=max(1, (os.cpu_count() or 1) // jobs)))
+            sweep_dir = Path(job["sweep_dir"]) if job.get("sweep_dir") else None
+            action = str(job.get("action", "train"))
+            log = job_console(log_label(info, action, sweep_dir))
+            if action == "train":
+                finished = _train_job(cfg, job_dir, sweep_dir, profile, fault, log)
+            else:
+                finished = _extend_job(cfg, job_dir, Path(job["parent_dir"]), sweep_dir, profile, fault, log)
+            if finished is not None:  # a signal stopped training (at its last step too): do not evaluate it
+                _STOPPED[session] = finished
+                return {"status": "interrupted", "dir": str(job_dir)}
+            fault.hit("evaluate", 0)
+            _evaluate_job(cfg, job_dir, profile, fault)
+            write_job_profile(job_dir, profile, time.perf_counter() - started)  # informative; not a done marker
+            _mark_done(job_dir, info.name)
+            return {"status": "ok", "dir": str(job_dir)}
+    except Stopped as e:  # cells already measured stay stored; a re-run measures the rest
+        _STOPPED[session] = e.signum
+        return {"status": "interrupted", "dir": str(job_dir)}
     except Exception as e:  # one failed job must not hide the others' results
         record = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(), "job": info.name}
         try:
