@@ -178,3 +178,30 @@ def test_a_short_write_without_errno_is_a_disk_error_line() -> None:
     result = runner.invoke(stub, [])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert "No space left on device (short write: 4096 requested and 1024 written)" in result.output
+
+
+def test_sigterm_outside_training_is_one_line_and_exit_143() -> None:
+    """An evaluation killed by SIGTERM (Slurm's preemption signal) says so and exits 128 + 15, as training does; it
+    used to die of the signal (exit −15) with no word."""
+    import os
+    import signal
+
+    import typer
+
+    from posenc_cli.cli.app import handles_errors
+
+    stub = typer.Typer()
+    stored = []
+
+    @stub.command()
+    @handles_errors
+    def measure() -> None:
+        stored.append("cell 1")
+        os.kill(os.getpid(), signal.SIGTERM)
+        stored.append("cell 2")  # never reached
+
+    previous = signal.getsignal(signal.SIGTERM)
+    result = runner.invoke(stub, [])
+    assert result.exit_code == 143 and "Traceback" not in result.output, result.output
+    assert "stopped by SIGTERM; results already stored are kept" in result.output
+    assert stored == ["cell 1"] and signal.getsignal(signal.SIGTERM) is previous

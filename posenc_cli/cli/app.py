@@ -8,6 +8,7 @@ becomes one red line on stderr and exit code 2.
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -143,15 +144,26 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def handles_errors(func: F) -> F:
-    """Turn `UserError`, a disk-kind `OSError` (full, read-only, no permission) and Ctrl-C outside training into one
-    line and an exit code; keep bugs as tracebacks."""
+    """Turn `UserError`, a disk-kind `OSError` (full, read-only, no permission), SIGTERM and Ctrl-C outside training
+    into one line and an exit code (128 + the signal); keep bugs as tracebacks. Results already stored are kept (every
+    evaluation cell is written when measured), so the same command continues from them."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # deferred: keeps this command's modules off posenc --help start-up
+        from posenc_cli.run.interrupts import Stopped, sigterm_raises
+
         try:
-            return func(*args, **kwargs)
+            with sigterm_raises():
+                return func(*args, **kwargs)
         except UserError as e:
             raise fail(_escape(str(e)).replace("\n", " ")) from None
+        except Stopped as e:
+            raise fail(
+                f"stopped by {signal.Signals(e.signum).name}; results already stored are kept, and the same command "
+                "continues from them",
+                code=128 + e.signum,
+            ) from None
         except KeyboardInterrupt:
             raise fail("interrupted", code=130) from None
         except OSError as e:  # a full, read-only or forbidden location: the user's to fix, not a bug
