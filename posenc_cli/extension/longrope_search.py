@@ -15,14 +15,11 @@ on another (microsoft/LongRoPE README.md:90: PG19 validation for the search, Pro
 posenc's evaluations (`eval-extrapolate` in every protocol, fixed-target included, which scores the *end* of the
 validation stream; the training run's own validation) only ever read the validation split, so the search scores the
 first windows of the run's *training* split instead (`SEARCH_SPLIT`): no token it scores is scored by an evaluation
-of the run's own data. The cost: those tokens may have been trained on at length L (training samples windows of L
-anywhere in the split), so the search's perplexities are optimistic in level; they rank candidates at s·L, a length
-the model never trained at. The child records the tokens used (`SearchResult.data`, in meta.json's `extend.search`
-and the factors file): split, token offsets [start, end) and the corpus and tokenizer fingerprints.
-
-The pure functions take a `random.Random`, so a seed fixes the whole search (and `extend` stays idempotent: the
-same command finds the same factors). `extend_with_search` runs the search on a RoPE run and writes the child run
-through `extend.extend_run`, with the factors in its config (`pos.scaling.long_factor`) and in `FACTORS_FILE`.
+of the run's own data. Those tokens may have been trained on at length L (training samples windows of L anywhere in
+the split), and they are other text than the evaluation's, so the search's perplexities are not the evaluation's
+level; they only rank candidates at s·L, a length the model never trained at. The child records the tokens
+used (`SearchResult.data`, in meta.json's `extend.search` and the factors file): split, token offsets [start, end)
+and the corpus and tokenizer fingerprints.
 """
 
 from __future__ import annotations
