@@ -86,3 +86,11 @@ def test_launcher_settings_validate_name_and_keys_like_the_launch() -> None:
         launcher_settings(["hydra/launcher=submitit_slrum"])
     with pytest.raises(ConfigError, match=r"unknown launcher key 'hydra.launcher.partiton' \(did you mean partition"):
         launcher_settings(["hydra/launcher=submitit_slurm", "hydra.launcher.partiton=gpu"])
+
+
+def test_an_unknown_scheme_key_lists_the_chosen_schemes_keys_with_a_suggestion() -> None:
+    """`pos=rope pos.bse=500` used to list PosConfig's keys only ("valid keys: name")."""
+    with pytest.raises(ConfigError, match=r"'pos.bse' \(did you mean pos.base\?; valid keys: base, layout, name,"):
+        compose_config(["pos=rope", "pos.bse=500"])
+    with pytest.raises(ConfigError, match=r"did you mean pos.num_buckets\?; valid keys: max_distance, name, num_bu"):
+        compose_config(["pos=t5", "pos.num_bucket=8"])

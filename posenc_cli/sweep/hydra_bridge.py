@@ -6,18 +6,17 @@ Everything else receives the plain `Config` dataclasses built by `run.config_loa
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.util
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.config import ROOT_CONFIG, Config, config_dir, unknown_key_message
+from posenc_cli.config import ROOT_CONFIG, Config, config_dir, suggest
 from posenc_cli.data.sources import registry as source_registry
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import registry
-from posenc_cli.run.config_load import config_from_dict
+from posenc_cli.run.config_load import config_from_dict, unknown_override_message
 
 
 def register_groups() -> None:
@@ -63,8 +62,8 @@ def compose_dict(overrides: list[str], user_config_dir: Path | None = None) -> d
         raw = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         match = re.match(r"Could not override '([^']+)'.\s+To append", str(e))
-        if match:
-            raise ConfigError(unknown_key_message(match.group(1))) from e
+        if match:  # checked against the scheme and source the overrides select (pos=rope pos.bse: RopeConfig's keys)
+            raise ConfigError(unknown_override_message(match.group(1), overrides)) from e
         raise ConfigError(_suggest_option(one_line(e))) from e
     assert isinstance(raw, dict)
     raw.pop("hydra", None)
@@ -81,7 +80,7 @@ def _suggest_option(text: str) -> str:
     missing = re.search(r"Could not find '(?:[^']*/)?([^'/]+)'.*\(available: ([^)]*)\)", text)
     if not missing:
         return text
-    hint = did_you_mean(missing.group(1), [o.strip() for o in missing.group(2).split(",")])
+    hint = suggest(missing.group(1), [o.strip() for o in missing.group(2).split(",")])
     return text[: missing.end(1) + 1] + hint + text[missing.end(1) + 1 :]
 
 
@@ -271,12 +270,12 @@ def _launcher_node(launcher_overrides: list[str], user_config_dir: Path | None) 
             rest = [o for o in launcher_overrides if not o.lstrip("+~").startswith("hydra.launcher.")]
             keys = sorted(_compose_hydra(rest, user_config_dir))
             wrong = bad_key.group(1).removeprefix("hydra.launcher.")
-            text = f"unknown launcher key '{bad_key.group(1)}'{did_you_mean(wrong, keys)}"
+            text = f"unknown launcher key '{bad_key.group(1)}'{suggest(wrong, keys)}"
             text += f" (keys: {', '.join(k for k in keys if not k.startswith('_'))})"
         missing = re.search(r"Could not find 'hydra/launcher/([^']+)'.*\(available: ([^)]*)\)", text)
         if missing:
             options = [o.strip() for o in missing.group(2).split(",")]
-            text = f"unknown launcher hydra/launcher={missing.group(1)}{did_you_mean(missing.group(1), options)}"
+            text = f"unknown launcher hydra/launcher={missing.group(1)}{suggest(missing.group(1), options)}"
             text += f" (available: {', '.join(options)})"
         raise ConfigError(text) from e
     return node
@@ -297,12 +296,6 @@ def _compose_hydra(overrides: list[str], user_config_dir: Path | None) -> dict[s
     node = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
     assert isinstance(node, dict)
     return node
-
-
-def did_you_mean(word: str, options: list[str]) -> str:
-    """' (did you mean alibi?)' for a near miss among `options` (difflib's ratio >= 0.6), else ''."""
-    close = difflib.get_close_matches(word, options, n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
 
 
 @dataclasses.dataclass(frozen=True)

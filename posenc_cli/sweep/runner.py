@@ -42,7 +42,7 @@ from typing import Any, Literal
 import yaml
 from rich.console import Console
 
-from posenc_cli.config import Config, replace
+from posenc_cli.config import Config, replace, suggest
 from posenc_cli.data.sources import source_class
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.evaluation.perplexity import evaluate_each_run
@@ -62,7 +62,6 @@ from posenc_cli.run.train import check_budget, train
 from posenc_cli.sweep.hydra_bridge import (
     JobInfo,
     compose_config,
-    did_you_mean,
     job_name,
     launch_multirun,
     launcher_settings,
@@ -142,7 +141,7 @@ def find_sweep_file(name: str, config_dirs: list[Path]) -> Path:
         if candidate.is_file():
             return candidate
     available = sorted({p.stem for root in config_dirs for p in (root / "sweep").glob("*.yaml")})
-    hint = did_you_mean(name, available)
+    hint = suggest(name, available)
     raise ConfigError(f"no sweep file named '{name}'{hint} (available: {', '.join(available) or 'none'})")
 
 
@@ -157,7 +156,7 @@ def load_sweep_spec(path: Path) -> SweepSpec:
     unknown = set(raw) - {"overrides", "stages", "description"}
     if unknown:
         key = str(sorted(unknown, key=str)[0])
-        hint = did_you_mean(key, ["description", "overrides", "stages"])
+        hint = suggest(key, ["description", "overrides", "stages"])
         raise ConfigError(f"{path}: unknown sweep key '{key}'{hint} (valid: description, overrides, stages)")
     stages = []
     for i, st in enumerate(raw["stages"]):
@@ -167,7 +166,7 @@ def load_sweep_spec(path: Path) -> SweepSpec:
         bad = set(st) - set(valid)
         if bad:
             key = str(sorted(bad, key=str)[0])
-            hint = did_you_mean(key, valid)
+            hint = suggest(key, valid)
             raise ConfigError(
                 f"{path}: stage '{st['name']}' has unknown key '{key}'{hint} (valid: {', '.join(sorted(valid))})"
             )
@@ -278,7 +277,7 @@ def _parents(st: StageSpec, spec: SweepSpec, plans: list[StagePlan]) -> list[Job
         stage_name, match = spec.stages[0].name, stage_name
     earlier = {plan.stage.name: plan.jobs for plan in plans}
     if stage_name not in earlier:
-        hint = did_you_mean(stage_name, list(earlier))
+        hint = suggest(stage_name, list(earlier))
         raise ConfigError(f"stage '{st.name}': parent stage '{stage_name}' is not an earlier stage{hint}")
     wanted = {p.strip() for p in match.split(",") if p.strip()}
     return [job for job in earlier[stage_name] if wanted <= set(job.overrides)]
