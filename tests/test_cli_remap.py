@@ -193,7 +193,7 @@ def attn_queries(attn: torch.nn.Module, args: tuple) -> torch.Tensor:
 
 
 def test_self_extend_takes_no_log_n_unless_asked(runs: dict[str, Path], tmp_path: Path) -> None:
-    """datamllab/LongLM scales no query: off by default; --logn adds it (directory name says so)."""
+    """datamllab/LongLM's log-n is off by default (scale_base=-1); --logn turns it on (directory name says so)."""
     result = invoke(str(runs["rope"]), "--method", "self-extend", "--window", "8", "--group", "2", "--logn")
     assert result.exit_code == 0, result.output
     child = load_run(runs["rope"].with_name("rope-self-extend-w8g2-logn"))

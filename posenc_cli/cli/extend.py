@@ -158,7 +158,7 @@ def extend_command(
         typer.Option(
             "--logn/--no-logn",
             help="Scale query i's logits by max(1, log(i + 1) / log L) beyond the original length L (Qwen's log-n). "
-            "Default: on for rerope (as bojone/rerope), off otherwise.",
+            "Default: on for rerope (as bojone/rerope), off otherwise (self-extend: as LongLM's default).",
             show_default=False,
         ),
     ] = None,

@@ -422,8 +422,11 @@ def remap_logn_default(method: str) -> bool:
     multiply every query, before either rotation (so both the windowed and the rectified score), by
     max(1, log(position_id + 1) / log(training_length)): posenc's `model.attn_scale=logn` with `model.logn_length`
     = the parent's training length, applied to q before the rotations as well (`CausalSelfAttention.qkv_heads`).
-    Self-Extend: no. datamllab/LongLM's `self_extend_patch` scales no query; `--logn` adds it anyway, as an option of
-    posenc's that the reference does not have (recorded in the child's config, meta and directory name).
+    Self-Extend: no. datamllab/LongLM (cdbbb06) has the same log-n as an option that is off by default:
+    `SelfExtend.apply(..., scale_base=-1)` (SelfExtend.py:67; "base for the scale, equal to pretraining length"),
+    applied to the query before both the neighbour and the grouped rotation (`self_extend_patch/Llama_4_40.py:108`);
+    `--logn` is that option with scale_base = the parent's training length (recorded in the child's config, meta
+    and directory name).
     """
     return method == "rerope"
 

@@ -9,8 +9,9 @@ merged before the softmax by a mask on the distance i − j (i, j the position i
   posenc follows datamllab/LongLM's corrected formula (commit 715c1e3; `self_extend_patch/Llama_4_40.py:131` at
   cdbbb06): the query shift is W − ⌊W/G⌋ with floor division, as in `remapped_positions` and
   `remapped_distance`. Several other patches of that repository still divide exactly (W − W/G, e.g. `Llama.py:134`,
-  `Gemma.py:144`), which gives fractional positions when G ∤ W; posenc does not follow those. No log-n: LongLM
-  scales no query (`extend --method self-extend --logn` adds it as posenc's own option).
+  `Gemma.py:144`), which gives fractional positions when G ∤ W; posenc does not follow those. LongLM's log-n
+  query scaling is an option, off by default (`SelfExtend.apply(scale_base=-1)`; `extend --method self-extend
+  --logn` turns it on with scale_base = the training length).
 - ReRoPE (Su 2023, "Rectified Rotary Position Embeddings", bojone/rerope): relative distance min(i − j, W), i.e.
   queries at W and keys at 0 beyond the window; the leaky variant (k > 1) uses W + (i − j − W)/k, queries at
   i/k + W − W/k and keys at j/k.
