@@ -198,3 +198,11 @@ def test_search_refuses_other_schemes_and_methods_writing_nothing(runs: dict[str
     with pytest.raises(ConfigError, match="--search-budget must be >= 1"):
         extend_with_search(runs["rope"], out, ExtendConfig(method="longrope", factor=FACTOR), budget=0)
     assert not out.exists()
+    never = lambda *_: pytest.fail("the search ran before the refusal")  # noqa: E731
+    ext = ExtendConfig(method="longrope", factor=FACTOR)
+    with pytest.raises(ConfigError, match="is the parent run"):
+        extend_with_search(runs["rope"], runs["rope"], ext, budget=2, progress=never)
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="is not empty"):
+        extend_with_search(runs["rope"], tmp_path / "user", ext, budget=2, progress=never)
