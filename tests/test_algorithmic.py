@@ -19,6 +19,7 @@ from posenc_cli.data.algorithmic import task_class
 from posenc_cli.data.algorithmic.base import SORT_SYMBOLS, number_to_string, random_number
 from posenc_cli.data.sources import open_source
 from posenc_cli.data.sources.algorithmic import AlgorithmicDataConfig, make_documents
+from posenc_cli.data.sources.stdlib import StdlibDataConfig
 from posenc_cli.data.tokenizer import ByteTokenizer
 from posenc_cli.errors import CheckpointError, ConfigError
 from posenc_cli.evaluation.algorithmic import (
@@ -247,6 +248,10 @@ def test_the_sweep_task_measures_jobs_trained_on_algorithmic_data(tmp_path: Path
     run = _run(tmp_path / "run", Oracle(examples), data)
     cells = task.evaluate_job(run, run.config, device=torch.device("cpu"))["entries"]
     assert [(e["length"], e["examples"], e["accuracy"]) for e in cells] == [(1, 3, 1.0), (2, 3, 1.0), (3, 3, 1.0)]
+    other = dataclasses.replace(run.config, data=StdlibDataConfig())  # a job of another source has no cells here
+    assert task.evaluate_job(run, other, device=torch.device("cpu"))["entries"] == []
+    with run_lock(run.path), pytest.raises(CheckpointError, match="being trained"):
+        task.evaluate_job(run, other, device=torch.device("cpu"))
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from posenc_cli.data.sources.algorithmic import AlgorithmicDataConfig
 from posenc_cli.evaluation import algorithmic
+from posenc_cli.evaluation.perplexity import check_not_training
 from posenc_cli.evaluation.tasks import register
 from posenc_cli.evaluation.tasks.base import EvalTask, Progress
 
@@ -32,7 +33,8 @@ class AlgorithmicEvalTask(EvalTask):
         cls, run: LoadedRun, cfg: Config, *, device: torch.device, progress: Progress = None
     ) -> dict[str, Any]:
         """The job's `data=algorithmic` settings (its tasks, 1..data.eval_max_length or 2L, data.eval_examples); a
-        job trained on other data has no algorithmic cells."""
+        job trained on other data has no algorithmic cells (a run being trained is refused either way)."""
+        check_not_training(run.path)
         if not isinstance(cfg.data, AlgorithmicDataConfig):
             return {"path": str(run.path), "reused": 0, "entries": []}
         return algorithmic.evaluate_algorithmic_run(
