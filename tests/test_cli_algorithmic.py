@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
-from posenc_cli.cli.algorithmic import parse_lengths, summary_table
+from posenc_cli.cli.algorithmic import (
+    parse_lengths,
+    print_algorithmic_summary,
+    stored_algorithmic_results,
+    summary_table,
+)
 from posenc_cli.errors import ConfigError
 
 runner = CliRunner()
@@ -95,3 +101,22 @@ def test_summary_table_shows_both_means_per_run() -> None:
     assert "75 / 12" in text  # (100 + 50) / 2 in distribution; (25 + 0) / 2 = 12.5 beyond, printed as 12
     assert "100 / 100" in text
     assert summary_table(results[:1]) is None  # one run: its own table says it all
+
+
+def test_a_sweeps_end_reads_the_stored_cells_of_the_current_checkpoint(run: Path) -> None:
+    evaluated = runner.invoke(app, ["eval-algorithmic", str(run), "--examples", "2", "--device", "cpu"])
+    assert evaluated.exit_code == 0, evaluated.output
+    records = [
+        SimpleNamespace(status="done", run_dir=str(run), label="pos=rope", scheme="rope"),
+        SimpleNamespace(status="failed", run_dir=str(run), label="broken", scheme="rope"),
+    ]
+    (result,) = stored_algorithmic_results(records)
+    assert result["run"] == "pos=rope" and len(result["entries"]) == 12
+    console = Console(width=200, record=True)
+    print_algorithmic_summary(records, console)
+    assert "L+1..2L" in console.export_text()
+    doc = json.loads((run / "eval" / "algorithmic.json").read_text())
+    for e in doc["entries"]:
+        e["checkpoint"]["step"] = -1  # cells of another checkpoint are not shown
+    (run / "eval" / "algorithmic.json").write_text(json.dumps(doc))
+    assert stored_algorithmic_results(records) == []

@@ -210,3 +210,42 @@ def eval_algorithmic_command(
         json_path=json_path,
         combined=combined_json(results),
     )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sweeps and `posenc compare`: the accuracies their runs already stored (one line to call after the perplexity table).
+
+
+def stored_algorithmic_results(records: Sequence[Any]) -> list[dict[str, Any]]:
+    """eval-algorithmic results read from disk for the runs of `compare.gather`'s records that have
+    eval/algorithmic.json: the cells of the run's current checkpoint and of the current generator, under the record's
+    label. Failed jobs and runs without cells are left out."""
+    # deferred: keeps this command's modules off posenc --help start-up
+    from pathlib import Path
+
+    from posenc_cli.analysis.compare import current_checkpoint
+    from posenc_cli.data.algorithmic.base import GENERATOR_VERSION
+    from posenc_cli.evaluation.algorithmic import COMMAND, RESULTS_FILE
+    from posenc_cli.evaluation.results import checkpoint_key, read_results_file
+
+    results = []
+    for record in records:
+        if record.status == "failed":
+            continue
+        doc = read_results_file(Path(record.run_dir) / RESULTS_FILE, COMMAND)
+        if doc is None:
+            continue
+        current = current_checkpoint(Path(record.run_dir))
+        cells = [e for e in doc["entries"] if checkpoint_key(e) == current and e.get("generator") == GENERATOR_VERSION]
+        if cells:
+            scheme = record.scheme or str(doc.get("scheme", ""))
+            results.append({"run": record.label, "scheme": scheme, "entries": cells})
+    return results
+
+
+def print_algorithmic_summary(records: Sequence[Any], console: Any) -> None:
+    """After a sweep's (or `compare`'s) perplexity table: in-distribution / beyond-L accuracy per run and task."""
+    results = stored_algorithmic_results(records)
+    table = summary_table(results) if len(results) > 1 else (run_tables(results) or [None])[0]
+    if table is not None:
+        console.print(table)
