@@ -232,6 +232,9 @@ class ExtendConfig(_ExtendScaling):  # type: ignore[misc, valid-type]
     remap_window: int = 0
     remap_group: int = 0
     remap_leaky: float = 0.0
+    # Log-n query scaling of a remapped child: None as the method's reference (on for ReRoPE, bojone/rerope
+    # rerope_patch.py:56; off for Self-Extend, LongLM's scale_base default), true/false to choose.
+    remap_logn: bool | None = None
     # LongRoPE in a sweep: search the long factors on the parent first (`extend --search`), with this many
     # candidates (0: off, the factors are given) and this seed.
     longrope_search: int = 0
@@ -241,8 +244,14 @@ class ExtendConfig(_ExtendScaling):  # type: ignore[misc, valid-type]
         _check_finite(self, "extend")
         if self.remap != "none":
             if self.finetune_steps or self.pose or self.logn:
-                raise ConfigError(f"extend.remap={self.remap} takes no fine-tune, PoSE or log-n")
+                raise ConfigError(
+                    f"extend.remap={self.remap} takes no fine-tune, PoSE or extend.logn (its log-n: extend.remap_logn)"
+                )
             return  # the scaling fields are not used; remap_run validates the remapping itself
+        if self.remap_logn is not None:
+            raise ConfigError(
+                "extend.remap_logn belongs to a remapping (extend.remap); a scaling's log-n is extend.logn"
+            )
         if self.factor <= 1:
             raise ConfigError(f"extend.factor must be > 1, got {self.factor}")
         _non_negative(self, "extend", "finetune_steps", "finetune_warmup", "longrope_search", "longrope_search_seed")

@@ -48,6 +48,11 @@ stages:
     parent: train/pos=rope
     overrides: [extend.factor=2, extend.method=longrope, extend.longrope_search=2]
     label: "longrope x2 (searched)"
+  - name: rerope
+    action: extend
+    parent: train/pos=rope
+    overrides: [extend.remap=rerope, extend.remap_window=8, extend.remap_logn=false]
+    label: "rerope W=8, no log-n"
 """
 ONE_STAGE = f"""# posenc sweep one --config-dir DIR
 overrides: {COMMON}
@@ -268,7 +273,11 @@ def test_an_extend_stage_can_remap_positions_instead_of_scaling(workspace: Path,
     assert "method: self-extend" in config and "window: 8" in config and "group: 2" in config
     assert (child / "done.json").is_file() and (child / "eval" / "extrapolate.json").is_file()
     records = json.loads((workspace / "remap" / "results.json").read_text())
-    assert {r["label"] for r in records} == {"rope", "self-extend W=8 G=2", "longrope x2 (searched)"}
+    assert {r["label"] for r in records} == {
+        "rope", "self-extend W=8 G=2", "longrope x2 (searched)", "rerope W=8, no log-n"}  # fmt: skip
+    # ReRoPE takes log-n by default (its reference), which extend.remap_logn=false turns off
+    rerope = (workspace / "remap" / "rerope" / "default" / "default" / "config.yaml").read_text()
+    assert "method: rerope" in rerope and "attn_scale: none" in rerope
 
 
 def test_an_extend_stage_can_search_longrope_factors(workspace: Path, monkeypatch) -> None:
@@ -281,3 +290,6 @@ def test_an_extend_stage_can_search_longrope_factors(workspace: Path, monkeypatc
     assert "method: longrope" in config and "long_factor:" in config and "long_factor: null" not in config
     assert (child / "done.json").is_file()
     assert "longrope search" in json.loads((child / "profile.json").read_text())["seconds"]
+    # as `extend --search`: the factors file and the scored tokens (the training split, which no evaluation reads)
+    assert (child / "longrope_factors.json").is_file()
+    assert json.loads((child / "meta.json").read_text())["extend"]["search"]["data"]["split"] == "train"

@@ -49,7 +49,7 @@ from posenc_cli.evaluation.perplexity import evaluate_each_run
 from posenc_cli.evaluation.results import checkpoint_identity
 from posenc_cli.evaluation.tasks import task_class
 from posenc_cli.extension.extend import extend_run, remap_run
-from posenc_cli.extension.longrope_search import search_extension
+from posenc_cli.extension.longrope_search import extend_with_search
 from posenc_cli.fsutil import atomic_write_json, exclusive_or_fail
 from posenc_cli.perf.profiling import EvalRecorder, JobProfile, TrainRecorder, eval_facts, write_job_profile
 from posenc_cli.positional.remap import RemapConfig
@@ -628,13 +628,19 @@ def _extend_job(
         if cfg.extend.remap != "none":  # a training-free position remapping instead of a scaling
             ext = cfg.extend
             remap = RemapConfig(method=ext.remap, window=ext.remap_window, group=ext.remap_group, leaky=ext.remap_leaky)
-            result: Any = remap_run(parent_dir, job_dir, remap, threads=cfg.train.threads)
+            result: Any = remap_run(parent_dir, job_dir, remap, threads=cfg.train.threads, logn=ext.remap_logn)
         elif cfg.extend.longrope_search:  # LongRoPE: search the factors on the parent, then extend with them
-            ext = cfg.extend
-            budget, seed = ext.longrope_search, ext.longrope_search_seed
-            with profile.phase("longrope search"):
-                child = search_extension(parent_dir, ext, budget=budget, seed=seed, threads=cfg.train.threads)[0]
-            result = extend_run(parent_dir, job_dir, child, threads=cfg.train.threads, callback=recorder)
+            ext = cfg.extend  # as `extend --search`: search tokens recorded, factors file written, no re-search
+            result, found = extend_with_search(
+                parent_dir,
+                job_dir,
+                ext,
+                budget=ext.longrope_search,
+                seed=ext.longrope_search_seed,
+                threads=cfg.train.threads,
+                callback=recorder,
+            )
+            profile.add("longrope search", found.seconds if found is not None else 0.0)
         else:
             result = extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads, callback=recorder)
         fine_tune = sum(profile.seconds.values()) - booked  # its setup, steps, validation and saves
