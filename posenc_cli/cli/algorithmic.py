@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 _EXAMPLES = """
 [bold]Examples[/]
 
-  posenc train data=algorithmic 'data.tasks=[copy,reverse]' data.max_length=20 --out alg
+  posenc train data=algorithmic 'data.tasks=\\[copy,reverse]' data.max_length=20 --out alg
   posenc eval-algorithmic alg                       [dim](the run's tasks at 1..2L, L = its data.max_length)[/]
   posenc eval-algorithmic alg --tasks copy --lengths 1-40 --examples 500
   posenc eval-algorithmic outputs/sweeps/algorithmic --json algorithmic.json
