@@ -60,6 +60,7 @@ EXAMPLES: dict[str, Callable[[Path, pytest.MonkeyPatch], dict]] = {
     "hf": lambda tmp, mp: (_hub(mp), {"name": "someone/corpus"})[1],
     "passkey": lambda tmp, mp: {"passkey_episodes": 40},
     "tasks": lambda tmp, mp: {"episodes": 40, "corpus_share": 0.25, "haystack": "corpus"},
+    "algorithmic": lambda tmp, mp: {"examples": 40},
 }
 
 

@@ -47,14 +47,28 @@ def tiny_run(path: Path, step: int, sha: str) -> LoadedRun:
     return LoadedRun(path=path, model=model, config=cfg, meta=RunMeta.from_json(meta), tokenizer=ByteTokenizer())
 
 
+def job_data(task, run: LoadedRun) -> LoadedRun:
+    """The run as a sweep job of the task's own data source would have it: tasks whose cells are per instance length
+    (`length_axis` "instance": the algorithmic suite) measure runs trained on that source, here two tiny settings."""
+    if getattr(task, "length_axis", "tokens") == "tokens":
+        return run
+    (source,) = [s for s in source_registry().values() if task.name in s.tasks]
+    data = source.config_cls(tasks=["copy"], max_length=2, eval_examples=2)  # type: ignore[call-arg]
+    run.config = dataclasses.replace(run.config, data=data)
+    return run
+
+
 def test_task_measures_stores_and_reuses_cells_by_checkpoint(task, tmp_path: Path, fake_stdlib: Path) -> None:
-    run = tiny_run(tmp_path / "run", 10, "a" * 64)
+    run = job_data(task, tiny_run(tmp_path / "run", 10, "a" * 64))
     cpu = torch.device("cpu")
     first = task.evaluate_job(run, run.config, device=cpu)
     cells = first["entries"]
     assert cells and first["reused"] == 0
     assert all(e["checkpoint"] == checkpoint_identity(run.meta) for e in cells)
-    assert {e["length"] for e in cells} >= {TRAIN_LEN}  # lengths are multiples of the training length
+    if getattr(task, "length_axis", "tokens") == "tokens":
+        assert {e["length"] for e in cells} >= {TRAIN_LEN}  # lengths are multiples of the training length
+    else:
+        assert {e["length"] for e in cells} == {1, 2, 3, 4}  # instance lengths 1..2L
     stored = json.loads((run.path / task.results_file).read_text())
     assert stored["train_length"] == TRAIN_LEN and len(stored["entries"]) == len(cells)
 
