@@ -307,8 +307,8 @@ class _Uncached(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.model(idx)
+    def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(idx, position_ids=position_ids)
 
 
 @pytest.mark.parametrize("scheme", sorted(registry()))
@@ -321,3 +321,22 @@ def test_cached_greedy_decoding_generates_what_full_forwards_generate(scheme: st
         full = pk.greedy_decode(_Uncached(model), prompts, 10)
     assert cached.shape == (3, 10)
     assert torch.equal(cached, full)
+
+
+@pytest.mark.parametrize("scheme", ["rope", "learned", "alibi"])
+def test_cached_greedy_decoding_with_random_ids_matches_full_forwards(scheme: str) -> None:
+    """A randomized-position run decodes at its draws: the cache carries the prompt's ids and each new token's."""
+    from posenc_cli.evaluation.positions import Positions
+
+    torch.manual_seed(3)
+    pos = config_class(scheme)(table_size=64) if scheme == "learned" else config_class(scheme)()
+    model = GPT(ModelConfig(d_model=32, n_layer=2, n_head=2, init_std=0.3), pos, 40, 32).eval()
+    prompts = torch.randint(0, 40, (3, 12), generator=torch.Generator().manual_seed(4))
+    positions = Positions("random", 64, 0)
+    ids = positions.draw(3, 12 + 8, positions.generator(20))  # (3, 20)
+    with torch.no_grad():
+        cached = pk.greedy_decode(model, prompts, 8, position_ids=ids)
+        full = pk.greedy_decode(_Uncached(model), prompts, 8, position_ids=ids)
+        plain = pk.greedy_decode(model, prompts, 8)
+    assert torch.equal(cached, full)
+    assert not torch.equal(cached, plain)  # the ids reach the model

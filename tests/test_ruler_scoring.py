@@ -78,7 +78,7 @@ class _Model(torch.nn.Module):
 def _fake_decoder(rows: list[np.ndarray], calls: list[tuple[int, int, int]]):
     """A decode_prompts stand-in: row r generates the ids `rows[r]`, then "x" bytes."""
 
-    def decode(model, prompts, steps, length, *args):
+    def decode(model, prompts, steps, length, *args, **kwargs):
         calls.append((prompts.shape[1], steps, length))
         out = np.full((len(prompts), steps), ord("x"), dtype=np.int64)
         for r, ids in enumerate(rows):

@@ -92,3 +92,26 @@ def test_task_refuses_a_run_being_trained(task, tmp_path: Path, fake_stdlib: Pat
 def test_every_task_is_run_by_some_source() -> None:
     used = {name for source in source_registry().values() for name in source.tasks}
     assert used == set(registry())
+
+
+def test_a_randomized_position_run_is_fed_draws_from_its_range(task, tmp_path: Path, fake_stdlib: Path) -> None:
+    """Every evaluation of a `train.random_positions=M` run feeds it sorted draws from [0, M), as Ruoss et al. do at
+    test time, and its cells say so (and are keyed by it)."""
+    run = job_data(task, tiny_run(tmp_path / "run", 10, "a" * 64))
+    M = 4 * TRAIN_LEN
+    run.config = dataclasses.replace(run.config, train=dataclasses.replace(run.config.train, random_positions=M))
+    fed: list[torch.Tensor] = []
+    forward = run.model.forward
+
+    def recording(idx: torch.Tensor, **kw) -> torch.Tensor:
+        fed.append(kw.get("position_ids"))
+        return forward(idx, **kw)
+
+    run.model.forward = recording  # type: ignore[method-assign]
+    cells = task.evaluate_job(run, run.config, device=torch.device("cpu"))["entries"]
+    assert cells and all(e["positions"] == {"mode": "random", "range": M, "seed": 0} for e in cells)
+    assert all(ids is not None for ids in fed)
+    if any(e["status"] == "ok" for e in cells):  # (the retrieval tasks' 128-token budget leaves no cell at 128)
+        prompts = [ids.reshape(-1, ids.shape[-1]) for ids in fed if ids.shape[-1] > 1]  # whole windows / prompts
+        assert prompts and all(int(ids.max()) < M and bool((ids.diff(dim=-1) > 0).all()) for ids in prompts)
+        assert max(int(ids.max()) for ids in prompts) >= TRAIN_LEN  # sorted draws from [0, M), not 0..T-1

@@ -36,7 +36,8 @@ from posenc_cli.errors import ConfigError, LengthBeyondScheme
 from posenc_cli.evaluation.loop import Entry, measure, results_header
 from posenc_cli.evaluation.passkey import check_readable, decode_prompts
 from posenc_cli.evaluation.perplexity import check_not_training, evaluate_each_run, find_runs, resolve_dtype
-from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, read_results_file
+from posenc_cli.evaluation.positions import BeyondRange, Positions, trained_positions
+from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, positions_key, read_results_file
 
 if TYPE_CHECKING:
     from torch import nn
@@ -146,12 +147,16 @@ def evaluate_cell(
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
     label: str = "",
+    positions: Positions | None = None,
 ) -> dict[str, Any]:
     """Greedy answers to `examples`: {correct, accuracy, tokens (the longest prompt + answer, end tokens included),
-    samples}. Raises `LengthBeyondScheme` (before any forward) when the model cannot read the longest example."""
+    samples}. Raises `LengthBeyondScheme` (before any forward) when the model cannot read the longest example, and
+    `BeyondRange` when randomized `positions` cannot draw that many ids (`passkey.decode_prompts` feeds them)."""
     encoded = [encode_example(tokenizer, e) for e in examples]
     tokens = max(len(p) + len(a) for p, a in encoded)
     check_readable(model, tokens)  # it reads every token but the last generated one
+    if positions is not None and (beyond := positions.beyond_range(tokens)) is not None:
+        raise BeyondRange(beyond)
     right = np.zeros(len(examples), dtype=bool)
     outputs: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(examples)
     by_width: dict[int, list[int]] = {}
@@ -161,7 +166,7 @@ def evaluate_cell(
         prompts = np.stack([encoded[i][0] for i in rows])  # (n, width)
         steps = max(len(encoded[i][1]) for i in rows)
         generated = decode_prompts(
-            model, prompts, steps, width + steps, batch_tokens, dtype, device, progress, label
+            model, prompts, steps, width + steps, batch_tokens, dtype, device, progress, label, positions=positions
         )  # (n, steps)
         for r, i in enumerate(rows):
             answer = encoded[i][1]
@@ -186,7 +191,7 @@ def evaluate_cell(
 def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
     """Two entries measure the same cell when these agree (the checkpoint too: see `results.checkpoint_key`)."""
     cell = (entry["task"], entry["length"], entry["examples"], entry["seed"], entry["generator"], entry["dtype"])
-    return (*cell, entry["train_max_length"], *checkpoint_key(entry))
+    return (*cell, entry["train_max_length"], *positions_key(entry), *checkpoint_key(entry))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,6 +206,7 @@ class AlgorithmicEntry(Entry):
     seed: int
     generator: int
     dtype: str
+    positions: dict[str, Any] = field(default_factory=lambda: Positions().to_json())  # the ids fed (in the key)
     checkpoint: dict[str, Any]
     status: str = "n/a"
     reason: str | None = None
@@ -233,6 +239,7 @@ def evaluate_algorithmic_run(
     checkpoint = checkpoint_identity(run.meta)
     train_length, base_length = run.meta.lengths(run.config)
     plan = plan_for(cfg, run.config.data)
+    positions = trained_positions(run.config)  # Ruoss et al. evaluate randomized positions with fresh draws too
 
     def cells() -> Iterator[list[AlgorithmicEntry]]:
         for task in plan.tasks:
@@ -247,6 +254,7 @@ def evaluate_algorithmic_run(
                         seed=cfg.seed,
                         generator=GENERATOR_VERSION,
                         dtype=dtype,
+                        positions=positions.to_json(),
                         checkpoint=dict(checkpoint),
                         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                     )
@@ -265,9 +273,12 @@ def evaluate_algorithmic_run(
                 device=device,
                 progress=progress,
                 label=f"{cell.task} n={cell.length}",
+                positions=positions,
             )
         except LengthBeyondScheme as e:  # the same reason text as eval-extrapolate
             return [replace(cell, reason=e.reason)]
+        except BeyondRange as e:
+            return [replace(cell, reason=str(e))]
         return [replace(cell, status="ok", **measured)]
 
     header = results_header(run.path.name, str(run.config.pos.name), train_length, base_length)

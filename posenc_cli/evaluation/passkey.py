@@ -52,7 +52,8 @@ from posenc_cli.evaluation.perplexity import (
     plan_lengths,
     resolve_dtype,
 )
-from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, read_results_file
+from posenc_cli.evaluation.positions import Positions, trained_positions
+from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, positions_key, read_results_file
 
 if TYPE_CHECKING:
     from posenc_cli.data.tokenizer import Tokenizer
@@ -139,32 +140,46 @@ def build_prompts(tokenizer: Tokenizer, keys: Sequence[str], depths: Sequence[fl
     return PromptBatch(prompts, answers, answer_len, starts, n_filler, list(keys))
 
 
-def greedy_decode(model: nn.Module, prompts: torch.Tensor, steps: int, *, use_bf16: bool = False) -> torch.Tensor:
+def greedy_decode(
+    model: nn.Module,
+    prompts: torch.Tensor,
+    steps: int,
+    *,
+    use_bf16: bool = False,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Append `steps` argmax tokens to `prompts` (B, P) -> (B, steps).
 
     With posenc's model (`new_cache`) the prompt is read once and each generated token by one forward of that
     token against the KV cache (`posenc_cli.kv_cache`: the same logits as a full forward, to rounding); any other
     model (a `transformers` checkpoint) is run whole over the prompt and the tokens so far at every step.
+    `position_ids` (B, P + steps): the ids of the prompt and of every generated token (a randomized-position run's
+    draws, `evaluation.positions`); None: 0..P+steps−1.
     """
     if hasattr(model, "new_cache"):
-        return _greedy_cached(model, prompts, steps, use_bf16=use_bf16)
+        return _greedy_cached(model, prompts, steps, use_bf16=use_bf16, position_ids=position_ids)
     x = prompts
     for _ in range(steps):
+        ids = None if position_ids is None else position_ids[:, : x.shape[1]]  # (B, T)
         with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            logits = model(x)  # (B, T, V)
+            logits = model(x) if ids is None else model(x, position_ids=ids)  # (B, T, V)
         nxt = logits[:, -1, :].float().argmax(dim=-1, keepdim=True)  # (B, 1)
         x = torch.cat([x, nxt], dim=1)  # (B, T+1)
     return x[:, prompts.shape[1] :]
 
 
-def _greedy_cached(model: nn.Module, prompts: torch.Tensor, steps: int, *, use_bf16: bool) -> torch.Tensor:
+def _greedy_cached(
+    model: nn.Module, prompts: torch.Tensor, steps: int, *, use_bf16: bool, position_ids: torch.Tensor | None
+) -> torch.Tensor:
     """`greedy_decode` through the KV cache: the prompt once, then one (B, 1) forward per generated token."""
     cache = model.new_cache()
     out = prompts.new_empty(prompts.shape[0], steps)  # (B, steps)
-    x = prompts
+    x, start = prompts, 0
     for i in range(steps):
+        ids = None if position_ids is None else position_ids[:, start : start + x.shape[1]]  # this forward's ids
+        start += x.shape[1]
         with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            logits = model(x, cache=cache)  # (B, T, V): the prompt, then one token
+            logits = model(x, cache=cache, position_ids=ids)  # (B, T, V): the prompt, then one token
         out[:, i] = logits[:, -1, :].float().argmax(dim=-1)
         x = out[:, i : i + 1]  # (B, 1)
     return out
@@ -207,20 +222,28 @@ def decode_prompts(
     device: str | torch.device,
     progress: Progress | None,
     label: str,
+    positions: Positions | None = None,
 ) -> np.ndarray:
     """Greedy continuations (N, steps) of `prompts` (N, P), `batch_tokens` // `length` rows at a time (`length`:
-    prompt + answer tokens); the model is put in eval mode and given back in the mode it came in."""
+    prompt + answer tokens); the model is put in eval mode and given back in the mode it came in. `positions`
+    random (a run trained with randomized positions): each row reads at its own sorted draw of P + steps ids from
+    [0, M), row by row from one generator seeded by (seed, P + steps), so the batch size changes nothing; the
+    caller checks `positions.beyond_range` first."""
     device = torch.device(device)
-    n = len(prompts)
+    n, width = prompts.shape
     per_batch = max(1, batch_tokens // length)
     generated = np.empty((n, steps), dtype=np.int64)
+    draws = positions.generator(width + steps) if positions is not None and positions.random else None
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
             for i in range(0, n, per_batch):
                 x = torch.from_numpy(prompts[i : i + per_batch]).to(device)  # (B, P)
-                out = greedy_decode(model, x, steps, use_bf16=dtype == "bf16")  # (B, steps)
+                ids = None
+                if draws is not None and positions is not None:
+                    ids = positions.draw(len(x), width + steps, draws).to(device)  # (B, P + steps)
+                out = greedy_decode(model, x, steps, use_bf16=dtype == "bf16", position_ids=ids)  # (B, steps)
                 generated[i : i + per_batch] = out.cpu().numpy()
                 if progress is not None:
                     progress(label, min(i + per_batch, n), n)
@@ -242,9 +265,11 @@ def evaluate_passkey_model(
     dtype: str = "fp32",
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
+    positions: Positions | None = None,
 ) -> list[dict[str, Any]]:
     """Accuracy of greedy retrieval at one total `length`, one dict per depth: {depth, trials, correct, accuracy
-    (exact match), token_accuracy (answer tokens right at their position), samples}.
+    (exact match), token_accuracy (answer tokens right at their position), samples}. `positions`: the ids fed
+    (`decode_prompts`; default 0..length−1).
 
     Raises `LengthBeyondScheme` (before any forward) when the model cannot read length - 1 tokens and
     `PromptTooShort` when `length` leaves no room for filler.
@@ -257,7 +282,16 @@ def evaluate_passkey_model(
         cell_depths += [float(depth)] * trials
     batch = build_prompts(tokenizer, keys, cell_depths, length)
     generated = decode_prompts(
-        model, batch.prompts, batch.answers.shape[1], length, batch_tokens, dtype, device, progress, f"L={length}"
+        model,
+        batch.prompts,
+        batch.answers.shape[1],
+        length,
+        batch_tokens,
+        dtype,
+        device,
+        progress,
+        f"L={length}",
+        positions=positions,
     )
     correct = exact_match(generated, batch.answers, batch.answer_len)  # (N,)
     partial = token_share(generated, batch.answers, batch.answer_len)  # (N,)
@@ -331,7 +365,7 @@ def load_passkey_results(run_dir: Path | str) -> dict[str, Any] | None:
 def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
     """Two entries measure the same cell when these agree (the checkpoint too: see `results.checkpoint_key`)."""
     cell = (entry["length"], entry["depth"], entry["trials"], entry["digits"], entry["seed"], entry["dtype"])
-    return (*cell, *checkpoint_key(entry))
+    return (*cell, *positions_key(entry), *checkpoint_key(entry))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -345,6 +379,7 @@ class PasskeyEntry(Entry):
     digits: int
     seed: int
     dtype: str
+    positions: dict[str, Any] = field(default_factory=lambda: Positions().to_json())  # the ids fed (in the key)
     checkpoint: dict[str, Any]
     status: str = "n/a"
     reason: str | None = None
@@ -378,6 +413,7 @@ def evaluate_passkey_run(
     dtype = resolve_dtype(cfg.dtype, run.meta.precision, device)
     checkpoint = checkpoint_identity(run.meta)
     train_length, base_length = run.meta.lengths(run.config)
+    positions = trained_positions(run.config)  # a randomized-position run reads at draws from its range
 
     def plan() -> Iterator[list[PasskeyEntry]]:
         for length, multiple in cfg.planned_lengths(base_length):
@@ -390,6 +426,7 @@ def evaluate_passkey_run(
                     digits=digits,
                     seed=cfg.seed,
                     dtype=dtype,
+                    positions=positions.to_json(),
                     checkpoint=dict(checkpoint),
                     created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                 )
@@ -397,6 +434,8 @@ def evaluate_passkey_run(
             ]
 
     def measure_length(cells: Sequence[PasskeyEntry]) -> list[PasskeyEntry]:
+        if (beyond := positions.beyond_range(cells[0].length)) is not None:
+            return [replace(c, reason=beyond) for c in cells]
         try:
             measured = evaluate_passkey_model(
                 run.model,
@@ -410,6 +449,7 @@ def evaluate_passkey_run(
                 dtype=dtype,
                 device=device,
                 progress=progress,
+                positions=positions,
             )
         except LengthBeyondScheme as e:  # the same reason text as eval-extrapolate
             return [replace(c, reason=e.reason) for c in cells]

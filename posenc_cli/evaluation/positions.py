@@ -28,7 +28,11 @@ from posenc_cli.positional.ids import random_position_ids
 PositionsMode = Literal["random", "sequential"]
 MODES = ("random", "sequential")
 
-__all__ = ["MODES", "Positions", "PositionsMode", "resolve_positions"]
+__all__ = ["MODES", "BeyondRange", "Positions", "PositionsMode", "resolve_positions", "trained_positions"]
+
+
+class BeyondRange(ValueError):
+    """More ids than a randomized-position range holds (`Positions.beyond_range` says why): the cell is n/a."""
 
 
 @dataclass(frozen=True)
@@ -86,3 +90,11 @@ def resolve_positions(requested: str | None, random_range: int, seed: int = 0, *
             f"--positions random: {run} was not trained with randomized positions (train.random_positions is 0)"
         )
     return Positions("random", int(random_range), int(seed))
+
+
+def trained_positions(config: Any) -> Positions:
+    """The positions a run was trained on, for the decoding evaluations (eval-passkey, eval-tasks, eval-algorithmic):
+    sorted draws from [0, M) (seed 0) for a run trained with `train.random_positions=M`, as the authors evaluate,
+    else 0..T−1."""
+    train = getattr(config, "train", None)
+    return resolve_positions(None, int(getattr(train, "random_positions", 0) or 0))

@@ -56,7 +56,8 @@ from posenc_cli.evaluation.perplexity import (
     plan_lengths,
     resolve_dtype,
 )
-from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key
+from posenc_cli.evaluation.positions import Positions, trained_positions
+from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, positions_key
 from posenc_cli.evaluation.tasks import register
 from posenc_cli.evaluation.tasks.base import EvalTask, Progress
 from posenc_cli.run.memory import available_memory
@@ -132,6 +133,7 @@ class TaskEntry(Entry):
     generate: int | None  # tokens generated per episode ("contains"); None: the answer's tokens ("exact")
     generator: int = GENERATOR_VERSION  # the prompts' text version (posenc_cli.data.ruler.base)
     dtype: str
+    positions: dict[str, Any] = field(default_factory=lambda: Positions().to_json())  # the ids fed (in the key)
     checkpoint: dict[str, Any]
     status: str = "n/a"
     reason: str | None = None
@@ -149,7 +151,7 @@ def entry_key(e: dict[str, Any]) -> tuple[Any, ...]:
     sizes = e.get("sizes") if isinstance(e.get("sizes"), dict) else {"digits": e.get("digits")}
     cell = (e["task"], e["length"], e["depth"], e["trials"], tuple(sorted(sizes.items())), e["seed"], e["haystack"])
     scored = (e.get("scoring", "exact"), e.get("generate"))
-    return (*cell, e["dtype"], *scored, e.get("generator", 1), *checkpoint_key(e))
+    return (*cell, e["dtype"], *scored, e.get("generator", 1), *positions_key(e), *checkpoint_key(e))
 
 
 def check_memory(rows: int, length: int, generate: int, flag: str, available: int | None = None) -> None:
@@ -186,9 +188,11 @@ def evaluate_task_model(
     dtype: str = "fp32",
     device: str | torch.device = "cpu",
     progress: Progress = None,
+    positions: Positions | None = None,
 ) -> list[dict[str, Any]]:
     """Scores at one total `length` (prompt + generated tokens), one dict per depth: {score (mean share of answers
-    found), exact (share of episodes with every answer found), samples}. `scoring` "contains": `generate` tokens
+    found), exact (share of episodes with every answer found), samples}. `positions`: the ids fed
+    (`passkey.decode_prompts`; default 0..length−1). `scoring` "contains": `generate` tokens
     (None: the task's RULER budget) scored by RULER's `string_match_all`; "exact": the answer's tokens, exact match.
     Raises `LengthBeyondScheme` before any forward when the model cannot read the prompt, `PromptTooShort` when no
     haystack fits, `BudgetTooShort` when the budget cannot hold the longest answer."""
@@ -205,8 +209,9 @@ def evaluate_task_model(
             f"{budget} generated tokens cannot hold the longest answer ({width} tokens; --tokens-to-generate)"
         )
     steps = width if budget is None else budget
+    label = f"{task.name} L={length}"
     generated = decode_prompts(
-        model, batch.prompts, steps, length, batch_tokens, dtype, device, progress, f"{task.name} L={length}"
+        model, batch.prompts, steps, length, batch_tokens, dtype, device, progress, label, positions=positions
     )  # (N, steps)
     if budget is None:  # exact: the answer's own tokens
         outputs = [tokenizer.decode(generated[r, : batch.answer_len[r]]) for r in range(len(episodes))]
@@ -278,6 +283,7 @@ def evaluate_tasks_run(
     dtype = resolve_dtype(cfg.dtype, run.meta.precision, device)
     checkpoint = checkpoint_identity(run.meta)
     train_length, base_length = run.meta.lengths(run.config)
+    positions = trained_positions(run.config)  # a randomized-position run reads at draws from its range
     planned = plan_lengths(EvalConfig(lengths=list(cfg.lengths), abs_lengths=cfg.abs_lengths), base_length)
 
     def budget(task: type[RetrievalTask]) -> int | None:
@@ -312,6 +318,7 @@ def evaluate_tasks_run(
                         scoring=cfg.scoring,
                         generate=budget(task),
                         dtype=dtype,
+                        positions=positions.to_json(),
                         checkpoint=dict(checkpoint),
                         created=now,
                     )
@@ -319,6 +326,8 @@ def evaluate_tasks_run(
                 ]
 
         def measure_length(cells: Sequence[TaskEntry], task: type[RetrievalTask] = task) -> list[TaskEntry]:
+            if (beyond := positions.beyond_range(cells[0].length)) is not None:
+                return [replace(c, reason=beyond) for c in cells]
             try:
                 measured = evaluate_task_model(
                     run.model,
@@ -336,6 +345,7 @@ def evaluate_tasks_run(
                     dtype=dtype,
                     device=device,
                     progress=progress,
+                    positions=positions,
                 )
             except LengthBeyondScheme as e:  # the same reason text as eval-extrapolate
                 return [replace(c, reason=e.reason) for c in cells]
