@@ -2,7 +2,8 @@
 
 Both give each training sequence (B rows of T tokens) its own int64 ids (B, T), increasing along the row, drawn from
 a `torch.Generator` (the trainer's batch sampler, so a resumed run draws the same ids). The text stays the
-contiguous window the sampler drew; only the ids change. Evaluation always uses the default ids 0..T−1.
+contiguous window the sampler drew; only the ids change. Evaluations feed a randomized-position run such draws
+too (`posenc_cli.evaluation.positions`), every other run 0..T−1.
 
 - PoSE (Zhu et al. 2023, arXiv 2309.10400, §3.2; reference dwzhu-pku/PoSE): the window of L tokens is cut into N
   chunks c_0..c_{N−1} (N = 2 in the paper) and chunk c gets the skip u_c added to its ids: u_0 = 0 and
