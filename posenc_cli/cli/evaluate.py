@@ -317,13 +317,14 @@ def eval_extrapolate_command(
         _option(
             "nonoverlap (score every token; default), sliding (score the last --stride tokens), fixed-target "
             "(score the same last --target tokens at every length, with more context before them) or streaming "
-            "(StreamingLLM: each token sees the first --sinks tokens and its --window most recent ones, at "
-            "positions inside that cache; blocks of --stride tokens share one cache, default 16)."
+            "(StreamingLLM's KV-cache decoding: each token sees the first --sinks tokens and its --window most "
+            "recent ones, their K/V as first computed, at positions inside that cache; --stride tokens per forward, "
+            "default 1)."
         ),
     ] = None,
     stride: Annotated[
         int | None,
-        _option("Sliding: tokens scored per window (default L/2). Streaming: tokens per shared cache (default 16)."),
+        _option("Sliding: tokens scored per window (default L/2). Streaming: tokens read per forward (default 1)."),
     ] = None,
     target: Annotated[
         int | None, _option("Fixed-target protocol: tokens scored per window (default: the base length).")
