@@ -12,11 +12,11 @@ Two protocols (see the ALiBi paper, Press et al. 2022, §4 and App. B, and HF's 
   validation stream (the only anchoring that needs no knowledge of the other lengths asked for); a length whose
   windows do not all fit, or that is shorter than N, is n/a. N defaults to the base length (the NoPE paper scored
   the last ≤ 200 tokens at L = 1024; N = L/5 would cost five times more forwards per scored token here).
-- streaming (window W, sinks N, block S = stride, default 16): StreamingLLM's windowed attention over streams of L
+- streaming (window W, sinks N, block S = stride, default 1): StreamingLLM's KV-cache decoding over streams of L
   tokens (the nonoverlap protocol's windows), each token seeing the stream's first N tokens and its W (to W+S-1)
-  most recent ones at positions assigned inside that cache; exact semantics in `posenc_cli.evaluation.streaming`. W
-  defaults
-  to the base length - N - S + 1, so the cache's positions stay below the base length.
+  most recent ones, their K/V as first computed, at positions assigned inside that cache; exact semantics in
+  `posenc_cli.evaluation.streaming`. W defaults to the base length - N - S + 1, so the cache's positions stay below
+  the base length.
 
 Metrics are token-weighted: ppl = exp(total NLL / scored tokens), bits per byte = total NLL / (ln 2 · UTF-8 bytes of
 the scored tokens). Windows are always taken from the start of the validation stream, so every run with the same
