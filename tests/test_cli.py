@@ -205,3 +205,25 @@ def test_sigterm_outside_training_is_one_line_and_exit_143() -> None:
     assert result.exit_code == 143 and "Traceback" not in result.output, result.output
     assert "stopped by SIGTERM; results already stored are kept" in result.output
     assert stored == ["cell 1"] and signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_every_command_help_has_one_line_per_paragraph() -> None:
+    """A docstring's source line breaks made --help ragged at 80 columns or in a pipe; rich wraps each paragraph
+    to the terminal instead (commands and `viz` subcommands alike)."""
+    import click
+    import typer.main
+
+    def commands(group: click.Command, prefix: str = "") -> list[tuple[str, click.Command]]:
+        out = []
+        for name, cmd in getattr(group, "commands", {}).items():
+            out.append((prefix + name, cmd))
+            out += commands(cmd, prefix + name + " ")
+        return out
+
+    found = commands(typer.main.get_command(app))
+    assert len(found) >= 15
+    for name, cmd in found:
+        for paragraph in (cmd.help or "").split("\n\n"):
+            assert "\n" not in paragraph.strip(), f"posenc {name}: {paragraph!r}"
+    result = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert result.exit_code == 0 and all(len(line) <= 80 for line in result.output.splitlines()), result.output

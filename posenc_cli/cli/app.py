@@ -8,6 +8,7 @@ becomes one red line on stderr and exit code 2.
 from __future__ import annotations
 
 import functools
+import inspect
 import signal
 import sys
 from collections.abc import Callable
@@ -171,7 +172,15 @@ def handles_errors(func: F) -> F:
                 raise
             raise fail(_escape(disk_error_message(e))) from None
 
+    wrapper.__doc__ = one_line_paragraphs(func.__doc__ or "")  # the command's --help text
     return wrapper  # type: ignore[return-value]
+
+
+def one_line_paragraphs(doc: str) -> str:
+    """`doc` with each paragraph on one line: Typer keeps a docstring's single line breaks after the first
+    paragraph, which a terminal narrower than the source lines (80 columns, a pipe) shows as ragged half-empty
+    lines; rich then wraps each paragraph to the width there is."""
+    return "\n\n".join(" ".join(part.split()) for part in inspect.cleandoc(doc).split("\n\n"))
 
 
 def split_args(args: list[str] | None) -> tuple[list[str], list[str]]:

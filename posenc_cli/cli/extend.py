@@ -82,14 +82,8 @@ def _with_scaling_options(func: Callable[..., None]) -> Callable[..., None]:
     command.__annotations__ = {p.name: p.annotation for p in params}
     command.__name__, command.__qualname__ = func.__name__, func.__qualname__
     titles = ", ".join(m.title for m in registry().values())
-    command.__doc__ = _paragraphs((func.__doc__ or "").replace("{methods}", titles))
+    command.__doc__ = (func.__doc__ or "").replace("{methods}", titles)  # one line per paragraph: handles_errors
     return command
-
-
-def _paragraphs(doc: str) -> str:
-    """`doc` with each paragraph on one line: Typer keeps a docstring's single line breaks after the first
-    paragraph, which a terminal narrower than the source lines shows as ragged half-empty lines."""
-    return "\n\n".join(" ".join(part.split()) for part in inspect.cleandoc(doc).split("\n\n"))
 
 
 @app.command("extend", epilog=_EPILOG)
