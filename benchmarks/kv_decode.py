@@ -4,8 +4,9 @@
 
 Runs `posenc eval-tasks RUN ... --force` in this process, alternating two decoders for `--rounds` rounds: "cache"
 (posenc's default: the prompt once, then one (B, 1) forward per token against `posenc_cli.kv_cache`) and "full" (what
-eval-tasks did before: the whole prompt plus the tokens so far at every step). Both must score every cell the same;
-the script says so, and prints wall time and generated tokens per second for each (minimum over rounds).
+eval-tasks did before: the whole prompt plus the tokens so far at every step). It counts the cells whose score or
+sampled outputs differ between the two (none in fp32: pass `--dtype fp32`), and prints wall time and generated
+tokens per second for each (minimum over rounds).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def run_once(args: list[str], out: Path) -> tuple[float, list[dict], int]:
         raise SystemExit(result.output)
     doc = json.loads(out.read_text())
     cells = [
-        {k: e.get(k) for k in ("task", "length", "depth", "score", "scores", "outputs") if k in e}
+        {k: e.get(k) for k in ("task", "length", "depth", "status", "score", "exact", "samples") if k in e}
         for run in doc["runs"]
         for e in run["entries"]
     ]
@@ -79,8 +80,13 @@ def main() -> None:
                     passkey._greedy_cached = cached
                 results[name].append((wall, tokens))
                 scores[name] = cells
-    same = scores["cache"] == scores["full"]
-    print(f"cells: {len(scores['cache'])}; same scores and outputs with both decoders: {same}")
+    pairs = list(zip(scores["cache"], scores["full"], strict=True))
+    other_score = sum(a.get("score") != b.get("score") for a, b in pairs)
+    other_outputs = sum(a.get("samples") != b.get("samples") for a, b in pairs)
+    print(
+        f"cells: {len(pairs)}; other score: {other_score}; other sampled outputs: {other_outputs} "
+        "(fp32: none expected; bf16 rounds the two paths differently, so near-tied logits can flip a token)"
+    )
     for name, rows in results.items():
         wall, tokens = min(rows)
         print(f"{name:>5}: {wall:7.2f} s wall, {tokens} generated tokens, {tokens / wall:8.1f} tokens/s")
