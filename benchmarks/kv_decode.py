@@ -24,12 +24,20 @@ from posenc_cli.cli import app
 from posenc_cli.evaluation import passkey
 
 
-def full_forward_decode(model: torch.nn.Module, prompts: torch.Tensor, steps: int, *, use_bf16: bool) -> torch.Tensor:
+def full_forward_decode(
+    model: torch.nn.Module,
+    prompts: torch.Tensor,
+    steps: int,
+    *,
+    use_bf16: bool,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The decoder eval-tasks used before the KV cache: one full forward over everything so far per token."""
     x = prompts
     for _ in range(steps):
+        ids = None if position_ids is None else position_ids[:, : x.shape[1]]  # (B, T)
         with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            logits = model(x)  # (B, T, V)
+            logits = model(x, position_ids=ids)  # (B, T, V)
         x = torch.cat([x, logits[:, -1, :].float().argmax(dim=-1, keepdim=True)], dim=1)
     return x[:, prompts.shape[1] :]
 
@@ -52,7 +60,7 @@ def run_once(args: list[str], out: Path) -> tuple[float, list[dict], int]:
     finally:
         passkey.greedy_decode = inner
     if result.exit_code != 0:
-        raise SystemExit(result.output)
+        raise SystemExit(result.output or repr(result.exception))
     doc = json.loads(out.read_text())
     cells = [
         {k: e.get(k) for k in ("task", "length", "depth", "status", "score", "exact", "samples") if k in e}
