@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from posenc_cli.fsutil import atomic_write_text
+from posenc_cli.fsutil import atomic_write_text, named_storage_error
 
 
 class MetricsLog:
@@ -19,17 +19,24 @@ class MetricsLog:
         self._file: IO[str] | None = None
 
     def append(self, record: dict[str, Any]) -> None:
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open across steps)
-        self._file.write(json.dumps(_finite_or_none(record), separators=(",", ":")) + "\n")
-        self._file.flush()
+        """Write one record; a storage error (a full disk: the flush's OSError names no file) names this log."""
+        try:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open across steps)
+            self._file.write(json.dumps(_finite_or_none(record), separators=(",", ":")) + "\n")
+            self._file.flush()
+        except OSError as e:
+            raise named_storage_error(e, self.path) from e
 
     def flush(self, durable: bool = False) -> None:
         if self._file is not None:
-            self._file.flush()
-            if durable:
-                os.fsync(self._file.fileno())
+            try:
+                self._file.flush()
+                if durable:
+                    os.fsync(self._file.fileno())
+            except OSError as e:
+                raise named_storage_error(e, self.path) from e
 
     def close(self) -> None:
         if self._file is not None:
