@@ -463,6 +463,14 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested dict (`config_to_dict`) as dotted keys: {"model": {"d_model": 128}} -> {"model.d_model": 128}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
 def config_to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
 

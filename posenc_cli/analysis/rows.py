@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.config import Config, config_to_dict
+from posenc_cli.config import Config, config_to_dict, flatten
 from posenc_cli.errors import UserError
 from posenc_cli.evaluation.results import cell_group
 from posenc_cli.run.checkpoint import RunMeta, read_config, read_meta
@@ -58,7 +58,7 @@ NOT_IDENTITY = (
 
 def config_identity(cfg: Config, meta: RunMeta) -> str:
     """The resolved config without `NOT_IDENTITY`, plus the training corpus's fingerprint, as canonical JSON."""
-    flat = {k: v for k, v in _flatten(config_to_dict(cfg)).items() if not k.startswith(NOT_IDENTITY)}
+    flat = {k: v for k, v in flatten(config_to_dict(cfg)).items() if not k.startswith(NOT_IDENTITY)}
     flat["data.fingerprint"] = (meta.record.get("data") or {}).get("fingerprint")
     return json.dumps(flat, sort_keys=True, default=str)
 
@@ -76,13 +76,6 @@ def run_identity(run_dir: Path) -> tuple[str | None, int | None, str | None]:
     run_meta = RunMeta.from_json(meta)
     fingerprint = (run_meta.record.get("data") or {}).get("fingerprint")
     return config_identity(cfg, run_meta), cfg.train.seed, str(fingerprint) if fingerprint else None
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------

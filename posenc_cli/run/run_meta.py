@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import yaml
 
-from posenc_cli.config import Config, config_dir, config_to_dict
+from posenc_cli.config import Config, config_dir, config_to_dict, flatten
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.fsutil import atomic_write_text
 from posenc_cli.run.checkpoint import (
@@ -84,22 +84,12 @@ class ExtendResult:
 
 def config_diff(old: Config, new: Config) -> list[str]:
     """'key: old -> new' for every setting that changes what a run learns (runtime-only keys excluded)."""
-    a, b = _flatten(config_to_dict(old)), _flatten(config_to_dict(new))
+    a, b = flatten(config_to_dict(old)), flatten(config_to_dict(new))
     diffs = []
     for key in sorted(set(a) | set(b)):
         if a.get(key, "<unset>") != b.get(key, "<unset>") and not key.startswith(RUNTIME_KEYS):
             diffs.append(f"{key}: {a.get(key, '<unset>')!r} -> {b.get(key, '<unset>')!r}")
     return diffs
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def model_preset_name(cfg: Config) -> str:

@@ -12,12 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from posenc_cli.config import Config, config_to_dict
-from posenc_cli.errors import ConfigError
+from posenc_cli.config import Config, config_to_dict, flatten
+from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.run.checkpoint import CONFIG_FILE
+from posenc_cli.untrusted import load_yaml
 
 PLANNED_FILE = "planned.json"  # in a sweep directory: per job, the config it was planned with
 # Settings that change a job's speed or logging, not its numbers: a job planned with other values is reused.
@@ -27,7 +26,7 @@ RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logge
 def job_identity(cfg: Config, parent_hash: str | None = None) -> dict[str, Any]:
     """The settings that make a job's numbers what they are: the resolved config, flattened to dotted keys and
     JSON-normalised, without `RUNTIME_KEYS`; an extend job's also names its parent's identity hash."""
-    flat = {k: v for k, v in _flatten(config_to_dict(cfg)).items() if not k.startswith(RUNTIME_KEYS)}
+    flat = {k: v for k, v in flatten(config_to_dict(cfg)).items() if not k.startswith(RUNTIME_KEYS)}
     if parent_hash is not None:
         flat["parent.config_hash"] = parent_hash
     return _normalised(flat)
@@ -46,12 +45,12 @@ def run_config_identity(run_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+        raw = load_yaml(path, what="a job's config.yaml")
+    except (OSError, UserError):
         return None
     if not isinstance(raw, dict):
         return None
-    return _normalised({k: v for k, v in _flatten(raw).items() if not k.startswith(RUNTIME_KEYS)})
+    return _normalised({k: v for k, v in flatten(raw).items() if not k.startswith(RUNTIME_KEYS)})
 
 
 def read_planned(sweep_dir: Path) -> dict[str, Any]:
@@ -99,14 +98,4 @@ def write_planned(sweep_dir: Path, identities: dict[str, dict[str, Any]]) -> Non
 def _normalised(flat: dict[str, Any]) -> dict[str, Any]:
     """As the values read back from JSON (tuples as lists, paths as strings), so a record and a plan compare equal."""
     out: dict[str, Any] = json.loads(json.dumps(flat, default=str))
-    return out
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
     return out
