@@ -374,42 +374,12 @@ def _longrope_factors(ext: ExtendConfig, factors: Path | None, search: bool) -> 
         raise ConfigError(f"give the factors once: {given[0]} or --{flags[0].replace('_', '-')}")
     if not given:
         raise ConfigError("LongRoPE needs its factors: --factors FILE, --search, or --long-factor (d/2 times)")
-    return replace(ext, **read_factors(factors)) if factors is not None else ext
-
-
-FACTORS_MAX_BYTES = 1 << 20  # a factors file holds d/2 numbers twice: kilobytes; a megabyte leaves room
-
-
-def read_factors(path: Path) -> dict[str, list[float]]:
-    """{"short_factor": [...], "long_factor": [...]} of a `--factors` file (other keys ignored), read through
-    `posenc_cli.untrusted`: a regular file only (a FIFO or /dev/zero is refused, never read), at most
-    `FACTORS_MAX_BYTES`, nested at most 4 deep, no integer of more digits than Python parses. One-line ConfigError
-    naming the file for those and for lists that are missing, empty, of different lengths or not finite numbers
-    > 0; the lengths are checked against the run's rotary dim later, the factors' range at extend."""
+    if factors is None:
+        return ext
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.rope_scaling.longrope import FACTOR_KEYS, check_factors
-    from posenc_cli.untrusted import load_json
+    from posenc_cli.rope_scaling.longrope import read_factors_file
 
-    raw = load_json(path, what="the --factors file", max_bytes=FACTORS_MAX_BYTES, max_depth=4)
-    if not isinstance(raw, dict):
-        raise ConfigError(f'--factors {path}: expected an object {{"short_factor": [...], "long_factor": [...]}}')
-    out = {}
-    for key in FACTOR_KEYS:
-        values = raw.get(key)
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"--factors {path}: '{key}' must be a non-empty list of numbers")
-        try:
-            out[key] = check_factors(values, len(values), key).tolist()
-        except ConfigError as e:
-            raise ConfigError(f"--factors {path}: {e}") from None
-        except OverflowError:  # an integer too large for a float (up to the ~4,300 digits JSON parses)
-            raise ConfigError(f"--factors {path}: '{key}' holds a number too large for a float") from None
-    if len(out["short_factor"]) != len(out["long_factor"]):
-        raise ConfigError(
-            f"--factors {path}: short_factor has {len(out['short_factor'])} values and long_factor "
-            f"{len(out['long_factor'])}; both need one per frequency pair"
-        )
-    return out
+    return replace(ext, **read_factors_file(factors))
 
 
 def _search(

@@ -11,7 +11,6 @@ n̂ (first positions kept un-interpolated) is not part of `transformers`' rope t
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from torch import Tensor
 
 from posenc_cli.errors import ConfigError
 from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, base_inv_freq, param, register
+from posenc_cli.untrusted import load_json
 
 __all__ = [
     "FACTOR_KEYS",
@@ -89,17 +89,19 @@ def longrope_attention_factor(factor: float, original_length: int) -> float:
     return math.sqrt(1.0 + math.log(factor) / math.log(original_length))
 
 
+FACTORS_MAX_BYTES = 1 << 20  # a factors file holds d/2 numbers twice: kilobytes; a megabyte leaves room
+
+
 def read_factors_file(path: Path | str) -> dict[str, list[float]]:
-    """{"short_factor": [...], "long_factor": [...]} from a JSON file (other keys ignored); one-line ConfigError
-    when it is unreadable, not an object, or a list is missing or not a list of finite numbers > 0. The lengths are
-    checked against the run's rotary dim later (`check_factors`)."""
+    """{"short_factor": [...], "long_factor": [...]} of a `--factors` file (other keys ignored), read through
+    `posenc_cli.untrusted`: a regular file only (a FIFO or /dev/zero is refused, never read), at most
+    `FACTORS_MAX_BYTES`, nested at most 4 deep, no integer of more digits than Python parses. One-line ConfigError
+    naming the file for those and for lists that are missing, empty, of different lengths or not finite numbers
+    > 0; the lengths are checked against the run's rotary dim later (`check_factors`), the factors' range at extend."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(f"--factors {path}: cannot read it ({e.strerror or e})") from e
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--factors {path}: not valid JSON ({e})") from e
+    if not path.exists():
+        raise ConfigError(f"{path}: the --factors file not found, cannot read it")
+    raw = load_json(path, what="the --factors file", max_bytes=FACTORS_MAX_BYTES, max_depth=4)
     if not isinstance(raw, dict):
         raise ConfigError(f'--factors {path}: expected an object {{"short_factor": [...], "long_factor": [...]}}')
     out = {}
@@ -110,10 +112,11 @@ def read_factors_file(path: Path | str) -> dict[str, list[float]]:
         if not isinstance(values, list) or not values:
             raise ConfigError(f"--factors {path}: '{key}' must be a non-empty list of numbers")
         try:
-            check_factors(values, len(values), key)
+            out[key] = check_factors(values, len(values), key).tolist()
         except ConfigError as e:
-            raise ConfigError(f"--factors {path}: {e}") from e
-        out[key] = [float(v) for v in values]
+            raise ConfigError(f"--factors {path}: {e}") from None
+        except OverflowError:  # an integer too large for a float (up to the ~4,300 digits JSON parses)
+            raise ConfigError(f"--factors {path}: '{key}' holds a number too large for a float") from None
     if len(out["short_factor"]) != len(out["long_factor"]):
         raise ConfigError(
             f"--factors {path}: short_factor has {len(out['short_factor'])} values and long_factor "
