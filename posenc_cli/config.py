@@ -149,6 +149,11 @@ class TrainConfig:
     random_positions: int = 0  # M: each sequence's ids a sorted random subset of [0, M) (Ruoss et al. 2023)
     pose_length: int = 0  # PoSE: ids of each seq_len window skip-wise spanning [0, pose_length) (Zhu et al. 2023)
     pose_chunks: int = 2  # PoSE: chunks per window (2 in the paper)
+    # Where training windows start: "uniform" over the token stream, or "document": at an end-of-document token, so
+    # a window opens with one whole document at positions 1.. as an evaluation prompt does (the NoPE paper's
+    # reference trains one example per sequence from position 0: McGill-NLP/length-generalization 40f8a44,
+    # configs/data/seq2seq.jsonnet, decoder_only_group_samples: false). Needs documents shorter than seq_len.
+    window_start: Literal["uniform", "document"] = "uniform"
 
     def validate(self) -> None:
         _positive(self, "train", "seq_len", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -172,9 +173,9 @@ def eval_algorithmic_command(
     from posenc_cli.evaluation.algorithmic import AlgorithmicEvalConfig, combined_json, evaluate_algorithmic_paths
 
     paths = paths or []
-    _check_run_args(
-        paths, [p for p in paths if p.startswith("-") or "=" in p], "unexpected argument", "eval-algorithmic"
-    )
+    # a sweep job's directory (pos=rope,train.seed=0) holds "=" too: only a path that does not exist is an override
+    stray = [p for p in paths if p.startswith("-") or ("=" in p and not Path(p).exists())]
+    _check_run_args(paths, stray, "unexpected argument", "eval-algorithmic")
     names = parse_list(tasks, str, "--tasks") if tasks is not None else None
     for name in names or ():
         task_class(name, "task")

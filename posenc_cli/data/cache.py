@@ -38,6 +38,7 @@ from posenc_cli.untrusted import load_json
 __all__ = [
     "Corpus",
     "cache_root",
+    "document_starts",
     "eval_windows",
     "load_corpus",
     "sample_batch",
@@ -227,19 +228,42 @@ def load_corpus(
 
 
 def sample_batch(
-    tokens: np.ndarray, batch_size: int, seq_len: int, generator: torch.Generator
+    tokens: np.ndarray,
+    batch_size: int,
+    seq_len: int,
+    generator: torch.Generator,
+    starts: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Random windows of seq_len + 1 tokens; x = window[:-1], y = window[1:], both (B, seq_len) int64.
 
-    Start offsets are uniform over [0, len - seq_len - 1], drawn with `generator` (same state => same batch).
+    Start offsets are uniform over [0, len - seq_len - 1], or, given `starts` (`document_starts`), drawn uniformly
+    from those offsets; either way drawn with `generator` (same state => same batch).
     """
     n = len(tokens)
     if n < seq_len + 1:
         raise DataError(f"the split has {n} tokens, fewer than seq_len + 1 = {seq_len + 1}")
-    starts = torch.randint(0, n - seq_len, (batch_size,), generator=generator, device=generator.device)
-    index = starts.cpu().numpy()[:, None] + np.arange(seq_len + 1)  # (B, T+1)
+    if starts is None:
+        offsets = torch.randint(0, n - seq_len, (batch_size,), generator=generator, device=generator.device)
+        index = offsets.cpu().numpy()[:, None] + np.arange(seq_len + 1)  # (B, T+1)
+    else:
+        pick = torch.randint(0, len(starts), (batch_size,), generator=generator, device=generator.device)
+        index = starts[pick.cpu().numpy()][:, None] + np.arange(seq_len + 1)  # (B, T+1)
     windows = torch.from_numpy(np.asarray(tokens[index]).astype(np.int64))  # (B, T+1)
     return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+def document_starts(tokens: np.ndarray, eod_id: int, seq_len: int) -> np.ndarray:
+    """Offsets of the end-of-document tokens that have seq_len more tokens after them, int64: a window starting there
+    opens with a whole document at positions 1.. after its `<eod>`, as an evaluation prompt does (`train.window_start=
+    document`). DataError when there is none (a corpus of one document, or documents longer than the split allows)."""
+    n = len(tokens)
+    offsets = np.flatnonzero(np.asarray(tokens[: max(n - seq_len, 0)]) == eod_id).astype(np.int64)
+    if offsets.size == 0:
+        raise DataError(
+            f"train.window_start=document: no end-of-document token of the training split has {seq_len} tokens after "
+            "it (train.window_start=uniform samples any offset)"
+        )
+    return offsets
 
 
 def eval_windows(tokens: np.ndarray, length: int, stride: int, max_windows: int | None = None) -> torch.Tensor:

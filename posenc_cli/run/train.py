@@ -34,7 +34,7 @@ from torch import Tensor
 
 from posenc_cli import __version__
 from posenc_cli.config import Config, config_to_yaml
-from posenc_cli.data.cache import load_corpus, sample_batch
+from posenc_cli.data.cache import document_starts, load_corpus, sample_batch
 from posenc_cli.data.tokenizer import load_tokenizer
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.model import build_model
@@ -502,11 +502,19 @@ class _Trainer:
             self._save("complete")
         return self._finish("complete", None)
 
+    def _window_starts(self) -> np.ndarray | None:
+        """The allowed window offsets of train.window_start=document (found once), None for uniform offsets."""
+        if self.tc.window_start != "document":
+            return None
+        if getattr(self, "_document_starts", None) is None:
+            self._document_starts = document_starts(self.corpus.train, self.tokenizer.eod_id, self.tc.seq_len)
+        return self._document_starts
+
     def _batch(self) -> tuple[Tensor, Tensor, Tensor | None]:
         """The next global batch (B, T) from the sampler stream and its position ids (B, T) (None: 0..T−1, unless
         train.random_positions or train.pose_length, drawn from the same stream); in a job, this rank's B/N rows."""
         tc = self.tc
-        x, y = sample_batch(self.corpus.train, tc.batch_size, tc.seq_len, self.sampler)
+        x, y = sample_batch(self.corpus.train, tc.batch_size, tc.seq_len, self.sampler, self._window_starts())
         ids = None
         if tc.random_positions:
             ids = random_position_ids(tc.batch_size, tc.seq_len, tc.random_positions, self.sampler)

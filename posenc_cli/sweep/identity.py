@@ -21,12 +21,20 @@ from posenc_cli.untrusted import load_yaml
 PLANNED_FILE = "planned.json"  # in a sweep directory: per job, the config it was planned with
 # Settings that change a job's speed or logging, not its numbers: a job planned with other values is reused.
 RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger")
+# Keys added after identities were first written, at the value that does what was done before they existed: left out
+# of an identity at that value, so a sweep planned before the key existed still matches its jobs.
+ADDED_DEFAULTS: dict[str, Any] = {"train.window_start": "uniform"}
+_ABSENT = object()
 
 
 def job_identity(cfg: Config, parent_hash: str | None = None) -> dict[str, Any]:
     """The settings that make a job's numbers what they are: the resolved config, flattened to dotted keys and
     JSON-normalised, without `RUNTIME_KEYS`; an extend job's also names its parent's identity hash."""
-    flat = {k: v for k, v in flatten(config_to_dict(cfg)).items() if not k.startswith(RUNTIME_KEYS)}
+    flat = {
+        k: v
+        for k, v in flatten(config_to_dict(cfg)).items()
+        if not k.startswith(RUNTIME_KEYS) and ADDED_DEFAULTS.get(k, _ABSENT) != v
+    }
     if parent_hash is not None:
         flat["parent.config_hash"] = parent_hash
     return _normalised(flat)
