@@ -16,8 +16,9 @@ from posenc_cli.config import Config, ExtendConfig, ModelConfig, TrainConfig, re
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.extend import default_out_dir, extend_run
 from posenc_cli.model import GPT, build_model
-from posenc_cli.run.checkpoint import load_run, read_meta
 from posenc_cli.run.export import NotExportable, check_exportable
+from posenc_cli.run.load import load_run
+from posenc_cli.run.meta import read_meta
 from posenc_cli.run.train import train
 
 L = 16

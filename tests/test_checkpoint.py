@@ -14,21 +14,13 @@ import torch
 from train_utils import tiny_config, write_corpus
 
 from posenc_cli.errors import CheckpointError
-from posenc_cli.run.checkpoint import (
-    META_FILE,
-    MODEL_FILE,
-    PENDING,
-    STATE_FILE,
-    commit_checkpoint,
-    committed_file,
-    is_run_dir,
-    load_run,
-    model_file_bytes,
-    read_meta,
-    read_verified,
-    recover,
-)
+from posenc_cli.run.journal import commit_checkpoint, committed_file, recover
+from posenc_cli.run.layout import META_FILE, MODEL_FILE, PENDING, STATE_FILE
+from posenc_cli.run.load import load_run
+from posenc_cli.run.meta import is_run_dir, read_meta
 from posenc_cli.run.train import train
+from posenc_cli.run.verified import read_verified
+from posenc_cli.run.weights import model_file_bytes
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +231,8 @@ def test_half_applied_commit_reads_as_the_new_checkpoint_and_recovers(tmp_path: 
 
 
 def test_run_meta_round_trips_an_old_meta_json_key_for_key(tmp_path: Path) -> None:
-    from posenc_cli.run.checkpoint import RunMeta, commit_checkpoint, read_meta, read_run_meta, sha256_bytes
+    from posenc_cli.run.journal import commit_checkpoint, sha256_bytes
+    from posenc_cli.run.meta import RunMeta, read_meta, read_run_meta
 
     old = {
         "kind": "posenc-run",
@@ -266,7 +259,7 @@ def test_lengths_default_from_the_config() -> None:
     from dataclasses import replace
 
     from posenc_cli.config import Config, TrainConfig
-    from posenc_cli.run.checkpoint import RunMeta
+    from posenc_cli.run.meta import RunMeta
 
     cfg = Config(train=TrainConfig(seq_len=96))
     assert RunMeta(step=0).lengths(cfg) == (96, 96)
@@ -339,7 +332,9 @@ _EXTENSION = {"parent": "/runs/parent", "base_length": 64, "extend": {"method": 
 
 @pytest.mark.parametrize("extra", [{}, _EXTENSION, {"a_new_key": [1, 2], "parent": "/p"}])
 def test_meta_json_of_training_is_byte_for_byte_the_old_layout(tmp_path: Path, extra: dict) -> None:
-    from posenc_cli.run.checkpoint import META_FILE, RunMeta, TrainingRecord, commit_checkpoint
+    from posenc_cli.run.journal import commit_checkpoint
+    from posenc_cli.run.layout import META_FILE
+    from posenc_cli.run.meta import RunMeta, TrainingRecord
 
     files = {"model.safetensors": b"w"}
     meta = RunMeta.for_training(
@@ -353,7 +348,9 @@ def test_meta_json_of_training_is_byte_for_byte_the_old_layout(tmp_path: Path, e
 
 @pytest.mark.parametrize("extra", [_EXTENSION, {**_EXTENSION, "extend": {"method": "linear"}}])
 def test_meta_json_of_a_scaled_copy_is_byte_for_byte_the_old_layout(tmp_path: Path, extra: dict) -> None:
-    from posenc_cli.run.checkpoint import META_FILE, RunMeta, TrainingRecord, commit_checkpoint
+    from posenc_cli.run.journal import commit_checkpoint
+    from posenc_cli.run.layout import META_FILE
+    from posenc_cli.run.meta import RunMeta, TrainingRecord
 
     parent = commit_checkpoint(
         tmp_path / "parent",

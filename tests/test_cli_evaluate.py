@@ -66,7 +66,7 @@ def test_runs_are_paired_and_match_own_validation_split(runs_root: Path) -> None
     """Every run scores the same tokens of its own validation split (same tokenizer, same corpus)."""
     from posenc_cli.config import EvalConfig
     from posenc_cli.data.cache import load_corpus
-    from posenc_cli.run.checkpoint import load_run
+    from posenc_cli.run.load import load_run
 
     cfg = EvalConfig(abs_lengths=[16], tokens=48)
     results = ev.evaluate_paths([runs_root / "sweep"], cfg, device="cpu")

@@ -10,7 +10,7 @@ from train_utils import tiny_config, write_corpus
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
-from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.load import load_run
 from posenc_cli.run.train import train
 
 runner = CliRunner()

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from posenc_cli.cli import app
 from posenc_cli.extension.longrope_search import FACTORS_FILE
-from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.load import load_run
 from posenc_cli.run.train import train
 
 runner = CliRunner()

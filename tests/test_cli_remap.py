@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from posenc_cli.cli import app
 from posenc_cli.positional.remap import RemapConfig
-from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.load import load_run
 from posenc_cli.run.train import train
 
 runner = CliRunner()

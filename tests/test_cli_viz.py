@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from posenc_cli.analysis import viz, viz_data
 from posenc_cli.cli import app
-from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.load import load_run
 
 runner = CliRunner()
 TINY_MODEL = ["model.d_model=32", "model.n_layer=2", "model.n_head=2", "train.seq_len=16"]

@@ -16,7 +16,8 @@ from posenc_cli.cli import app
 from posenc_cli.config import Config, EvalConfig, ModelConfig, config_to_yaml
 from posenc_cli.evaluation.results import checkpoint_identity, new_results_doc, save_results
 from posenc_cli.positional import config_class
-from posenc_cli.run.checkpoint import RunMeta, commit_checkpoint
+from posenc_cli.run.journal import commit_checkpoint
+from posenc_cli.run.meta import RunMeta
 from posenc_cli.sweep.runner import _mark_done
 
 runner = CliRunner()

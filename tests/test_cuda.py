@@ -62,7 +62,7 @@ def test_auto_precision_is_bf16_on_a_bf16_gpu() -> None:
 
 
 def test_bf16_autocast_training_on_cuda(corpus: Path, tmp_path: Path) -> None:
-    from posenc_cli.run.checkpoint import read_meta
+    from posenc_cli.run.meta import read_meta
     from posenc_cli.run.train import train
 
     if not torch.cuda.is_bf16_supported():
@@ -108,7 +108,7 @@ def test_bias_precision_at_8k_tokens(scheme: str) -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP over NCCL needs at least 2 GPUs")
 def test_ddp_over_nccl_matches_one_process(corpus: Path, tmp_path: Path) -> None:
-    from posenc_cli.run.checkpoint import read_meta
+    from posenc_cli.run.meta import read_meta
     from posenc_cli.run.train import train
 
     steps = dict(steps=8, save_every=4, eval_every=4, batch_size=4, device="cuda")

@@ -22,8 +22,8 @@ from train_utils import tiny_config, tiny_overrides, weights, write_corpus
 
 from posenc_cli.errors import ConfigError
 from posenc_cli.run import distributed
-from posenc_cli.run.checkpoint import read_meta
 from posenc_cli.run.distributed import DistInfo, env_info, rank_seed, shard_rows
+from posenc_cli.run.meta import read_meta
 from posenc_cli.run.train import NAN_ENV, train
 
 RTOL = 1e-5

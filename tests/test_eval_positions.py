@@ -19,7 +19,7 @@ from posenc_cli.evaluation.positions import Positions, resolve_positions
 from posenc_cli.evaluation.results import load_results, positions_key
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class
-from posenc_cli.run.checkpoint import RunMeta
+from posenc_cli.run.meta import RunMeta
 
 V, T, M = 257, 16, 64
 BYTES = np.array([1] * 256 + [0], dtype=np.int64)

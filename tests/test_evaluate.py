@@ -19,7 +19,7 @@ from posenc_cli.evaluation import perplexity as ev
 from posenc_cli.evaluation.results import load_results, results_path
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry
-from posenc_cli.run.checkpoint import RunMeta
+from posenc_cli.run.meta import RunMeta
 
 V = 257  # byte vocabulary + end-of-document
 TRAIN_LEN = 16

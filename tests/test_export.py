@@ -15,7 +15,7 @@ from posenc_cli.data.tokenizer import ByteTokenizer
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.extension.extend import extend_run
 from posenc_cli.positional.rope import apply_rope, rope_cos_sin, rope_inv_freq
-from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.load import load_run
 from posenc_cli.run.train import train
 
 transformers = pytest.importorskip("transformers", reason="transformers is the test oracle (pip install transformers)")

@@ -15,7 +15,9 @@ from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.extension.extend import default_out_dir, extend_run
 from posenc_cli.model import build_model
 from posenc_cli.positional.scaling import frequency_regions, scaled_inv_freq
-from posenc_cli.run.checkpoint import MODEL_FILE, load_run, read_meta
+from posenc_cli.run.layout import MODEL_FILE
+from posenc_cli.run.load import load_run
+from posenc_cli.run.meta import read_meta
 from posenc_cli.run.train import NAN_ENV, TrainingDiverged, train
 
 L = 16  # the parents' training length

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from posenc_cli.cli import app
 from posenc_cli.errors import CheckpointError, ConfigError
 from posenc_cli.evaluation.perplexity import find_runs
-from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.load import load_run
 from posenc_cli.run.train import train
 
 runner = CliRunner()
@@ -68,7 +68,7 @@ def _refuse_writes(monkeypatch: pytest.MonkeyPatch, module: str, name: str, code
 def test_full_disk_in_train_is_one_line_naming_the_path(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _refuse_writes(monkeypatch, "posenc_cli.run.checkpoint", "atomic_write_bytes", errno.ENOSPC)
+    _refuse_writes(monkeypatch, "posenc_cli.run.journal", "atomic_write_bytes", errno.ENOSPC)
     out = tmp_path / "run"
     result = runner.invoke(app, ["train", *tiny_overrides(corpus, steps=2), "--out", str(out)])
     one_line_error(result, "No space left on device", str(out / ".pending"))
@@ -199,7 +199,7 @@ def test_train_into_a_users_directory_touches_nothing(corpus: Path, tmp_path: Pa
 
 
 def test_a_run_killed_before_its_first_checkpoint_is_started_again(corpus: Path, tmp_path: Path) -> None:
-    from posenc_cli.run.run_meta import claim_run_dir
+    from posenc_cli.run.run_dir import claim_run_dir
 
     out = tmp_path / "run"
     claim_run_dir(out)  # what train wrote first, before it was killed

@@ -14,7 +14,8 @@ from posenc_cli.cli import app
 from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import CheckpointError
 from posenc_cli.extension.extend import extend_run
-from posenc_cli.run.checkpoint import incomplete_reason, load_run, read_meta, require_complete
+from posenc_cli.run.load import load_run
+from posenc_cli.run.meta import incomplete_reason, read_meta, require_complete
 from posenc_cli.run.train import train
 
 runner = CliRunner()

@@ -28,7 +28,7 @@ from posenc_cli.extension.longrope_search import (
 )
 from posenc_cli.positional.scaling import scaled_inv_freq
 from posenc_cli.rope_scaling.longrope import read_factors_file
-from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.load import load_run
 from posenc_cli.run.train import train
 
 FACTOR = 4.0

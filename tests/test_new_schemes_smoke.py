@@ -69,7 +69,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("name", sorted(registry()))
 def test_trains_then_evaluates_at_four_times_training_length(name: str, corpus: Path, tmp_path: Path) -> None:
     from posenc_cli.evaluation.perplexity import evaluate_run_dir
-    from posenc_cli.run.checkpoint import load_run
+    from posenc_cli.run.load import load_run
     from posenc_cli.run.train import train
 
     cfg = tiny_config(corpus, pos=name, steps=20, lr=1e-2, eval_every=20, save_every=20)

@@ -22,7 +22,8 @@ from posenc_cli.evaluation import passkey as pk
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry
 from posenc_cli.report import passkey_report
-from posenc_cli.run.checkpoint import LoadedRun, RunMeta
+from posenc_cli.run.load import LoadedRun
+from posenc_cli.run.meta import RunMeta
 
 BYTES = ByteTokenizer()
 # The landmark-attention prompt pieces, written out independently of the module's constants.

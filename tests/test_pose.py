@@ -15,7 +15,8 @@ from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.extend import default_out_dir, extend_run
 from posenc_cli.model import GPT
-from posenc_cli.run.checkpoint import load_run, read_meta
+from posenc_cli.run.load import load_run
+from posenc_cli.run.meta import read_meta
 from posenc_cli.run.train import train
 
 L = 16  # the parent's training length

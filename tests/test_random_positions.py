@@ -12,7 +12,7 @@ from train_utils import tiny_config, write_corpus
 from posenc_cli.config import replace
 from posenc_cli.errors import ConfigError
 from posenc_cli.model import GPT
-from posenc_cli.run.checkpoint import load_run
+from posenc_cli.run.load import load_run
 from posenc_cli.run.train import train
 
 T, M = 16, 96

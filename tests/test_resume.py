@@ -13,7 +13,9 @@ import pytest
 from train_utils import metrics, same_weights, tiny_config, tiny_overrides, weights, write_corpus
 
 import posenc_cli.run.train as train_mod
-from posenc_cli.run.checkpoint import PENDING, load_run, read_meta
+from posenc_cli.run.layout import PENDING
+from posenc_cli.run.load import load_run
+from posenc_cli.run.meta import read_meta
 from posenc_cli.run.train import train
 
 # dropout and grad accumulation make the comparison sensitive to every RNG stream and to the batch order
@@ -78,7 +80,7 @@ def test_control_without_sampler_state_the_runs_differ(
     """The equality above is not vacuous: skipping the sampler-generator restore breaks it."""
 
     def restore_all_but_sampler(tensors, info, sampler) -> None:
-        from posenc_cli.run.checkpoint import restore_rng
+        from posenc_cli.run.resume_state import restore_rng
 
         restore_rng(tensors, info, sampler, sampler_too=False)
 

@@ -10,7 +10,8 @@ from train_utils import tiny_config, write_corpus
 
 from posenc_cli.config import ModelConfig, replace
 from posenc_cli.errors import CheckpointError
-from posenc_cli.run.run_meta import config_diff, default_run_dir, existing_meta, model_preset_name, result_from_meta
+from posenc_cli.run.outcome import result_from_meta
+from posenc_cli.run.run_dir import config_diff, default_run_dir, existing_meta, model_preset_name
 
 
 @pytest.fixture

@@ -20,8 +20,9 @@ from posenc_cli.evaluation.results import checkpoint_identity
 from posenc_cli.evaluation.tasks import registry
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class
-from posenc_cli.run.checkpoint import LoadedRun, RunMeta
 from posenc_cli.run.interrupts import run_lock
+from posenc_cli.run.load import LoadedRun
+from posenc_cli.run.meta import RunMeta
 
 TRAIN_LEN = 128  # long enough for a passkey prompt at 1x
 

@@ -12,7 +12,7 @@ from train_utils import metrics, tiny_config, write_corpus
 
 from posenc_cli.config import Config, replace
 from posenc_cli.errors import UserError
-from posenc_cli.run.run_meta import TrainResult
+from posenc_cli.run.outcome import TrainResult
 from posenc_cli.run.trackers import INSTALL_HINT, Tracker, combine, flat_config, make_tracker
 from posenc_cli.run.train import train
 

@@ -14,7 +14,8 @@ from train_utils import metrics, tiny_config, weights, write_corpus
 from posenc_cli.config import TrainConfig
 from posenc_cli.errors import CheckpointError, ConfigError, DataError
 from posenc_cli.model import build_model
-from posenc_cli.run.checkpoint import load_run, read_meta
+from posenc_cli.run.load import load_run
+from posenc_cli.run.meta import read_meta
 from posenc_cli.run.optim import lr_at, param_groups
 from posenc_cli.run.train import NAN_ENV, TrainingDiverged, train
 

@@ -92,7 +92,7 @@ def train_scheme_runs(sweep_dir: Path, schemes: Sequence[str], data: DataConfig,
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    from posenc_cli.run.checkpoint import load_run
+    from posenc_cli.run.load import load_run
 
     return load_run(run_dir).model.state_dict()
 

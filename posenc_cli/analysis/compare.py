@@ -44,8 +44,9 @@ from posenc_cli.report.tables import (
     run_label,
     table_legend,
 )
-from posenc_cli.run.checkpoint import RunMeta, incomplete_reason, read_config, read_meta, read_run_meta
 from posenc_cli.run.hf_run import is_hf_dir, weights_identity
+from posenc_cli.run.load import read_config
+from posenc_cli.run.meta import RunMeta, incomplete_reason, read_meta, read_run_meta
 from posenc_cli.sweep.runner import job_status, read_failure, read_plan
 
 ENTRY_FIELDS = (

@@ -30,8 +30,9 @@ import pandas as pd
 from posenc_cli.errors import UserError
 from posenc_cli.evaluation.algorithmic import load_algorithmic_results
 from posenc_cli.evaluation.runs import find_runs
-from posenc_cli.run.checkpoint import incomplete_reason, read_config, read_meta
 from posenc_cli.run.hf_run import is_hf_dir
+from posenc_cli.run.load import read_config
+from posenc_cli.run.meta import incomplete_reason, read_meta
 
 __all__ = ["PAPER_MRR", "QueryScore", "mrr_table", "nope_mrr", "query_scores", "reciprocal_ranks"]
 

@@ -17,8 +17,9 @@ from typing import Any
 from posenc_cli.config import Config, config_to_dict, flatten
 from posenc_cli.errors import UserError
 from posenc_cli.evaluation.results import cell_group
-from posenc_cli.run.checkpoint import RunMeta, read_config, read_meta
 from posenc_cli.run.hf_run import is_hf_dir
+from posenc_cli.run.load import read_config
+from posenc_cli.run.meta import RunMeta, read_meta
 
 
 @dataclass(kw_only=True)

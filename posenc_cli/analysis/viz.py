@@ -31,8 +31,8 @@ from posenc_cli.analysis.viz_data import (
 from posenc_cli.evaluation.perplexity import CorpusCache, find_runs
 from posenc_cli.report.plots import log_binned_mean, save_figure, scheme_colour
 from posenc_cli.report.tables import run_label
-from posenc_cli.run.checkpoint import load_run
 from posenc_cli.run.device import resolve_device
+from posenc_cli.run.load import load_run
 
 TRAIN_LINE = {"color": "0.3", "ls": "--", "lw": 1.1}
 MASKED = "#EEEEEE"  # background of cells the causal mask hides

@@ -19,7 +19,7 @@ from posenc_cli.errors import ConfigError
 from posenc_cli.rope_scaling import get_method, param_fields, registry
 
 if TYPE_CHECKING:
-    from posenc_cli.run.run_meta import ExtendResult
+    from posenc_cli.run.outcome import ExtendResult
 
 _D = ExtendConfig()  # flag defaults = configs/extend/default.yaml = ExtendConfig's defaults
 _REMAP = "Self-Extend / ReRoPE"

@@ -77,7 +77,8 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from posenc_cli.run.checkpoint import read_config, read_meta
+    from posenc_cli.run.load import read_config
+    from posenc_cli.run.meta import read_meta
 
     for o in overrides:
         key = o.split("=", 1)[0]
@@ -100,7 +101,7 @@ def run(cfg: Config, resume: str | None, out: str | None, force_config: bool) ->
     from posenc_cli.cpu_load import training_busy_warning
     from posenc_cli.run.distributed import env_info
     from posenc_cli.run.progress import TrainDisplay, interrupted_message, summary_table
-    from posenc_cli.run.run_meta import default_run_dir
+    from posenc_cli.run.run_dir import default_run_dir
     from posenc_cli.run.trackers import tracked
     from posenc_cli.run.train import check_budget, train
 

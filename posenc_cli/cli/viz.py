@@ -93,7 +93,7 @@ def encoding_command(
         if overrides:
             raise ConfigError("overrides apply to composed configs, not to a run directory: give one or the other")
         # deferred: keeps this command's modules off posenc --help start-up
-        from posenc_cli.run.checkpoint import load_run
+        from posenc_cli.run.load import load_run
 
         run = load_run(names[0])
         scheme = run.model.scheme
@@ -135,8 +135,8 @@ def attention_command(
     from posenc_cli.analysis.viz import attention_figure
     from posenc_cli.analysis.viz_data import attention_report
     from posenc_cli.report.plots import save_figure
-    from posenc_cli.run.checkpoint import load_run
     from posenc_cli.run.device import resolve_device
+    from posenc_cli.run.load import load_run
 
     run = load_run(run_dir, device=resolve_device(device))
     report = attention_report(run, length=length, layer=layer, head=head, windows=windows)

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from posenc_cli.data.tokenizer import Tokenizer
-    from posenc_cli.run.checkpoint import LoadedRun
+    from posenc_cli.run.load import LoadedRun
 
 RESULTS_FILE = Path("eval") / "algorithmic.json"
 COMMAND = "eval-algorithmic"

@@ -25,7 +25,7 @@ from posenc_cli.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from posenc_cli.data.cache import Corpus
-    from posenc_cli.run.checkpoint import LoadedRun
+    from posenc_cli.run.load import LoadedRun
 
 __all__ = ["CorpusCache", "check_held_out", "data_config_with_overrides", "data_name"]
 

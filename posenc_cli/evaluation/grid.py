@@ -15,8 +15,9 @@ from typing import Any
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.evaluation.runs import find_runs
 from posenc_cli.run import memory
-from posenc_cli.run.checkpoint import RunMeta, read_config, read_meta
 from posenc_cli.run.hf_run import is_hf_dir
+from posenc_cli.run.load import read_config
+from posenc_cli.run.meta import RunMeta, read_meta
 
 __all__ = ["check_grid_fits", "grid_bytes"]
 

@@ -57,7 +57,7 @@ from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, p
 
 if TYPE_CHECKING:
     from posenc_cli.data.tokenizer import Tokenizer
-    from posenc_cli.run.checkpoint import LoadedRun
+    from posenc_cli.run.load import LoadedRun
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = Path("eval") / "passkey.json"

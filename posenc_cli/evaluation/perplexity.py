@@ -70,15 +70,15 @@ from posenc_cli.evaluation.results import (
 )
 from posenc_cli.evaluation.runs import checked_runs, find_runs, locate_runs, named_error
 from posenc_cli.evaluation.streaming import DEFAULT_BLOCK, STREAMING_DECODE, default_window, evaluate_streaming
-from posenc_cli.run.checkpoint import load_run
 from posenc_cli.run.device import cpu_has_fast_bf16, describe_device, resolve_device
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.hf_run import is_hf_dir, load_hf_run
 from posenc_cli.run.interrupts import run_is_locked
+from posenc_cli.run.load import load_run
 
 if TYPE_CHECKING:
     from posenc_cli.data.cache import Corpus
-    from posenc_cli.run.checkpoint import LoadedRun
+    from posenc_cli.run.load import LoadedRun
 
 Progress = Callable[[str, int, int], None]  # (description, done, total)
 

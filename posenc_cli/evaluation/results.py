@@ -40,7 +40,7 @@ from filelock import FileLock, Timeout
 
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.fsutil import atomic_write_json
-from posenc_cli.run.checkpoint import RunMeta
+from posenc_cli.run.meta import RunMeta
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = Path("eval") / "extrapolate.json"

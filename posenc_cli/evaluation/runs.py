@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from posenc_cli.errors import CheckpointError, UserError
-from posenc_cli.run.checkpoint import NotARunError, committed_file, read_config, read_meta
 from posenc_cli.run.hf_run import inspect_hf_dir, is_hf_dir
+from posenc_cli.run.journal import committed_file
+from posenc_cli.run.load import read_config
+from posenc_cli.run.meta import NotARunError, read_meta
 
 if TYPE_CHECKING:
     from posenc_cli.config import Config

@@ -34,23 +34,19 @@ from posenc_cli.fsutil import exclusive_or_fail
 from posenc_cli.positional.remap import RemapConfig, remapped_distance
 from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import RopeScalingConfig, method_names
-from posenc_cli.run.checkpoint import (
-    CONFIG_FILE,
-    MODEL_FILE,
-    RunMeta,
-    commit_checkpoint,
-    is_run_dir,
-    load_run,
-    read_meta,
-    read_verified,
-)
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.hf_run import is_hf_dir
-from posenc_cli.run.run_meta import ExtendResult, check_claimable, claim_run_dir
+from posenc_cli.run.journal import commit_checkpoint
+from posenc_cli.run.layout import CONFIG_FILE, MODEL_FILE
+from posenc_cli.run.load import load_run
+from posenc_cli.run.meta import RunMeta, is_run_dir, read_meta
+from posenc_cli.run.outcome import ExtendResult
+from posenc_cli.run.run_dir import check_claimable, claim_run_dir
 from posenc_cli.run.train import train
+from posenc_cli.run.verified import read_verified
 
 if typing.TYPE_CHECKING:
-    from posenc_cli.run.checkpoint import LoadedRun
+    from posenc_cli.run.load import LoadedRun
 
 __all__ = [
     "EXTEND_METHODS",

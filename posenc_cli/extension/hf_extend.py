@@ -29,9 +29,9 @@ from posenc_cli.errors import ConfigError
 from posenc_cli.extension.identity import differences
 from posenc_cli.extension.limits import frequency_numbers
 from posenc_cli.rope_scaling import get_method, registry
-from posenc_cli.run.checkpoint import fsync_dir
 from posenc_cli.run.hf_run import CONFIG_FILE, SIDE_FILES, load_hf_run
-from posenc_cli.run.run_meta import ExtendResult
+from posenc_cli.run.journal import fsync_dir
+from posenc_cli.run.outcome import ExtendResult
 
 __all__ = ["HF_METHODS", "RECORD_FILE", "extend_hf_dir", "hf_rope_parameters"]
 

@@ -54,13 +54,14 @@ from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.model import build_model
 from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import NONE, RopeScalingConfig, scaled_inv_freq
-from posenc_cli.run.checkpoint import MODEL_FILE, load_run
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.hf_run import is_hf_dir
+from posenc_cli.run.layout import MODEL_FILE
+from posenc_cli.run.load import load_run
 
 if TYPE_CHECKING:
-    from posenc_cli.run.checkpoint import LoadedRun
-    from posenc_cli.run.run_meta import ExtendResult
+    from posenc_cli.run.load import LoadedRun
+    from posenc_cli.run.outcome import ExtendResult
 
 __all__ = [
     "FACTORS_FILE",

@@ -42,11 +42,12 @@ from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.fsutil import make_temp_dir, set_default_mode
 from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import get_method
-from posenc_cli.run.checkpoint import fsync_dir, load_run
+from posenc_cli.run.journal import fsync_dir
+from posenc_cli.run.load import load_run
 
 if TYPE_CHECKING:
     from posenc_cli.positional.rope import RopeConfig
-    from posenc_cli.run.checkpoint import LoadedRun
+    from posenc_cli.run.load import LoadedRun
 
 __all__ = [
     "ARCHITECTURES",

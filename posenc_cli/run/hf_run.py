@@ -49,9 +49,10 @@ from torch import Tensor, nn
 
 from posenc_cli.data.tokenizer import Tokenizer
 from posenc_cli.errors import CheckpointError, UserError
-from posenc_cli.run.checkpoint import LoadedRun, RunMeta
 from posenc_cli.run.config_load import config_from_dict
+from posenc_cli.run.load import LoadedRun
 from posenc_cli.run.memory import available_memory as cpu_available_memory
+from posenc_cli.run.meta import RunMeta
 from posenc_cli.untrusted import load_json, loads_json
 
 __all__ = [

@@ -24,7 +24,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from posenc_cli.run.run_meta import TrainResult
+from posenc_cli.run.outcome import TrainResult
 
 
 class TrainDisplay:

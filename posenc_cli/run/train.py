@@ -41,35 +41,12 @@ from posenc_cli.model import build_model
 from posenc_cli.positional import build_scheme
 from posenc_cli.positional.ids import pose_position_ids, random_position_ids
 from posenc_cli.run import distributed
-from posenc_cli.run.checkpoint import (
-    CONFIG_FILE,
-    METRICS_FILE,
-    MODEL_FILE,
-    STATE_FILE,
-    STATE_JSON,
-    RunMeta,
-    TrainingRecord,
-    capture_rng,
-    commit_checkpoint,
-    committed_file,
-    load_run,
-    load_tensors,
-    load_weights_into,
-    model_file_bytes,
-    pack_optimizer,
-    read_config,
-    read_meta,
-    read_state,
-    read_verified,
-    recover,
-    restore_rng,
-    state_file_bytes,
-    tokenizer_files,
-    unpack_optimizer,
-)
 from posenc_cli.run.device import Precision, autocast, resolve_device, resolve_precision, threads
 from posenc_cli.run.distributed import DistInfo
 from posenc_cli.run.interrupts import LOCK_FILE, Interrupts, run_lock
+from posenc_cli.run.journal import commit_checkpoint, committed_file, recover
+from posenc_cli.run.layout import CONFIG_FILE, METRICS_FILE, MODEL_FILE, STATE_FILE, STATE_JSON
+from posenc_cli.run.load import load_run, read_config
 from posenc_cli.run.memory import (
     MAX_STEP_S,
     TRAIN_BYTES_PER_PARAM,
@@ -82,18 +59,22 @@ from posenc_cli.run.memory import (
     step_seconds_at_least,
     validation_bytes,
 )
+from posenc_cli.run.meta import RunMeta, TrainingRecord, read_meta
 from posenc_cli.run.metrics import MetricsLog
 from posenc_cli.run.optim import build_optimizer, lr_at
-from posenc_cli.run.run_meta import (
-    CLAIM_FILE,
-    TrainResult,
-    claim_run_dir,
-    config_diff,
-    existing_meta,
-    model_preset_name,
-    result_from_meta,
+from posenc_cli.run.outcome import TrainResult, result_from_meta
+from posenc_cli.run.resume_state import (
+    capture_rng,
+    pack_optimizer,
+    read_state,
+    restore_rng,
+    state_file_bytes,
+    unpack_optimizer,
 )
+from posenc_cli.run.run_dir import CLAIM_FILE, claim_run_dir, config_diff, existing_meta, model_preset_name
 from posenc_cli.run.validation import evaluate_loss, validation_batches
+from posenc_cli.run.verified import load_tensors, read_verified
+from posenc_cli.run.weights import load_weights_into, model_file_bytes, tokenizer_files
 
 Callback = Callable[[dict[str, Any]], None]
 

@@ -15,12 +15,16 @@ from typing import Any
 from posenc_cli.config import Config, config_to_dict, flatten
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.fsutil import atomic_write_json
-from posenc_cli.run.checkpoint import CONFIG_FILE
+from posenc_cli.run.layout import CONFIG_FILE
 from posenc_cli.untrusted import load_yaml
 
 PLANNED_FILE = "planned.json"  # in a sweep directory: per job, the config it was planned with
 # Settings that change a job's speed or logging, not its numbers: a job planned with other values is reused.
 RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger")
+# Keys added after identities were first written, at the value that does what was done before they existed: left out
+# of an identity at that value, so a sweep planned before the key existed still matches its jobs.
+ADDED_DEFAULTS: dict[str, Any] = {"train.window_start": "uniform"}
+_ABSENT = object()
 # Keys added after identities were first written, at the value that does what was done before they existed: left out
 # of an identity at that value, so a sweep planned before the key existed still matches its jobs.
 ADDED_DEFAULTS: dict[str, Any] = {"train.window_start": "uniform"}

@@ -53,9 +53,9 @@ from posenc_cli.extension.longrope_search import extend_with_search
 from posenc_cli.fsutil import atomic_write_json, exclusive_or_fail
 from posenc_cli.perf.profiling import EvalRecorder, JobProfile, TrainRecorder, eval_facts, write_job_profile
 from posenc_cli.positional.remap import RemapConfig
-from posenc_cli.run.checkpoint import RunMeta, is_run_dir, read_run_meta
 from posenc_cli.run.config_load import config_from_dict
 from posenc_cli.run.interrupts import Stopped, sigterm_raises
+from posenc_cli.run.meta import RunMeta, is_run_dir, read_run_meta
 from posenc_cli.run.progress import TrainDisplay
 from posenc_cli.run.trackers import tracked
 from posenc_cli.run.train import check_budget, train

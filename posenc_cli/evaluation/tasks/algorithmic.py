@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from posenc_cli.config import Config
-    from posenc_cli.run.checkpoint import LoadedRun
+    from posenc_cli.run.load import LoadedRun
 
 
 @register

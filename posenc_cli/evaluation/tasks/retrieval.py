@@ -64,7 +64,7 @@ from posenc_cli.run.memory import available_memory
 
 if TYPE_CHECKING:
     from posenc_cli.config import Config
-    from posenc_cli.run.checkpoint import LoadedRun
+    from posenc_cli.run.load import LoadedRun
 
 RESULTS_FILE = Path("eval") / "tasks.json"
 COMMAND = "eval-tasks"

@@ -1,36 +1,23 @@
-"""A training run's directory seen from outside the loop: its name, whether a config may continue it, what it
-already holds, and the results a session reports: `TrainResult` (rebuilt from meta.json for a run that is already
-done) and `ExtendResult`.
-"""
+"""A training run's directory seen from outside the loop: its name, whether a config may continue it, and what it
+already holds (a run, posenc's leftovers, or a user's files, which are never overwritten)."""
 
 from __future__ import annotations
 
 import contextlib
-import math
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from posenc_cli.config import Config, config_dir, config_to_dict, flatten
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.fsutil import atomic_write_text
-from posenc_cli.run.checkpoint import (
-    CONFIG_FILE,
-    META_FILE,
-    METRICS_FILE,
-    MODEL_FILE,
-    PENDING,
-    STATE_FILE,
-    STATE_JSON,
-    read_meta,
-)
-from posenc_cli.run.metrics import read_metrics
+from posenc_cli.run.layout import CONFIG_FILE, META_FILE, MODEL_FILE, PENDING, STATE_FILE, STATE_JSON
+from posenc_cli.run.meta import read_meta
 
 # Keys that may differ when a run is continued: they change speed or logging, not what is learned.
-RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger", "eval.", "extend.")
+CONTINUATION_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger", "eval.", "extend.")
 _OWN_FILES = (MODEL_FILE, STATE_FILE, STATE_JSON, CONFIG_FILE, META_FILE, "tokenizer.json")
 # Written first into a directory posenc starts a run in: what such a directory holds before its first checkpoint
 # (a .pending/ journal, metrics.jsonl) is then posenc's to finish or remove, never a user's.
@@ -39,55 +26,12 @@ CLAIM_FILE = ".posenc-run"
 _LEFTOVER_NAMES = frozenset({".lock", ".extend.lock", CLAIM_FILE, "failed.json"})
 
 
-@dataclass
-class TrainResult:
-    run_dir: Path
-    step: int
-    steps: int
-    tokens: int
-    train_loss: float | None
-    val_loss: float | None
-    val_ppl: float | None
-    best_val_loss: float | None
-    tokens_per_s: float
-    wall_time_s: float
-    precision: str
-    device: str
-    stopped_reason: Literal["complete", "already_complete", "interrupted"]
-    signal: int | None = None
-
-
-ExtendStatus = Literal["created", "finetuned", "already_complete", "interrupted"]
-
-
-@dataclass
-class ExtendResult:
-    """What `extend.extend_run` (or `hf_extend.extend_hf_dir`) did, plus the before/after numbers of the summary."""
-
-    parent_dir: Path
-    out_dir: Path
-    status: ExtendStatus
-    method: str
-    factor: float
-    original_length: int
-    attention_factor: float  # multiplies cos and sin (yarn; 1 for the others)
-    rotary_dim: int
-    base: float
-    regions: dict[str, int]  # frequency pairs that keep / blend / interpolate (`scaling.frequency_regions`)
-    longest_wavelength: tuple[float, float]  # tokens, (before, after); dynamic: after = at factor·L tokens
-    parent_scaling: str  # "none", or the parent's own scaling when it was already extended
-    parent_train_length: int
-    base_length: int
-    train_length: int
-    finetune: TrainResult | None = None
-
-
 def config_diff(old: Config, new: Config) -> list[str]:
     """'key: old -> new' for every setting that changes what a run learns (runtime-only keys excluded)."""
     a, b = flatten(config_to_dict(old)), flatten(config_to_dict(new))
     diffs = []
     for key in sorted(set(a) | set(b)):
-        if a.get(key, "<unset>") != b.get(key, "<unset>") and not key.startswith(RUNTIME_KEYS):
+        if a.get(key, "<unset>") != b.get(key, "<unset>") and not key.startswith(CONTINUATION_KEYS):
             diffs.append(f"{key}: {a.get(key, '<unset>')!r} -> {b.get(key, '<unset>')!r}")
     return diffs
 
@@ -147,45 +91,3 @@ def claim_run_dir(run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / CLAIM_FILE).is_file():
         atomic_write_text(run_dir / CLAIM_FILE, "a posenc run directory: posenc created it and manages its files\n")
-
-
-def result_from_meta(run_dir: Path, meta: dict[str, Any]) -> TrainResult:
-    """The result of a run that is already complete, as its meta.json records it."""
-    val = meta.get("val_loss")
-    return TrainResult(
-        run_dir=run_dir,
-        step=int(meta["step"]),
-        steps=int(meta.get("steps", meta["step"])),
-        tokens=int(meta.get("tokens", 0)),
-        train_loss=meta.get("train_loss"),
-        val_loss=val,
-        val_ppl=math.exp(val) if val is not None and val < 700 else None,
-        best_val_loss=meta.get("best_val_loss"),
-        tokens_per_s=float(meta.get("tokens_per_s") or 0.0),
-        wall_time_s=float(meta.get("wall_time_s") or 0.0),
-        precision=str(meta.get("precision")),
-        device=str(meta.get("device")),
-        stopped_reason="already_complete",
-    )
-
-
-def read_run_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The metrics.jsonl records of a run (convenience for reports and tests)."""
-    return read_metrics(Path(run_dir) / METRICS_FILE)
-
-
-__all__ = [
-    "CLAIM_FILE",
-    "RUNTIME_KEYS",
-    "ExtendResult",
-    "ExtendStatus",
-    "TrainResult",
-    "check_claimable",
-    "claim_run_dir",
-    "config_diff",
-    "default_run_dir",
-    "existing_meta",
-    "model_preset_name",
-    "read_run_metrics",
-    "result_from_meta",
-]
