@@ -34,11 +34,7 @@ _ABSENT = object()
 def job_identity(cfg: Config, parent_hash: str | None = None) -> dict[str, Any]:
     """The settings that make a job's numbers what they are: the resolved config, flattened to dotted keys and
     JSON-normalised, without `RUNTIME_KEYS`; an extend job's also names its parent's identity hash."""
-    flat = {
-        k: v
-        for k, v in flatten(config_to_dict(cfg)).items()
-        if not k.startswith(RUNTIME_KEYS) and ADDED_DEFAULTS.get(k, _ABSENT) != v
-    }
+    flat = _numbers_keys(flatten(config_to_dict(cfg)))
     if parent_hash is not None:
         flat["parent.config_hash"] = parent_hash
     return _normalised(flat)
@@ -62,7 +58,12 @@ def run_config_identity(run_dir: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(raw, dict):
         return None
-    return _normalised({k: v for k, v in flatten(raw).items() if not k.startswith(RUNTIME_KEYS)})
+    return _normalised(_numbers_keys(flatten(raw)))
+
+
+def _numbers_keys(flat: dict[str, Any]) -> dict[str, Any]:
+    """The dotted settings that decide a job's numbers: without `RUNTIME_KEYS` and `ADDED_DEFAULTS` at their value."""
+    return {k: v for k, v in flat.items() if not k.startswith(RUNTIME_KEYS) and ADDED_DEFAULTS.get(k, _ABSENT) != v}
 
 
 def read_planned(sweep_dir: Path) -> dict[str, Any]:
