@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,12 +21,12 @@ from posenc_cli.extension.longrope_search import (
     FACTORS_FILE,
     constrain,
     crossover,
-    extend_with_search,
     initial_candidates,
     is_valid,
     mutate,
     search_bounds,
 )
+from posenc_cli.extension.plan import SearchThenScale, execute
 from posenc_cli.positional.scaling import scaled_inv_freq
 from posenc_cli.rope_scaling.longrope import read_factors_file
 from posenc_cli.run.load import load_run
@@ -80,6 +81,14 @@ def test_seeds_are_pi_ntk_and_yarn(head_dim: int, length: int) -> None:
         ours, _ = scaled_inv_freq("longrope", head_dim, 10000.0, FACTOR, length, 2 * length, long_factor=seeds[name])
         ref, _ = scaled_inv_freq(method, head_dim, 10000.0, FACTOR, length)
         torch.testing.assert_close(ours, ref, rtol=1e-5, atol=0.0)
+
+
+def extend_with_search(
+    parent: Path, out: Path, ext: ExtendConfig, *, progress: Any = None, **search: int
+) -> tuple[Any, Any]:
+    """The search, then the scaling, as `extend --search` and a sweep's search stage run them (`extension.plan`)."""
+    outcome = execute(SearchThenScale(run=parent, out=out, ext=ext, **search), progress=progress)
+    return outcome.result, outcome.search
 
 
 @pytest.fixture(scope="module")

@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FACTORS_FILE",
     "SearchResult",
+    "check_search_settings",
     "constrain",
     "crossover",
     "extend_with_search",
@@ -244,7 +245,7 @@ def search_long_factors(
     all: the seeds first (PI, NTK, YaRN), then generations of `population` children of the best `parents`.
     Deterministic for a given `seed`. The result's perplexity is never above the best seed's (the seeds are
     candidates too)."""
-    _check_settings(budget, tokens)
+    check_search_settings(budget, tokens)
     cfg = run.config
     if cfg.pos.name != "rope":
         raise ConfigError(f"{run.path} uses pos={cfg.pos.name}; LongRoPE applies only to RoPE checkpoints")
@@ -316,7 +317,8 @@ def search_identity(budget: int, seed: int, tokens: int, data: dict[str, Any]) -
     return {"budget": budget, "seed": seed, "tokens": tokens, "data": data}
 
 
-def _check_settings(budget: int, tokens: int) -> None:
+def check_search_settings(budget: int, tokens: int) -> None:
+    """One line for a search budget or a token count below 1."""
     if budget < 1:
         raise ConfigError(f"--search-budget must be >= 1, got {budget}")
     if tokens < 1:
@@ -328,7 +330,7 @@ def _searchable_run(parent_dir: Path | str, ext: ExtendConfig, budget: int, toke
     if ext.method != "longrope":
         raise ConfigError(f"--search finds LongRoPE factors; use it with --longrope, not --method {ext.method}")
     validate_extend(ext)
-    _check_settings(budget, tokens)
+    check_search_settings(budget, tokens)
     if is_hf_dir(Path(parent_dir)):
         raise ConfigError("--search needs a posenc run (it scores candidates on the run's own training data)")
     run = load_run(parent_dir)
@@ -433,7 +435,10 @@ def extend_with_search(
     progress: Progress | None = None,
     callback: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[ExtendResult, SearchResult | None]:
-    """`searched_factors`, then `extend_run` into `out_dir` with them (in the child's config; the search's settings
+    """Kept for `sweep.runner` until its extend job calls `extension.plan.execute` (then removable: the plan's
+    `SearchThenScale` does the same).
+
+    `searched_factors`, then `extend_run` into `out_dir` with them (in the child's config; the search's settings
     and scored tokens in meta.json's `extend.search`) and `FACTORS_FILE` written there. A child of this same search
     already in `out_dir` is reported done (or its fine-tune resumed) without re-running the search (the returned
     search is then None). Refused with one line, before anything is written, as `searched_factors`."""
