@@ -12,11 +12,11 @@ A task (`posenc_cli.evaluation.tasks`, one file each) supplies three things and 
   `dataclasses.replace(entry, status="ok", ...)` or the reason it cannot be measured.
 
 For each group, in plan order: reuse the stored entries when every cell of the group is stored under its key (unless
-`force`), else measure the group and merge it into the results file under its lock
-(`results.update_results_file`) right away, so a kill loses at most one group and another evaluation of the
-same run writing at the same time keeps its cells. `store=False` writes nothing. Storage that refuses writes
-(read-only, full) stops the writing but not the measuring when `unwritable="report"` (the reason is returned as
-`not_saved`), and raises when `unwritable="raise"`.
+`force`, or a stored entry is not `reusable`: one that lacks a measurement asked for now), else measure the group
+and merge it into the results file under its lock (`results.update_results_file`) right away, so a kill loses at
+most one group and another evaluation of the same run writing at the same time keeps its cells. `store=False` writes
+nothing. Storage that refuses writes (read-only, full) stops the writing but not the measuring when
+`unwritable="report"` (the reason is returned as `not_saved`), and raises when `unwritable="raise"`.
 
 Entries are frozen dataclasses (`Entry`); their fields, in order, are the keys of the stored JSON object, so
 `to_json` writes exactly what the results file holds. Stored entries are read back as plain dicts (older files may
@@ -78,9 +78,11 @@ def measure(
     force: bool = False,
     store: bool = True,
     unwritable: Literal["report", "raise"] = "report",
+    reusable: Callable[[dict[str, Any]], bool] | None = None,
 ) -> Measured:
     """Reuse or measure every group of `plan` for the results file at `path` (`command` names it in errors); see
-    the module docstring. `header` is `results_header(...)`, `checkpoint` the run's `checkpoint_identity`."""
+    the module docstring. `header` is `results_header(...)`, `checkpoint` the run's `checkpoint_identity`;
+    `reusable(stored_entry)` False measures that entry's group again (None: every stored entry is reusable)."""
     doc = read_results_file(path, command) or {**header, "entries": []}
     doc.update(header)  # --force recomputes this call's cells but still keeps the other stored entries
     stored = {key(e): e for e in doc["entries"]}
@@ -89,7 +91,7 @@ def measure(
     not_saved: str | None = None
     for group in plan:
         keys = [key(e.to_json()) for e in group]
-        if not force and all(k in stored for k in keys):
+        if not force and all(k in stored and (reusable is None or reusable(stored[k])) for k in keys):
             selected += [stored[k] for k in keys]
             reused += len(keys)
             continue

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
+from posenc_cli.evaluation.longppl import KeyTokens, KeyTokenSum, candidate_positions, short_context_nll
 from posenc_cli.evaluation.results import window_scores
 
 __all__ = ["DEFAULT_BLOCK", "STREAMING_DECODE", "block_rows", "default_window", "evaluate_streaming"]
@@ -82,6 +83,7 @@ def evaluate_streaming(
     dtype: str = "fp32",
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
+    key_tokens: KeyTokens | None = None,
 ) -> dict[str, Any]:
     """Score `model` with the streaming protocol on streams of `length` tokens cut from `tokens` (1-D ids).
 
@@ -90,7 +92,9 @@ def evaluate_streaming(
     `perplexity.evaluate_model`'s keys ("tokens", "windows" = streams, "stride" = block size, "nll", "ppl", "bpb",
     "bytes", "per_position": mean NLL at each stream position 0..L-1). Raises `LengthBeyondScheme` when the cache
     (N + W + S - 1 positions, or L if smaller) exceeds the scheme's limit, ValueError when no stream fits, and
-    ConfigError for a model without posenc's KV cache.
+    ConfigError for a model without posenc's KV cache. With `key_tokens` the result also holds "longppl" and
+    "key_tokens": a stream's targets past the training length scored again with a training-length context (plain
+    forwards, no cache: `longppl.short_context_nll`), against their streaming NLL.
     """
     if window < 1 or sinks < 0 or block < 1:
         raise ValueError(f"streaming needs window >= 1, sinks >= 0 and block >= 1 (got {window}, {sinks}, {block})")
@@ -115,13 +119,16 @@ def evaluate_streaming(
     per_batch = max(1, batch_tokens // widest)
     pieces = [(0, warm), *blocks]  # (first stream position, count) of each forward
     total, done = n_streams * length, 0
+    candidates = candidate_positions(length, length, key_tokens.train_length) if key_tokens is not None else None
+    keys = KeyTokenSum()
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            for first in range(0, n_streams, per_batch):
-                rows = streams[first : first + per_batch].to(device)  # (B, L+1)
+            for first_row in range(0, n_streams, per_batch):
+                rows = streams[first_row : first_row + per_batch].to(device)  # (B, L+1)
                 cache = model.new_cache()
+                stream_nll = torch.zeros(len(rows), length, dtype=torch.float32)  # (B, L) NLL at each position
                 for t0, size in pieces:
                     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
                         logits = model(rows[:, t0 : t0 + size], cache=cache)  # (B, size, V)
@@ -129,11 +136,29 @@ def evaluate_streaming(
                     target = rows[:, t0 + 1 : t0 + size + 1]  # (B, size)
                     loss = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none")
                     pos_sum[t0 : t0 + size] += loss.view(len(rows), size).double().sum(0).cpu()
+                    stream_nll[:, t0 : t0 + size] = loss.view(len(rows), size).float().cpu()
                     done += len(rows) * size
                     if progress is not None:
                         progress(f"L={length}", done, total)
+                if candidates is not None:
+                    first, last = candidates
+                    short_nll = short_context_nll(
+                        model,
+                        tokens,
+                        starts[first_row : first_row + per_batch],
+                        first,
+                        last,
+                        key_tokens,  # type: ignore[arg-type]
+                        batch_tokens=batch_tokens,
+                        dtype=dtype,
+                        device=device,
+                    )
+                    keys.add(stream_nll[:, first : last + 1], short_nll, key_tokens)  # type: ignore[arg-type]
     finally:
         model.train(was_training)
 
     n_bytes = int(np.asarray(token_bytes)[streams[:, 1:].numpy()].sum()) if token_bytes is not None else 0
-    return window_scores(pos_sum, n_streams, block, n_bytes)
+    out = window_scores(pos_sum, n_streams, block, n_bytes)
+    if key_tokens is not None:
+        out.update(keys.result())
+    return out

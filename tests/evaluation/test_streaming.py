@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_perplexity import BYTE_TOKEN_BYTES, byte_stream, tiny_model
 
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
 from posenc_cli.evaluation import perplexity as ev
 from posenc_cli.evaluation.streaming import block_rows, evaluate_streaming
 from posenc_cli.model import GPT
-from tests.test_evaluate import BYTE_TOKEN_BYTES, byte_stream, tiny_model
 
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:

@@ -16,6 +16,7 @@ from posenc_cli.config import Config, EvalConfig, ModelConfig, TrainConfig
 from posenc_cli.data.sources.stdlib import StdlibDataConfig
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
 from posenc_cli.evaluation import perplexity as ev
+from posenc_cli.evaluation.perplexity import planning, workflow
 from posenc_cli.evaluation.results import load_results, results_path
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry
@@ -85,9 +86,9 @@ def test_resolve_stride_and_dtype() -> None:
 
 
 def test_auto_dtype_avoids_emulated_bf16_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ev, "cpu_has_fast_bf16", lambda: False)  # posenc_cli.run.device's, as evaluate imported it
+    monkeypatch.setattr(planning, "cpu_has_fast_bf16", lambda: False)  # run.device's, as planning imported it
     assert ev.resolve_dtype("auto", "bf16", torch.device("cpu")) == "fp32"
-    monkeypatch.setattr(ev, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(planning, "cpu_has_fast_bf16", lambda: True)
     assert ev.resolve_dtype("auto", "bf16", torch.device("cpu")) == "bf16"
 
 
@@ -215,7 +216,8 @@ def test_evaluate_run_writes_schema_and_na_for_learned(tmp_path: Path) -> None:
     assert doc["schema_version"] == 1 and doc["scheme"] == "learned" and doc["run"] == "run-a"
     keys = {"protocol", "stride", "length", "multiple", "tokens", "dtype", "data", "status", "reason", "ppl", "nll"}
     keys |= {"bpb", "per_position", "posenc_version", "created", "checkpoint", "device", "positions"}
-    assert all(set(e) == keys for e in doc["entries"])
+    measured = keys | {"longppl", "key_tokens"}  # LongPPL is stored for measured cells only
+    assert all(set(e) == (measured if e["status"] == "ok" else keys) for e in doc["entries"])
     by_len = {e["length"]: e for e in out["entries"]}
     assert [by_len[n]["status"] for n in (8, 16, 32)] == ["ok", "ok", "n/a"]
     assert "at most 16 positions" in by_len[32]["reason"] and by_len[32]["ppl"] is None
@@ -252,7 +254,7 @@ def test_results_merge_replace_and_reuse(tmp_path: Path, monkeypatch: pytest.Mon
     assert doc["entries"][3]["stride"] == 8
 
     # same options again: no forward at all, entries reused
-    monkeypatch.setattr(ev, "evaluate_model", lambda *a, **k: pytest.fail("forward without --force"))
+    monkeypatch.setattr(workflow, "evaluate_model", lambda *a, **k: pytest.fail("forward without --force"))
     out = ev.evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=64), corpus=corpus)
     assert out["reused"] == 2 and [e["length"] for e in out["entries"]] == [16, 32]
     monkeypatch.undo()
@@ -268,7 +270,7 @@ def test_results_merge_replace_and_reuse(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_bf16_auto_from_meta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ev, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(planning, "cpu_has_fast_bf16", lambda: True)
     run = fake_run(tmp_path, precision="bf16")
     out = ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=32), corpus=fake_corpus())
     assert out["entries"][0]["dtype"] == "bf16" and out["entries"][0]["status"] == "ok"

@@ -7,9 +7,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from test_evaluate import fake_corpus, fake_run
+from test_perplexity import fake_corpus, fake_run
 
 import posenc_cli.evaluation.perplexity as ev
+import posenc_cli.evaluation.perplexity.workflow as workflow
 from posenc_cli.config import EvalConfig
 from posenc_cli.errors import CheckpointError
 from posenc_cli.evaluation import passkey
@@ -47,7 +48,7 @@ def test_two_evaluations_of_one_run_keep_each_others_cells(tmp_path: Path, monke
             ev.evaluate_run(run, EvalConfig(lengths=[2], tokens=64), corpus=fake_corpus())
         return measure(*args, **kwargs)
 
-    monkeypatch.setattr(ev, "evaluate_model", measure_while_another_evaluation_writes)
+    monkeypatch.setattr(workflow, "evaluate_model", measure_while_another_evaluation_writes)
     ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())
     assert sorted(e["length"] for e in load_results(run.path)["entries"]) == [16, 32]
 
