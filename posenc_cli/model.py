@@ -2,7 +2,9 @@
 
 The model never names a scheme: one `PositionalScheme` instance is built from the config, `prepare`d once per
 forward, and then asked to (a) add to the token embeddings, (b) rotate q and k in every layer, (c) bias attention
-scores (see `posenc_cli.attention`). Schemes that do not use a hook inherit a no-op.
+scores (see `posenc_cli.attention`). Schemes that do not use a hook inherit a no-op. Each forward makes one
+`AttentionState` that every layer shares: the attention kernel is chosen there, once, from the scheme's hooks and
+q's dtype and device; the model itself has no branch on a scheme or a road.
 
 `model.embedding` picks the embedding recipe for every scheme alike: `gpt2` (token table N(0, init_std²), used as
 is) or `fairseq` (the baselines of Press et al. 2022, fairseq's `transformer_lm`: token table N(0, 1/D) times √D,
@@ -16,7 +18,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.attention import CausalSelfAttention
+from posenc_cli.attention import AttentionState, CausalSelfAttention
 from posenc_cli.config import Config, ModelConfig, PosConfig
 from posenc_cli.kv_cache import KVCache
 from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme
@@ -61,8 +63,9 @@ class Block(nn.Module):
         ctx: PositionContext,
         causal: bool = True,
         cache: KVCache | None = None,
+        state: AttentionState | None = None,
     ) -> Tensor:
-        x = x + self.attn(self.norm1(x), scheme, ctx, causal, cache)
+        x = x + self.attn(self.norm1(x), scheme, ctx, causal, cache, state)
         return x + self.mlp(self.norm2(x))
 
 
@@ -150,9 +153,10 @@ class GPT(nn.Module):
         if cache is not None:
             return self._forward_cached(idx, cache, position_ids)
         ctx = self.context(idx, position_ids)
+        state = AttentionState(self.scheme, ctx)  # the layers' shared tables and kernel choice
         x = self.embed(idx, ctx)  # (B, T, D)
         for block in self.blocks:
-            x = block(x, self.scheme, ctx, causal)
+            x = block(x, self.scheme, ctx, causal, state=state)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
 
     def new_cache(self) -> KVCache:
@@ -184,8 +188,9 @@ class GPT(nn.Module):
         padded = tokens.new_zeros(B, Tc + Tq, tokens.shape[-1])  # (B, Tc + Tq, D)
         padded[:, Tc:] = tokens
         x = self.scheme.embed(padded, ctx)[:, Tc:]  # (B, Tq, D)
+        state = AttentionState(self.scheme, ctx)
         for block in self.blocks:
-            x = block(x, self.scheme, ctx, True, cache)
+            x = block(x, self.scheme, ctx, True, cache, state)
         if ids is not None:
             cache.ids = ids
         return self.lm_head(self.norm_f(x))  # (B, Tq, V)

@@ -201,9 +201,13 @@ class KeyPlusRowBias(PositionalScheme):
     def key_bias(self, k_pos: Tensor, ctx: PositionContext) -> Tensor | None:
         return self.b[:, k_pos] if self.offer_key_bias else None
 
+    @property
+    def offers_key_bias(self) -> bool:
+        return self.offer_key_bias
+
 
 def _count_key_bias_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    import posenc_cli.attention as attention
+    import posenc_cli.attention.kernels as attention  # where the key-bias kernel looks it up
 
     calls = [0]
     real = attention.attend_key_bias
@@ -295,8 +299,8 @@ def test_alibi_key_bias_road_is_accurate_at_8192_tokens() -> None:
 
 
 def sdpa_dtypes(monkeypatch: pytest.MonkeyPatch) -> list[torch.dtype]:
-    """Record the dtype of q at every SDPA call of the attention module."""
-    import posenc_cli.attention as attention
+    """Record the dtype of q at every SDPA call of the attention kernels."""
+    import posenc_cli.attention.kernels as attention
 
     seen: list[torch.dtype] = []
     real = attention.F.scaled_dot_product_attention

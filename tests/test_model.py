@@ -32,9 +32,12 @@ def test_core_schemes_registered() -> None:
 
 @pytest.mark.parametrize("module", [posenc_cli.model, posenc_cli.attention])
 def test_model_code_names_no_scheme(module: object) -> None:
-    source = Path(module.__file__).read_text().lower()  # type: ignore[attr-defined]
-    for name in registry():
-        assert not re.search(rf"\b{re.escape(name.lower())}\b", source), f"'{name}' appears in {module}"
+    path = Path(module.__file__)  # type: ignore[attr-defined]
+    files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]  # a package: every module
+    for file in files:
+        source = file.read_text().lower()
+        for name in registry():
+            assert not re.search(rf"\b{re.escape(name.lower())}\b", source), f"'{name}' appears in {file}"
 
 
 def test_tied_embeddings_and_parameter_count() -> None:

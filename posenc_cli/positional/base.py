@@ -142,9 +142,16 @@ class PositionalScheme(nn.Module):
         """Optional fast form of hook (c), for causal attention: (H, Tk) or (B, H, Tk) fp32 b with, for every layer
         and j ≤ i, bias(layer, ...)[h, i, j] = b[h, j] + c_h(i) for some per-query constant c_h(i), which no softmax
         row sees. k_pos: (Tk,) key token indexes (ids: `ctx.ids_at(k_pos)`). The model may then add b to the scores
-        instead of calling `bias` (see `posenc_cli.attention`). Default None: not available; `bias` is used.
+        instead of calling `bias` (see `posenc_cli.attention`). Default None: not available; `bias` is used. A scheme
+        that overrides it `offers_key_bias` and must return a tensor.
         """
         return None
+
+    @property
+    def offers_key_bias(self) -> bool:
+        """Whether `key_bias` is available (the scheme overrides it): what the kernel choice reads, without calling
+        the hook (`posenc_cli.attention.choose`)."""
+        return type(self).key_bias is not PositionalScheme.key_bias
 
 
 def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:

@@ -179,11 +179,11 @@ def test_config_round_trip() -> None:
 
 
 def test_scores_are_built_chunk_by_chunk_within_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    from posenc_cli import attention
+    from posenc_cli.attention import choose, kernels
 
     B, H, T, hd = 2, 2, 40, 8
     shapes = []
-    merged = attention.merged_scores
+    merged = kernels.merged_scores
 
     def spy(*args: object) -> torch.Tensor:
         out = merged(*args)  # type: ignore[arg-type]
@@ -196,8 +196,8 @@ def test_scores_are_built_chunk_by_chunk_within_the_budget(monkeypatch: pytest.M
     ctx = PositionContext(positions=torch.arange(T))
     scheme.prepare(ctx)
     whole = attend(q, k, v, scheme, 0, ctx)
-    monkeypatch.setattr(attention, "merged_scores", spy)
-    monkeypatch.setattr(attention, "BIAS_CHUNK_BYTES", 2 * 4 * B * H * T * 6)  # two fp32 (B, H, 6, T) tensors
+    monkeypatch.setattr(kernels, "merged_scores", spy)
+    monkeypatch.setattr(choose, "BIAS_CHUNK_BYTES", 2 * 4 * B * H * T * 6)  # two fp32 (B, H, 6, T) tensors
     torch.testing.assert_close(attend(q, k, v, scheme, 0, ctx), whole, atol=1e-6, rtol=0)
     assert len(shapes) == 7 and max(s[2] for s in shapes) == 6  # ceil(40 / 6) chunks of at most 6 queries
     assert [s[3] for s in shapes] == [6, 12, 18, 24, 30, 36, 40]  # causal: chunk [s, e) sees keys [0, e)

@@ -1,38 +1,19 @@
-"""Causal multi-head self-attention with the positional hooks, memory-bounded when a scheme adds a score bias.
-
-Without a bias, attention is one fused `scaled_dot_product_attention` call with `is_causal=True`. With a bias, the
-causal mask is folded into the bias (−inf where key position > query position) and, once the (B, H, T, T) bias would
-exceed `BIAS_CHUNK_BYTES`, queries are processed in chunks: chunk c of queries [s, e) only sees keys [0, e), so no
-full-length score or bias tensor ever exists. The Python loop runs over chunks of queries, never over tokens.
-
-Key-only biases take a faster road. When a scheme's `key_bias` hook gives b_h(j) with bias_h(i, j) = b_h(j) + c_h(i)
-(e.g. a linear distance penalty −m_h·(i − j) = m_h·j − m_h·i), causal attention adds b to the scores through SDPA's
-fused causal kernel by augmenting the head dimension: q' = [q, 1], k' = [k, b·√hd], v' = [v, 0] (the fused CPU
-kernel needs equal head dims), with the scale 1/√hd passed explicitly, so q'·k'ᵀ/√hd = q·kᵀ/√hd + b_h(j); the
-per-row constant c_h(i) leaves each softmax row unchanged. No bias or mask tensor is built, and memory stays linear in
-T. This road is taken for fp32/fp64 on CPU (`KEY_BIAS_DEVICES`): the score then carries an absolute rounding error of
-about eps·max|b| (b is centred per head to halve it; a slope-1/2 penalty at T = 8192: ~2e-4, tested), too coarse in
-bf16, where the chunked path is used.
-
-Position ids (see `posenc_cli.positional.base`): the causal mask and the chunks follow token order, always; the
-bias hooks receive token indexes and read the chunk's ids from the context, so with per-token ids the chunked path
-still builds only (B, H, chunk, T) biases, and `key_bias` may be per row, (B, H, T).
-
-Position remapping (Self-Extend, ReRoPE: a scheme with `remap_window` W > 0): two score matrices, the normal one
-and the one of the scheme's remapped q and k, merged before the softmax (normal where the id distance i − j < W),
-computed in query chunks like the bias path (`attend_remapped`); ids spanning fewer than W positions take the plain
-road unchanged.
+"""Yesterday's attention, frozen: `posenc_cli/attention.py` as of commit b170c24 (unchanged up to f28e910), before
+the kernels were split out (issue #30 item 3), kept verbatim as the reference the kernels must equal bit for bit
+(`test_kernel_equivalence.py`). Only the docstrings and the layer's methods (turned into `legacy_forward`, which
+runs on a `CausalSelfAttention`'s own weights) differ from that file. Do not edit the maths here: it is what
+"behaviour unchanged" is measured against.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from posenc_cli.config import ModelConfig
 from posenc_cli.kv_cache import KVCache
 from posenc_cli.positional.base import PositionalScheme, PositionContext, per_head, relative_distance
 
@@ -300,80 +281,60 @@ def attend_key_bias(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor, dropout_p
     return out[..., :hd]  # (B, H, T, hd)
 
 
-class CausalSelfAttention(nn.Module):
-    """Fused QKV projection, scheme hooks on q/k, SDPA, output projection (`proj` is a residual projection)."""
+def legacy_length_scale(attn: Any, q: Tensor, ctx: PositionContext) -> Tensor:
+    """`CausalSelfAttention.length_scale` as it was."""
+    if attn.attn_scale == "logn":
+        if _LOGN not in ctx.tables:  # once per forward, shared by the layers
+            ctx.tables[_LOGN] = per_head(logn_factor(ctx.positions, attn.logn_length)[..., None])  # (.., T, 1)
+        return q * ctx.tables[_LOGN].to(q.dtype)
+    if attn.attn_scale == "ssmax":
+        if _SSMAX not in ctx.tables:  # once per forward, shared by the layers
+            ctx.tables[_SSMAX] = ssmax_factor(ctx.token_index).to(q.device)  # (T,)
+        factor = attn.ssmax_scale.float()[:, None, None] * ctx.tables[_SSMAX][:, None]  # (H, T, 1)
+        return q * factor.to(q.dtype)
+    return q
 
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
-        super().__init__()
-        self.layer = layer
-        self.n_head = cfg.n_head
-        self.head_dim = cfg.head_dim
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
-        self.dropout = cfg.dropout
-        self.resid_drop = nn.Dropout(cfg.dropout)
-        self.chunk_size: int | None = None  # None: from BIAS_CHUNK_BYTES; tests force small chunks
-        self.attn_scale = cfg.attn_scale
-        self.logn_length = cfg.logn_length
-        # s_h, initialised to 1/log L so that s·log n = 1 at the training length: posenc's choice, citing nothing (the
-        # SSMax paper, arXiv 2501.19399, learns s per layer and head and states no initial value; its figure uses 0.43)
-        if cfg.attn_scale == "ssmax":
-            self.ssmax_scale = nn.Parameter(torch.full((cfg.n_head,), 1.0 / math.log(max(cfg.logn_length, 2))))
 
-    def length_scale(self, q: Tensor, ctx: PositionContext) -> Tensor:
-        """q (B, H, T, hd) times the query's logit factor under `model.attn_scale` (q itself for `none`)."""
-        if self.attn_scale == "logn":
-            if _LOGN not in ctx.tables:  # once per forward, shared by the layers
-                ctx.tables[_LOGN] = per_head(logn_factor(ctx.positions, self.logn_length)[..., None])  # (.., T, 1)
-            return q * ctx.tables[_LOGN].to(q.dtype)
-        if self.attn_scale == "ssmax":
-            if _SSMAX not in ctx.tables:  # once per forward, shared by the layers
-                ctx.tables[_SSMAX] = ssmax_factor(ctx.token_index).to(q.device)  # (T,)
-            factor = self.ssmax_scale.float()[:, None, None] * ctx.tables[_SSMAX][:, None]  # (H, T, 1)
-            return q * factor.to(q.dtype)
-        return q
+def legacy_qkv_heads(
+    attn: Any, x: Tensor, scheme: PositionalScheme, ctx: PositionContext, cache: KVCache | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`CausalSelfAttention.qkv_heads` as it was."""
+    B, T, D = x.shape
+    q, k, v = attn.qkv(x).split(D, dim=2)  # 3 × (B, T, D)
+    q = q.view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)  # (B, H, T, hd)
+    k = k.view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)  # (B, H, T, hd)
+    v = v.view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)  # (B, H, T, hd)
+    if cache is not None:
+        k, v = cache.append(attn.layer, k, v)  # (B, H, Tc + T, hd), unrotated keys
+        if k.shape[2] > T:  # rotate q at the new tokens' positions: rows line up with the context's
+            q = torch.cat([q.new_zeros(B, attn.n_head, k.shape[2] - T, attn.head_dim), q], dim=2)
+    q, k = scheme.rotate(q, k, ctx)
+    return legacy_length_scale(attn, q, ctx), k, v
 
-    def qkv_heads(
-        self, x: Tensor, scheme: PositionalScheme, ctx: PositionContext, cache: KVCache | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """x (B, T, D) -> q, k, v (B, H, T, hd), with q and k already rotated by the scheme (and q length-scaled).
 
-        With a cache, x holds the Tq new tokens: their unrotated k, v join the cache, and k, v are returned for all
-        Tc + Tq tokens; q is returned for all of them too, its first Tc rows zero (only the last Tq are used).
-        """
-        B, T, D = x.shape
-        q, k, v = self.qkv(x).split(D, dim=2)  # 3 × (B, T, D)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        if cache is not None:
-            k, v = cache.append(self.layer, k, v)  # (B, H, Tc + T, hd), unrotated keys
-            if k.shape[2] > T:  # rotate q at the new tokens' positions: rows line up with the context's
-                q = torch.cat([q.new_zeros(B, self.n_head, k.shape[2] - T, self.head_dim), q], dim=2)
-        q, k = scheme.rotate(q, k, ctx)
-        return self.length_scale(q, ctx), k, v
-
-    def forward(
-        self,
-        x: Tensor,
-        scheme: PositionalScheme,
-        ctx: PositionContext,
-        causal: bool = True,
-        cache: KVCache | None = None,
-    ) -> Tensor:
-        B, T, D = x.shape
-        q, k, v = self.qkv_heads(x, scheme, ctx, cache)
-        y = attend(
-            q,
-            k,
-            v,
-            scheme,
-            self.layer,
-            ctx,
-            causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            chunk_size=self.chunk_size,
-            q_start=q.shape[2] - T,
-        )  # (B, H, T, hd)
-        y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
-        return self.resid_drop(self.proj(y))
+def legacy_forward(
+    attn: Any,
+    x: Tensor,
+    scheme: PositionalScheme,
+    ctx: PositionContext,
+    causal: bool = True,
+    cache: KVCache | None = None,
+    state: object = None,
+) -> Tensor:
+    """`CausalSelfAttention.forward` as it was (`state`, which it did not have, is ignored)."""
+    B, T, D = x.shape
+    q, k, v = legacy_qkv_heads(attn, x, scheme, ctx, cache)
+    y = attend(
+        q,
+        k,
+        v,
+        scheme,
+        attn.layer,
+        ctx,
+        causal=causal,
+        dropout_p=attn.dropout if attn.training else 0.0,
+        chunk_size=attn.chunk_size,
+        q_start=q.shape[2] - T,
+    )  # (B, H, T, hd)
+    y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+    return attn.resid_drop(attn.proj(y))

@@ -1,0 +1,60 @@
+"""Causal multi-head self-attention with the positional hooks: kernels apart from the layer, chosen once per forward.
+
+- `layer.CausalSelfAttention`: the module (QKV projection, the scheme's `rotate` on q and k, the length scale,
+  output projection). It names no road: it asks the forward's state for a kernel and calls it.
+- `state.AttentionState`: what one forward's layers share (scheme, position context, the tensors built once: a
+  key-only bias, shared masks, length-scale factors) as typed fields, and the kernels chosen for it.
+- `choose.choose_kernel(KernelSpec)`: a pure function from the facts (the scheme's hooks, q's dtype, device,
+  gradient and shape, causal, the KV cache's first query row, forced chunking) to a kernel; `choose.describe`
+  gathers them. The device and memory policy (`BIAS_CHUNK_BYTES`, `KEY_BIAS_DEVICES`, `FP32_GRAD_DEVICES`) lives
+  there.
+- `kernels`: the roads, one class each with one interface, `kernel(q, k, v, state, layer)`: fused SDPA, the
+  key-bias road, a shared mask, the chunked bias path, query rows for the KV cache, position remapping, and the
+  fp32 wrapper for bf16 training on CPU. Memory stays bounded when a scheme adds a score bias (query chunks of
+  `BIAS_CHUNK_BYTES`).
+
+Where the next schemes plug in: a layer whose attention span is a sliding window or fixed chunks is a spec field
+(the layer's span) and kernels that mask by it; a scheme that owns the normaliser (stick-breaking, a forget gate's
+bias, SSMax's scale) declares it as a hook the spec records, and `choose_kernel` routes it to a kernel that calls
+the scheme, before every fused road. The state is per forward, so per-layer schemes or tables are per-layer fields.
+"""
+
+from __future__ import annotations
+
+from posenc_cli.attention.choose import (
+    BIAS_CHUNK_BYTES,
+    FP32_GRAD_DEVICES,
+    FP32_GRAD_MAX_LEN,
+    KEY_BIAS_DEVICES,
+    KernelSpec,
+    attend,
+    bias_chunk_size,
+    choose_kernel,
+    describe,
+    remap_applies,
+)
+from posenc_cli.attention.kernels import Kernel, attend_key_bias, fold_causal_mask, merged_scores
+from posenc_cli.attention.layer import CausalSelfAttention
+from posenc_cli.attention.scale import logn_factor, ssmax_factor
+from posenc_cli.attention.state import AttentionState
+
+__all__ = [
+    "BIAS_CHUNK_BYTES",
+    "FP32_GRAD_DEVICES",
+    "FP32_GRAD_MAX_LEN",
+    "KEY_BIAS_DEVICES",
+    "AttentionState",
+    "CausalSelfAttention",
+    "Kernel",
+    "KernelSpec",
+    "attend",
+    "attend_key_bias",
+    "bias_chunk_size",
+    "choose_kernel",
+    "describe",
+    "fold_causal_mask",
+    "logn_factor",
+    "merged_scores",
+    "remap_applies",
+    "ssmax_factor",
+]

@@ -1,0 +1,196 @@
+"""Which attention kernel a layer runs: `choose_kernel(spec)`, a pure function of one `KernelSpec`.
+
+`describe` gathers the spec from the scheme's hooks, the context and q (dtype, device, whether it needs a gradient,
+its shape) plus the layer's settings; `AttentionState.kernel` calls `choose_kernel` once per distinct spec and
+forward. The device and memory policy the choice follows is written here, as data:
+
+- `BIAS_CHUNK_BYTES`: budget for one chunk's fp32 bias, (B, H, chunk, T) · 4 bytes. SDPA's math path allocates a
+  few tensors of the same size (scores, softmax), so the transient peak is a small multiple of this.
+- `KEY_BIAS_DEVICES`: where an offered `key_bias` replaces the chunked bias path (fp32/fp64 only; see
+  `kernels.KeyBias`).
+- `FP32_GRAD_DEVICES`, `FP32_GRAD_MAX_LEN`: where SDPA's backward is slower in bf16 than in fp32, training under
+  bf16 autocast attends in fp32 (forward-only calls stay in bf16). PyTorch's fused CPU kernel, AMD EPYC with
+  AVX512-BF16, H=4, hd=32, one thread, forward and backward: bf16 took 2.7x the fp32 time at T=64, 1.9x at 128, 1.3x
+  at 256, 1.0x at 512 and 0.7x at 1024 (so up to FP32_GRAD_MAX_LEN only); a model=tiny training step at T=128 drops
+  to 0.64-0.74x (benchmarks/ab_step.py).
+
+A new road is a new kernel class and one more rule here; a spec field is added only for a fact the rule reads
+(a layer's attention span, a scheme that owns the normaliser, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from posenc_cli.attention.kernels import (
+    ChunkedBias,
+    Fused,
+    InFp32,
+    Kernel,
+    KeyBias,
+    LastRow,
+    Remapped,
+    Rows,
+    SharedMask,
+)
+from posenc_cli.attention.state import AttentionState
+from posenc_cli.positional.base import PositionalScheme, PositionContext
+
+BIAS_CHUNK_BYTES = 64 * 2**20
+KEY_BIAS_DEVICES: tuple[str, ...] = ("cpu",)
+FP32_GRAD_DEVICES: tuple[str, ...] = ("cpu",)
+FP32_GRAD_MAX_LEN = 256
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Every fact the kernel choice reads, for one layer of one forward.
+
+    has_bias, bias_shared, offers_key_bias: the scheme's `has_bias`, `bias_shared_across_layers`, `offers_key_bias`.
+    remap: the scheme remaps positions and some pair of this forward's ids is at least its window apart.
+    dtype, device, needs_grad: q's dtype, device type and `requires_grad`. batch, n_head, seq_len: q's (B, H, T).
+    causal; q_start: first query row computed (> 0: KV-cache decoding); chunk_size: queries per chunk forced on the
+    bias path (None: from `BIAS_CHUNK_BYTES`, or the key-bias road where it applies); dropout_p.
+    """
+
+    has_bias: bool
+    dtype: torch.dtype
+    device: str
+    seq_len: int
+    batch: int = 1
+    n_head: int = 1
+    needs_grad: bool = False
+    bias_shared: bool = False
+    offers_key_bias: bool = False
+    remap: bool = False
+    causal: bool = True
+    q_start: int = 0
+    chunk_size: int | None = None
+    dropout_p: float = 0.0
+
+
+def choose_kernel(spec: KernelSpec) -> Kernel:
+    """The attention kernel for `spec` (the rules in order; the first that applies wins)."""
+    if attends_in_fp32(spec):
+        return InFp32(choose_kernel(replace(spec, dtype=torch.float32)))
+    if spec.remap:
+        chunk = queries_per_chunk(spec, BIAS_CHUNK_BYTES // 2)  # two fp32 score tensors per chunk
+        return Remapped(chunk, causal=spec.causal, dropout_p=spec.dropout_p, q_start=spec.q_start)
+    if spec.q_start:
+        if spec.seq_len - spec.q_start == 1 and not spec.has_bias:  # one query row: it sees every key
+            return LastRow(spec.q_start, dropout_p=spec.dropout_p)
+        return Rows(spec.q_start, dropout_p=spec.dropout_p)
+    if not spec.has_bias:
+        return Fused(causal=spec.causal, dropout_p=spec.dropout_p)
+    if key_bias_applies(spec):
+        return KeyBias(dropout_p=spec.dropout_p)
+    chunk = queries_per_chunk(spec)
+    if chunk >= spec.seq_len and spec.bias_shared:  # one chunk: build bias + mask once per forward
+        return SharedMask(causal=spec.causal, dropout_p=spec.dropout_p)
+    return ChunkedBias(chunk, causal=spec.causal, dropout_p=spec.dropout_p)
+
+
+def attends_in_fp32(spec: KernelSpec) -> bool:
+    """bf16 that needs gradients on `FP32_GRAD_DEVICES`, at most `FP32_GRAD_MAX_LEN` long (see the module doc)."""
+    return (
+        spec.needs_grad
+        and spec.dtype == torch.bfloat16
+        and spec.device in FP32_GRAD_DEVICES
+        and spec.seq_len <= FP32_GRAD_MAX_LEN
+    )
+
+
+def key_bias_applies(spec: KernelSpec) -> bool:
+    """Whether the key-bias road is taken: a causal full forward whose bias the scheme offers as `key_bias`, no
+    forced chunking, and a dtype and device where it is precise and fast (fp32/fp64 on `KEY_BIAS_DEVICES`)."""
+    return (
+        spec.offers_key_bias
+        and spec.causal
+        and spec.chunk_size is None
+        and spec.device in KEY_BIAS_DEVICES
+        and spec.dtype in (torch.float32, torch.float64)
+    )
+
+
+def queries_per_chunk(spec: KernelSpec, budget: int | None = None) -> int:
+    """The forced `chunk_size`, else as many queries as fit in `budget` (`bias_chunk_size`)."""
+    if spec.chunk_size is not None:
+        return spec.chunk_size
+    return bias_chunk_size(spec.batch, spec.n_head, spec.seq_len, budget)
+
+
+def bias_chunk_size(batch: int, n_head: int, k_len: int, budget: int | None = None) -> int:
+    """Queries per chunk so that a (batch, n_head, chunk, k_len) fp32 tensor fits in `budget` (BIAS_CHUNK_BYTES)."""
+    budget = BIAS_CHUNK_BYTES if budget is None else budget
+    return max(1, budget // (4 * batch * n_head * k_len))
+
+
+def remap_applies(window: int, ctx: PositionContext, min_id: int | None = None) -> bool:
+    """Whether some pair of ids is at least `window` apart (else every pair takes the normal score: plain road).
+    `min_id`: the smallest id when already known (`AttentionState.min_id`), else read from the ids."""
+    if ctx.max_position is None:
+        return ctx.seq_len > window  # ids 0..T−1: the largest distance is T − 1
+    lo = int(ctx.positions.min()) if min_id is None else min_id
+    return ctx.max_position - lo >= window
+
+
+def describe(
+    state: AttentionState,
+    q: Tensor,
+    *,
+    causal: bool = True,
+    q_start: int = 0,
+    chunk_size: int | None = None,
+    dropout_p: float = 0.0,
+) -> KernelSpec:
+    """The `KernelSpec` of attending with q (B, H, T, hd) under `state`'s scheme and context."""
+    scheme, ctx = state.scheme, state.ctx
+    window = scheme.remap_window
+    min_id = state.min_id() if window and ctx.max_position is not None else None  # one host sync per forward
+    remap = bool(window) and remap_applies(window, ctx, min_id)
+    B, H, T, _ = q.shape
+    return KernelSpec(
+        has_bias=scheme.has_bias,
+        dtype=q.dtype,
+        device=q.device.type,
+        seq_len=T,
+        batch=B,
+        n_head=H,
+        needs_grad=q.requires_grad,
+        bias_shared=scheme.bias_shared_across_layers,
+        offers_key_bias=scheme.offers_key_bias,
+        remap=remap,
+        causal=causal,
+        q_start=q_start,
+        chunk_size=chunk_size,
+        dropout_p=dropout_p,
+    )
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scheme: PositionalScheme,
+    layer: int,
+    ctx: PositionContext,
+    *,
+    causal: bool = True,
+    dropout_p: float = 0.0,
+    chunk_size: int | None = None,
+    q_start: int = 0,
+    state: AttentionState | None = None,
+) -> Tensor:
+    """softmax(q·kᵀ/√hd + bias + mask)·v for q, k, v (B, H, T, hd) -> (B, H, T − q_start, hd), through the kernel
+    that `choose_kernel` picks for this call (`state`: the forward's, whose kernels and tables it reuses; None: a
+    fresh one for `scheme` and `ctx`).
+
+    `chunk_size` forces the number of queries per chunk on the bias path. `q_start` > 0 (decoding with a KV cache,
+    causal): only the query rows [q_start, T) are computed, against every key (rows before q_start are ignored).
+    """
+    state = AttentionState(scheme, ctx) if state is None else state
+    spec = describe(state, q, causal=causal, q_start=q_start, chunk_size=chunk_size, dropout_p=dropout_p)
+    return state.kernel(spec)(q, k, v, state, layer)

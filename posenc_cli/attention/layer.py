@@ -1,0 +1,105 @@
+"""The attention layer: fused QKV projection, the scheme's hooks on q and k, the forward's kernel, output projection."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from posenc_cli.attention.choose import attend
+from posenc_cli.attention.state import AttentionState
+from posenc_cli.config import ModelConfig
+from posenc_cli.kv_cache import KVCache
+from posenc_cli.positional.base import PositionalScheme, PositionContext
+
+
+class CausalSelfAttention(nn.Module):
+    """Fused QKV projection, scheme hooks on q/k, the chosen attention kernel, output projection (`proj` is a
+    residual projection)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_head = cfg.n_head
+        self.head_dim = cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.dropout = cfg.dropout
+        self.resid_drop = nn.Dropout(cfg.dropout)
+        self.chunk_size: int | None = None  # None: from BIAS_CHUNK_BYTES; tests force small chunks
+        self.attn_scale = cfg.attn_scale
+        self.logn_length = cfg.logn_length
+        # s_h, initialised to 1/log L so that s·log n = 1 at the training length: posenc's choice, citing nothing (the
+        # SSMax paper, arXiv 2501.19399, learns s per layer and head and states no initial value; its figure uses 0.43)
+        if cfg.attn_scale == "ssmax":
+            self.ssmax_scale = nn.Parameter(torch.full((cfg.n_head,), 1.0 / math.log(max(cfg.logn_length, 2))))
+
+    def length_scale(self, q: Tensor, state: AttentionState) -> Tensor:
+        """q (B, H, T, hd) times the query's logit factor under `model.attn_scale` (q itself for `none`)."""
+        if self.attn_scale == "logn":
+            return q * state.logn(self.logn_length).to(q.dtype)
+        if self.attn_scale == "ssmax":
+            factor = self.ssmax_scale.float()[:, None, None] * state.ssmax()[:, None]  # (H, T, 1)
+            return q * factor.to(q.dtype)
+        return q
+
+    def qkv_heads(
+        self,
+        x: Tensor,
+        scheme: PositionalScheme,
+        ctx: PositionContext,
+        cache: KVCache | None = None,
+        state: AttentionState | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, D) -> q, k, v (B, H, T, hd), with q and k already rotated by the scheme (and q length-scaled).
+
+        With a cache, x holds the Tq new tokens: their unrotated k, v join the cache, and k, v are returned for all
+        Tc + Tq tokens; q is returned for all of them too, its first Tc rows zero (only the last Tq are used).
+        `state`: the forward's attention state (its length-scale tables are reused); None: built for this call.
+        """
+        state = AttentionState(scheme, ctx) if state is None else state
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).split(D, dim=2)  # 3 × (B, T, D)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        if cache is not None:
+            k, v = cache.append(self.layer, k, v)  # (B, H, Tc + T, hd), unrotated keys
+            if k.shape[2] > T:  # rotate q at the new tokens' positions: rows line up with the context's
+                q = torch.cat([q.new_zeros(B, self.n_head, k.shape[2] - T, self.head_dim), q], dim=2)
+        q, k = scheme.rotate(q, k, ctx)
+        return self.length_scale(q, state), k, v
+
+    def forward(
+        self,
+        x: Tensor,
+        scheme: PositionalScheme,
+        ctx: PositionContext,
+        causal: bool = True,
+        cache: KVCache | None = None,
+        state: AttentionState | None = None,
+    ) -> Tensor:
+        """x (B, T, D) -> (B, T, D). `state`: the forward's `AttentionState` (`GPT.forward` passes one to every
+        layer, so tables and the kernel choice are shared); None: a fresh one for this call."""
+        if state is None:
+            state = AttentionState(scheme, ctx)
+        elif state.scheme is not scheme or state.ctx is not ctx:
+            raise ValueError("the attention state belongs to another scheme or forward")
+        B, T, D = x.shape
+        q, k, v = self.qkv_heads(x, scheme, ctx, cache, state)
+        y = attend(
+            q,
+            k,
+            v,
+            scheme,
+            self.layer,
+            ctx,
+            causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            chunk_size=self.chunk_size,
+            q_start=q.shape[2] - T,
+            state=state,
+        )  # (B, H, T, hd)
+        y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+        return self.resid_drop(self.proj(y))
