@@ -31,12 +31,14 @@ own, so no second tokenizer is involved; (3) the reference's long context is the
 protocol's window (sliding, fixed-target) or stream (nonoverlap, streaming), so LongPPL is a metric of each
 protocol; (4) block = L // 4 follows the reference's sliding_window / trunc_len = 1024 / 4096.
 
-A run trained with randomized positions feeds its short windows sorted draws from its range, from the generator
-of length L (`positions.Positions.generator`), separate from the long windows' so their draws do not change.
+A run trained with randomized positions feeds its short windows sorted draws of L ids from its range, as it was
+trained, from a generator of their own (`short_generator`, seeded by the cell's seed and L), so the long windows'
+draws are those of an evaluation without LongPPL.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -60,6 +62,7 @@ __all__ = [
     "short_block",
     "short_blocks",
     "short_context_nll",
+    "short_generator",
 ]
 
 ALPHA = 2.0  # LSD threshold, PKU-ML/LongPPL longppl/longppl.py:22
@@ -129,6 +132,13 @@ class KeyTokenSum:
     def result(self) -> dict[str, Any]:
         """{"longppl": exp(mean key-token NLL) or None without key tokens, "key_tokens": their count}."""
         return {"longppl": math.exp(self.nll / self.count) if self.count else None, "key_tokens": self.count}
+
+
+def short_generator(positions: Positions, train_length: int) -> torch.Generator:
+    """The generator of a cell's short windows' position ids, in window order: seeded by (seed, L), apart from
+    `Positions.generator`'s."""
+    digest = hashlib.sha256(f"posenc-longppl-short-positions:{positions.seed}:{train_length}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
 
 
 def short_context_nll(

@@ -2,9 +2,9 @@
 
 The file holds one doc (`new_results_doc`): schema_version, run, scheme, train_length, base_length and a list of
 `entries`, one per measurement (protocol, stride, length, tokens, dtype, data fingerprint, status, ppl...). Two
-entries measure the same thing when their `entry_key` agrees; `merge_entry` replaces a stored entry with the same key
-(in place, keeping its position) and appends any other, so a new measurement keeps every other stored entry.
-`pick_entries` selects the most recent matching entry per length, for compare/sweep code reading stored results.
+entries measure the same thing when their `entry_key` agrees; `update_results_file` replaces a stored entry with the
+same key (in place, keeping its position) and appends any other, so a new measurement keeps every other stored entry.
+`pick_entries` selects the most recent matching entry per length (used by tests only; to be removed with them).
 
 A stored doc is read through `read_results_file`: an absent file is None, while invalid JSON, a doc without an
 `entries` list or another schema_version raise `CheckpointError`. Writes are atomic (`fsutil.atomic_write_json`).
@@ -69,7 +69,6 @@ __all__ = [
     "corpus_key",
     "entry_key",
     "load_results",
-    "merge_entry",
     "new_results_doc",
     "pick_entries",
     "positions_key",
@@ -227,18 +226,6 @@ def update_results_file(
             atomic_write_json(path, doc)
     except Timeout as e:
         raise UserError(f"{path} stayed locked by another process for {LOCK_TIMEOUT_S:.0f} s; try again") from e
-    return doc
-
-
-def merge_entry(doc: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
-    """Replace the entry with the same key (in place, keeping its position) or append; returns `doc`."""
-    key = entry_key(entry)
-    entries = doc["entries"]
-    for i, old in enumerate(entries):
-        if entry_key(old) == key:
-            entries[i] = entry
-            return doc
-    entries.append(entry)
     return doc
 
 

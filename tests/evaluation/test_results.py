@@ -1,4 +1,4 @@
-"""The results file eval/extrapolate.json: entry keys, merge in place, latest entry per length, safe reading."""
+"""The results file eval/extrapolate.json: entry keys, merge in place under the lock, safe reading."""
 
 from __future__ import annotations
 
@@ -8,25 +8,26 @@ import pytest
 
 from posenc_cli.errors import CheckpointError
 from posenc_cli.evaluation import results as er
+from posenc_cli.fsutil import atomic_write_json
+
+CKPT = {"step": 1, "model_sha256": "a" * 64}
 
 
-def test_merge_entry_keys() -> None:
-    base = {"protocol": "nonoverlap", "stride": None, "length": 8, "tokens": 64, "dtype": "fp32"}
-    doc = {"entries": [{**base, "data": {"fingerprint": "a"}, "ppl": 1.0}]}
-    er.merge_entry(doc, {**base, "data": {"fingerprint": "a"}, "ppl": 2.0})
-    assert [e["ppl"] for e in doc["entries"]] == [2.0]
-    er.merge_entry(doc, {**base, "dtype": "bf16", "data": {"fingerprint": "a"}, "ppl": 3.0})
-    er.merge_entry(doc, {**base, "data": {"fingerprint": "b"}, "ppl": 4.0})
-    assert [e["ppl"] for e in doc["entries"]] == [2.0, 3.0, 4.0]
+def merged(path: Path, *entries: dict) -> list[dict]:
+    """The stored entries after merging `entries` one at a time, as every evaluation writes them."""
+    for entry in entries:
+        doc = er.update_results_file(path, "eval-extrapolate", {}, [entry], key=er.entry_key, checkpoint=CKPT)
+    return doc["entries"]
 
 
-def test_pick_entries_latest_per_length() -> None:
-    def e(length: int, created: str, protocol: str = "nonoverlap") -> dict:
-        return {"protocol": protocol, "stride": None, "length": length, "dtype": "fp32", "created": created}
-
-    doc = {"entries": [e(8, "2024-01-01"), e(8, "2024-02-01"), e(16, "2024-01-01"), e(8, "2025", "sliding")]}
-    picked = er.pick_entries(doc)
-    assert [(x["length"], x["created"]) for x in picked] == [(8, "2024-02-01"), (16, "2024-01-01")]
+def test_update_replaces_the_same_key_in_place_and_appends_others(tmp_path: Path) -> None:
+    base = {"protocol": "nonoverlap", "stride": None, "length": 8, "tokens": 64, "dtype": "fp32", "checkpoint": CKPT}
+    path = tmp_path / "extrapolate.json"
+    a, b = {**base, "data": {"fingerprint": "a"}}, {**base, "data": {"fingerprint": "b"}}
+    assert [e["ppl"] for e in merged(path, {**a, "ppl": 1.0}, {**a, "ppl": 2.0})] == [2.0]
+    merged(path, {**a, "dtype": "bf16", "ppl": 3.0})
+    stored = merged(path, {**b, "ppl": 4.0}, {**a, "ppl": 5.0})
+    assert [e["ppl"] for e in stored] == [5.0, 3.0, 4.0]
 
 
 def test_load_results_errors(tmp_path: Path) -> None:
@@ -48,7 +49,7 @@ def test_read_results_file_refuses_other_documents(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="schema_version 99 is not 1"):
         er.read_results_file(path, "eval-extrapolate")
     doc = er.new_results_doc("r", "rope", 128, 128)
-    er.save_results(tmp_path, doc)
+    atomic_write_json(er.results_path(tmp_path), doc)
     assert er.read_results_file(er.results_path(tmp_path), "eval-extrapolate") == doc
 
 
@@ -67,8 +68,8 @@ def test_window_scores_are_token_weighted() -> None:
     assert overflow["ppl"] == math.inf and overflow["bpb"] is None
 
 
-def test_key_holds_corpus_name_positions_and_precision_and_old_entries_read_as_they_were() -> None:
-    base = {"protocol": "nonoverlap", "stride": None, "length": 8, "tokens": 64, "dtype": "fp32"}
+def test_key_holds_corpus_name_positions_and_precision_and_old_entries_read_as_they_were(tmp_path: Path) -> None:
+    base = {"protocol": "nonoverlap", "stride": None, "length": 8, "tokens": 64, "dtype": "fp32", "checkpoint": CKPT}
     old = {**base, "data": {"name": "stdlib", "fingerprint": "a"}}  # written before `positions` was recorded
     sequential = {**old, "positions": {"mode": "sequential"}}
     assert er.entry_key(old) == er.entry_key(sequential) and er.positions_key(old) == ("sequential", None, None)
@@ -78,13 +79,8 @@ def test_key_holds_corpus_name_positions_and_precision_and_old_entries_read_as_t
     keys = {er.entry_key(e) for e in (old, random, renamed, bf16)}
     assert len(keys) == 4
     assert len({er.cell_group(e) for e in (old, {**old, "length": 16, "tokens": 128})}) == 1  # one row, two lengths
-    doc: dict = {"entries": []}
-    for e in (old, random, renamed, bf16):
-        er.merge_entry(doc, e)
-    assert len(doc["entries"]) == 4
-    picked = er.pick_entries(doc, data_name="text:held_out.txt")
-    assert [x["data"]["name"] for x in picked] == ["text:held_out.txt"]
-    assert er.pick_entries(doc, positions="random") == [random]
+    stored = merged(tmp_path / "extrapolate.json", old, random, renamed, bf16, sequential)
+    assert stored == [sequential, random, renamed, bf16]  # four cells; `sequential` replaced `old`, its same key
 
 
 def test_cell_status_tells_old_na_entries_apart() -> None:

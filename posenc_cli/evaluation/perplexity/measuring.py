@@ -17,7 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc_cli.errors import LengthBeyondScheme
-from posenc_cli.evaluation.longppl import KeyTokens, KeyTokenSum, candidate_positions, short_context_nll
+from posenc_cli.evaluation.longppl import (
+    KeyTokens,
+    KeyTokenSum,
+    candidate_positions,
+    short_context_nll,
+    short_generator,
+)
 from posenc_cli.evaluation.perplexity.planning import no_window_reason, plan_windows, resolve_stride
 from posenc_cli.evaluation.positions import Positions
 from posenc_cli.evaluation.results import Protocol, window_scores
@@ -73,8 +79,8 @@ def evaluate_model(
     n_bytes = 0
     candidates = candidate_positions(length, S, key_tokens.train_length) if key_tokens is not None else None
     keys = KeyTokenSum()
-    short_generator = (
-        positions.generator(key_tokens.train_length)
+    short_ids = (
+        short_generator(positions, key_tokens.train_length)
         if key_tokens is not None and positions is not None and positions.random
         else None
     )
@@ -110,7 +116,7 @@ def evaluate_model(
                         dtype=dtype,
                         device=device,
                         positions=positions,
-                        generator=short_generator,
+                        generator=short_ids,
                     )
                     keys.add(long_nll, short_nll, key_tokens)  # type: ignore[arg-type]
                 if token_bytes is not None:
