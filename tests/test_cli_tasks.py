@@ -88,6 +88,8 @@ def test_unknown_task_is_one_line(tmp_path: Path) -> None:
         (["--sizes", "keys=100"], "--sizes keys must be at most 40"),
         (["--sizes", "hops"], "expected name=integer pairs"),
         (["--sizes", "colours=2"], "unknown size 'colours'"),
+        (["--sizes", "common_freq=1"], "common_freq (1) must exceed uncommon_freq (1)"),
+        (["--threshold", "85.6"], "--threshold must be a score in [0, 1], got 85.6"),
     ],
 )
 def test_hostile_flags_are_one_line_and_write_nothing(tmp_path: Path, flags: list[str], message: str) -> None:
@@ -98,3 +100,46 @@ def test_hostile_flags_are_one_line_and_write_nothing(tmp_path: Path, flags: lis
     assert message in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
     assert list(tmp_path.rglob("*")) == [run]
+
+
+def test_eval_tasks_scores_cwe_fwe_and_kv_with_effective_length(tmp_path: Path) -> None:
+    """The aggregation tasks and key-value retrieval from the CLI on a tiny rope model: CWE and FWE one cell per
+    length (no depth), KV one per depth; a length too short for a task is n/a with what it needs; the effective
+    length follows --threshold."""
+    run = tmp_path / "run"
+    data = ["data=tasks", "data.episodes=200", "data.min_len=200", "data.max_len=300", "train.steps=2"]
+    data += ["data.tasks=[kv-retrieval]"]
+    data += ["train.batch_size=2", "train.eval_every=100", "pos=rope"]
+    trained = runner.invoke(app, ["train", *TINY, *data, "--out", str(run)])
+    assert trained.exit_code == 0, trained.output
+    args = [str(run), "--tasks", "common-words,frequent-words,kv-retrieval", "--abs-lengths", "256,1024"]
+    args += ["--depths", "0,0.5,1", "--trials", "2", "--device", "cpu", "--json", str(tmp_path / "t.json")]
+    result = runner.invoke(app, ["eval-tasks", *args, "--threshold", "0"], terminal_width=250)
+    assert result.exit_code == 0, result.output
+    entries = json.loads((tmp_path / "t.json").read_text())["runs"][0]["entries"]
+    cells = {(e["task"], e["length"], e["depth"]): e for e in entries}
+    assert len(entries) == len(cells) == 2 + 2 + 2 * 3
+    assert {d for t, _, d in cells if t != "kv-retrieval"} == {None}  # RULER's CWE and FWE have no depth
+    for task in ("common-words", "frequent-words"):  # 256 tokens hold neither (byte tokens), 1024 both
+        assert cells[task, 256, None]["status"] == "n/a" and "shorter than the smallest prompt" in str(
+            cells[task, 256, None]["reason"]
+        )
+        assert cells[task, 1024, None]["status"] == "ok"
+    assert {(e["task"], e["generate"]) for e in entries} == {
+        ("common-words", 120),
+        ("frequent-words", 50),
+        ("kv-retrieval", 128),
+    }
+    ok = [e for e in entries if e["status"] == "ok"]
+    assert len(ok) == 2 + 6 and all(0.0 <= e["score"] <= 1.0 and e["samples"] for e in ok)
+    assert cells["common-words", 1024, None]["sizes"] == {"common": 10, "common_freq": 6, "uncommon_freq": 1}
+    text = " ".join(result.output.split())
+    assert "common-words · RULER score" in text and "kv-retrieval · RULER score" in text
+    assert "effective (≥ 0%)" in text and "≥ 1024" in text  # every measured length passes a 0 threshold
+    assert "n/a for run (rope) at 256: length 256 is shorter than the smallest prompt" in text
+
+    strict = runner.invoke(app, ["eval-tasks", *args[:-2], "--threshold", "1.0"], terminal_width=250)
+    assert strict.exit_code == 0 and "10 of 10 cells reused" in strict.output  # a report setting, not a cell's
+    kv = json.loads((tmp_path / "t.json").read_text())["runs"][0]["entries"]
+    scores = [e["score"] for e in kv if e["task"] == "kv-retrieval" and e["length"] == 256]
+    assert ("none" in strict.output) == (sum(scores) / len(scores) < 1.0)

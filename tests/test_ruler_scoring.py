@@ -56,9 +56,13 @@ def test_default_sizes_are_rulers() -> None:
 
 
 def test_generation_budget_per_task_is_rulers() -> None:
-    # scripts/data/synthetic/constants.py: tokens_to_generate 128 for niah, 30 for variable_tracking
+    # scripts/data/synthetic/constants.py: tokens_to_generate 128 for niah, 30 for variable_tracking, 120 for
+    # common_words_extraction, 50 for freq_words_extraction; kv-retrieval retrieves one value as niah does
     budgets = {name: task.tokens_to_generate for name, task in registry().items()}
     assert budgets == {
+        "common-words": 120,
+        "frequent-words": 50,
+        "kv-retrieval": 128,
         "niah-multikey": 128,
         "niah-multiquery": 128,
         "niah-multivalue": 128,

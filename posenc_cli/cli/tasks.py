@@ -25,6 +25,7 @@ from posenc_cli.cli.evaluate import (
     set_grid,
 )
 from posenc_cli.errors import ConfigError
+from posenc_cli.report.effective_length import RULER_THRESHOLD, effective_length
 from posenc_cli.run.device import resolve_device
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ _EXAMPLES = """
   posenc eval-tasks RUN --tasks niah-single --haystack corpus   [dim](real text from the run's corpus)[/]
   posenc eval-tasks RUN --scoring exact   [dim](posenc's stricter score: the answer's tokens, exact match)[/]
   posenc eval-tasks RUN --tokens-to-generate 32 --sizes keys=2,hops=2   [dim](smaller than RULER's)[/]
+  posenc eval-tasks RUN --tasks common-words,frequent-words,kv-retrieval --abs-lengths 512,1024,2048
+  posenc eval-tasks RUN --threshold 0.5   [dim](effective length: the longest length scoring >= 50%)[/]
 """
 
 SCORING_TEXT = {
@@ -48,6 +51,12 @@ SCORING_TEXT = {
     "exact": "exact score (posenc's, stricter than RULER's): the continuation cut to the answer's tokens, exact match "
     "for one answer, else the share of answers in it",
 }
+
+
+EFFECTIVE_NOTE = (
+    "Effective length (RULER): the longest length up to which the mean over depths stays >= {threshold} (--threshold; "
+    "RULER's is Llama-2-7B's 85.6% at 4K); ≥ N: the longest measured length still passes; none: the shortest fails."
+)
 
 
 def scoring_of(entry: dict[str, Any]) -> str:
@@ -61,6 +70,35 @@ def scoring_note(entries: Sequence[dict[str, Any]]) -> str:
     budgets = sorted({int(e["generate"]) for e in entries if e.get("generate") is not None})
     text = SCORING_TEXT.get(scoring, scoring).format(generate="/".join(map(str, budgets)) or "?")
     return text[:1].upper() + text[1:]
+
+
+def depth_of(entry: dict[str, Any]) -> float | None:
+    """A cell's depth; None for a task without depth (RULER's CWE, FWE)."""
+    return None if entry.get("depth") is None else float(entry["depth"])
+
+
+def depth_label(depth: float | None) -> str:
+    return "—" if depth is None else f"{depth * 100:g}%"
+
+
+def _depth_order(depth: float | None) -> float:
+    return -1.0 if depth is None else depth
+
+
+def length_scores(entries: Sequence[dict[str, Any]]) -> list[tuple[int, float | None]]:
+    """(length, mean score over its depths) of one run × task × scoring; None where a depth is n/a."""
+    by_length: dict[int, list[dict[str, Any]]] = {}
+    for e in entries:
+        by_length.setdefault(int(e["length"]), []).append(e)
+    out: list[tuple[int, float | None]] = []
+    for length, cells in sorted(by_length.items()):
+        scores = [float(e["score"]) for e in cells if e.get("status") == "ok" and e.get("score") is not None]
+        out.append((length, sum(scores) / len(scores) if scores and len(scores) == len(cells) else None))
+    return out
+
+
+def threshold_text(threshold: float) -> str:
+    return f"{threshold * 100:.3g}%"
 
 
 def parse_sizes(text: str | None) -> dict[str, int] | None:
@@ -80,16 +118,16 @@ def parse_sizes(text: str | None) -> dict[str, int] | None:
 
 def _grid(
     result: dict[str, Any], task: str, scoring: str | None = None
-) -> tuple[list[tuple[int, float]], list[float], np.ndarray, list[str]]:
+) -> tuple[list[tuple[int, float]], list[float | None], np.ndarray, list[str]]:
     """((length, multiple) rows, depth columns, scores with NaN for n/a, n/a notes) of one run's task (the cells of
     `scoring` only, when given)."""
     entries = [e for e in result["entries"] if e["task"] == task and scoring in (None, scoring_of(e))]
     rows = sorted({(int(e["length"]), float(e["multiple"])) for e in entries})
-    cols = sorted({float(e["depth"]) for e in entries})
+    cols = sorted({depth_of(e) for e in entries}, key=_depth_order)
     grid = np.full((len(rows), len(cols)), np.nan)
     reasons: dict[str, list[str]] = {}
     for e in entries:
-        i, j = rows.index((int(e["length"]), float(e["multiple"]))), cols.index(float(e["depth"]))
+        i, j = rows.index((int(e["length"]), float(e["multiple"]))), cols.index(depth_of(e))
         if e.get("status") == "ok" and e.get("score") is not None:
             grid[i, j] = float(e["score"])
         elif str(e["length"]) not in reasons.setdefault(e.get("reason") or "not measured", []):
@@ -97,8 +135,11 @@ def _grid(
     return rows, cols, grid, [f"{', '.join(v)}: {k}" for k, v in reasons.items()]
 
 
-def tasks_tables(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> list[Table]:
-    """One table per task: rows = run × length, columns = depths and their mean; n/a dimmed with its reason."""
+def tasks_tables(
+    results: Sequence[dict[str, Any]], tasks: Sequence[str], threshold: float = RULER_THRESHOLD
+) -> list[Table]:
+    """One table per task: rows = run × length, columns = depths, their mean and (on a run's first row) RULER's
+    effective length at `threshold`; n/a dimmed with its reason."""
     # deferred: keeps this command's modules off posenc --help start-up
     from rich.table import Table
     from rich.text import Text
@@ -109,20 +150,23 @@ def tasks_tables(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> lis
     tables = []
     for task, scoring in task_scorings(results, tasks):
         mine = [e for r in results for e in r["entries"] if e["task"] == task and scoring_of(e) == scoring]
-        cols = sorted({float(e["depth"]) for e in mine})
+        cols = sorted({depth_of(e) for e in mine}, key=_depth_order)
         trials = sorted({int(e["trials"]) for e in mine})
         title = f"{task} · {'RULER score' if scoring == 'contains' else 'exact score'}"
         table = Table(title=title, title_justify="left", caption_justify="left", header_style="bold")
         table.add_column("run", no_wrap=True, overflow="ellipsis", max_width=LABEL_MAX_WIDTH)
         table.add_column("length \\ depth", justify="right", no_wrap=True)
         for d in cols:
-            table.add_column(f"{d * 100:g}%", justify="center", no_wrap=True)
+            table.add_column(depth_label(d), justify="center", no_wrap=True)
         table.add_column("mean", justify="right")
+        table.add_column(f"effective (≥ {threshold_text(threshold)})", justify="right", no_wrap=True)
         notes = []
         for n, r in enumerate(results):
             if n:
                 table.add_section()
             rows, rcols, grid, reasons = _grid(r, task, scoring)
+            own = [e for e in r["entries"] if e["task"] == task and scoring_of(e) == scoring]
+            effective = effective_length(length_scores(own), threshold).label
             for i, (length, multiple) in enumerate(rows):
                 cells: list[Any] = [run_label(r) if i == 0 else "", f"{multiple:g}× · {length}"]
                 for d in cols:
@@ -133,12 +177,14 @@ def tasks_tables(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> lis
                         cells.append(Text(f" {value:.0%} ", style=f"bold {_ink(value)} on {accuracy_colour(value)}"))
                 full = grid[i].size > 0 and not np.isnan(grid[i]).any()
                 cells.append(f"{grid[i].mean():.0%}" if full else Text("n/a", style="dim"))
+                cells.append(effective if i == 0 else "")
                 table.add_row(*cells)
             notes += [f"n/a for {run_label(r)} at {reason}" for reason in reasons]
         table.caption = "\n".join(
             [
                 f"{scoring_note(mine)}, {'/'.join(map(str, trials))} trials per cell; columns: depth "
-                "of the first needle; rows: prompt + generated tokens.",
+                "of the first needle or asked pair (—: a task without depth); rows: prompt + generated tokens.",
+                EFFECTIVE_NOTE.format(threshold=threshold_text(threshold)),
                 *notes,
             ]
         )
@@ -173,7 +219,7 @@ def tasks_figure(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> Fig
             ax.set_facecolor("0.85")
             for (i, j), value in np.ndenumerate(grid):
                 ax.text(j, i, "n/a" if math.isnan(value) else f"{value:.0%}", ha="center", va="center", fontsize=8)
-            ax.set_xticks(range(len(cols)), [f"{d * 100:g}%" for d in cols])
+            ax.set_xticks(range(len(cols)), [depth_label(d) for d in cols])
             ax.set_yticks(range(len(rows)), [f"{m:g}× · {n}" for n, m in rows])
             ax.set_title(f"{run_label(r)} · {task}", fontsize=9)
     if image is not None:
@@ -214,8 +260,10 @@ def eval_tasks_command(
     sizes: Annotated[
         str | None,
         _option(
-            "Episode sizes, e.g. keys=2,values=2,queries=2,hops=2,digits=4,vt_digits=4,letters=3 (default: the run's "
-            "data=tasks sizes, else RULER's 4 keys/values/queries/hops, 7 digits, VT 5 digits and 5 letters)."
+            "Episode sizes, e.g. keys=2,values=2,queries=2,hops=2,digits=4,vt_digits=4,letters=3; common=10,"
+            "common_freq=6,uncommon_freq=1 (CWE), coded_letters=6 (FWE), hex_digits=8 (KV) (default: the run's "
+            "data=tasks sizes, else RULER's 4 keys/values/queries/hops, 7 digits, VT 5 digits and 5 letters, CWE's "
+            "short-context 10 words ×6 / others ×1, FWE 6 letters; KV 8 hex digits)."
         ),
     ] = None,
     digits: Annotated[int | None, _option("Digits per NIAH value (default: see --sizes).")] = None,
@@ -228,6 +276,13 @@ def eval_tasks_command(
     device: DeviceOption = "auto",
     threads: ThreadsOption = 0,
     force: Annotated[bool, _force_option("eval/tasks.json")] = False,
+    threshold: Annotated[
+        float,
+        typer.Option(
+            help="Effective length's threshold: the longest length whose mean score stays at or above it (RULER's: "
+            "0.856, Llama-2-7B at 4K)."
+        ),
+    ] = RULER_THRESHOLD,
     plot: Annotated[Path | None, _option("Write a PNG heatmap (run × task) here.", dir_okay=False)] = None,
     json_path: JsonOption = None,
 ) -> None:
@@ -259,6 +314,7 @@ def eval_tasks_command(
         batch_tokens=batch_tokens,
         dtype=dtype,
         force=force,
+        threshold=threshold,
     )
     set_grid(cfg, lengths, abs_lengths, depths)
     cfg.validate()
@@ -275,7 +331,7 @@ def eval_tasks_command(
     _report(
         results,
         seconds,
-        table=Group(*tasks_tables(results, names)),
+        table=Group(*tasks_tables(results, names, threshold)),
         results_file="eval/tasks.json",
         plot=plot,
         write_plot=lambda path: [save_figure(tasks_figure(results, names), path)],
@@ -310,16 +366,16 @@ def stored_task_results(records: Sequence[Any]) -> list[dict[str, Any]]:
         ours = [
             e for e in doc["entries"] if checkpoint_key(e) == current and e.get("generator", 1) == GENERATOR_VERSION
         ]
-        cells = {(e["task"], scoring_of(e), int(e["length"]), float(e["depth"])): e for e in ours}
+        cells = {(e["task"], scoring_of(e), int(e["length"]), depth_of(e)): e for e in ours}
         if cells:
             scheme = record.scheme or str(doc.get("scheme", ""))
             results.append({"run": record.label, "scheme": scheme, "entries": list(cells.values())})
     return results
 
 
-def task_summary_tables(results: Sequence[dict[str, Any]]) -> list[Table]:
+def task_summary_tables(results: Sequence[dict[str, Any]], threshold: float = RULER_THRESHOLD) -> list[Table]:
     """One compact table per task for many runs: rows = runs, columns = lengths, cells = the mean score over the
-    measured depths (`posenc eval-tasks DIR` prints every depth)."""
+    measured depths (`posenc eval-tasks DIR` prints every depth), then RULER's effective length at `threshold`."""
     # deferred: keeps this command's modules off posenc --help start-up
     from rich.table import Table
     from rich.text import Text
@@ -332,13 +388,14 @@ def task_summary_tables(results: Sequence[dict[str, Any]]) -> list[Table]:
     for task, scoring in task_scorings(results, list(registry())):
         entries = [(r, e) for r in results for e in r["entries"] if e["task"] == task and scoring_of(e) == scoring]
         multiples = sorted({float(e["multiple"]) for _, e in entries})
-        depths = sorted({float(e["depth"]) for _, e in entries})
+        depths = sorted({depth_of(e) for _, e in entries}, key=_depth_order)
         trials = sorted({int(e["trials"]) for _, e in entries})
         name = "RULER score" if scoring == "contains" else "exact score"
         table = Table(title=f"{task} · {name}, mean over depths", title_justify="left", caption_justify="left")
         table.add_column("run", no_wrap=True, overflow="ellipsis", max_width=LABEL_MAX_WIDTH)
         for m in multiples:
             table.add_column(f"{m:g}×", justify="center", no_wrap=True)
+        table.add_column(f"effective (≥ {threshold_text(threshold)})", justify="right", no_wrap=True)
         for r in results:
             mine = [e for e in r["entries"] if e["task"] == task and scoring_of(e) == scoring]
             if not mine:
@@ -352,11 +409,12 @@ def task_summary_tables(results: Sequence[dict[str, Any]]) -> list[Table]:
                     continue
                 value = sum(scores) / len(scores)
                 cells.append(Text(f" {value:.0%} ", style=f"bold {_ink(value)} on {accuracy_colour(value)}"))
+            cells.append(effective_length(length_scores(mine), threshold).label)
             table.add_row(*cells)
         table.caption = (
-            f"{scoring_note([e for _, e in entries])}; depths {', '.join(f'{d * 100:g}%' for d in depths)}; "
+            f"{scoring_note([e for _, e in entries])}; depths {', '.join(map(depth_label, depths))}; "
             f"{'/'.join(map(str, trials))} trials per cell; n/a: a length the scheme cannot read or that cannot hold "
-            "the prompt (reasons: posenc eval-tasks DIR)."
+            "the prompt (reasons: posenc eval-tasks DIR). " + EFFECTIVE_NOTE.format(threshold=threshold_text(threshold))
         )
         tables.append(fit_to_content(table))
     return tables

@@ -36,7 +36,7 @@ fits a tiny model's window; keys are single words, not RULER's adjective-noun pa
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol
 
@@ -68,6 +68,11 @@ class Sizes:
     digits: int = 7  # NIAH values (niah.py:108 generate_random_number(num_digits=7))
     vt_digits: int = 5  # the VT value (variable_tracking.py:110 np.random.randint(10000, 99999))
     letters: int = 5  # VT variable names (variable_tracking.py:96 k = 5)
+    common: int = 10  # cwe: common words (common_words_extraction.py:63 num_cw)
+    common_freq: int = 6  # cwe: repeats of each common word (short config, common_words_extraction.py:106)
+    uncommon_freq: int = 1  # cwe: repeats of every other word (common_words_extraction.py:106)
+    coded_letters: int = 6  # fwe: letters per coded word (freq_words_extraction.py:61 coded_wordlen)
+    hex_digits: int = 8  # kv-retrieval: hex digits per key and value (Liu et al. use UUIDs, 32 hex digits)
 
     def validate(self, prefix: str = "") -> None:
         """One-line `ConfigError`s naming `prefix + field` for sizes no episode can have."""
@@ -89,6 +94,17 @@ class Sizes:
             raise ConfigError(f"{prefix}letters={self.letters} has too few names for {self.hops + 1} variables")
         if self.letters > 16:
             raise ConfigError(f"{prefix}letters must be in [1, 16], got {self.letters}")
+        if self.common > 64 or max(self.common_freq, self.uncommon_freq) > MAX_COUNT:
+            raise ConfigError(f"{prefix}common must be at most 64 and common_freq, uncommon_freq at most {MAX_COUNT}")
+        if self.common_freq <= self.uncommon_freq:
+            raise ConfigError(
+                f"{prefix}common_freq ({self.common_freq}) must exceed uncommon_freq ({self.uncommon_freq}): "
+                "else the common words are not the most common"
+            )
+        if not 3 <= self.coded_letters <= 12:
+            raise ConfigError(f"{prefix}coded_letters must be in [3, 12], got {self.coded_letters}")
+        if not 4 <= self.hex_digits <= 32:
+            raise ConfigError(f"{prefix}hex_digits must be in [4, 32], got {self.hex_digits}")
 
     def of(self, names: Sequence[str]) -> dict[str, int]:
         """The named sizes as a JSON-safe dict (what one task's cells record and are keyed by)."""
@@ -143,6 +159,7 @@ class RetrievalTask:
     summary: ClassVar[str]
     size_names: ClassVar[tuple[str, ...]] = ("digits",)
     tokens_to_generate: ClassVar[int] = 128  # RULER scripts/data/synthetic/constants.py 'niah'
+    has_depth: ClassVar[bool] = True  # False: RULER's aggregation tasks, whose cells have no depth (None)
 
     @classmethod
     def sample(cls, rng: np.random.Generator, depth: float, sizes: Sizes = RULER_SIZES) -> Episode:
@@ -316,3 +333,85 @@ def build_prompts(
         starts.append(start)
     answer_len = np.array([len(a) for *_, a in parts], dtype=np.int64)
     return PromptBatch(prompts, answers, answer_len, starts, n_hay)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tasks whose context is the episode itself (RULER's CWE and FWE, "Lost in the Middle" key-value retrieval).
+
+MAX_UNITS = 1 << 16  # words or pairs of one context at most
+
+
+@dataclass(frozen=True)
+class Draft:
+    """The random draws of one context-filling episode: `make(n)` renders it with `n` units (words, pairs), the same
+    answers for every `n`; `smallest` is the least `n` the task asks and `what(n)` says what `n` units are."""
+
+    make: Callable[[int], Episode]
+    smallest: int
+    what: Callable[[int], str]
+
+    def fill(self, fits: Callable[[Episode], bool]) -> Episode:
+        """The episode with the most units that `fits` (doubling, then bisection, as RULER's binary search over the
+        haystack size, `common_words_extraction.py:146`); `PromptTooShort` when even the smallest does not."""
+        if not fits(self.make(self.smallest)):
+            raise PromptTooShort(self.what(self.smallest))
+        good, bad = self.smallest, None
+        while bad is None:  # about log2(units) steps
+            n = min(2 * good, MAX_UNITS)
+            if n == good:
+                return self.make(good)
+            good, bad = (n, None) if fits(self.make(n)) else (good, n)
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            good, bad = (mid, bad) if fits(self.make(mid)) else (good, mid)
+        return self.make(good)
+
+
+class ContextTask(RetrievalTask):
+    """A task whose context grows with the length under test: `draft` draws an episode, `Draft.fill` gives it the
+    most units that fit the prompt (`fill_episodes`), and `sample` (training text) renders the draft's smallest
+    size. Its one needle is the whole context at depth 1, so a prompt reads <eod> <filler pad> <context>
+    <question>: the pad is what is left when one more unit no longer fits (fewer tokens than one unit)."""
+
+    @classmethod
+    def draft(
+        cls, rng: np.random.Generator, depth: float, sizes: Sizes = RULER_SIZES, room: int | None = None
+    ) -> Draft:
+        """`room`: the prompt tokens RULER would size the task for (length − generation budget); None: training."""
+        raise NotImplementedError
+
+    @classmethod
+    def sample(cls, rng: np.random.Generator, depth: float, sizes: Sizes = RULER_SIZES) -> Episode:
+        draft = cls.draft(rng, depth, sizes)
+        return draft.make(draft.smallest)
+
+
+def context_episode(context: str, question: str, answers: Sequence[str]) -> Episode:
+    """The one-needle episode of a context task (the context at depth 1, after the pad)."""
+    return Episode((context,), (1.0,), question, tuple(answers))
+
+
+def fill_episodes(
+    tokenizer: TokenizerLike, drafts: Sequence[Draft], length: int, reserve: int | None = None
+) -> list[Episode]:
+    """Each draft filled to the prompt that `build_prompts(tokenizer, episodes, length, reserve=reserve)` builds:
+    <eod>, context, question and the answer's lead in `length` − `reserve` tokens (None: the batch's longest
+    answer, which no unit count changes). Raises `PromptTooShort` naming what the smallest episode needs."""
+    after = "the answer" if reserve is None else f"{reserve} generated tokens (--tokens-to-generate)"
+    if reserve is None:
+        reserve = max((len(split_answer(tokenizer, d.make(d.smallest).answer_text)[1]) for d in drafts), default=1)
+
+    def tokens(ep: Episode) -> int:
+        lead, _ = split_answer(tokenizer, ep.answer_text)
+        return 1 + sum(len(tokenizer.encode(n)) for n in ep.needles) + len(tokenizer.encode(ep.question)) + len(lead)
+
+    episodes = []
+    for d in drafts:
+        try:
+            episodes.append(d.fill(lambda ep: tokens(ep) + reserve <= length))
+        except PromptTooShort as e:
+            need = tokens(d.make(d.smallest)) + reserve
+            raise PromptTooShort(
+                f"length {length} is shorter than the smallest prompt ({e}) and {after} ({need})"
+            ) from None
+    return episodes

@@ -13,6 +13,14 @@ last generated token sits at position `length - 1`; a length that cannot hold th
 n/a with the reason. "exact" is posenc's stricter score: only as many tokens as the longest answer are generated
 (the prompt fills `length` minus that) and one answer must match exactly.
 
+The tasks whose context is the episode (`ruler.base.ContextTask`: common-words, frequent-words, kv-retrieval) get
+the most words or pairs that fit the prompt (`ruler.base.fill_episodes`); a length that cannot hold their smallest
+episode is n/a with what it needs, never a smaller episode. Tasks without a depth (`has_depth` False: RULER's CWE and
+FWE) have one cell per length, depth None, whatever `--depths` says.
+
+RULER's effective length (`report.effective_length`) is computed from the stored cells when they are shown;
+`TasksEvalConfig.threshold` only checks eval-tasks' `--threshold`.
+
 All tasks share `eval/tasks.json`, cells keyed by task, settings (sizes, scoring and generation budget included)
 and checkpoint (`loop.measure`).
 """
@@ -39,9 +47,12 @@ from posenc_cli.data.ruler.base import (
     RULER_SIZES,
     SCORINGS,
     BudgetTooShort,
+    ContextTask,
+    Episode,
     PromptTooShort,
     Sizes,
     build_prompts,
+    fill_episodes,
     until_end,
 )
 from posenc_cli.data.sources import open_source
@@ -60,6 +71,7 @@ from posenc_cli.evaluation.positions import Positions, trained_positions
 from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, positions_key
 from posenc_cli.evaluation.tasks import register
 from posenc_cli.evaluation.tasks.base import EvalTask, Progress
+from posenc_cli.report.effective_length import RULER_THRESHOLD
 from posenc_cli.run.memory import available_memory
 
 if TYPE_CHECKING:
@@ -95,9 +107,12 @@ class TasksEvalConfig:
     batch_tokens: int = 16384
     dtype: str = "auto"
     force: bool = False
+    threshold: float = RULER_THRESHOLD  # effective length's (a report setting: not in the cells)
 
     def validate(self) -> None:
         validate_grid(self)
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ConfigError(f"--threshold must be a score in [0, 1], got {self.threshold}")
         if not 0 <= self.seed < 1 << 63:
             raise ConfigError(f"--seed must be in [0, 2^63), got {self.seed}")
         if self.scoring not in SCORINGS:
@@ -124,7 +139,7 @@ class TaskEntry(Entry):
     task: str
     length: int
     multiple: float
-    depth: float
+    depth: float | None  # None: a task without depth (`RetrievalTask.has_depth`)
     trials: int
     sizes: dict[str, int]  # the sizes this task uses (`ruler.base.Sizes`, `RetrievalTask.size_names`)
     seed: int
@@ -166,9 +181,37 @@ def check_memory(rows: int, length: int, generate: int, flag: str, available: in
         )
 
 
-def cell_rng(task: str, seed: int, length: int, depth: float) -> np.random.Generator:
-    """Episodes of one cell depend only on these, not on which other cells are measured."""
-    return np.random.default_rng([seed, zlib.crc32(task.encode()), length, round(depth * 1_000_000)])
+def cell_rng(task: str, seed: int, length: int, depth: float | None) -> np.random.Generator:
+    """Episodes of one cell depend only on these, not on which other cells are measured (depth None: 1,000,001)."""
+    at = 1_000_001 if depth is None else round(depth * 1_000_000)
+    return np.random.default_rng([seed, zlib.crc32(task.encode()), length, at])
+
+
+def sample_episodes(
+    tokenizer: Any,
+    task: type[RetrievalTask],
+    length: int,
+    depths: Sequence[float | None],
+    trials: int,
+    sizes: Sizes,
+    seed: int,
+    budget: int | None,
+) -> list[Episode]:
+    """`trials` episodes per depth (depth-major) of one length; a context task's filled to the prompt that
+    `build_prompts(..., length, reserve=budget)` builds (RULER sizes FWE's vocabulary by length − budget: with
+    `budget` None, the task's own)."""
+    room = length - (budget or task.tokens_to_generate)
+    episodes, drafts = [], []
+    for d in depths:
+        rng = cell_rng(task.name, seed, length, d)
+        if issubclass(task, ContextTask):
+            try:
+                drafts += [task.draft(rng, float(d or 0.0), sizes, room) for _ in range(trials)]
+            except PromptTooShort as e:  # (FWE: too few prompt tokens for RULER's vocabulary)
+                raise PromptTooShort(f"length {length}: {e}") from None
+        else:
+            episodes += [task.sample(rng, float(d or 0.0), sizes) for _ in range(trials)]
+    return fill_episodes(tokenizer, drafts, length, budget) if drafts else episodes
 
 
 def evaluate_task_model(
@@ -177,7 +220,7 @@ def evaluate_task_model(
     task: type[RetrievalTask],
     *,
     length: int,
-    depths: Sequence[float],
+    depths: Sequence[float | None],
     trials: int,
     sizes: Sizes = RULER_SIZES,
     scoring: str = "contains",
@@ -198,10 +241,7 @@ def evaluate_task_model(
     haystack fits, `BudgetTooShort` when the budget cannot hold the longest answer."""
     check_readable(model, length)
     budget = (task.tokens_to_generate if generate is None else generate) if scoring == "contains" else None
-    episodes = []
-    for depth in depths:
-        rng = cell_rng(task.name, seed, length, depth)
-        episodes += [task.sample(rng, float(depth), sizes) for _ in range(trials)]
+    episodes = sample_episodes(tokenizer, task, length, depths, trials, sizes, seed, budget)
     batch = build_prompts(tokenizer, episodes, length, haystack, budget)
     width = batch.answers.shape[1]
     if budget is not None and budget < width:
@@ -224,13 +264,18 @@ def evaluate_task_model(
         samples = [{"answers": list(episodes[r].answers), "output": outputs[r]} for r in rows[:SAMPLES_PER_CELL]]
         cells.append(
             {
-                "depth": float(depth),
+                "depth": None if depth is None else float(depth),
                 "score": round(float(scores[rows.start : rows.stop].mean()), 6),
                 "exact": round(float((scores[rows.start : rows.stop] == 1.0).mean()), 6),
                 "samples": samples,
             }
         )
     return cells
+
+
+def task_depths(task: type[RetrievalTask], depths: Sequence[float]) -> list[float | None]:
+    """The depths of `task`'s cells: `depths`, or [None] for a task without depth."""
+    return [float(d) for d in depths] if task.has_depth else [None]
 
 
 def run_sizes(run: LoadedRun, cfg: TasksEvalConfig) -> tuple[Sizes, int | None]:
@@ -310,7 +355,7 @@ def evaluate_tasks_run(
                         task=task.name,
                         length=length,
                         multiple=multiple,
-                        depth=float(d),
+                        depth=d,
                         trials=cfg.trials,
                         sizes=sizes.of(task.size_names),
                         seed=cfg.seed,
@@ -322,7 +367,7 @@ def evaluate_tasks_run(
                         checkpoint=dict(checkpoint),
                         created=now,
                     )
-                    for d in cfg.depths
+                    for d in task_depths(task, cfg.depths)
                 ]
 
         def measure_length(cells: Sequence[TaskEntry], task: type[RetrievalTask] = task) -> list[TaskEntry]:
@@ -334,7 +379,7 @@ def evaluate_tasks_run(
                     run.tokenizer,
                     task,
                     length=cells[0].length,
-                    depths=cfg.depths,
+                    depths=[c.depth for c in cells],
                     trials=cfg.trials,
                     sizes=sizes,
                     scoring=cfg.scoring,
