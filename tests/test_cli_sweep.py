@@ -54,7 +54,8 @@ def _error_lines(stderr: str) -> list[str]:
 @needs_joblib
 def test_a_launcher_count_without_meaning_fails_the_dry_run_and_the_run_in_one_line(tmp_path) -> None:
     from posenc_cli.errors import ConfigError
-    from posenc_cli.sweep.runner import find_sweep_file, load_sweep_spec, run_sweep
+    from posenc_cli.sweep.runner import run_sweep
+    from posenc_cli.sweep.spec import find_sweep_file, load_sweep_spec
 
     launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=0"]
     for extra in (["--dry-run"], ["--out", str(tmp_path / "out")]):

@@ -18,7 +18,7 @@ from posenc_cli.evaluation.results import checkpoint_identity, new_results_doc, 
 from posenc_cli.positional import config_class
 from posenc_cli.run.journal import commit_checkpoint
 from posenc_cli.run.meta import RunMeta
-from posenc_cli.sweep.runner import _mark_done
+from posenc_cli.sweep.markers import mark_done as _mark_done
 
 runner = CliRunner()
 

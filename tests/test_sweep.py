@@ -229,8 +229,9 @@ def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeyp
     """Both evaluations run on one loaded model, the passkey one first; neither marks the job done."""
     import posenc_cli.evaluation.passkey
     import posenc_cli.evaluation.perplexity
-    from posenc_cli.sweep import runner as sweep
+    from posenc_cli.sweep import job
     from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.sweep.markers import job_status
 
     calls: list[str] = []
     job_dir = tmp_path / "job"
@@ -255,12 +256,12 @@ def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeyp
     (job_dir / "model.safetensors").write_bytes(b"")  # started, not finished
     cfg = compose_config(["data=passkey", "train.device=cpu"])
     with pytest.raises(KeyboardInterrupt):
-        sweep._evaluate_job(cfg, job_dir)
-    assert calls == ["passkey"] and sweep.job_status(job_dir) == "partial"
+        job._evaluate_job(cfg, job_dir)
+    assert calls == ["passkey"] and job_status(job_dir) == "partial"
     monkeypatch.setattr(posenc_cli.evaluation.passkey, "evaluate_passkey_run", lambda *a, **k: calls.append("passkey"))
-    sweep._evaluate_job(cfg, job_dir)
+    job._evaluate_job(cfg, job_dir)
     # evaluated, but done only once run_job writes the job's marker (after training completed and both evaluations)
-    assert calls == ["passkey", "passkey", "extrapolate"] and sweep.job_status(job_dir) == "partial"
+    assert calls == ["passkey", "passkey", "extrapolate"] and job_status(job_dir) == "partial"
     assert loads == [job_dir, job_dir]  # one load per attempt: both evaluations share the loaded model
 
 

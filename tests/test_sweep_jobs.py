@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from posenc_cli.sweep import joblog, runner
+from posenc_cli.sweep import job, joblog, markers
 from posenc_cli.sweep.hydra_bridge import JobInfo, compose_dict
 
 
@@ -50,10 +50,10 @@ def test_a_failure_whose_record_cannot_be_written_still_reports_its_reason(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(runner, "atomic_write_json", full_disk)
+    monkeypatch.setattr(markers, "atomic_write_json", full_disk)
     raw = compose_dict(["data=text", "data.paths=[missing]", "train.device=cpu", "train.threads=1"])
     info = JobInfo(output_dir=tmp_path / "train" / "default", name="", overrides=())
-    result = runner.run_job(raw, info)
+    result = job.run_job(raw, info)
     assert result["status"] == "failed" and "missing" in result["error"]
     err = capsys.readouterr().err
     assert "failed: " in err and "missing" in err and "failed.json could not be written" in err

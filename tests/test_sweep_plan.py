@@ -8,7 +8,8 @@ import pytest
 
 from posenc_cli.config import config_dir
 from posenc_cli.errors import ConfigError
-from posenc_cli.sweep.runner import find_sweep_file, load_sweep_spec, plan_sweep, validate_plan
+from posenc_cli.sweep.plan import plan_sweep, validate_plan
+from posenc_cli.sweep.spec import find_sweep_file, load_sweep_spec
 
 
 def write(tmp_path: Path, text: str, name: str = "mine") -> Path:

@@ -47,7 +47,8 @@ from posenc_cli.report.tables import (
 from posenc_cli.run.hf_run import is_hf_dir, weights_identity
 from posenc_cli.run.load import read_config
 from posenc_cli.run.meta import RunMeta, incomplete_reason, read_meta, read_run_meta
-from posenc_cli.sweep.runner import job_status, read_failure, read_plan
+from posenc_cli.sweep.markers import job_status, read_failure
+from posenc_cli.sweep.plan import read_plan
 
 ENTRY_FIELDS = (
     "protocol",

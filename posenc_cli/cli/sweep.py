@@ -68,16 +68,9 @@ def sweep_command(
     from posenc_cli.perf.profiling import StageClock, process_age_s, write_sweep_profile
     from posenc_cli.run.interrupts import Stopped, sigterm_raises
     from posenc_cli.sweep.hydra_bridge import launcher_settings
-    from posenc_cli.sweep.runner import (
-        SweepInterrupted,
-        check_planned,
-        find_sweep_file,
-        load_sweep_spec,
-        plan_identities,
-        plan_sweep,
-        run_sweep,
-        validate_plan,
-    )
+    from posenc_cli.sweep.plan import check_planned, plan_identities, plan_sweep, validate_plan
+    from posenc_cli.sweep.runner import SweepInterrupted, run_sweep
+    from posenc_cli.sweep.spec import find_sweep_file, load_sweep_spec
 
     startup_s = process_age_s()  # interpreter start-up and the CLI's imports, before any work
     names, overrides = split_args(args)

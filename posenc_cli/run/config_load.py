@@ -1,7 +1,10 @@
-"""Building a run's `Config` from a plain dict (Hydra's composition, or a run's saved `config.yaml`).
+"""Building a run's `Config` from a plain dict (Hydra's composition, or a run's saved `config.yaml`), and dotted
+overrides (`train.steps=800`) read into or merged onto such a dict.
 
 The dataclasses live in `config`; this module sits above the registries, which pick the class of the `pos` group
-(the scheme's own `PosConfig` subclass) and of the `data` group (the source's own `DataConfig` subclass).
+(the scheme's own `PosConfig` subclass) and of the `data` group (the source's own `DataConfig` subclass). It is the
+config-loading module: besides `sweep.hydra_bridge` (composition from `configs/`), the one module that imports
+OmegaConf (its dotlist grammar, for overrides applied without Hydra).
 """
 
 from __future__ import annotations
@@ -86,3 +89,35 @@ def load_config_file(path: Path) -> Config:
         return config_from_dict(raw, saved=True)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from e
+
+
+def dotlist_dict(dotted: Sequence[str], *, error_prefix: str = "") -> dict[str, Any]:
+    """Dotted overrides (`["data.paths=[a,b]", "train.steps=8"]`) as a nested plain dict, values in OmegaConf's
+    dotlist grammar (lists as `[a,b]`, `null`, numbers); a `ConfigError` with OmegaConf's first line (after
+    `error_prefix`) for a bad one."""
+    # deferred: keeps OmegaConf (Hydra's) off posenc --help start-up
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        parsed = OmegaConf.to_container(OmegaConf.from_dotlist(list(dotted)), resolve=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{error_prefix}{str(e).splitlines()[0]}") from e
+    assert isinstance(parsed, dict)
+    return parsed  # type: ignore[return-value]
+
+
+def merge_dotlist(base: dict[str, Any], dotted: Sequence[str]) -> dict[str, Any]:
+    """`base` (a config as a plain dict) with dotted overrides set on top, as OmegaConf merges them (a key `base`
+    lacks is added, a value is parsed in the dotlist grammar); a `ConfigError` with OmegaConf's first line."""
+    # deferred: keeps OmegaConf (Hydra's) off posenc --help start-up
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        merged = OmegaConf.merge(OmegaConf.create(base), OmegaConf.from_dotlist(list(dotted)))
+        raw = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(str(e).splitlines()[0]) from e
+    assert isinstance(raw, dict)
+    return raw  # type: ignore[return-value]

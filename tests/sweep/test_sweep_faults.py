@@ -1,7 +1,8 @@
 """A sweep stopped at any moment (SIGTERM or SIGKILL; in training, evaluation or extension) and run again ends with
 exactly the results of an uninterrupted sweep (issue #16): a job is done only by its marker, written last.
 
-The stops come from the sweep's test hook (`POSENC_DEBUG_SWEEP_FAULT`), in a child process that signals itself.
+The stops come from a child process that signals itself at a chosen moment: `sweep_fault.py` patches `Fault` into
+the job module's seam (`posenc_cli.sweep.job.job_hooks`) and runs the sweep.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from test_sweep import MICRO_MODEL, TWO_STAGES
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
-from posenc_cli.sweep.runner import DONE_FILE, FAULT_ENV, job_status
+from posenc_cli.sweep.markers import DONE_FILE, job_status
 
+FAULT_SCRIPT = Path(__file__).with_name("sweep_fault.py")
 JOBS = ("train/pos=rope", "train/pos=alibi", "extend/pos=rope/default")
 
 
@@ -45,8 +47,8 @@ def sweep_in_process(workspace: Path, out: str) -> tuple[int, str]:
 
 def sweep_with_fault(workspace: Path, out: str, fault: str) -> subprocess.CompletedProcess[str]:
     """The same sweep in a child process that sends itself a signal at the point `fault` names."""
-    env = {**os.environ, FAULT_ENV: fault, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "posenc_cli", "sweep", "two", "--config-dir", "cfg", "--out", out]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(FAULT_SCRIPT), fault, "sweep", "two", "--config-dir", "cfg", "--out", out]
     return subprocess.run(command, cwd=workspace, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -1,0 +1,203 @@
+"""A sweep's job: train or extend the job's run, evaluate it, mark it done; the function Hydra's launcher runs
+(locally, in a joblib worker or on a Slurm node).
+
+A job whose training a signal stopped is neither evaluated nor marked (`sweep.markers`): the sweep stops
+(`runner.SweepInterrupted`) and a re-run resumes it from its checkpoint (Slurm's requeue path). A failure is recorded
+in the job's directory instead of raised, so one failed job does not hide the others' results.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from posenc_cli.config import replace
+from posenc_cli.data.sources import source_class
+from posenc_cli.evaluation.perplexity import evaluate_each_run
+from posenc_cli.evaluation.tasks import task_class
+from posenc_cli.extension.extend import extend_run, remap_run
+from posenc_cli.extension.longrope_search import extend_with_search
+from posenc_cli.perf.profiling import EvalRecorder, JobProfile, TrainRecorder, eval_facts, write_job_profile
+from posenc_cli.positional.remap import RemapConfig
+from posenc_cli.run.config_load import config_from_dict
+from posenc_cli.run.interrupts import Stopped, sigterm_raises
+from posenc_cli.run.meta import is_run_dir
+from posenc_cli.run.progress import TrainDisplay
+from posenc_cli.run.trackers import tracked
+from posenc_cli.run.train import train
+from posenc_cli.sweep.hydra_bridge import JobInfo
+from posenc_cli.sweep.joblog import SignalSeen, job_console, log_label
+from posenc_cli.sweep.markers import DONE_FILE, FAILED_FILE, job_status, mark_done, record_failure
+
+INTERNAL_KEY = "posenc_job"  # the config key under which the parent loop passes a job its action, dirs and session
+STOPPED: dict[str, int | None] = {}  # sweep sessions in which this process saw a job's training interrupted
+
+Callback = Callable[[dict[str, Any]], None]
+Progress = Callable[[str, int, int], None]
+
+
+class JobHooks:
+    """The moments of a job that a test may act at; these hooks do nothing. The seam is `job_hooks`, which a test
+    replaces (tests/sweep/sweep_fault.py stops a sweep by a signal at a chosen step or evaluation report)."""
+
+    def on_step(self, callback: Callback) -> Callback:
+        """Training's (or fine-tuning's) callback, whose "step" events name the step."""
+        return callback
+
+    def before_evaluate(self) -> None:
+        """Training finished and no signal came: the evaluation starts next."""
+
+    def on_progress(self, progress: Progress) -> Progress:
+        """The evaluation's progress callback (what, done, total)."""
+        return progress
+
+
+def job_hooks(job_dir: Path) -> JobHooks:
+    """The hooks of the job in `job_dir`: none (the seam a test patches)."""
+    return JobHooks()
+
+
+def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
+    """Train or extend, then evaluate, then mark the job done; record a failure in the job directory instead of
+    raising. A done job returns at once; a job whose training a signal stopped is not evaluated (status
+    "interrupted"), nor finished when SIGTERM comes during its evaluation, and later jobs of the same sweep in this
+    process do not start."""
+    job = raw.pop(INTERNAL_KEY, {}) or {}
+    job_dir = info.output_dir
+    session = str(job.get("session", ""))
+    if session in STOPPED:
+        return {"status": "interrupted", "dir": str(job_dir)}
+    if job_status(job_dir) == "done":
+        return {"status": "ok", "dir": str(job_dir)}
+    started, profile = time.perf_counter(), JobProfile()
+    print(f"== job {job_dir} ==", flush=True)  # the job's own log (a file under Slurm)
+    (job_dir / FAILED_FILE).unlink(missing_ok=True)
+    (job_dir / DONE_FILE).unlink(missing_ok=True)  # one of an earlier checkpoint
+    hooks = job_hooks(job_dir)
+    try:
+        with sigterm_raises():  # outside training's own handler (data, evaluation) SIGTERM stops the job too
+            cfg = config_from_dict(raw)
+            if cfg.train.threads == 0 and info.parallel_jobs != 1:
+                jobs = info.parallel_jobs if info.parallel_jobs > 0 else (os.cpu_count() or 1)
+                cfg = replace(cfg, train=replace(cfg.train, threads=max(1, (os.cpu_count() or 1) // jobs)))
+            sweep_dir = Path(job["sweep_dir"]) if job.get("sweep_dir") else None
+            action = str(job.get("action", "train"))
+            log = job_console(log_label(info, action, sweep_dir))
+            if action == "train":
+                finished = _train_job(cfg, job_dir, sweep_dir, profile, hooks, log)
+            else:
+                finished = _extend_job(cfg, job_dir, Path(job["parent_dir"]), sweep_dir, profile, hooks, log)
+            if finished is not None:  # a signal stopped training (at its last step too): do not evaluate it
+                STOPPED[session] = finished
+                return {"status": "interrupted", "dir": str(job_dir)}
+            hooks.before_evaluate()
+            _evaluate_job(cfg, job_dir, profile, hooks)
+            write_job_profile(job_dir, profile, time.perf_counter() - started)  # informative; not a done marker
+            mark_done(job_dir, info.name)
+            return {"status": "ok", "dir": str(job_dir)}
+    except Stopped as e:  # cells already measured stay stored; a re-run measures the rest
+        STOPPED[session] = e.signum
+        return {"status": "interrupted", "dir": str(job_dir)}
+    except Exception as e:  # one failed job must not hide the others' results
+        error = f"{type(e).__name__}: {e}"
+        try:
+            record_failure(job_dir, info.name, error, traceback.format_exc())
+        except OSError as write_error:  # e.g. a full disk: the reason still reaches the job's log
+            print(f"job {job_dir} failed: {error} (its {FAILED_FILE} could not be written: {write_error})",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        return {"status": "failed", "dir": str(job_dir), "error": error}
+
+
+def _job_display(cfg: Any, console: Console | None = None) -> Any:
+    return TrainDisplay(console or Console(soft_wrap=True), live=False, log_every=cfg.train.log_every)
+
+
+def _tracked(display: Any, cfg: Any, job_dir: Path, sweep_dir: Path | None) -> Any:
+    """Each job is its own tracker run, grouped by its sweep."""
+    if sweep_dir is None:
+        return tracked(display, cfg, job_dir)
+    return tracked(display, cfg, job_dir, group=sweep_dir.name, store=sweep_dir)
+
+
+def _train_job(
+    cfg: Any, job_dir: Path, sweep_dir: Path | None, profile: JobProfile, hooks: JobHooks, log: Console | None = None
+) -> int | None:
+    """Train (or resume) the job's run; None when training finished and no signal came, else the signal that stopped
+    it (0: unknown) or that came at its last step."""
+    seen = SignalSeen()
+    with _job_display(cfg, log) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
+        recorder = TrainRecorder(profile, cfg, seen.wrap(hooks.on_step(callback)))
+        result = train(cfg, job_dir, resume=is_run_dir(job_dir), callback=recorder)
+    return (result.signal or 0) if result.stopped_reason == "interrupted" else seen.signum
+
+
+def _extend_job(
+    cfg: Any,
+    job_dir: Path,
+    parent_dir: Path,
+    sweep_dir: Path | None,
+    profile: JobProfile,
+    hooks: JobHooks,
+    log: Console | None = None,
+) -> int | None:
+    """Extend (or resume the fine-tune of) the job's run; like `_train_job`, None when it finished."""
+    seen = SignalSeen()
+    with _job_display(cfg, log) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
+        booked, start = sum(profile.seconds.values()), time.perf_counter()
+        recorder = TrainRecorder(profile, cfg, seen.wrap(hooks.on_step(callback)))
+        if cfg.extend.remap != "none":  # a training-free position remapping instead of a scaling
+            ext = cfg.extend
+            remap = RemapConfig(method=ext.remap, window=ext.remap_window, group=ext.remap_group, leaky=ext.remap_leaky)
+            result: Any = remap_run(parent_dir, job_dir, remap, threads=cfg.train.threads, logn=ext.remap_logn)
+        elif cfg.extend.longrope_search:  # LongRoPE: search the factors on the parent, then extend with them
+            ext = cfg.extend  # as `extend --search`: search tokens recorded, factors file written, no re-search
+            result, found = extend_with_search(
+                parent_dir,
+                job_dir,
+                ext,
+                budget=ext.longrope_search,
+                seed=ext.longrope_search_seed,
+                threads=cfg.train.threads,
+                callback=recorder,
+            )
+            profile.add("longrope search", found.seconds if found is not None else 0.0)
+        else:
+            result = extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads, callback=recorder)
+        fine_tune = sum(profile.seconds.values()) - booked  # its setup, steps, validation and saves
+        profile.add("extend", time.perf_counter() - start - fine_tune)
+    return (getattr(result, "signal", None) or 0) if result.status == "interrupted" else seen.signum
+
+
+def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None, hooks: JobHooks | None = None) -> None:
+    """The evaluation tasks of the job's data source (`DataSource.tasks`: eval-extrapolate for every source, passkey
+    retrieval first for `data=passkey`), on one loaded model. Each cell is stored when measured; the job's done
+    marker comes after all of them (`run_job`), so a job stopped during any evaluation measures its missing cells on
+    the next run."""
+    profile = profile if profile is not None else JobProfile()
+    tasks = [task_class(name) for name in source_class(cfg.data.source).tasks]
+    loading = time.perf_counter()
+
+    def evaluate(run: Any, device: Any) -> dict[str, Any]:
+        profile.add("eval load", time.perf_counter() - loading)
+        result: dict[str, Any] = {}
+        for task in tasks:
+            if not task.profiled_per_length:
+                with profile.phase(task.name):
+                    task.evaluate_job(run, cfg, device=device)
+                continue
+            recorder = EvalRecorder(profile, run)
+            progress = recorder if hooks is None else hooks.on_progress(recorder)
+            result = task.evaluate_job(run, cfg, device=device, progress=progress)
+            entries = result.get("entries") or []
+            recorder.book_flops(entries)
+            eval_facts(profile, entries, device)
+        return result
+
+    evaluate_each_run([job_dir], evaluate, device=cfg.train.device, threads=cfg.train.threads)
