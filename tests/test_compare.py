@@ -13,12 +13,13 @@ from typer.testing import CliRunner
 from posenc_cli.analysis import compare
 from posenc_cli.analysis import rows as row_setup
 from posenc_cli.cli import app
+from posenc_cli.cli.compare import print_comparison
 from posenc_cli.config import Config, EvalConfig, ModelConfig, config_to_yaml
 from posenc_cli.evaluation.results import checkpoint_identity, new_results_doc, save_results
 from posenc_cli.positional import config_class
 from posenc_cli.run.journal import commit_checkpoint
 from posenc_cli.run.meta import RunMeta
-from posenc_cli.sweep.markers import mark_done as _mark_done
+from posenc_cli.sweep.runner import _mark_done
 
 runner = CliRunner()
 
@@ -134,9 +135,9 @@ def test_write_outputs_never_adds_columns_the_sweep_did_not_measure(sweep_dir: P
     assert {r["device"] for r in rows} == {"cpu (Test CPU)"}
 
 
-def render(records: list[row_setup.RunRecord], **kw: Any) -> str:
+def render(records: list[row_setup.RunRecord], *, fmt: str = "table", **kw: Any) -> str:
     console = Console(width=200, record=True)
-    compare.render(records, console=console, **kw)
+    print_comparison(compare.Comparison(records, **kw), fmt, to=console)
     return console.export_text()
 
 

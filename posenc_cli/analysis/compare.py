@@ -19,12 +19,13 @@ together (`report.output_files`).
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posenc_cli.analysis.rows import RunRecord, labelled_series, positions_text, run_identity
 from posenc_cli.errors import CheckpointError, UserError
@@ -34,21 +35,27 @@ from posenc_cli.report.output_files import staged_files
 from posenc_cli.report.tables import (
     Cell,
     Column,
+    TableRow,
     describe_lengths,
     describe_measurement,
     describe_protocol,
     extrapolation_rows,
     fmt_cell,
+    fmt_multiple,
     reason_lines,
-    render_table,
     run_label,
     table_legend,
 )
 from posenc_cli.run.hf_run import is_hf_dir, weights_identity
 from posenc_cli.run.load import read_config
 from posenc_cli.run.meta import RunMeta, incomplete_reason, read_meta, read_run_meta
-from posenc_cli.sweep.markers import job_status, read_failure
-from posenc_cli.sweep.plan import read_plan
+from posenc_cli.sweep.runner import job_status, read_failure, read_plan
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# What `compare --metric` can show, and its name in the table's title.
+METRICS = {"ppl": "Perplexity", "bpb": "Bits per byte", "nll": "Mean NLL (nats)", "longppl": "LongPPL"}
 
 ENTRY_FIELDS = (
     "protocol",
@@ -314,7 +321,7 @@ def comparison(
         label=lambda r: r["label"],
         aggregate_by=lambda r: r["label"],
         group_by=group,
-        ratio=True,
+        ratio=metric != "longppl",  # LongPPL has no value at 1× (nothing beyond the training length to key on)
     )
     if baseline is not None:
         refs = _baseline_rows(rows, results, baseline)
@@ -330,7 +337,7 @@ def comparison(
         shown = next(iter(refs.values())).label if len(refs) == 1 else baseline
         columns = [Column(c.key, f"{c.header}\n÷ {shown}", best=None) if c.key == "ratio" else c for c in columns]
     measured = [r for r in results if r["entries"]]
-    what = {"ppl": "Perplexity", "bpb": "Bits per byte", "nll": "Mean NLL (nats)"}[metric]
+    what = METRICS[metric]
     title = f"{what}{' relative to ' + baseline if baseline else ''} by evaluation length"
     if measured:
         title += f" · {describe_protocol(measured)} · base length {describe_lengths(measured, 'base_length')} tokens"
@@ -396,37 +403,10 @@ def write_outputs(records: list[RunRecord], out_dir: Path) -> list[Path]:
     return [out_dir / name for name in names]
 
 
-def render(
-    records: list[RunRecord],
-    *,
-    metric: str = "ppl",
-    baseline: str | None = None,
-    fmt: str = "table",
-    out: Path | None = None,
-    console: Any,
-) -> None:
-    """Print the comparison in `fmt` (table, csv, json, markdown); with `out`, also write the files there."""
-    if fmt == "json":
-        console.print_json(json.dumps(records_to_json(records)))
-    elif fmt == "csv":
-        console.print(to_csv(records_to_json(records)), end="", markup=False, highlight=False)
-    else:
-        columns, rows, title = comparison(records, metric=metric, baseline=baseline)
-        caption = caption_lines(records, baseline)
-        if fmt == "markdown":
-            legend = table_legend(columns, rows)
-            notes = "".join(f"\n{line}  " for line in [legend, *caption] if line)
-            console.print(f"**{title}**\n\n" + to_markdown(columns, rows) + notes, markup=False, highlight=False)
-        else:
-            console.print(render_table(columns, rows, title=title, caption="\n".join(caption)))
-    if out is not None:
-        for path in write_outputs(records, out):
-            console.print(f"wrote {path}", highlight=False)
-
-
-def caption_lines(records: list[RunRecord], baseline: str | None = None) -> list[str]:
+def caption_lines(records: list[RunRecord], baseline: str | None = None, metric: str = "ppl") -> list[str]:
     """Under the table: the corpus of the cells, where they were measured (precision, device), what n=K averages,
-    why each n/a is n/a, failed jobs."""
+    why each n/a is n/a, failed jobs; with `metric="longppl"`, what its n/a and n/m mean and each cell's key
+    tokens."""
     all_results = to_results(records)
     results = [r for r in all_results if r["entries"]]
     lines = [corpus_line(results)] if results else []
@@ -441,8 +421,34 @@ def caption_lines(records: list[RunRecord], baseline: str | None = None) -> list
             f"Every column, the ratio included, is divided by {baseline}'s, measured like the row (same corpus, "
             "precision, protocol and positions); n/a where it has no value."
         )
+    if metric == "longppl" and results:
+        lines += longppl_lines(results)
     lines += [f"{r.label} [{r.status}]: {r.error}" for r in records if r.status != "ok"]
     return lines
+
+
+def longppl_lines(results: list[dict[str, Any]]) -> list[str]:
+    """What LongPPL's empty cells mean, then the key tokens each row's cells scored ('rope: 2× 118, 4× 96'; a row
+    of several seeds lists each member's count, '118/121')."""
+    lines = [
+        "LongPPL: perplexity over the key tokens alone (tokens whose loss falls with context beyond the training "
+        "length); n/a at or below it, n/m where a cell was stored without LongPPL (posenc eval-extrapolate --force "
+        "measures it)."
+    ]
+    for label, counts in key_token_counts(results).items():
+        cells = ", ".join(f"{fmt_multiple(m)} {'/'.join(map(str, n))}" for m, n in sorted(counts.items()))
+        lines.append(f"key tokens for {label}: {cells}")
+    return lines
+
+
+def key_token_counts(results: list[dict[str, Any]]) -> dict[str, dict[float, list[int]]]:
+    """Row label -> multiple -> the `key_tokens` of each member's cell there (cells without the field left out)."""
+    out: dict[str, dict[float, list[int]]] = {}
+    for r in results:
+        for e in r["entries"]:
+            if e.get("key_tokens") is not None:
+                out.setdefault(r["label"], {}).setdefault(float(e["multiple"]), []).append(int(e["key_tokens"]))
+    return {label: counts for label, counts in out.items() if counts}
 
 
 def corpus_line(results: list[dict[str, Any]]) -> str:
@@ -471,7 +477,65 @@ def seed_lines(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def comparison_outputs(records: list[RunRecord], sweep_dir: Path, *, console: Any) -> int:
-    """The end of a sweep: table, files in the sweep directory; returns the number of failed jobs."""
-    render(records, out=sweep_dir, console=console)
-    return sum(r.status == "failed" for r in records)
+# ----------------------------------------------------------------------------------------------------------------
+# The comparison as data: what `posenc compare` shows, as JSON, CSV, markdown text or a pandas DataFrame.
+
+
+@dataclass
+class Comparison:
+    """The runs gathered from disk (`gather`) and how they are compared: `metric` per length, every cell divided by
+    `baseline`'s when given. The table is built on first use (`table`), so the JSON and CSV views work whatever
+    `baseline` says. `written`: the files `write_outputs` wrote for it, if any."""
+
+    records: list[RunRecord]
+    metric: str = "ppl"
+    baseline: str | None = None
+    written: list[Path] = field(default_factory=list)
+
+    @functools.cached_property
+    def table(self) -> tuple[list[Column], list[TableRow], str]:
+        """(columns, rows, title) as `comparison` builds them."""
+        return comparison(self.records, metric=self.metric, baseline=self.baseline)
+
+    @property
+    def caption(self) -> list[str]:
+        return caption_lines(self.records, self.baseline, self.metric)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return records_to_json(self.records)
+
+    def to_csv(self) -> str:
+        return to_csv(self.to_json())
+
+    def to_markdown(self) -> str:
+        """The bold title, the markdown table, then the legend and caption lines (two spaces: markdown breaks)."""
+        columns, rows, title = self.table
+        notes = "".join(f"\n{line}  " for line in [table_legend(columns, rows), *self.caption] if line)
+        return f"**{title}**\n\n" + to_markdown(columns, rows) + notes
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per table row (index "run", the row label): column "n" (runs averaged), then the mean of each
+        table column under its header's first line ("1×", "2×", "2× / 1×"; tokens with abs lengths), NaN where the
+        table shows n/a, n/m or –. `attrs`: title, caption, metric, baseline, and for each empty cell its mark and
+        reason (`marks`: {(row, column): (mark, reason)}); `std` the seed spread of averaged cells."""
+        # deferred: pandas costs seconds of start-up; only the API's callers need it
+        import pandas as pd
+
+        columns, rows, title = self.table
+        names = [c.header.split("\n")[0] for c in columns]
+        data, marks, std = [], {}, {}
+        for row in rows:
+            values: dict[str, Any] = {"n": row.members}
+            for column, name in zip(columns, names, strict=True):
+                cell = row.cells.get(column.key, Cell())
+                values[name] = cell.mean if cell.mean is not None else float("nan")
+                if cell.mean is None:
+                    marks[(row.label, name)] = (fmt_cell(cell), cell.reason)
+                elif cell.std is not None:
+                    std[(row.label, name)] = cell.std
+            data.append(values)
+        frame = pd.DataFrame(data, index=pd.Index([r.label for r in rows], name="run"), columns=["n", *names])
+        frame.attrs.update(
+            title=title, caption=self.caption, metric=self.metric, baseline=self.baseline, marks=marks, std=std
+        )
+        return frame

@@ -1,46 +1,103 @@
-"""`posenc compare`: tables and plots from run or sweep directories already on disk."""
+"""`posenc compare`: tables and plots from run or sweep directories already on disk (`api.comparison`)."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from posenc_cli.cli.app import app, console, handles_errors
 from posenc_cli.errors import UserError
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from posenc_cli.analysis.api import TextTable
+    from posenc_cli.analysis.compare import Comparison
+
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+FORMATS = ("table", "csv", "json", "markdown")
 
 
-def _print_reference(table: Any, records: list[Any]) -> None:
-    """posenc's ppl(m·L)/ppl(L) next to the paper's, one row per run label (`reference_tables.side_by_side`)."""
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.analysis.compare import to_results
-    from posenc_cli.report.reference_tables import length_notes, side_by_side
+def print_comparison(comparison: Comparison, fmt: str = "table", *, to: Console = console) -> None:
+    """The comparison in `fmt` (table, csv, json, markdown) on `to`, then a line per file written for it."""
+    if fmt == "json":
+        to.print_json(json.dumps(comparison.to_json()))
+    elif fmt == "csv":
+        to.print(comparison.to_csv(), end="", markup=False, highlight=False)
+    elif fmt == "markdown":
+        to.print(comparison.to_markdown(), markup=False, highlight=False)
+    else:
+        # deferred: keeps this command's modules off posenc --help start-up
+        from posenc_cli.report.tables import render_table
 
-    results = to_results(records)
-    headers, rows = side_by_side(table, results)
-    caption = "\n".join([table.citation, *length_notes(table, results)])
-    out = Table(
-        title=f"ppl(L') / ppl(L): posenc / paper ({table.name})",
-        caption=caption,
-        title_justify="left",
-        caption_justify="left",
-    )
-    for i, h in enumerate(headers):
+        columns, rows, title = comparison.table
+        to.print(render_table(columns, rows, title=title, caption="\n".join(comparison.caption)))
+    for path in comparison.written:
+        to.print(f"wrote {path}", highlight=False)
+
+
+def text_table(view: TextTable) -> Table:
+    """A table of ready text: the first two columns left-aligned (labels), the numbers right-aligned."""
+    out = Table(title=view.title, caption=view.caption, title_justify="left", caption_justify="left")
+    for i, h in enumerate(view.headers):
         out.add_column(h, justify="left" if i < 2 else "right")
-    for row in rows:
+    for row in view.rows:
         out.add_row(*row)
-    console.print(out)
+    return out
+
+
+def frame_table(frame: pd.DataFrame, *, title: str | None = None, caption: str | None = None) -> Table:
+    """Any DataFrame as a rich table: one column per frame column (text left, numbers right; floats to 3 decimals,
+    NaN as "–"), the index as the first column when it is named."""
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left", header_style="bold")
+    named_index = frame.index.name is not None
+    if named_index:
+        table.add_column(str(frame.index.name))
+    numeric = {c: frame[c].dtype.kind in "iuf" for c in frame.columns}
+    for c in frame.columns:
+        table.add_column(str(c), justify="right" if numeric[c] else "left")
+    for index, row in frame.iterrows():
+        cells = [_frame_cell(v) for v in row.tolist()]
+        table.add_row(*([str(index)] if named_index else []), *cells)
+    return table
+
+
+def _frame_cell(value: Any) -> str:
+    if isinstance(value, float):
+        return "–" if math.isnan(value) else f"{value:.3f}"
+    return str(value)
+
+
+def mrr_caption(frame: pd.DataFrame) -> str:
+    """Under the MRR table: what was ranked, and where the paper's numbers come from."""
+    pool = frame.attrs.get("pool", "paper")
+    schemes = ", ".join(map(str, frame.attrs.get("schemes", [])))
+    return (
+        f"Mean reciprocal rank of the beyond-L accuracy (L+1..2L) over {frame.attrs.get('queries', '?')} queries "
+        f"(task × seed), ranked among {schemes} (pool {pool}); ties to the first alphabetically, "
+        "mrr_ties_averaged averages tied ranks; paper: Kazemnejad et al. 2023 (arXiv 2305.19466), figure 1."
+    )
 
 
 @app.command("compare", context_settings=_EXTRA)
 @handles_errors
 def compare_command(
     paths: Annotated[list[Path], typer.Argument(help="Run or sweep directories.")],
-    metric: Annotated[str, typer.Option("--metric", help="ppl, bpb or nll.")] = "ppl",
+    metric: Annotated[
+        str,
+        typer.Option(
+            "--metric",
+            help="ppl, bpb, nll or longppl (LongPPL: perplexity over the key tokens alone; n/a at or below the "
+            "training length, n/m for cells stored without it; the key tokens of each cell are listed under the "
+            "table, and there is no ratio column).",
+        ),
+    ] = "ppl",
     baseline: Annotated[str | None, typer.Option("--baseline", help="Label or run dir to divide by.")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table, csv, json or markdown.")] = "table",
     out: Annotated[Path | None, typer.Option("--out", help="Also write results.csv/json and plots here.")] = None,
@@ -53,7 +110,11 @@ def compare_command(
     ] = False,
     reference: Annotated[
         str | None,
-        typer.Option("--reference", help="Also print posenc's ratios next to a paper's table: alibi-table2."),
+        typer.Option(
+            "--reference",
+            help="Also print posenc's numbers next to a paper's: alibi-table2 (ppl ratios), nope-mrr (the NoPE "
+            "paper's mean reciprocal rank over the algorithmic tasks of the runs, from eval-algorithmic).",
+        ),
     ] = None,
     costs: Annotated[
         bool,
@@ -73,37 +134,31 @@ def compare_command(
     Example: [bold]posenc compare outputs/sweeps/*-extrapolation --metric bpb --format markdown[/]
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.analysis.compare import gather, render
-    from posenc_cli.report.reference_tables import reference_table
+    from posenc_cli.analysis import api
 
     stray = [str(p) for p in paths if str(p).startswith("-")]  # unknown options arrive as paths (_EXTRA)
     if stray:
         raise UserError(f"unknown option {stray[0]} (see posenc compare --help)")
-    if metric not in ("ppl", "bpb", "nll"):
-        raise UserError(f"--metric must be ppl, bpb or nll, got {metric}")
-    if fmt not in ("table", "csv", "json", "markdown"):
+    if fmt not in FORMATS:
         raise UserError(f"--format must be table, csv, json or markdown, got {fmt}")
-    if out is not None:
-        # deferred: keeps this command's modules off posenc --help start-up
-        from posenc_cli.report.output_files import check_writable_dir
-
-        check_writable_dir(out)  # before any table is printed
-    records = gather(paths, all_lengths=all_lengths)
-    table = reference_table(reference) if reference is not None else None  # an unknown name fails before output
-    render(records, metric=metric, baseline=baseline, fmt=fmt, out=out, console=console)
+    report = api.comparison(
+        paths, metric=metric, baseline=baseline, all_lengths=all_lengths, out=out, reference=reference, costs=costs
+    )
+    print_comparison(report.comparison, fmt)
     if fmt == "table":
         # deferred: keeps this command's modules off posenc --help start-up
         from posenc_cli.cli.tasks import print_task_summary
 
-        print_task_summary(records, console)
-    if table is not None:
-        _print_reference(table, records)
-    if costs:
+        print_task_summary(report.comparison.records, console)
+    if report.reference is not None:
+        console.print(text_table(report.reference))
+    if report.mrr is not None:
+        title = "Mean reciprocal rank over the algorithmic tasks: posenc / paper (nope-mrr)"
+        console.print(frame_table(report.mrr, title=title, caption=mrr_caption(report.mrr)))
+    if report.costs is not None:
         # deferred: keeps this command's modules off posenc --help start-up
         import dataclasses
 
-        from posenc_cli.perf.costs import run_costs
         from posenc_cli.report.tables import cost_table
 
-        rows = run_costs((r.label, r.run_dir) for r in records)
-        console.print(cost_table([dataclasses.asdict(c) for c in rows]))
+        console.print(cost_table([dataclasses.asdict(c) for c in report.costs]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.markup import escape
@@ -99,39 +99,24 @@ def build_eval_config(
     dtype: str | None,
     force: bool,
 ) -> Any:
-    """EvalConfig defaults updated with the flags that were given (type- and range-checked)."""
+    """The flags parsed into `api.eval_config` (EvalConfig defaults updated with those given, checked there)."""
     # deferred: keeps this command's modules off posenc --help start-up
-    import dataclasses
+    from posenc_cli.analysis import api
 
-    from posenc_cli.config import EvalConfig, build_dataclass
-
-    _one_kind_of_lengths(lengths, abs_lengths)
-    raw = dataclasses.asdict(EvalConfig())
-    given = {
-        "lengths": _optional_list(lengths, float, "--lengths"),
-        "abs_lengths": _optional_list(abs_lengths, int, "--abs-lengths"),
-        "protocol": protocol,
-        "stride": stride,
-        "target": target,
-        "window": window,
-        "sinks": sinks,
-        "tokens": tokens,
-        "batch_tokens": batch_tokens,
-        "dtype": dtype,
-    }
-    raw.update({k: v for k, v in given.items() if v is not None})
-    raw["force"] = force
-    cfg = build_dataclass(EvalConfig, raw, "eval")
-    cfg.validate()
-    if cfg.stride is not None and cfg.protocol not in ("sliding", "streaming"):
-        raise ConfigError(
-            "--stride applies to --protocol sliding or streaming only (nonoverlap scores every token of a window)"
-        )
-    if (window is not None or sinks is not None) and cfg.protocol != "streaming":
-        raise ConfigError("--window and --sinks apply to --protocol streaming only")
-    if cfg.target is not None and cfg.protocol != "fixed-target":
-        raise ConfigError("--target applies to --protocol fixed-target only")
-    return cfg
+    _one_kind_of_lengths(lengths, abs_lengths)  # before either list is parsed
+    return api.eval_config(
+        lengths=_optional_list(lengths, float, "--lengths"),
+        abs_lengths=_optional_list(abs_lengths, int, "--abs-lengths"),
+        protocol=protocol,
+        stride=stride,
+        target=target,
+        window=window,
+        sinks=sinks,
+        tokens=tokens,
+        batch_tokens=batch_tokens,
+        dtype=dtype,
+        force=force,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -205,8 +190,11 @@ class _Display:
 Results = list[dict[str, Any]]
 
 
-def _evaluate_timed(unit: str, evaluate: Callable[[_Display], Results]) -> tuple[Results, float]:
-    """`evaluate(display)` under a live progress display counting `unit`; (results, seconds)."""
+T = TypeVar("T")
+
+
+def _evaluate_timed(unit: str, evaluate: Callable[[_Display], T]) -> tuple[T, float]:
+    """`evaluate(display)` under a live progress display counting `unit`; (its results, seconds)."""
     start = time.perf_counter()
     with _Display(unit) as display:
         results = evaluate(display)
@@ -365,11 +353,9 @@ def eval_extrapolate_command(
 ) -> None:
     """Perplexity at and beyond the training length, per run and length; stored in each run's eval/extrapolate.json."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli.analysis.compare import labelled_in_order
-    from posenc_cli.evaluation.perplexity import evaluate_paths
+    from posenc_cli.analysis import api
     from posenc_cli.report.plots import write_plots
     from posenc_cli.report.tables import extrapolation_table
-    from posenc_cli.run.hf_run import train_length_override
 
     paths, overrides = split_args(args)
     _check_run_args(paths, [p for p in paths if p.startswith("-")], "unknown option", "eval-extrapolate")
@@ -386,39 +372,33 @@ def eval_extrapolate_command(
         dtype=dtype,
         force=force,
     )
-    if positions is not None and positions not in ("random", "sequential"):
-        raise ConfigError(f"--positions must be random or sequential, got {positions!r}")
-    run_device = resolve_device(device, "--device")  # an unavailable device is reported as the flag given
-    if train_length is not None and train_length < 2:
-        raise ConfigError(f"--train-length must be >= 2, got {train_length}")
-    with train_length_override(train_length):
-        results, seconds = _evaluate_timed(
-            "windows",
-            lambda display: evaluate_paths(
-                paths,
-                cfg,
-                data_overrides=overrides,
-                device=run_device,
-                threads=threads,
-                progress=display.progress,
-                on_run=display.on_run,
-                on_skip=display.on_skip,
-                positions=positions,
-                positions_seed=positions_seed,
-            ),
-        )
-    results = labelled_in_order(results)  # the labels and order compare shows (a sweep's job: its plan label)
-    by = "length" if cfg.abs_lengths is not None else "multiple"
+    evaluation, seconds = _evaluate_timed(
+        "windows",
+        lambda display: api.evaluate(
+            paths,
+            config=cfg,
+            data_overrides=overrides,
+            positions=positions,
+            positions_seed=positions_seed,
+            train_length=train_length,
+            device=device,
+            threads=threads,
+            progress=display.progress,
+            on_run=display.on_run,
+            on_skip=display.on_skip,
+        ),
+    )
+    results = evaluation.results
     _report(
         results,
         seconds,
-        table=extrapolation_table(results, by=by, label=_label),
+        table=extrapolation_table(results, by=evaluation.by, label=_label),
         notes=[*short_corpus_lines(results), *positions_lines(results, _label)],
         results_file="eval/extrapolate.json",
         plot=plot,
         write_plot=lambda path: write_plots(results, path),
         json_path=json_path,
-        combined={"schema_version": 1, "runs": [{k: v for k, v in r.items() if k != "reused"} for r in results]},
+        combined=evaluation.to_json(),
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -16,7 +15,6 @@ from posenc_cli.cli.app import ConfigDirOption, app, console, err_console, handl
 from posenc_cli.errors import UserError
 
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
-LOCAL_LAUNCHERS = ("basic", "joblib", "submitit_local")  # jobs run on this machine, so its load matters
 
 
 def shipped_sweeps_help() -> str:
@@ -61,47 +59,33 @@ def sweep_command(
     [bold]hydra/launcher=joblib hydra.launcher.n_jobs=2[/]; Slurm: [bold]hydra/launcher=submitit_slurm[/].
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.analysis.compare import comparison_outputs, gather
+    from posenc_cli.analysis import api
+    from posenc_cli.cli.compare import print_comparison
     from posenc_cli.cli.profile import print_profile
     from posenc_cli.cli.tasks import print_task_summary
-    from posenc_cli.config import config_dir as packaged_config_dir
-    from posenc_cli.perf.profiling import StageClock, process_age_s, write_sweep_profile
+    from posenc_cli.perf.profiling import process_age_s
     from posenc_cli.run.interrupts import Stopped, sigterm_raises
-    from posenc_cli.sweep.hydra_bridge import launcher_settings
-    from posenc_cli.sweep.plan import check_planned, plan_identities, plan_sweep, validate_plan
-    from posenc_cli.sweep.runner import SweepInterrupted, run_sweep
-    from posenc_cli.sweep.spec import find_sweep_file, load_sweep_spec
+    from posenc_cli.sweep.runner import SweepInterrupted
 
     startup_s = process_age_s()  # interpreter start-up and the CLI's imports, before any work
     names, overrides = split_args(args)
     if len(names) > 1:
         raise UserError(f"one sweep name expected, got {', '.join(names)} (overrides need '=')")
     name = names[0] if names else "extrapolation"
-    user_dir = Path(config_dir) if config_dir else None
-    launcher = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
-    task = [o for o in overrides if o not in launcher]
-    roots = [p for p in (user_dir, packaged_config_dir()) if p is not None]
-    spec = load_sweep_spec(find_sweep_file(name, roots))
-    launcher_name, launcher_given = launcher_settings(launcher, user_dir)  # as the launch itself would check
+    plan = api.plan_sweep(name, overrides, out, config_dir=config_dir, check=dry_run)
     if dry_run:
-        plans = plan_sweep(spec, task)
-        configs = validate_plan(plans, user_dir)
-        if out is not None and out.is_dir():  # a job there planned with another config is refused, as the run would
-            check_planned(out.resolve(), plans, plan_identities(plans, configs))
-        _print_plan(spec.name, plans, out, launcher_name, launcher_given)
+        _print_plan(plan.spec.name, plan.plans, out, plan.launcher_name, plan.launcher_given)
         return
-    if launcher_name in LOCAL_LAUNCHERS:
-        _warn_if_busy(plan_sweep(spec, task), launcher_given, user_dir)
-    sweep_dir = out or Path("outputs") / "sweeps" / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.name}"
-    console.print(f"[bold]sweep[/] {spec.name} → {sweep_dir}", highlight=False)
-    start = time.perf_counter()
-    clock = StageClock(lambda kind, text: console.print(f"[cyan]{kind}[/] {text}", highlight=False))
+    if busy := plan.busy_warning():
+        err_console.print(f"[yellow]warning:[/] {escape(busy)}", highlight=False)
+    sweep_dir = plan.sweep_dir
+    console.print(f"[bold]sweep[/] {plan.spec.name} → {sweep_dir}", highlight=False)
     again = ["posenc", "sweep", name, *overrides, "--out", str(sweep_dir)]
     again += ["--config-dir", str(config_dir)] if config_dir else []
     try:
         with sigterm_raises():  # between jobs too (jobs in this process handle their own)
-            plans = run_sweep(
-                spec, task, sweep_dir, launcher_overrides=launcher, user_config_dir=user_dir, on_event=clock
+            ran = api.run_planned_sweep(
+                plan, on_event=lambda kind, text: console.print(f"[cyan]{kind}[/] {text}", highlight=False)
             )
     except SweepInterrupted as e:
         err_console.print(f"sweep {e}. Resume with: {shlex.join(again)}", markup=False)
@@ -109,45 +93,18 @@ def sweep_command(
     except Stopped as e:
         err_console.print(f"sweep interrupted by SIGTERM. Resume with: {shlex.join(again)}", markup=False)
         raise typer.Exit(128 + e.signum) from None
-    clock.finish()
-    console.print(f"sweep finished in {time.perf_counter() - start:.0f} s", highlight=False)
-    report_start = time.perf_counter()
-    records = gather([sweep_dir])
-    failed = comparison_outputs(records, sweep_dir, console=console)
-    print_task_summary(records, console)  # retrieval scores, for sweeps that measured them (data=tasks)
-    if viz:
-        # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-        from posenc_cli.analysis.viz import write_attention_comparison
-
-        done = [r.run_dir for r in records if r.status == "ok"]
-        if done:
-            console.print(f"wrote {write_attention_comparison(done, Path(sweep_dir) / 'attention.png')}")
-    parent = {"start-up": startup_s or 0.0, "report": time.perf_counter() - report_start}
-    doc = write_sweep_profile(sweep_dir, plans, clock, parent, measure_peak=profile)
+    console.print(f"sweep finished in {ran.seconds:.0f} s", highlight=False)
+    report = api.sweep_report(ran, viz=viz, profile=profile, startup_s=startup_s)
+    print_comparison(report.comparison)
+    print_task_summary(report.comparison.records, console)  # retrieval scores, for sweeps that measured them
+    if report.attention is not None:
+        console.print(f"wrote {report.attention}")
     if profile:
-        print_profile(doc, console)
-    planned = {job.dir(Path(sweep_dir)).resolve() for plan in plans for job in plan.jobs}
-    unfinished = [r for r in records if r.status != "ok" and Path(r.run_dir).resolve() in planned]
-    for r in unfinished:  # on stderr too, whatever the table showed: a log may keep only stderr
+        print_profile(report.profile, console)
+    for r in report.unfinished:  # on stderr too, whatever the table showed: a log may keep only stderr
         err_console.print(f"job {r.run_dir} {r.status}: {r.error}", markup=False, highlight=False)
-    if failed or unfinished:
+    if report.failed or report.unfinished:
         raise typer.Exit(1)
-
-
-def _warn_if_busy(plans: list, launcher_given: dict, user_dir: Path | None) -> None:
-    """One warning line when the machine is already loaded (jobs' threads as posenc would give them)."""
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.cpu_load import training_busy_warning
-    from posenc_cli.sweep.hydra_bridge import compose_config
-
-    first = next((job for plan in plans for job in plan.jobs), None)
-    if first is None:
-        return
-    train = compose_config(first.overrides, user_dir).train
-    n_jobs = launcher_given.get("n_jobs")
-    jobs = int(n_jobs) if isinstance(n_jobs, int) and n_jobs > 0 else 1
-    if (busy := training_busy_warning(train.device, train.threads, jobs)) is not None:
-        err_console.print(f"[yellow]warning:[/] {escape(busy)}", highlight=False)
 
 
 def launcher_line(name: str, given: dict) -> str:

@@ -230,6 +230,22 @@ def _reason(entry: dict[str, Any], metric: str) -> str:
     return entry.get("reason") or f"no {metric} at {entry['length']} tokens"
 
 
+# Metrics an evaluation may not have recorded for an ok cell, with why a recorded null has no value: LongPPL (Fang et
+# al. 2024, arXiv 2410.23771) scores only key tokens, those whose loss falls with context beyond the training length,
+# so it cannot be measured at or below it.
+NULL_REASONS = {"longppl": "LongPPL cannot be measured at or below the training length (no context beyond it)"}
+
+
+def _mark_unrecorded(cell: Cell, entry: dict[str, Any], metric: str) -> None:
+    """An ok entry without `metric`: n/a when it recorded null for a reason (`NULL_REASONS`), n/m when the field is
+    absent (measured before the metric was recorded); the first member's reason and kind win."""
+    if cell.reason is None:
+        if metric in entry:
+            cell.reason, cell.kind = NULL_REASONS[metric], CANNOT
+        else:
+            cell.reason, cell.kind = f"{metric} not measured at {entry['length']} tokens", UNMEASURABLE
+
+
 def _mark_empty(cell: Cell, entry: dict[str, Any], metric: str) -> None:
     """Record why `entry` gives `cell` no value (the first member's reason and kind win)."""
     if cell.reason is None:
@@ -276,8 +292,11 @@ def extrapolation_rows(
             cell = row.cells.setdefault(column_key(e, by), Cell())
             if e.get("status") == "ok" and e.get(metric) is not None:
                 cell.values.append(float(e[metric]))
-            elif e.get("status") != "ok":  # measured without `metric` (no byte counts: bpb): left "–"
+            elif e.get("status") != "ok":
                 _mark_empty(cell, e, metric)
+            elif metric in NULL_REASONS:  # ok, but without this optional metric: n/a or n/m
+                _mark_unrecorded(cell, e, metric)
+            # otherwise measured without `metric` (no byte counts: bpb): left "–"
         if pair is not None:
             value, reason = ratio_value(r, by, pair, metric)
             cell = row.cells.setdefault("ratio", Cell())
