@@ -19,7 +19,7 @@ from posenc_cli.evaluation.results import checkpoint_identity, new_results_doc, 
 from posenc_cli.positional import config_class
 from posenc_cli.run.journal import commit_checkpoint
 from posenc_cli.run.meta import RunMeta
-from posenc_cli.sweep.runner import _mark_done
+from posenc_cli.sweep.markers import mark_done as _mark_done
 
 runner = CliRunner()
 
@@ -384,3 +384,45 @@ def test_streaming_cells_of_another_decode_are_another_row(tmp_path: Path) -> No
     series = [row_setup.Series(record=record, setting=k, entries=[], label="rope") for k in keyed]
     row_setup._tell_apart_unshown_settings(series)
     assert [s.label for s in series] == ["rope · variant 1", "rope · variant 2"]
+
+
+def test_longppl_cells_say_why_they_are_empty_and_count_key_tokens(tmp_path: Path) -> None:
+    """null at <= L is n/a, a cell stored before LongPPL was recorded is n/m, and each cell's key tokens are listed."""
+    at_1x = {**entry(16, 10.0), "longppl": None, "key_tokens": 0}
+    at_2x = {**entry(32, 12.0), "longppl": 15.0, "key_tokens": 7}
+    fake_run(tmp_path / "runs" / "rope", "rope", {}, [1.0, 2.0, 4.0], entries=[at_1x, at_2x, entry(64, 20.0)])
+    records = compare.gather([tmp_path / "runs"])
+    columns, _, title = compare.comparison(records, metric="longppl")
+    assert [c.key for c in columns] == [1.0, 2.0, 4.0] and title.startswith("LongPPL by evaluation length")
+    text = render(records, metric="longppl")
+    line = next(x for x in text.splitlines() if x.startswith("│ rope"))
+    assert [c.strip() for c in line.split("│")[2:-1]] == ["n/a", "15.00", "n/m"]
+    flat = " ".join(text.split())
+    assert "key tokens for rope: 1× 0, 2× 7" in flat and "n/a at or below it, n/m where a cell" in flat
+    assert "n/a = LongPPL cannot be measured at or below the training length" in flat  # not the scheme's limit
+    frame = compare.Comparison(records, metric="longppl").to_frame()
+    assert list(frame.columns) == ["n", "1×", "2×", "4×"] and frame.loc["rope", "2×"] == 15.0
+    assert frame.attrs["marks"][("rope", "1×")][0] == "n/a" and frame.attrs["marks"][("rope", "4×")][0] == "n/m"
+    result = runner.invoke(app, ["compare", str(tmp_path / "runs"), "--metric", "longppl"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "LongPPL by evaluation length" in result.output and "key tokens for rope" in result.output
+
+
+def test_reference_nope_mrr_prints_the_ranking(sweep_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from posenc_cli.analysis import mrr
+
+    asked = []
+    beyond = {"nope": 0.5, "rope": 0.1, "alibi": 0.3}
+    scores = [mrr.QueryScore(scheme=s, seed=0, task="copy", max_length=8, in_distribution=1.0, beyond=b, run=s)
+              for s, b in beyond.items()]  # fmt: skip
+    table = mrr.mrr_table(scores)
+    monkeypatch.setattr(mrr, "nope_mrr", lambda paths: asked.append(paths) or table)
+    result = runner.invoke(app, ["compare", str(sweep_dir), "--reference", "nope-mrr"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert asked == [[sweep_dir]]
+    ranking = result.output[result.output.index("Mean reciprocal rank") :]
+    rows = [x.split("│")[1:-1] for x in ranking.splitlines() if x.startswith("│")]
+    cells = [[c.strip() for c in r[:3]] for r in rows]  # scheme, paper, mrr: best first
+    assert cells == [["nope", "0.690", "1.000"], ["alibi", "0.500", "0.500"], ["rope", "0.330", "0.333"]]
+    bad = runner.invoke(app, ["compare", str(sweep_dir), "--reference", "nope"])
+    assert bad.exit_code == 2 and "available: alibi-table2, nope-mrr" in bad.stderr

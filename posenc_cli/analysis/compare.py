@@ -33,6 +33,8 @@ from posenc_cli.evaluation.perplexity import find_runs
 from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, load_results
 from posenc_cli.report.output_files import staged_files
 from posenc_cli.report.tables import (
+    LEGEND,
+    LONGPPL_LEGEND,
     Cell,
     Column,
     TableRow,
@@ -49,7 +51,8 @@ from posenc_cli.report.tables import (
 from posenc_cli.run.hf_run import is_hf_dir, weights_identity
 from posenc_cli.run.load import read_config
 from posenc_cli.run.meta import RunMeta, incomplete_reason, read_meta, read_run_meta
-from posenc_cli.sweep.runner import job_status, read_failure, read_plan
+from posenc_cli.sweep.markers import job_status, read_failure
+from posenc_cli.sweep.plan import read_plan
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -498,6 +501,11 @@ class Comparison:
         return comparison(self.records, metric=self.metric, baseline=self.baseline)
 
     @property
+    def legend(self) -> dict[str, str]:
+        """What each empty-cell mark means in this table (`report.tables.LEGEND`, LongPPL's own for longppl)."""
+        return LONGPPL_LEGEND if self.metric == "longppl" else LEGEND
+
+    @property
     def caption(self) -> list[str]:
         return caption_lines(self.records, self.baseline, self.metric)
 
@@ -510,7 +518,7 @@ class Comparison:
     def to_markdown(self) -> str:
         """The bold title, the markdown table, then the legend and caption lines (two spaces: markdown breaks)."""
         columns, rows, title = self.table
-        notes = "".join(f"\n{line}  " for line in [table_legend(columns, rows), *self.caption] if line)
+        notes = "".join(f"\n{line}  " for line in [table_legend(columns, rows, self.legend), *self.caption] if line)
         return f"**{title}**\n\n" + to_markdown(columns, rows) + notes
 
     def to_frame(self) -> pd.DataFrame:

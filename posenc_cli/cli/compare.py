@@ -37,7 +37,8 @@ def print_comparison(comparison: Comparison, fmt: str = "table", *, to: Console 
         from posenc_cli.report.tables import render_table
 
         columns, rows, title = comparison.table
-        to.print(render_table(columns, rows, title=title, caption="\n".join(comparison.caption)))
+        caption = "\n".join(comparison.caption)
+        to.print(render_table(columns, rows, title=title, caption=caption, legend=comparison.legend))
     for path in comparison.written:
         to.print(f"wrote {path}", highlight=False)
 
@@ -55,17 +56,20 @@ def text_table(view: TextTable) -> Table:
 def frame_table(frame: pd.DataFrame, *, title: str | None = None, caption: str | None = None) -> Table:
     """Any DataFrame as a rich table: one column per frame column (text left, numbers right; floats to 3 decimals,
     NaN as "–"), the index as the first column when it is named."""
+    # deferred: keeps this command's modules off posenc --help start-up
+    from posenc_cli.report.tables import fit_to_content
+
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left", header_style="bold")
     named_index = frame.index.name is not None
     if named_index:
-        table.add_column(str(frame.index.name))
+        table.add_column(str(frame.index.name), no_wrap=True)
     numeric = {c: frame[c].dtype.kind in "iuf" for c in frame.columns}
     for c in frame.columns:
-        table.add_column(str(c), justify="right" if numeric[c] else "left")
+        table.add_column(str(c), justify="right" if numeric[c] else "left", no_wrap=True)
     for index, row in frame.iterrows():
         cells = [_frame_cell(v) for v in row.tolist()]
         table.add_row(*([str(index)] if named_index else []), *cells)
-    return table
+    return fit_to_content(table)  # headers whole, whatever the terminal's width
 
 
 def _frame_cell(value: Any) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -44,6 +44,14 @@ LEGEND = {
     "fixed target (reasons below)",
     NON_FINITE: "nan = the loss was not finite",
     NOT_MEASURED: f"{NOT_MEASURED} = not measured",
+}
+# LongPPL's n/a says more: at or below the training length there is nothing beyond it to measure.
+LONGPPL_LEGEND = {
+    **LEGEND,
+    CANNOT: "n/a = LongPPL cannot be measured at or below the training length, or the scheme cannot read that many "
+    "tokens (reasons below)",
+    UNMEASURABLE: "n/m = not measurable there: stored without LongPPL, the corpus holds no window that long, or the "
+    "length is below the fixed target (reasons below)",
 }
 # What an entry's non-ok state is shown as. Entries written before the states were told apart say "n/a" for all of
 # them; their reason text tells which (the same reading as `evaluation.results.cell_status`, which this layer
@@ -131,11 +139,12 @@ def render_table(
     title: str | None = None,
     caption: str | None = None,
     label_header: str = "run",
+    legend: Mapping[str, str] = LEGEND,
 ) -> Table:
     """A rich table: rows × columns, best mean per column bold, n/a and – dimmed, a section per row group; the
-    caption opens with a legend line for whichever of n/a and – the table shows."""
-    legend = table_legend(columns, rows)
-    caption = "\n".join(x for x in (legend, caption) if x) or None
+    caption opens with a legend line (`legend`'s text) for whichever of n/a and – the table shows."""
+    legend_line = table_legend(columns, rows, legend)
+    caption = "\n".join(x for x in (legend_line, caption) if x) or None
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left", header_style="bold")
     # a long label wraps rather than lose its end (the corpus, precision or directory that tells rows apart)
     table.add_column(label_header, overflow="fold", max_width=LABEL_WRAP_WIDTH)
@@ -169,10 +178,10 @@ def render_table(
     return fit_to_content(table)
 
 
-def table_legend(columns: Sequence[Column], rows: Sequence[TableRow]) -> str:
+def table_legend(columns: Sequence[Column], rows: Sequence[TableRow], legend: Mapping[str, str] = LEGEND) -> str:
     """'n/a = ...; – = not measured' for the empty-cell marks that appear in the table ('' when none does)."""
     marks = {fmt_cell(r.cells.get(c.key, Cell())) for r in rows for c in columns}
-    return "; ".join(text for mark, text in LEGEND.items() if mark in marks)
+    return "; ".join(text for mark, text in legend.items() if mark in marks)
 
 
 def _mean(row: TableRow, key: Any) -> float | None:
