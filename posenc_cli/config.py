@@ -16,12 +16,12 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
 from posenc_cli.errors import ConfigError
-from posenc_cli.rope_scaling import param_fields, settings_class
+from posenc_cli.rope_scaling import NONE, ScalingSettings, method_names, param_fields, params_class
 from posenc_cli.untrusted import load_yaml
 
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes [-2**63, 2**64) and seed + 1 seeds the sampler; numpy: seed mod 2**32
@@ -154,6 +154,11 @@ class TrainConfig:
     # reference trains one example per sequence from position 0: McGill-NLP/length-generalization 40f8a44,
     # configs/data/seq2seq.jsonnet, decoder_only_group_samples: false). Needs documents shorter than seq_len.
     window_start: Literal["uniform", "document"] = "uniform"
+    # Where training windows start: "uniform" over the token stream, or "document": at an end-of-document token, so
+    # a window opens with one whole document at positions 1.. as an evaluation prompt does (the NoPE paper's
+    # reference trains one example per sequence from position 0: McGill-NLP/length-generalization 40f8a44,
+    # configs/data/seq2seq.jsonnet, decoder_only_group_samples: false). Needs documents shorter than seq_len.
+    window_start: Literal["uniform", "document"] = "uniform"
 
     def validate(self) -> None:
         _positive(self, "train", "seq_len", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches")
@@ -213,17 +218,20 @@ class EvalConfig:
             raise ConfigError("eval.sinks must be >= 0")
 
 
-# method (a registered RoPE scaling method), factor, original_length, then every method's parameters
-_ExtendScaling = settings_class(
-    "_ExtendScaling", method="yarn", factor=4.0, allow_none=False, module=__name__, doc="`extend`'s scaling settings."
-)
-
-
 @dataclass(kw_only=True)
-class ExtendConfig(_ExtendScaling):  # type: ignore[misc, valid-type]
-    """Defaults of `posenc extend` (flags mirror these fields): the scaling settings (fields and method choices
-    from `posenc_cli.rope_scaling`'s registry), then the optional fine-tune."""
+class ExtendConfig(ScalingSettings):
+    """Defaults of `posenc extend` (flags mirror these fields): the scaling settings (`method`, `factor`,
+    `original_length` and the method's own `params`, as `pos.scaling` holds them: `rope_scaling.ScalingSettings`),
+    then the optional fine-tune.
 
+    Overrides: `extend.method=llama3 extend.factor=8` as always; a method's parameter is nested under `params` and,
+    as configs/extend/default.yaml lists none, added with Hydra's `+`: `+extend.params.beta_fast=16`. The flat key
+    of earlier posenc versions (`extend.beta_fast=16`) is refused in one line naming the new key
+    (`unknown_key_message`); a run's config.yaml saved in the flat layout still loads (`build_dataclass`)."""
+
+    allow_none: ClassVar[bool] = False
+    method: str = "yarn"
+    factor: float = 4.0
     finetune_steps: int = 0
     finetune_seq_len: int | None = None
     finetune_lr: float = 3e-4
@@ -269,10 +277,11 @@ class ExtendConfig(_ExtendScaling):  # type: ignore[misc, valid-type]
             raise ConfigError("extend.pose (--pose) needs a fine-tune: set --finetune-steps N")
         if self.original_length is not None and self.original_length < 2:
             raise ConfigError("extend.original_length must be >= 2")
-        for name in (f.name for f in param_fields().values() if f.positive):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigError(f"extend.{name} must be > 0, got {value}")
+        _check_finite(self.params, "extend.params")
+        for f in dataclasses.fields(self.params):
+            value = getattr(self.params, f.name)
+            if f.metadata.get("positive") and value is not None and value <= 0:
+                raise ConfigError(f"extend.params.{f.name} must be > 0, got {value}")
 
 
 @dataclass(kw_only=True)
@@ -304,9 +313,15 @@ class Config:
 
 
 def build_dataclass(cls: type, raw: Any, prefix: str) -> Any:
-    """Build dataclass `cls` from `raw`, checking keys and types recursively."""
+    """Build dataclass `cls` from `raw`, checking keys and types recursively (a RoPE scaling: `_build_scaling`)."""
     if dataclasses.is_dataclass(raw) and isinstance(raw, cls):
         return raw
+    if issubclass(cls, ScalingSettings):
+        return _build_scaling(cls, raw, prefix)
+    return _build_fields(cls, raw, prefix)
+
+
+def _build_fields(cls: type, raw: Any, prefix: str) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {raw!r}")
     hints = typing.get_type_hints(cls)
@@ -317,6 +332,53 @@ def build_dataclass(cls: type, raw: Any, prefix: str) -> Any:
         raise ConfigError(_unknown(dotted, dotted, sorted(fields), "valid keys"))
     kwargs = {name: _coerce(hints[name], value, _join(prefix, name)) for name, value in raw.items()}
     return cls(**kwargs)
+
+
+def _build_scaling(cls: type[ScalingSettings], raw: Any, prefix: str) -> ScalingSettings:
+    """A scaling (`pos.scaling`, `extend`) from `raw`: its own keys, then `params` with the chosen method's params
+    class (unknown keys named as `<prefix>.params.<key>`). The flat layout runs were saved in before (every method's
+    parameters beside `method`) is read as the method's own ones (`nest_scaling_params`)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {raw!r}")
+    raw = nest_scaling_params(cls, raw, prefix)
+    params = raw.pop("params", None)
+    settings = _build_fields(cls, raw, prefix)
+    allowed = (NONE, *method_names()) if cls.allow_none else method_names()
+    if settings.method not in allowed:
+        raise ConfigError(f"{_join(prefix, 'method')}={settings.method!r} is not one of {', '.join(allowed)}")
+    params_cls = params_class(settings.method)
+    assert params_cls is not None
+    built = _build_fields(params_cls, {} if params is None else params, _join(prefix, "params"))
+    return dataclasses.replace(settings, params=built)
+
+
+def nest_scaling_params(cls: type[ScalingSettings], raw: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """`raw` in today's layout: a mapping in the flat layout of earlier posenc versions (`{method, factor,
+    original_length, beta_fast, ..., long_factor}`: every method's parameters, no `params`) becomes `{method,
+    factor, original_length, params: {the method's own}}` (the other methods' values were ignored then and are
+    dropped). A flat parameter key beside `params` (an override typed the old way) is a one-line ConfigError naming
+    its new key. Anything else is returned as it is."""
+    own = {f.name for f in dataclasses.fields(cls)}
+    flat = [k for k in raw if k in param_fields() and k not in own]
+    if not flat:
+        return dict(raw)
+    if "params" in raw:
+        raise ConfigError(_moved(_join(prefix, flat[0])))
+    method = raw.get("method", next(f.default for f in dataclasses.fields(cls) if f.name == "method"))
+    params_cls = params_class(method) if isinstance(method, str) else None
+    keep = {f.name for f in dataclasses.fields(params_cls)} if params_cls is not None else set()
+    out = {k: v for k, v in raw.items() if k not in flat}
+    out["params"] = {k: raw[k] for k in flat if k in keep}
+    return out
+
+
+def _moved(dotted: str) -> str:
+    """One line for a scaling parameter given under its flat key of earlier versions."""
+    prefix, _, name = dotted.rpartition(".")
+    return (
+        f"'{dotted}' is now '{prefix}.params.{name}': a RoPE scaling method's own parameters are nested under "
+        f"params (override: +{prefix}.params.{name}=VALUE)"
+    )
 
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:
@@ -389,9 +451,20 @@ def unknown_key_message(dotted: str, groups: typing.Mapping[str, type] | None = 
 
     `groups` gives the class a composition actually uses for a group whose schema here is only the base class
     (`{"pos": RopeConfig}` for `pos=rope`: `run.config_load.unknown_override_message` finds them); without it
-    `pos.*` is checked against `PosConfig`, which has only `name`."""
-    cls: Any = Config
+    `pos.*` is checked against `PosConfig`, which has only `name`. A RoPE scaling parameter under its flat key of
+    earlier versions (`extend.beta_fast`) names its new key; one under `params` that the default config does not
+    list (`extend.params.beta_fast`) says to add it with Hydra's `+`."""
     parts = dotted.split(".")
+    parent, name = ".".join(parts[:-1]), parts[-1]
+    if name in param_fields():
+        if parent in _SCALING_GROUPS:
+            return _moved(dotted)
+        if parent.endswith(".params") and parent[: -len(".params")] in _SCALING_GROUPS:
+            return (
+                f"'{dotted}' is not in the composed config (a scaling method's parameters are listed only when "
+                f"given); add it with +{dotted}=VALUE"
+            )
+    cls: Any = Config
     for depth, part in enumerate(parts[:-1]):
         hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
         nested = sorted(k for k, v in hints.items() if dataclasses.is_dataclass(v))
@@ -402,6 +475,8 @@ def unknown_key_message(dotted: str, groups: typing.Mapping[str, type] | None = 
     valid = sorted(f.name for f in dataclasses.fields(cls) if f.init)
     return _unknown(dotted, dotted, valid, "valid keys")
 
+
+_SCALING_GROUPS = ("extend", "pos.scaling")  # where configs hold a RoPE scaling
 
 MAX_CONFIG_DIR_FILES = 10_000
 MAX_CONFIG_FILE_BYTES = 2**20  # a config group or sweep file is a few hundred bytes

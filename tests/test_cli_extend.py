@@ -102,9 +102,9 @@ def test_finetune_from_the_cli(runs: dict[str, Path], tmp_path: Path) -> None:
         (["--method", "nosuch"], "unknown scaling method 'nosuch'"),
         (["--yarn", "--linear"], "give one scaling method"),
         (["--factor", "nan"], "extend.factor must be a finite number"),
-        (["--yarn", "--attention-factor", "nan"], "extend.attention_factor must be a finite number"),
-        (["--yarn", "--beta-fast", "inf"], "extend.beta_fast must be a finite number"),
-        (["--yarn", "--beta-slow", "-inf"], "extend.beta_slow must be a finite number"),
+        (["--yarn", "--attention-factor", "nan"], "extend.params.attention_factor must be a finite number"),
+        (["--yarn", "--beta-fast", "inf"], "extend.params.beta_fast must be a finite number"),
+        (["--yarn", "--beta-slow", "-inf"], "extend.params.beta_slow must be a finite number"),
     ],
 )
 def test_refusals_exit_2_and_write_nothing(

@@ -49,7 +49,7 @@ def test_factors_file_goes_into_the_child_config(runs: dict[str, Path], tmp_path
     assert "1.2247" in result.output  # √(1 + ln 4 / ln 16) = √1.5
     assert "2 keep · 3 blended · 3 interpolated" in result.output
     scaling = load_run(out).config.pos.scaling  # type: ignore[attr-defined]
-    assert (scaling.method, scaling.short_factor, scaling.long_factor) == ("longrope", short, long)
+    assert (scaling.method, scaling.params.short_factor, scaling.params.long_factor) == ("longrope", short, long)
 
 
 def test_search_writes_the_found_factors(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -60,7 +60,7 @@ def test_search_writes_the_found_factors(runs: dict[str, Path], tmp_path: Path) 
     assert "LongRoPE search: 3 candidates" in result.output
     doc = json.loads((out / FACTORS_FILE).read_text())
     scaling = load_run(out).config.pos.scaling  # type: ignore[attr-defined]
-    assert scaling.method == "longrope" and scaling.long_factor == doc["long_factor"]
+    assert scaling.method == "longrope" and scaling.params.long_factor == doc["long_factor"]
     assert len(doc["long_factor"]) == PAIRS and doc["search"]["budget"] == 3
     assert "train split tokens [0, 129)" in " ".join(result.output.split())  # 2 windows of 64 + 1
     assert doc["search"]["data"]["split"] == "train"

@@ -98,13 +98,17 @@ def test_load_config_file_errors_name_the_file(tmp_path) -> None:
         (("train", "beta1"), 1, "train.beta1 must be < 1"),
         (("train", "seed"), 2**70, "train.seed must be in [0, 2**63-1]"),
         (("train", "seed"), -1, "train.seed must be in [0, 2**63-1]"),
-        (("extend", "beta_fast"), 0.0, "extend.beta_fast must be > 0"),
-        (("extend", "attention_factor"), -1.0, "extend.attention_factor must be > 0"),
+        (("extend", "params", "beta_fast"), 0.0, "extend.params.beta_fast must be > 0"),
+        (("extend", "params", "attention_factor"), -1.0, "extend.params.attention_factor must be > 0"),
+        (("extend", "params", "beta_slow"), float("nan"), "extend.params.beta_slow: expected a finite number"),
     ],
 )
-def test_non_finite_and_impossible_values_are_rejected(path: tuple[str, str], value: object, message: str) -> None:
+def test_non_finite_and_impossible_values_are_rejected(path: tuple[str, ...], value: object, message: str) -> None:
     raw = base_dict()
-    raw[path[0]][path[1]] = value
+    group = raw
+    for key in path[:-1]:
+        group = group[key]
+    group[path[-1]] = value
     with pytest.raises(ConfigError) as err:
         config_from_dict(raw)
     assert message in str(err.value)
@@ -113,10 +117,11 @@ def test_non_finite_and_impossible_values_are_rejected(path: tuple[str, str], va
 def test_validate_catches_non_finite_values_set_directly() -> None:
     """Commands that build a group directly (extend's flags, eval's --lengths) are checked by validate() too."""
     from posenc_cli.config import EvalConfig, ExtendConfig
+    from posenc_cli.rope_scaling.yarn import YarnParams
 
     for bad in (
-        ExtendConfig(attention_factor=float("nan")),
-        ExtendConfig(beta_slow=float("inf")),
+        ExtendConfig(params=YarnParams(attention_factor=float("nan"))),
+        ExtendConfig(params=YarnParams(beta_slow=float("inf"))),
         EvalConfig(lengths=[1.0, float("nan")]),
     ):
         with pytest.raises(ConfigError, match="must be a finite number"):

@@ -15,6 +15,9 @@ from posenc_cli.data.tokenizer import ByteTokenizer
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.extension.extend import extend_run
 from posenc_cli.positional.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from posenc_cli.rope_scaling.llama3 import Llama3Params
+from posenc_cli.rope_scaling.longrope import LongRopeParams
+from posenc_cli.rope_scaling.yarn import YarnParams
 from posenc_cli.run.load import load_run
 from posenc_cli.run.train import train
 
@@ -137,8 +140,12 @@ def test_yarn_extended_run_maps_to_yarn_rope_parameters(runs: dict[str, Path], t
         ExtendConfig(method="linear", factor=4.0),
         ExtendConfig(method="ntk", factor=4.0),
         ExtendConfig(method="dynamic", factor=4.0),
-        ExtendConfig(method="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0),
-        ExtendConfig(method="yarn", factor=2.0, beta_fast=8.0, beta_slow=2.0, attention_factor=1.3, truncate=False),
+        ExtendConfig(method="llama3", factor=4.0, params=Llama3Params(low_freq_factor=1.0, high_freq_factor=4.0)),
+        ExtendConfig(
+            method="yarn",
+            factor=2.0,
+            params=YarnParams(beta_fast=8.0, beta_slow=2.0, attention_factor=1.3, truncate=False),
+        ),
     ],
     ids=["linear", "ntk", "dynamic", "llama3", "yarn-custom"],
 )
@@ -156,7 +163,9 @@ def test_longrope_extended_run_carries_its_factors_and_gives_the_same_logits(
     short, long = [1.0, 1.05, 1.1, 1.3], [1.0, 1.8, 3.5, 5.0]
     child = tmp_path / "child"
     extend_run(
-        runs["rope_il"], child, ExtendConfig(method="longrope", factor=4.0, short_factor=short, long_factor=long)
+        runs["rope_il"],
+        child,
+        ExtendConfig(method="longrope", factor=4.0, params=LongRopeParams(short_factor=short, long_factor=long)),
     )
     result = export_run(child, tmp_path / "hf", verify=False)
     params = rope_params(tmp_path / "hf")
@@ -294,7 +303,7 @@ def test_partial_rotary_factor_gives_transformers_the_same_rotary_dim() -> None:
 
 def test_static_ntk_is_plain_rope_with_a_larger_base() -> None:
     from posenc_cli.positional.rope import RopeConfig
-    from posenc_cli.positional.scaling import RopeScalingConfig, scaled_inv_freq
+    from posenc_cli.rope_scaling import RopeScalingConfig, scaled_inv_freq
 
     pos = RopeConfig(base=10000.0, scaling=RopeScalingConfig(method="ntk", factor=4.0, original_length=L))
     scaling, base, _, _ = neox_rope(pos, 16, L)

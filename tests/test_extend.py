@@ -14,7 +14,10 @@ from posenc_cli.config import ExtendConfig, replace
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.extension.extend import default_out_dir, extend_run
 from posenc_cli.model import build_model
-from posenc_cli.positional.scaling import frequency_regions, scaled_inv_freq
+from posenc_cli.rope_scaling import frequency_regions, scaled_inv_freq
+from posenc_cli.rope_scaling.llama3 import Llama3Params
+from posenc_cli.rope_scaling.longrope import LongRopeParams
+from posenc_cli.rope_scaling.yarn import YarnParams
 from posenc_cli.run.layout import MODEL_FILE
 from posenc_cli.run.load import load_run
 from posenc_cli.run.meta import read_meta
@@ -84,14 +87,14 @@ def test_unknown_method_is_refused(runs: dict[str, Path], tmp_path: Path) -> Non
 
 
 def test_longrope_factors_of_the_wrong_length_are_refused_before_writing(runs: dict[str, Path], tmp_path: Path) -> None:
-    ext = ExtendConfig(method="longrope", factor=4.0, long_factor=[1.0, 2.0, 3.0])
+    ext = ExtendConfig(method="longrope", factor=4.0, params=LongRopeParams(long_factor=[1.0, 2.0, 3.0]))
     with pytest.raises(ConfigError, match="long_factor has 3 values; this RoPE has"):
         extend_run(runs["rope"], tmp_path / "child", ext)
     assert not (tmp_path / "child").exists()
 
 
 def test_bad_llama3_parameters_are_refused_before_writing(runs: dict[str, Path], tmp_path: Path) -> None:
-    ext = ExtendConfig(method="llama3", low_freq_factor=4.0, high_freq_factor=1.0)
+    ext = ExtendConfig(method="llama3", params=Llama3Params(low_freq_factor=4.0, high_freq_factor=1.0))
     with pytest.raises(ConfigError, match="low_freq_factor < high_freq_factor"):
         extend_run(runs["rope"], tmp_path / "child", ext)
     assert not (tmp_path / "child").exists()
@@ -133,13 +136,13 @@ def test_child_config_meta_and_weights(runs: dict[str, Path], tmp_path: Path) ->
     parent_before = snapshot(runs["rope"])
     out = tmp_path / "child"
     out.mkdir()  # an existing empty directory (as Hydra creates job dirs) is fine
-    res = extend_run(runs["rope"], out, ExtendConfig(method="yarn", factor=4, beta_fast=16))
+    res = extend_run(runs["rope"], out, ExtendConfig(method="yarn", factor=4, params=YarnParams(beta_fast=16.0)))
     assert res.status == "created"
     assert snapshot(runs["rope"]) == parent_before  # the source is never modified
 
     child, parent = load_run(out), load_run(runs["rope"])
     s = child.config.pos.scaling  # type: ignore[attr-defined]
-    assert (s.method, s.factor, s.original_length, s.beta_fast, s.beta_slow, s.truncate) == (
+    assert (s.method, s.factor, s.original_length, s.params.beta_fast, s.params.beta_slow, s.params.truncate) == (
         "yarn", 4.0, L, 16.0, 1.0, True
     )  # fmt: skip
     assert parent.config.pos.scaling.method == "none"  # type: ignore[attr-defined]

@@ -19,6 +19,7 @@ from posenc_cli.cli import app
 from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.hf_extend import RECORD_FILE, hf_rope_parameters
+from posenc_cli.rope_scaling.yarn import YarnParams
 from posenc_cli.run.hf_run import load_hf_run
 
 runner = CliRunner()
@@ -69,7 +70,7 @@ def test_extended_dir_loads_in_transformers_with_posenc_logits(
 def test_transformers_frequencies_equal_posenc_maths(sources: dict[str, Path], tmp_path: Path, method: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from posenc_cli.positional.scaling import scaled_inv_freq
+    from posenc_cli.rope_scaling import scaled_inv_freq
 
     out = tmp_path / "ext"
     assert _extend(str(sources["llama"]), f"--{method}", "--factor", "8", "--out", str(out)).exit_code == 0
@@ -81,7 +82,9 @@ def test_transformers_frequencies_equal_posenc_maths(sources: dict[str, Path], t
 
 def test_rope_parameter_mapping() -> None:
     current = {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}
-    yarn, n = hf_rope_parameters(ExtendConfig(method="yarn", factor=4, beta_fast=16), current, 100, 8)
+    yarn, n = hf_rope_parameters(
+        ExtendConfig(method="yarn", factor=4, params=YarnParams(beta_fast=16.0)), current, 100, 8
+    )
     assert n == 400 and yarn == {
         "rope_theta": 500.0,
         "partial_rotary_factor": 0.5,

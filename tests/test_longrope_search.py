@@ -27,7 +27,7 @@ from posenc_cli.extension.longrope_search import (
     search_bounds,
 )
 from posenc_cli.extension.plan import SearchThenScale, execute
-from posenc_cli.positional.scaling import scaled_inv_freq
+from posenc_cli.rope_scaling import scaled_inv_freq
 from posenc_cli.rope_scaling.longrope import read_factors_file
 from posenc_cli.run.load import load_run
 from posenc_cli.run.train import train
@@ -115,9 +115,9 @@ def test_tiny_search_beats_or_ties_its_seeds_and_writes_the_child(runs: dict[str
 
     child = load_run(out)  # the config carries the factors, reloaded
     scaling = child.config.pos.scaling  # type: ignore[attr-defined]
-    assert scaling.method == "longrope" and scaling.long_factor == found.long_factor
-    assert scaling.short_factor == [1.0] * len(found.long_factor)
-    assert read_factors_file(out / FACTORS_FILE) == {"short_factor": scaling.short_factor,
+    assert scaling.method == "longrope" and scaling.params.long_factor == found.long_factor
+    assert scaling.params.short_factor == [1.0] * len(found.long_factor)
+    assert read_factors_file(out / FACTORS_FILE) == {"short_factor": scaling.params.short_factor,
                                                      "long_factor": found.long_factor}  # fmt: skip
     assert json.loads((out / FACTORS_FILE).read_text())["search"]["seed"] == 1
 
@@ -127,7 +127,7 @@ def test_tiny_search_beats_or_ties_its_seeds_and_writes_the_child(runs: dict[str
         runs["rope"], out, ext, budget=4, seed=1, tokens=512, progress=lambda *a: seen.append(a)
     )
     assert again.status == "already_complete" and found_again is None and seen == []
-    assert load_run(out).config.pos.scaling.long_factor == found.long_factor  # type: ignore[attr-defined]
+    assert load_run(out).config.pos.scaling.params.long_factor == found.long_factor  # type: ignore[attr-defined]
     record = json.loads((out / "meta.json").read_text())["extend"]
     assert record["search"] == {"budget": 4, "seed": 1, "tokens": 512, "data": found.data}
 

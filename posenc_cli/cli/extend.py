@@ -19,7 +19,7 @@ from posenc_cli.cli.app import app, console, err_console, handles_errors, progre
 from posenc_cli.cli.extend_flags import with_scaling_options
 from posenc_cli.cli.extend_report import remap_table, search_line, summary_table
 from posenc_cli.config import ExtendConfig
-from posenc_cli.rope_scaling import registry
+from posenc_cli.rope_scaling import param_fields, registry
 
 if TYPE_CHECKING:
     from posenc_cli.extension.extend import RemapResult
@@ -182,13 +182,15 @@ def extend_command(
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.extension.plan import ExtendRequest, SearchThenScale, one_method, plan_extension
 
+    defaults = param_fields()  # a parameter flag left at its method's default is not given
+
     request = ExtendRequest(
         run=run_dir,
         out=out,
         method=one_method([*chosen, *([method] if method is not None else [])]),
         factor=factor,
         original_length=original_length,
-        params={name: value for name, value in scaling.items() if value != getattr(_D, name)},
+        params={name: value for name, value in scaling.items() if value != defaults[name].default},
         finetune_steps=finetune_steps,
         finetune_seq_len=finetune_seq_len,
         finetune_lr=finetune_lr,

@@ -13,12 +13,9 @@ from typing import Annotated, Any
 
 import typer
 
-from posenc_cli.config import ExtendConfig
 from posenc_cli.rope_scaling import param_fields, registry
 
 __all__ = ["with_scaling_options"]
-
-_D = ExtendConfig()  # flag defaults = configs/extend/default.yaml = ExtendConfig's defaults
 
 
 def _scaling_options() -> tuple[dict[str, str], list[inspect.Parameter]]:
@@ -35,7 +32,7 @@ def _scaling_options() -> tuple[dict[str, str], list[inspect.Parameter]]:
         decl = f"{flag}/--no-{flag[2:]}" if f.type is bool else flag
         panel = registry()[f.method].title
         option = typer.Option(decl, help=f.help, metavar=f.metavar, rich_help_panel=panel)
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=getattr(_D, f.name),
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
                                         annotation=Annotated[f.type, option]))  # fmt: skip
     return aliases, params
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc_cli import __version__
-from posenc_cli.config import Config, ExtendConfig, config_to_yaml, replace
+from posenc_cli.config import Config, ExtendConfig, config_to_yaml, nest_scaling_params, replace
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.extension.hf_extend import extend_hf_dir
 from posenc_cli.extension.identity import differences
@@ -49,7 +49,6 @@ if typing.TYPE_CHECKING:
     from posenc_cli.run.load import LoadedRun
 
 __all__ = [
-    "EXTEND_METHODS",
     "check_not_parent",
     "check_same_keys",
     "child_config",
@@ -58,6 +57,7 @@ __all__ = [
     "extend_run",
     "extension_record",
     "finetune_length",
+    "recorded_extension",
     "remap_logn_default",
     "remap_out_dir",
     "remap_run",
@@ -65,7 +65,6 @@ __all__ = [
     "validate_extend",
 ]
 
-EXTEND_METHODS: tuple[str, ...] = method_names()  # the registry's (posenc_cli/rope_scaling/)
 LOCK_FILE = ".extend.lock"  # held by the one `extend` writing an out directory (filelock; the loser changes nothing)
 # Keys of the `extend` record that must match for a re-run to reuse (or resume) an existing child.
 # Everything that changes the child's weights or numbers: the method and its parameters (LongRoPE's factors
@@ -79,8 +78,8 @@ _IDENTITY_KEYS = ("method", "scaling", "finetune", "parent_weights_sha256", "log
 
 def validate_extend(ext: ExtendConfig) -> None:
     """One-line `ConfigError` for an unknown method, factor <= 1 or a bad fine-tune setting."""
-    if ext.method not in EXTEND_METHODS:
-        raise ConfigError(f"unknown scaling method '{ext.method}' (available: {', '.join(EXTEND_METHODS)})")
+    if ext.method not in method_names():  # the registry's (posenc_cli/rope_scaling/)
+        raise ConfigError(f"unknown scaling method '{ext.method}' (available: {', '.join(method_names())})")
     ext.validate()
     if ext.finetune_seq_len is not None and ext.finetune_seq_len < 2:
         raise ConfigError(f"extend.finetune_seq_len must be >= 2, got {ext.finetune_seq_len}")
@@ -116,7 +115,7 @@ def resolve_scaling(ext: ExtendConfig, parent_cfg: Config, parent_meta: RunMeta)
         method=ext.method,
         factor=float(ext.factor),
         original_length=ext.original_length or parent_train_length(parent_cfg, parent_meta),
-        **ext.param_values(),
+        params=ext.params,
     )
 
 
@@ -273,10 +272,22 @@ def _check_same_extension(out_dir: Path, meta: dict[str, Any], record: dict[str,
     check_same_keys(out_dir, meta, record, _IDENTITY_KEYS)
 
 
+def recorded_extension(meta: dict[str, Any]) -> Any:
+    """meta.json's `extend` record in today's layout: a `scaling` recorded flat by earlier versions (every method's
+    parameters beside `method`) nested as `config.yaml` now holds it, so an old child compares equal to the same
+    extension asked again (`config.nest_scaling_params`)."""
+    old = meta.get("extend")
+    scaling = old.get("scaling") if isinstance(old, dict) else None
+    if isinstance(scaling, dict) and "params" not in scaling:
+        with contextlib.suppress(ConfigError):  # not a scaling this version knows: it differs, as it is
+            old = {**old, "scaling": nest_scaling_params(RopeScalingConfig, scaling, "extend.scaling")}
+    return old
+
+
 def check_same_keys(out_dir: Path, meta: dict[str, Any], record: dict[str, Any], keys: Sequence[str]) -> None:
     """Refuse, in one line naming what differs, a child (`meta`) whose extension record differs from `record` in
     `keys` (the LongRoPE search checks its own part before searching)."""
-    old = meta.get("extend")
+    old = recorded_extension(meta)
     if not isinstance(old, dict):
         raise ConfigError(
             f"output directory {out_dir} already holds a run that is not an extension; choose another --out"

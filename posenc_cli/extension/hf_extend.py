@@ -33,9 +33,14 @@ from posenc_cli.run.hf_run import CONFIG_FILE, SIDE_FILES, load_hf_run
 from posenc_cli.run.journal import fsync_dir
 from posenc_cli.run.outcome import ExtendResult
 
-__all__ = ["HF_METHODS", "RECORD_FILE", "extend_hf_dir", "hf_rope_parameters"]
+__all__ = ["RECORD_FILE", "extend_hf_dir", "hf_methods", "hf_rope_parameters"]
 
-HF_METHODS = tuple(name for name, m in registry().items() if m.rope_type is not None)  # the exportable methods
+
+def hf_methods() -> tuple[str, ...]:
+    """The scaling methods `transformers` has a rope type for (the exportable ones)."""
+    return tuple(name for name, m in registry().items() if m.rope_type is not None)
+
+
 RECORD_FILE = "posenc_hf_extend.json"
 _IDENTITY = ("method", "factor", "original_length", "rope_parameters", "max_position_embeddings", "parent_weights")
 
@@ -48,14 +53,14 @@ def hf_rope_parameters(
     `current` is the source's standardised `rope_parameters`; its `rope_theta` and `partial_rotary_factor` are kept,
     any earlier scaling is replaced.
     """
-    if ext.method not in HF_METHODS:
+    if ext.method not in hf_methods():
         raise ConfigError(
             f"scaling method '{ext.method}' has no transformers rope type; a transformers directory extends with "
-            f"{', '.join(HF_METHODS)}"
+            f"{', '.join(hf_methods())}"
         )
     keep = {k: current[k] for k in ("rope_theta", "partial_rotary_factor") if k in current}
     hf = get_method(ext.method).transformers(ext.params, float(ext.factor), int(original_length), rotary_dim)
-    assert hf is not None  # HF_METHODS are the methods with a rope type
+    assert hf is not None  # hf_methods() are the methods with a rope type
     params: dict[str, Any] = {**keep, **hf.parameters}
     if hf.theta_scale != 1.0:  # static NTK: a plain RoPE with a larger base
         params["rope_theta"] = float(keep["rope_theta"]) * hf.theta_scale

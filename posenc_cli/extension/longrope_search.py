@@ -46,6 +46,7 @@ from posenc_cli.extension.extend import (
     existing_child,
     extend_run,
     parent_train_length,
+    recorded_extension,
     require_rope,
     validate_extend,
 )
@@ -54,6 +55,7 @@ from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.model import build_model
 from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import NONE, RopeScalingConfig, scaled_inv_freq
+from posenc_cli.rope_scaling.longrope import LongRopeParams
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.layout import MODEL_FILE
@@ -209,8 +211,9 @@ def _scorer(run: LoadedRun, factor: float, original_length: int, windows: torch.
     cfg = run.config
 
     def score(candidate: Candidate) -> float:
+        params = LongRopeParams(long_factor=list(candidate))
         scaling = RopeScalingConfig(
-            method="longrope", factor=float(factor), original_length=original_length, long_factor=list(candidate)
+            method="longrope", factor=float(factor), original_length=original_length, params=params
         )
         model = build_model(replace(cfg, pos=replace(cfg.pos, scaling=scaling)), run.tokenizer.vocab_size)
         model.load_state_dict(state)
@@ -342,7 +345,8 @@ def _with_factors(ext: ExtendConfig, run: LoadedRun, long_factor: Sequence[float
     """`ext` with these long factors and short factors 1 (the model is unchanged up to L)."""
     cfg = run.config
     pairs = rotary_dim(cfg.model.head_dim, cfg.pos.rotary_fraction) // 2  # type: ignore[attr-defined]
-    return replace(ext, short_factor=[1.0] * pairs, long_factor=[float(v) for v in long_factor])
+    params = replace(ext.params, short_factor=[1.0] * pairs, long_factor=[float(v) for v in long_factor])
+    return replace(ext, params=params)
 
 
 def search_extension(
@@ -378,14 +382,14 @@ def _earlier_factors(
     meta = existing_child(out_dir)
     if meta is None:
         return None
-    old = meta.get("extend")
+    old = recorded_extension(meta)
     old_scaling = old.get("scaling") if isinstance(old, dict) else None
     if isinstance(old_scaling, dict):  # compare only what the factors depend on; the rest is extend_run's check
         meta = {"extend": {**old, "scaling": {k: old_scaling.get(k) for k in scaling}}}
     record = {"method": "longrope", "parent_weights_sha256": parent_sha, "search": identity, "scaling": scaling}
     check_same_keys(out_dir, meta, record, ("method", "parent_weights_sha256", "scaling", "search"))
     assert isinstance(old_scaling, dict)  # the same search recorded, so a LongRoPE scaling
-    return [float(v) for v in old_scaling["long_factor"]]
+    return [float(v) for v in old_scaling["params"]["long_factor"]]
 
 
 def searched_factors(
@@ -447,6 +451,6 @@ def extend_with_search(
     )
     extended = extend_run(parent_dir, out_dir, child_ext, threads=threads, callback=callback, search=identity)
     if result is not None and extended.status != "interrupted":
-        assert child_ext.short_factor is not None
-        write_factors(extended.out_dir, child_ext.short_factor, result)
+        assert child_ext.params.short_factor is not None  # type: ignore[attr-defined]
+        write_factors(extended.out_dir, child_ext.params.short_factor, result)  # type: ignore[attr-defined]
     return extended, result

@@ -47,6 +47,7 @@ from posenc_cli.extension.longrope_search import (
     write_factors,
 )
 from posenc_cli.positional.remap import REMAP_METHODS, RemapConfig
+from posenc_cli.rope_scaling import ScalingParams, get_method, make_params, method_names, param_fields
 
 if TYPE_CHECKING:
     from posenc_cli.extension.extend import RemapResult
@@ -85,7 +86,8 @@ class Scale:
 
     def __post_init__(self) -> None:
         validate_extend(self.ext)
-        if self.ext.method == "longrope" and self.ext.long_factor is None and self.ext.short_factor is None:
+        p = self.ext.params
+        if self.ext.method == "longrope" and p.long_factor is None and p.short_factor is None:  # type: ignore[attr-defined]
             raise ConfigError("LongRoPE needs its factors: --factors FILE, --search, or --long-factor (d/2 times)")
 
 
@@ -211,7 +213,7 @@ def plan_extension(req: ExtendRequest) -> Plan:
         method=method,
         factor=req.factor,
         original_length=req.original_length,
-        **dict(req.params),
+        params=_method_params(method, req.params),
         finetune_steps=req.finetune_steps,
         finetune_seq_len=req.finetune_seq_len,
         finetune_lr=req.finetune_lr,
@@ -233,7 +235,7 @@ def plan_extension(req: ExtendRequest) -> Plan:
 
 def _plan_remap(req: ExtendRequest) -> Remap:
     """Self-Extend / ReRoPE: none of the scaling, fine-tune or LongRoPE options, and the remapping's own."""
-    method = str(req.method)
+    method, fields = str(req.method), param_fields()
     given = {
         "factor": req.factor != _D.factor,
         "original_length": req.original_length is not None,
@@ -241,7 +243,7 @@ def _plan_remap(req: ExtendRequest) -> Remap:
         "pose": req.pose,
         "factors": req.factors is not None,
         "search": req.search,
-        **{name: value != getattr(_D, name, None) for name, value in req.params.items()},
+        **{name: name not in fields or value != fields[name].default for name, value in req.params.items()},
     }
     if wrong := [name for name, on in given.items() if on]:
         raise ConfigError(
@@ -261,13 +263,28 @@ def _plan_remap(req: ExtendRequest) -> Remap:
     return Remap(run=req.run, out=out, remap=remap, logn=req.logn, threads=req.threads)
 
 
+def _method_params(method: str, given: Mapping[str, Any]) -> ScalingParams:
+    """`method`'s typed parameters with those `given` (by name); one line for a parameter of another method (each
+    method reads only its own) and for an unknown method."""
+    if method not in method_names():
+        raise ConfigError(f"unknown scaling method '{method}' (available: {', '.join(method_names())})")
+    spec, fields = get_method(method), param_fields()
+    for name in given:
+        if name not in fields:
+            raise ConfigError(f"unknown RoPE scaling parameter '{name}'")
+        if method not in fields[name].methods:
+            owners = " or ".join(f"{get_method(m).title} (--{m})" for m in fields[name].methods)
+            raise ConfigError(f"{_flag(name)} belongs to {owners}, not --method {method}")
+    return make_params(spec, dict(given))
+
+
 def _longrope_factors(ext: ExtendConfig, factors: Path | None, search: bool) -> ExtendConfig:
     """`ext` with the factors of `--factors FILE`; one line for LongRoPE options given to another method, for two
     sources of factors, and for LongRoPE without factors."""
     # deferred: the factors reader is needed only with --factors
     from posenc_cli.rope_scaling.longrope import FACTOR_KEYS, read_factors_file
 
-    flags = [k for k in FACTOR_KEYS if getattr(ext, k) is not None]
+    flags = [k for k in FACTOR_KEYS if getattr(ext.params, k, None) is not None]
     given = [*(["--factors"] if factors is not None else []), *(["--search"] if search else [])]
     given += [_flag(k) for k in flags]
     if ext.method != "longrope":
@@ -282,7 +299,7 @@ def _longrope_factors(ext: ExtendConfig, factors: Path | None, search: bool) -> 
         raise ConfigError("LongRoPE needs its factors: --factors FILE, --search, or --long-factor (d/2 times)")
     if factors is None:
         return ext
-    return replace(ext, **read_factors_file(factors))
+    return replace(ext, params=replace(ext.params, **read_factors_file(factors)))
 
 
 def plan_from_config(ext: ExtendConfig, run: Path | str, out: Path | str, *, threads: int = 0) -> Plan:
@@ -331,6 +348,7 @@ def execute(
     )
     outcome = ExtendOutcome(dataclasses.replace(plan, ext=ext), result, search=found)
     if found is not None and result.status != "interrupted":
-        assert ext.short_factor is not None
-        outcome.factors_file = write_factors(result.out_dir, ext.short_factor, found)
+        short = ext.params.short_factor  # type: ignore[attr-defined]
+        assert short is not None
+        outcome.factors_file = write_factors(result.out_dir, short, found)
     return outcome

@@ -2,19 +2,21 @@
 
 Every module in this package is one method: a `ScalingMethod` subclass registered with `@register`, with its typed
 frozen parameter dataclass (`ScalingParams`), its inverse frequencies, attention factor, "regions" summary (for
-`extend`'s before/after table) and `transformers` rope parameters (for `export` and `extend HF_DIR`). The modules are
-imported when this package is, so adding a method is one new file: its `--method` choice, `--<name>` alias and
-parameter flags, its config keys and its contract tests (tests/positional/test_scaling_contract.py) all come from here.
+`extend`'s before/after table) and `transformers` rope parameters (for `export` and `extend HF_DIR`). The package
+is a lazy `posenc_cli.registry.Registry`: importing it loads no method; the first lookup (`registry()`,
+`get_method`, `param_fields`) imports every module of the package. So adding a method is one new file: its
+`--method` choice, `--<name>` alias and parameter flags, its config keys and its contract tests
+(tests/rope_scaling/test_scaling_contract.py) all come from here.
 
-The package sits below `config` (it imports only torch and `errors`): `config.ExtendConfig` and the rope scheme's
-`RopeScalingConfig` both carry the flat settings built here by `settings_class`, so a method's parameters are
-declared once, in its params dataclass, and saved as before (`pos.scaling: {method, factor, original_length,
-beta_fast, ...}`: every method's parameters, in method order). `posenc_cli.positional.scaling` re-exports the
-public entry point `scaled_inv_freq` for code outside posenc.
+Configs hold a scaling nested per method (`ScalingSettings`): `{method, factor, original_length, params: {...}}`,
+`params` being the chosen method's own typed parameters (`ScalingMethod.params_cls`, its defaults filled in);
+`pos.scaling` is a `RopeScalingConfig`, `config.ExtendConfig` extends the same settings. `config.build_dataclass`
+parses `params` with the method's class and reads the flat layout saved before (every method's parameters beside
+`method`) too. The package sits below `config` (it imports only torch, `errors`, `registry` and `untrusted`).
 
 Formulas: ../shared/reference/rope-scaling.md. Convention: the attention factor multiplies both cos and sin (so
 attention logits scale by its square), as in `transformers`' `_compute_*_parameters`, whose numbers these functions
-reproduce (tests/positional/test_scaling.py). Notation: d = rotary dim (`head_dim`), s = `factor`,
+reproduce (tests/rope_scaling/test_scaling.py). Notation: d = rotary dim (`head_dim`), s = `factor`,
 L = `original_length`, inv_k = base^(-2k/d), k = 0..d/2-1. Everything is computed in float64 and returned as float32
 on the CPU; callers move it to their device.
 """
@@ -22,18 +24,17 @@ on the CPU; callers move it to their device.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
-import pkgutil
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import Tensor
 
 from posenc_cli.errors import ConfigError
+from posenc_cli.registry import Registry
 
 __all__ = [
     "NONE",
@@ -41,20 +42,21 @@ __all__ = [
     "RopeScalingConfig",
     "ScalingMethod",
     "ScalingParams",
+    "ScalingSettings",
     "TransformersRope",
     "base_inv_freq",
     "frequency_regions",
     "frequency_summary",
     "get_method",
+    "make_params",
     "method_names",
     "ntk_inv_freq",
     "param",
     "param_fields",
+    "params_class",
     "register",
     "registry",
     "scaled_inv_freq",
-    "scaled_inv_freq_for",
-    "settings_class",
 ]
 
 NONE = "none"  # plain RoPE: the absence of a scaling method (a config value, not a registry entry)
@@ -68,11 +70,14 @@ Regions = dict[str, int]  # frequency pairs that keep / blend / interpolate, sum
 class ScalingParams:
     """A method's own parameters; subclasses add fields made with `param` (a method without any keeps this)."""
 
+    def values(self) -> dict[str, Any]:
+        """The parameters by name (what `scaled_inv_freq`'s **params takes)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
-def param(default: Any, *, help: str, metavar: str | None = None, positive: bool = False, saved: bool = True) -> Any:
-    """A `ScalingParams` field. `help`: its `extend` flag's help; `positive`: `extend` requires it > 0 when set;
-    `saved: False`: accepted by `scaled_inv_freq` (a `transformers` option) but not a config key or CLI flag."""
-    return field(default=default, metadata={"help": help, "metavar": metavar, "positive": positive, "saved": saved})
+
+def param(default: Any, *, help: str, metavar: str | None = None, positive: bool = False) -> Any:
+    """A `ScalingParams` field. `help`: its `extend` flag's help; `positive`: configs require it > 0 when set."""
+    return field(default=default, metadata={"help": help, "metavar": metavar, "positive": positive})
 
 
 @dataclass(frozen=True)
@@ -118,21 +123,22 @@ class ScalingMethod:
         return None
 
 
-_REGISTRY: dict[str, ScalingMethod] = {}
 M = TypeVar("M", bound=type[ScalingMethod])
+_METHODS: Registry[type[ScalingMethod]] = Registry(__name__, "RoPE scaling method", skip=())
+_INSTANCES: dict[type[ScalingMethod], ScalingMethod] = {}  # methods are stateless: one instance per class
 
 
 def register(cls: M) -> M:
     """Class decorator: make `cls` selectable as `--method <cls.name>` / `pos.scaling.method=<cls.name>`."""
-    if cls.name == NONE or (cls.name in _REGISTRY and type(_REGISTRY[cls.name]) is not cls):
-        raise RuntimeError(f"RoPE scaling method '{cls.name}' registered twice")
-    _REGISTRY[cls.name] = cls()
-    return cls
+    if cls.name == NONE:
+        raise RuntimeError(f"RoPE scaling method '{NONE}' is plain RoPE, not a method")
+    return _METHODS.register(cls)
 
 
 def registry() -> dict[str, ScalingMethod]:
-    """Every method by name, oldest publication first."""
-    return dict(sorted(_REGISTRY.items(), key=lambda kv: (kv[1].published, kv[0])))
+    """Every method by name, oldest publication first (loads the package's modules on first use)."""
+    classes = sorted(_METHODS.entries().values(), key=lambda c: (c.published, c.name))
+    return {c.name: _INSTANCES.setdefault(c, c()) for c in classes}
 
 
 def method_names() -> tuple[str, ...]:
@@ -140,14 +146,15 @@ def method_names() -> tuple[str, ...]:
 
 
 def get_method(name: str) -> ScalingMethod:
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown RoPE scaling method '{name}' (available: {', '.join((NONE, *method_names()))})")
-    return _REGISTRY[name]
+    methods = registry()
+    if name not in methods:
+        raise ConfigError(f"unknown RoPE scaling method '{name}' (available: {', '.join((NONE, *methods))})")
+    return methods[name]
 
 
 @dataclass(frozen=True)
 class ParamField:
-    """One method parameter as the settings dataclass and the `extend` CLI see it."""
+    """One method parameter as the `extend` CLI sees it (one flag per name, whichever methods declare it)."""
 
     name: str
     type: Any  # resolved annotation
@@ -156,10 +163,10 @@ class ParamField:
     help: str
     metavar: str | None
     positive: bool
-    saved: bool
+    methods: tuple[str, ...] = ()  # every method declaring it
 
 
-def param_fields(*, saved_only: bool = True) -> dict[str, ParamField]:
+def param_fields() -> dict[str, ParamField]:
     """Every method's parameters by name, in method order (a name two methods share must agree in type and default)."""
     out: dict[str, ParamField] = {}
     for method in registry().values():
@@ -168,14 +175,21 @@ def param_fields(*, saved_only: bool = True) -> dict[str, ParamField]:
             meta = f.metadata
             pf = ParamField(
                 f.name, hints[f.name], f.default, method.name, meta.get("help", ""), meta.get("metavar"),
-                meta.get("positive", False), meta.get("saved", True),
+                meta.get("positive", False),
             )  # fmt: skip
-            if saved_only and not pf.saved:
-                continue
             if f.name in out and (out[f.name].type, out[f.name].default) != (pf.type, pf.default):
                 raise RuntimeError(f"RoPE scaling parameter '{f.name}' declared differently by two methods")
-            out.setdefault(f.name, pf)
+            first = out.get(f.name, pf)
+            out[f.name] = dataclasses.replace(first, methods=(*first.methods, method.name))
     return out
+
+
+def params_class(method: str) -> type[ScalingParams] | None:
+    """The params class of `method`: `ScalingParams` for none, None for a name no method has."""
+    if method == NONE:
+        return ScalingParams
+    methods = registry()
+    return methods[method].params_cls if method in methods else None
 
 
 def make_params(method: ScalingMethod, values: dict[str, Any]) -> ScalingParams:
@@ -215,7 +229,7 @@ def ntk_inv_freq(head_dim: int, base: float, scale: float) -> Tensor:
 def _check_common(
     method: str, head_dim: int, base: float, factor: float, original_length: int, params: dict[str, object]
 ) -> ScalingMethod | None:
-    unknown = set(params) - set(param_fields(saved_only=False))
+    unknown = set(params) - set(param_fields())
     if unknown:
         raise ConfigError(f"unknown RoPE scaling parameter(s): {', '.join(sorted(unknown))}")
     spec = None if method == NONE else get_method(method)
@@ -260,14 +274,6 @@ def scaled_inv_freq(
     return inv.to(torch.float32), spec.attention_factor(p, factor, original_length)
 
 
-def scaled_inv_freq_for(
-    cfg: Any, head_dim: int, base: float, train_length: int, seq_len: int | None = None
-) -> tuple[Tensor, float]:
-    """`scaled_inv_freq` for a scaling config; L = cfg.original_length, or `train_length` when that is None."""
-    original_length = cfg.original_length if cfg.original_length is not None else train_length
-    return scaled_inv_freq(cfg.method, head_dim, base, cfg.factor, original_length, seq_len, **cfg.param_values())
-
-
 def frequency_regions(
     method: str, head_dim: int, base: float, factor: float, original_length: int, **params: float | bool | None
 ) -> Regions:
@@ -299,44 +305,33 @@ def frequency_summary(
 # ------------------------------------------------------------------------------------------ the settings dataclass
 
 
-def _param_values(self: Any) -> dict[str, Any]:
-    """Every method's parameters, by name (what `scaled_inv_freq`'s **params takes)."""
-    return {name: getattr(self, name) for name in param_fields()}
+@dataclass(kw_only=True)
+class ScalingSettings:
+    """A RoPE scaling as configs hold it: method, s, L (None: the run's training length) and the method's own
+    typed parameters (`params`: the method's `params_cls`; left as the bare `ScalingParams` it becomes the
+    method's defaults). Subclasses set the defaults (`pos.scaling`: none; `extend`: yarn x4)."""
+
+    allow_none: ClassVar[bool] = True  # `method: none` (plain RoPE) is a valid value
+
+    method: str = NONE
+    factor: float = 1.0
+    original_length: int | None = None
+    params: ScalingParams = field(default_factory=ScalingParams)
+
+    def __post_init__(self) -> None:
+        cls = params_class(self.method)
+        if cls is None or type(self.params) is cls:  # an unknown method is reported by validation, with the key
+            return
+        if type(self.params) is not ScalingParams or self.params.values():
+            got = type(self.params).__name__
+            raise ConfigError(f"RoPE scaling '{self.method}' takes {cls.__name__} parameters, got {got}")
+        self.params = cls()
+
+    def param_values(self) -> dict[str, Any]:
+        """The method's parameters by name (what `scaled_inv_freq`'s **params takes)."""
+        return self.params.values()
 
 
-def _params(self: Any) -> ScalingParams | None:
-    """The chosen method's typed parameters (None for "none")."""
-    return None if self.method == NONE else make_params(get_method(self.method), self.param_values())
-
-
-def settings_class(name: str, *, method: str, factor: float, allow_none: bool, doc: str, module: str) -> type:
-    """A kw-only dataclass `name` of flat scaling settings: method, factor, original_length, then every registered
-    method's parameters (one flat mapping, as config.yaml has always saved them). Subclass it to add fields;
-    `module` is where it is bound to `name` (for pickling)."""
-    names = (NONE, *method_names()) if allow_none else method_names()
-    fields: list[tuple[str, Any, Any]] = [
-        ("method", Literal[names], field(default=method)),  # type: ignore[valid-type]
-        ("factor", float, field(default=factor)),
-        ("original_length", int | None, field(default=None)),
-    ]
-    fields += [(f.name, f.type, field(default=f.default)) for f in param_fields().values()]
-    namespace = {"__doc__": doc, "__module__": module, "param_values": _param_values, "params": property(_params)}
-    return dataclasses.make_dataclass(name, fields, kw_only=True, namespace=namespace)
-
-
-def _load_all() -> None:
-    for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
-_load_all()  # the settings classes below need every method's parameters
-
-RopeScalingConfig = settings_class(
-    "RopeScalingConfig",
-    method=NONE,
-    factor=1.0,
-    allow_none=True,
-    module=__name__,
-    doc="How a RoPE checkpoint's frequencies are rescaled (`pos.scaling`); `method: none` is a plain RoPE model.",
-)
+@dataclass(kw_only=True)
+class RopeScalingConfig(ScalingSettings):
+    """How a RoPE checkpoint's frequencies are rescaled (`pos.scaling`); `method: none` is a plain RoPE model."""

@@ -31,24 +31,13 @@ class YarnParams(ScalingParams):
         positive=True,
     )
     truncate: bool = param(True, help="YaRN: round the ramp's ends to whole pairs.")
-    # transformers' DeepSeek-style options, accepted by `scaled_inv_freq` but not saved in configs
-    mscale: float | None = param(None, help="", saved=False)
-    mscale_all_dim: float | None = param(None, help="", saved=False)
 
 
-def yarn_attention_factor(factor: float, *, mscale: float | None = None, mscale_all_dim: float | None = None) -> float:
-    """Default YaRN factor on cos and sin: √(1/t) = 0.1·ln s + 1 (paper Eq. 22), 1 for s <= 1.
-
-    As in `transformers`: when both `mscale` and `mscale_all_dim` are given (DeepSeek style) it is
-    (0.1·mscale·ln s + 1) / (0.1·mscale_all_dim·ln s + 1).
+def yarn_attention_factor(factor: float) -> float:
+    """Default YaRN factor on cos and sin: √(1/t) = 0.1·ln s + 1 (paper Eq. 22), 1 for s <= 1 (`transformers`'
+    `get_mscale(factor)`; its DeepSeek-style `mscale`/`mscale_all_dim` ratio is not offered: no posenc config sets it).
     """
-
-    def get(m: float) -> float:
-        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
-
-    if mscale and mscale_all_dim:
-        return get(mscale) / get(mscale_all_dim)
-    return get(1.0)
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
 
 
 def yarn_correction_range(
@@ -122,7 +111,7 @@ class YaRN(ScalingMethod):
     def attention_factor(self, p: YarnParams, factor: float, original_length: int) -> float:
         if p.attention_factor is not None:  # used as given, whatever the factor (as in transformers)
             return p.attention_factor
-        return yarn_attention_factor(factor, mscale=p.mscale, mscale_all_dim=p.mscale_all_dim)
+        return yarn_attention_factor(factor)
 
     def regions(self, p: YarnParams, head_dim: int, base: float, factor: float, original_length: int) -> dict:
         """ramp 0 → keep, 0 < ramp < 1 → blend, ramp 1 → interpolate."""

@@ -38,7 +38,8 @@ def test_a_request_becomes_one_of_three_plans_with_the_default_directories() -> 
     assert isinstance(remap, Remap) and remap.remap.window == 8 and remap.logn is False
     assert remap.out == RUN.with_name("rope-rerope-w8-nologn")
     given = plan_extension(ExtendRequest(run=RUN, method="llama3", params={"high_freq_factor": 8.0}, out=Path("x")))
-    assert isinstance(given, Scale) and given.ext.high_freq_factor == 8.0 and given.out == Path("x")
+    assert isinstance(given, Scale) and given.ext.params.high_freq_factor == 8.0  # type: ignore[attr-defined]
+    assert given.out == Path("x")
 
 
 @pytest.mark.parametrize(
@@ -53,6 +54,8 @@ def test_a_request_becomes_one_of_three_plans_with_the_default_directories() -> 
         (ExtendRequest(run=RUN, method="longrope"), "LongRoPE needs its factors"),
         (ExtendRequest(run=RUN, method="foo"), "unknown scaling method 'foo'"),
         (ExtendRequest(run=RUN, factor=1.0), "extend.factor must be > 1"),
+        (ExtendRequest(run=RUN, method="linear", params={"beta_fast": 8.0}), r"--beta-fast belongs to YaRN \(--yarn\)"),
+        (ExtendRequest(run=RUN, params={"long_factor": [2.0]}), r"--long-factor belongs to LongRoPE \(--longrope\)"),
     ],
 )
 def test_bad_requests_are_refused_in_one_line(request_: ExtendRequest, message: str) -> None:

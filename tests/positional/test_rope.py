@@ -20,7 +20,8 @@ from posenc_cli.positional.rope import (
     rope_cos_sin,
     rope_inv_freq,
 )
-from posenc_cli.positional.scaling import RopeScalingConfig
+from posenc_cli.rope_scaling import RopeScalingConfig
+from posenc_cli.rope_scaling.yarn import YarnParams
 
 LAYOUTS = ["rotate_half", "interleaved"]
 
@@ -178,7 +179,7 @@ def test_scaling_uses_scaled_frequencies_and_attention_factor(monkeypatch: pytes
         return rope_inv_freq(head_dim, base) / factor, 1.25
 
     monkeypatch.setattr(rope_mod, "scaled_inv_freq", fake)
-    cfg = RopeConfig(scaling=RopeScalingConfig(method="yarn", factor=4.0, beta_fast=16.0))
+    cfg = RopeConfig(scaling=RopeScalingConfig(method="yarn", factor=4.0, params=YarnParams(beta_fast=16.0)))
     scheme = RoPE(cfg, ModelConfig(d_model=32, n_head=2), train_length=64)
     ctx = PositionContext(positions=torch.arange(100))
     scheme.prepare(ctx)

@@ -1,5 +1,5 @@
 """Contract of every registered RoPE scaling method (posenc_cli/rope_scaling/): a new method file is tested here the
-moment it exists. Numerics against `transformers` per method: tests/positional/test_scaling.py."""
+moment it exists. Numerics against `transformers` per method: tests/rope_scaling/test_scaling.py."""
 
 from __future__ import annotations
 
@@ -51,9 +51,8 @@ def test_params_are_a_typed_frozen_dataclass(name: str) -> None:
     cls()  # every parameter has a default
     assert cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
     for f in dataclasses.fields(cls):
-        assert f.name in param_fields(saved_only=False)
-        if f.metadata.get("saved", True):
-            assert f.metadata.get("help"), f"{name}.{f.name} needs help text for its flag"
+        assert name in param_fields()[f.name].methods
+        assert f.metadata.get("help"), f"{name}.{f.name} needs help text for its flag"
 
 
 @pytest.mark.parametrize("name", METHODS)
@@ -90,16 +89,18 @@ def test_frequencies_attention_and_regions_are_well_formed(name: str) -> None:
 
 @pytest.mark.parametrize("name", METHODS)
 def test_config_keys_round_trip(name: str) -> None:
-    """Every method's parameters are `pos.scaling` and `extend` keys; a saved mapping rebuilds the same config."""
+    """A method's own parameters, and only those, are `pos.scaling.params` and `extend.params` keys; a saved
+    mapping rebuilds the same config, and so does the flat layout that runs were saved in before."""
     cfg = RopeScalingConfig(method=name, factor=4.0, original_length=64)
-    raw = dataclasses.asdict(cfg)
-    assert list(raw)[:3] == ["method", "factor", "original_length"]
-    assert set(raw) - {"method", "factor", "original_length"} == set(param_fields())
-    assert build_dataclass(RopeScalingConfig, raw, "pos.scaling") == cfg
     assert isinstance(cfg.params, registry()[name].params_cls)
+    raw = dataclasses.asdict(cfg)
+    assert list(raw) == ["method", "factor", "original_length", "params"]
+    assert set(raw["params"]) == {f.name for f in dataclasses.fields(registry()[name].params_cls)}
+    assert build_dataclass(RopeScalingConfig, raw, "pos.scaling") == cfg
     ext = ExtendConfig(method=name)
-    assert set(param_fields()) <= set(dataclasses.asdict(ext))
     assert build_dataclass(ExtendConfig, dataclasses.asdict(ext), "extend") == ext
+    flat = {"method": name, "factor": 4.0, "original_length": 64, **{k: f.default for k, f in param_fields().items()}}
+    assert build_dataclass(RopeScalingConfig, flat, "pos.scaling") == cfg  # the layout before params
 
 
 @pytest.mark.parametrize("name", METHODS)
@@ -109,8 +110,7 @@ def test_cli_has_the_shorthand_and_the_parameter_flags(name: str) -> None:
     flags = {opt for p in extend.params for opt in (*p.opts, *p.secondary_opts)}
     assert f"--{name}" in flags
     for f in dataclasses.fields(registry()[name].params_cls):
-        if f.metadata.get("saved", True):
-            assert "--" + f.name.replace("_", "-") in flags
+        assert "--" + f.name.replace("_", "-") in flags
 
 
 @pytest.mark.parametrize("name", METHODS)

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc_cli.config import build_dataclass
+from posenc_cli.config import build_dataclass, config_to_dict
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional.rope import RopeConfig
-from posenc_cli.positional.scaling import RopeScalingConfig, frequency_regions, scaled_inv_freq
-from posenc_cli.rope_scaling.longrope import longrope_attention_factor, read_factors_file
+from posenc_cli.rope_scaling import RopeScalingConfig, frequency_regions, scaled_inv_freq
+from posenc_cli.rope_scaling.longrope import LongRopeParams, longrope_attention_factor, read_factors_file
 
 HEAD_DIMS = (8, 16, 64, 128)
 ORIGINAL_LENGTHS = (16, 128, 4096)
@@ -123,14 +123,15 @@ def test_regions_count_kept_blended_and_interpolated_long_pairs() -> None:
 
 def test_factors_are_saved_in_pos_scaling_and_reloaded() -> None:
     short, long = [1.0, 1.0, 1.1, 1.2], [1.0, 1.5, 3.0, 4.5]
-    cfg = RopeConfig(scaling=RopeScalingConfig(method="longrope", factor=4.0, original_length=32,
-                                               short_factor=short, long_factor=long))  # fmt: skip
-    raw = json.loads(json.dumps({"scaling": cfg.scaling.__dict__}))  # what config.yaml holds, through plain types
+    params = LongRopeParams(short_factor=short, long_factor=long)
+    cfg = RopeConfig(scaling=RopeScalingConfig(method="longrope", factor=4.0, original_length=32, params=params))
+    raw = json.loads(json.dumps(config_to_dict(cfg)))  # what config.yaml holds, through plain types
+    assert raw["scaling"]["params"] == {"short_factor": short, "long_factor": long, "attention_factor": None}
     back = build_dataclass(RopeScalingConfig, raw["scaling"], "pos.scaling")
-    assert back == cfg.scaling and back.long_factor == long and back.short_factor == short
-    assert back.params.long_factor == long
-    with pytest.raises(ConfigError, match=r"pos.scaling.long_factor\[1\]: expected a number"):
-        build_dataclass(RopeScalingConfig, {**raw["scaling"], "long_factor": [1.0, "x"]}, "pos.scaling")
+    assert back == cfg.scaling and back.params.long_factor == long and back.params.short_factor == short
+    bad = {**raw["scaling"], "params": {"long_factor": [1.0, "x"]}}
+    with pytest.raises(ConfigError, match=r"pos.scaling.params.long_factor\[1\]: expected a number"):
+        build_dataclass(RopeScalingConfig, bad, "pos.scaling")
 
 
 def write(tmp_path: Path, obj: object, text: str | None = None) -> Path:

@@ -8,16 +8,11 @@ import math
 import pytest
 import torch
 
+from posenc_cli.config import ModelConfig
 from posenc_cli.errors import ConfigError
-from posenc_cli.positional.scaling import (
-    RopeScalingConfig,
-    frequency_regions,
-    scaled_inv_freq,
-    scaled_inv_freq_for,
-    yarn_attention_factor,
-    yarn_correction_range,
-    yarn_ramp,
-)
+from posenc_cli.positional.rope import RoPE, RopeConfig
+from posenc_cli.rope_scaling import RopeScalingConfig, frequency_regions, scaled_inv_freq
+from posenc_cli.rope_scaling.yarn import YarnParams, yarn_attention_factor, yarn_correction_range, yarn_ramp
 
 HEAD_DIMS = (16, 32, 64, 128)
 ORIGINAL_LENGTHS = (64, 128, 256, 4096)
@@ -119,10 +114,6 @@ def test_yarn_matches_transformers(hf, head_dim: int, base: float, truncate: boo
         ({"attention_factor": 0.8}, {"attention_factor": 0.8}),
         ({"attention_factor": 1.5, "truncate": False}, {"attention_factor": 1.5, "truncate": False}),
         ({"beta_fast": 16.0, "beta_slow": 2.0}, {"beta_fast": 16.0, "beta_slow": 2.0}),
-        ({"mscale": 0.707, "mscale_all_dim": 1.0}, {"mscale": 0.707, "mscale_all_dim": 1.0}),
-        # explicit attention factor wins over mscale
-        ({"attention_factor": 1.1, "mscale": 2.0, "mscale_all_dim": 1.0}, {"attention_factor": 1.1, "mscale": 2.0,
-                                                                           "mscale_all_dim": 1.0}),
     ],
 )  # fmt: skip
 def test_yarn_params_match_transformers(hf, params: dict, scaling: dict) -> None:
@@ -279,16 +270,16 @@ def test_frequency_regions_simple_methods() -> None:
 # -------------------------------------------------------------------------------------------------- config & errors
 
 
-def test_for_config_uses_train_length_unless_original_length_given() -> None:
-    cfg = RopeScalingConfig(method="yarn", factor=4.0, beta_fast=16.0, truncate=False)
-    inv, attn = scaled_inv_freq_for(cfg, 64, 10000.0, train_length=256)
+def test_the_rope_scheme_uses_the_train_length_unless_original_length_given() -> None:
+    def rope(scaling: RopeScalingConfig, head_dim: int) -> RoPE:
+        return RoPE(RopeConfig(scaling=scaling), ModelConfig(d_model=2 * head_dim, n_head=2), train_length=256)
+
+    params = YarnParams(beta_fast=16.0, truncate=False)
+    inv, attn = rope(RopeScalingConfig(method="yarn", factor=4.0, params=params), 64).frequencies(100)
     ref, ref_attn = scaled_inv_freq("yarn", 64, 10000.0, 4.0, 256, beta_fast=16.0, truncate=False)
     assert torch.equal(inv, ref) and attn == ref_attn
-    cfg = RopeScalingConfig(method="dynamic", factor=2.0, original_length=128)
-    assert torch.equal(
-        scaled_inv_freq_for(cfg, 32, 10000.0, train_length=256, seq_len=512)[0],
-        scaled_inv_freq("dynamic", 32, 10000.0, 2.0, 128, 512)[0],
-    )
+    dynamic = rope(RopeScalingConfig(method="dynamic", factor=2.0, original_length=128), 32)
+    assert torch.equal(dynamic.frequencies(512)[0], scaled_inv_freq("dynamic", 32, 10000.0, 2.0, 128, 512)[0])
 
 
 @pytest.mark.parametrize(
