@@ -26,6 +26,10 @@ N = 0 and W >= L nothing is ever evicted and the protocol is the nonoverlap prot
 posenc's model (`GPT.new_cache`). Every scheme works: rotation and bias schemes see the kept keys at their re-assigned
 in-cache positions, as the reference does for RoPE (Llama) and ALiBi (MPT); absolute schemes (sinusoidal, learned)
 add a position to a token's embedding when it is read, so its cached K/V keep the in-cache position it was read at.
+
+LongPPL (`key_tokens`, `posenc_cli.evaluation.longppl`): a stream's targets past the training length L are scored
+again by plain forwards over L-token windows of the same stream, and the key tokens are those the streaming decode
+predicts much better (LSD > α) and well (LCL > β); the decode itself is the same with or without it.
 """
 
 from __future__ import annotations
