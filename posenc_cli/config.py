@@ -372,6 +372,27 @@ def nest_scaling_params(cls: type[ScalingSettings], raw: dict[str, Any], prefix:
     return out
 
 
+def nest_flat_scaling_keys(flat: dict[str, Any]) -> dict[str, Any]:
+    """Dotted keys (`flatten`) with a scaling in the flat layout of earlier versions (`extend.beta_fast`,
+    `pos.scaling.long_factor`, ...) as today's layout gives them: the chosen method's parameters under
+    `<group>.params.`, the other methods' dropped (they were ignored); keys already nested, and all others, kept.
+    For records of configs written before the nesting (a sweep's planned identities), compared with today's."""
+    out = dict(flat)
+    names = param_fields()
+    for group in _SCALING_GROUPS:
+        old = [k for k in flat if k.startswith(f"{group}.") and k[len(group) + 1 :] in names]
+        if not old:
+            continue
+        method = flat.get(f"{group}.method")
+        params_cls = params_class(method) if isinstance(method, str) else None
+        keep = {f.name for f in dataclasses.fields(params_cls)} if params_cls is not None else set()
+        for key in old:
+            value, name = out.pop(key), key[len(group) + 1 :]
+            if name in keep:
+                out[f"{group}.params.{name}"] = value
+    return out
+
+
 def _moved(dotted: str) -> str:
     """One line for a scaling parameter given under its flat key of earlier versions."""
     prefix, _, name = dotted.rpartition(".")

@@ -10,8 +10,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from posenc_cli.config import Config, ExtendConfig, build_dataclass, config_to_dict, unknown_key_message
+from posenc_cli.config import (
+    Config,
+    ExtendConfig,
+    build_dataclass,
+    config_to_dict,
+    flatten,
+    nest_flat_scaling_keys,
+    unknown_key_message,
+)
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.extend import recorded_extension
 from posenc_cli.positional.rope import RoPE
@@ -92,6 +101,17 @@ def test_a_config_saved_in_the_flat_layout_loads_as_the_same_scaling(tmp_path: P
     assert saved["pos"]["scaling"]["params"] == {"beta_fast": 16.0, "beta_slow": 1.0, "attention_factor": None,
                                                  "truncate": True}  # fmt: skip
     assert "beta_fast" not in saved["extend"] and config_from_dict(saved) == cfg
+
+
+def test_flat_dotted_keys_of_the_old_layout_match_todays() -> None:
+    """A sweep's recorded identity (dotted keys) from before the nesting equals today's for the same config."""
+    old = flatten(yaml.safe_load(OLD_LAYOUT))
+    today = flatten(config_to_dict(config_from_dict(yaml.safe_load(OLD_LAYOUT), saved=True)))
+    scaling = ("pos.scaling.", "extend.")
+    assert {k: v for k, v in nest_flat_scaling_keys(old).items() if k.startswith(scaling)} == {
+        k: v for k, v in today.items() if k.startswith(scaling)
+    }
+    assert nest_flat_scaling_keys(today) == today
 
 
 def test_params_are_parsed_by_the_methods_own_class() -> None:
