@@ -420,7 +420,8 @@ def task_summary_tables(results: Sequence[dict[str, Any]], threshold: float = RU
     return tables
 
 
-def print_task_summary(records: Sequence[Any], console: Any) -> None:
-    """After a sweep's (or `compare`'s) perplexity table: the retrieval tables of the runs that have task cells."""
-    for table in task_summary_tables(stored_task_results(records)):
+def print_task_summary(records: Sequence[Any], console: Any, threshold: float = RULER_THRESHOLD) -> None:
+    """After a sweep's (or `compare`'s) perplexity table: the retrieval tables of the runs that have task cells, with
+    RULER's effective length at `threshold`."""
+    for table in task_summary_tables(stored_task_results(records), threshold):
         console.print(table)
