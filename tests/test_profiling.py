@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from sweep_utils import MICRO_MODEL
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
@@ -24,7 +25,6 @@ from posenc_cli.perf.profiling import (
     train_flops_per_token,
     write_job_profile,
 )
-from tests.test_sweep import MICRO_MODEL
 
 MODEL = SimpleNamespace(n_layer=2, d_model=32)
 CFG = SimpleNamespace(model=MODEL, train=SimpleNamespace(seq_len=16, eval_batches=2, batch_size=4))

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_sweep import MICRO_MODEL, TWO_STAGES
+from sweep_utils import MICRO_MODEL, TWO_STAGES
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app

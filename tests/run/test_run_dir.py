@@ -1,4 +1,4 @@
-"""run_meta: config comparison, run names, what a run directory already holds, results rebuilt from meta.json."""
+"""run_dir and outcome: config comparison, run names, what a run directory holds, results rebuilt from meta.json."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_sweep import MICRO_MODEL, ONE_STAGE
+from sweep_utils import MICRO_MODEL, ONE_STAGE
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
