@@ -18,6 +18,7 @@ from posenc_cli.data.ruler.base import (
     build_prompts,
     episode_text,
     fill_episodes,
+    fixed_chars,
     haystack_text,
 )
 from posenc_cli.data.sources.tasks import TasksDataConfig, make_documents
@@ -217,3 +218,19 @@ def test_kv_pair_sits_at_the_depth_and_cwe_fwe_follow_rulers_counts() -> None:
 
     assert any(zipf(n) == seen for n in range(27, 4000)) and Counter(words).most_common(1)[0][0] == "..."
     assert {w for w, _ in Counter(w for w in words if w != "...").most_common(3)} == set(fwe.answers)
+
+
+@pytest.mark.parametrize("name", CONTEXT_TASKS)
+def test_context_training_text_grows_to_the_characters_asked(name: str) -> None:
+    """`sample_chars` (training text of about a length): the most units that fit, the smallest episode when none
+    does, solvable from the text alone."""
+    task, sizes = registry()[name], []
+    for chars in (100, 400, 1500, 4000):
+        for seed in range(4):
+            ep = task.sample_chars(np.random.default_rng(seed), 0.5, chars)
+            prompt, _ = episode_text(ep, haystack_text(None, max(chars - fixed_chars(ep), 0)))
+            assert same_answers(name, solve(name, prompt), ep.answers)
+            smallest = task.sample(np.random.default_rng(seed), 0.5)
+            assert fixed_chars(ep) <= chars or ep == smallest
+        sizes.append(fixed_chars(ep))
+    assert sizes == sorted(sizes) and sizes[-1] > 3000

@@ -190,3 +190,25 @@ def test_episodes_that_cannot_fit_in_memory_are_refused_before_allocation() -> N
         retrieval.check_memory(3_000_000, 4096, 128, "--trials", available=2**30)
     with pytest.raises(ConfigError, match="--trials"):  # the up-front bound in validate, before any run is read
         retrieval.TasksEvalConfig(trials=10**9).validate()
+
+
+@pytest.mark.parametrize("name", ["common-words", "frequent-words", "kv-retrieval"])
+def test_context_tasks_fill_the_length_under_both_scorings(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CWE, FWE and KV: prompt + budget (contains) or prompt + the longest answer (exact) = the length, every
+    episode's context grown to fill it; CWE and FWE cells have no depth, and a correct output scores 1."""
+    tok, task, length = ByteTokenizer(), registry()[name], 1024
+    depths = [0.0, 1.0] if task.has_depth else [None]
+    for scoring in ("contains", "exact"):
+        calls: list[tuple[int, int, int]] = []
+        eps = retrieval.sample_episodes(tok, task, length, depths, 2, Sizes(), 0, None)
+        answers = [tok.encode(ep.answer_text[1:]) for ep in eps]  # generate exactly the answer
+        monkeypatch.setattr(retrieval, "decode_prompts", _fake_decoder(answers, calls))
+        budget = task.tokens_to_generate if scoring == "contains" else None
+        grid = {"length": length, "depths": depths, "trials": 2, "scoring": scoring}
+        cells = retrieval.evaluate_task_model(_Model(), tok, task, **grid)
+        (prompt_len, steps, total) = calls[0]
+        width = max(len(a) for a in answers)
+        assert prompt_len + steps == total == length and steps == (budget or width)
+        assert [c["depth"] for c in cells] == depths and all(c["score"] == 1.0 for c in cells), cells
+    with pytest.raises(retrieval.PromptTooShort, match="length 200"):
+        retrieval.evaluate_task_model(_Model(), tok, task, length=200, depths=depths, trials=2)

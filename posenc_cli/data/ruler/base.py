@@ -385,6 +385,19 @@ class ContextTask(RetrievalTask):
         draft = cls.draft(rng, depth, sizes)
         return draft.make(draft.smallest)
 
+    @classmethod
+    def sample_chars(cls, rng: np.random.Generator, depth: float, chars: int, sizes: Sizes = RULER_SIZES) -> Episode:
+        """Training text of about `chars` characters: the most units whose episode (context, question, answer)
+        fits them, the smallest when none does (as the mixture raises a document to what its episode needs)."""
+        try:
+            draft = cls.draft(rng, depth, sizes, chars)
+        except PromptTooShort:  # (FWE: too few characters for RULER's vocabulary of chars // 50 words)
+            return cls.sample(rng, depth, sizes)
+        try:
+            return draft.fill(lambda ep: fixed_chars(ep) <= chars)
+        except PromptTooShort:
+            return draft.make(draft.smallest)
+
 
 def context_episode(context: str, question: str, answers: Sequence[str]) -> Episode:
     """The one-needle episode of a context task (the context at depth 1, after the pad)."""

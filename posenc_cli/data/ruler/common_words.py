@@ -15,9 +15,6 @@ out and the question is shortened to fit a tiny window; the list has no depth (c
 
 from __future__ import annotations
 
-import functools
-import itertools
-
 import numpy as np
 
 from posenc_cli.data.ruler import register
@@ -46,20 +43,28 @@ _LIST = (
 )  # fmt: skip
 # none inside another ("pen" in "pencil"), so RULER's containment score cannot find a common word in another one
 WORDS = tuple(w for w in _LIST if not any(w != o and w in o for o in _LIST))
+_REAL = frozenset(WORDS)
 CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
 QUESTION = " What are the {n} most common words in the list? The {n} most common words are"
 
 
-@functools.cache
-def made_up_words() -> tuple[str, ...]:
-    """Pronounceable three-syllable words (consonant-vowel ×3) that hold no word of `WORDS`, in a fixed order."""
-    syllables = [c + v for c in CONSONANTS for v in VOWELS]
-    real = set(WORDS)
+SYLLABLES = [c + v for c in CONSONANTS for v in VOWELS]  # 70
+STRIDE = 104_729  # a prime, coprime to 70³: index i visits candidate (i · STRIDE) mod 70³, each once, spread out
+_MADE_UP: list[str] = []  # the made-up words found so far, in order
+_NEXT = [0]  # the next candidate index
 
-    def holds_a_word(w: str) -> bool:
-        return any(w[i:j] in real for i in range(len(w)) for j in range(i + 3, len(w) + 1))
 
-    return tuple(w for w in map("".join, itertools.product(syllables, repeat=3)) if not holds_a_word(w))
+def made_up_words(n: int) -> list[str]:
+    """The first `n` pronounceable three-syllable words (consonant-vowel ×3, in a fixed order) that hold no word of
+    `WORDS` (about 334,000 exist), found as far as asked."""
+    total = len(SYLLABLES) ** 3
+    while len(_MADE_UP) < n and _NEXT[0] < total:
+        a, rest = divmod(_NEXT[0] * STRIDE % total, len(SYLLABLES) ** 2)
+        w = SYLLABLES[a] + SYLLABLES[rest // len(SYLLABLES)] + SYLLABLES[rest % len(SYLLABLES)]
+        _NEXT[0] += 1
+        if not any(w[i:j] in _REAL for i in range(len(w)) for j in range(i + 3, len(w) + 1)):
+            _MADE_UP.append(w)
+    return _MADE_UP[:n]
 
 
 @register
@@ -79,7 +84,7 @@ class CommonWords(ContextTask):
         shuffle_seed = int(rng.integers(0, 1 << 63))
 
         def make(n: int) -> Episode:
-            chosen = others[:n] + list(made_up_words()[: n - len(others)] if n > len(others) else [])
+            chosen = others[:n] + (made_up_words(n - len(others)) if n > len(others) else [])
             words = common * sizes.common_freq + chosen * sizes.uncommon_freq
             order = np.random.default_rng(shuffle_seed).permutation(len(words))
             context = "".join(f" {i + 1}. {words[k]}" for i, k in enumerate(order))
