@@ -19,9 +19,9 @@ def differences(old: dict[str, Any], new: dict[str, Any], keys: Sequence[str]) -
 
 
 def _differs(key: str, old: dict[str, Any], new: dict[str, Any]) -> str:
-    """'scaling.factor: 4 there, 8 asked' (the first differing entry of a record key, values shortened)."""
+    """'scaling.factor: 4 there, 8 asked' (the first differing leaf of a record key, values shortened)."""
     a, b = old.get(key), new.get(key)
-    if isinstance(a, dict) and isinstance(b, dict):
+    while isinstance(a, dict) and isinstance(b, dict):  # down to the first differing leaf (scaling.params.beta_fast)
         sub = next(k for k in [*a, *(k for k in b if k not in a)] if a.get(k) != b.get(k))
         key, a, b = f"{key}.{sub}", a.get(sub), b.get(sub)
     return f"{key}: {_short(a)} there, {_short(b)} asked"
