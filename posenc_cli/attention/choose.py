@@ -146,12 +146,14 @@ def describe(
     chunk_size: int | None = None,
     dropout_p: float = 0.0,
 ) -> KernelSpec:
-    """The `KernelSpec` of attending with q (B, H, T, hd) under `state`'s scheme and context."""
+    """The `KernelSpec` of attending with q (B, H, T − q_start, hd), the query rows [q_start, T), under `state`'s
+    scheme and context."""
     scheme, ctx = state.scheme, state.ctx
     window = scheme.remap_window
     min_id = state.min_id() if window and ctx.max_position is not None else None  # one host sync per forward
     remap = bool(window) and remap_applies(window, ctx, min_id)
-    B, H, T, _ = q.shape
+    B, H, Tq, _ = q.shape
+    T = q_start + Tq
     return KernelSpec(
         has_bias=scheme.has_bias,
         dtype=q.dtype,
@@ -184,12 +186,12 @@ def attend(
     q_start: int = 0,
     state: AttentionState | None = None,
 ) -> Tensor:
-    """softmax(q·kᵀ/√hd + bias + mask)·v for q, k, v (B, H, T, hd) -> (B, H, T − q_start, hd), through the kernel
-    that `choose_kernel` picks for this call (`state`: the forward's, whose kernels and tables it reuses; None: a
-    fresh one for `scheme` and `ctx`).
+    """softmax(q·kᵀ/√hd + bias + mask)·v for q (B, H, T − q_start, hd), the query rows [q_start, T), and k, v
+    (B, H, T, hd) -> (B, H, T − q_start, hd), through the kernel that `choose_kernel` picks for this call
+    (`state`: the forward's, whose kernels and tables it reuses; None: a fresh one for `scheme` and `ctx`).
 
     `chunk_size` forces the number of queries per chunk on the bias path. `q_start` > 0 (decoding with a KV cache,
-    causal): only the query rows [q_start, T) are computed, against every key (rows before q_start are ignored).
+    causal): q holds only the query rows [q_start, T), attended against every key.
     """
     state = AttentionState(scheme, ctx) if state is None else state
     spec = describe(state, q, causal=causal, q_start=q_start, chunk_size=chunk_size, dropout_p=dropout_p)

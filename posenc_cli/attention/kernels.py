@@ -1,9 +1,9 @@
 """The attention kernels: one interface, one road each, chosen once per forward by `choose.choose_kernel`.
 
 A kernel is a small frozen dataclass holding what was decided for this forward (causal, chunk, dropout, first
-query row) and computing softmax(q·kᵀ/√hd + bias + mask)·v as `kernel(q, k, v, state, layer)`: q, k, v
-(B, H, T, hd) -> (B, H, T − q_start, hd). `state` (`AttentionState`) gives the scheme, its context and the tables
-built once per forward. The roads:
+query row) and computing softmax(q·kᵀ/√hd + bias + mask)·v as `kernel(q, k, v, state, layer)`: q (B, H, T − q_start,
+hd) the query rows [q_start, T) (all T by default), k, v (B, H, T, hd) -> (B, H, T − q_start, hd). `state`
+(`AttentionState`) gives the scheme, its context and the tables built once per forward. The roads:
 
 - `Fused`: no bias: one fused `scaled_dot_product_attention` call with `is_causal`.
 - `KeyBias`: a key-only bias b_h(j) with bias_h(i, j) = b_h(j) + c_h(i) (e.g. a linear distance penalty
@@ -44,7 +44,8 @@ from posenc_cli.positional.base import PositionContext, relative_distance
 
 
 class Kernel(ABC):
-    """One attention road: q, k, v (B, H, T, hd) -> (B, H, T − q_start, hd) for the scheme of `state`."""
+    """One attention road: q (B, H, T − q_start, hd), k, v (B, H, T, hd) -> (B, H, T − q_start, hd) for the scheme
+    of `state` (q_start = 0 but for the KV cache's kernels)."""
 
     @abstractmethod
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor: ...
@@ -123,12 +124,11 @@ class Rows(Kernel):
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor:
         pos = state.ctx.token_index
-        qc = q[:, :, self.q_start :]  # (B, H, Tq, hd)
-        q_pos = pos[self.q_start :]
+        q_pos = pos[self.q_start :]  # q: (B, H, Tq, hd), those rows
         scheme = state.scheme
-        bias = scheme.bias(layer, qc, k, q_pos, pos, state.ctx) if scheme.has_bias else None  # (B, H, Tq, T)
+        bias = scheme.bias(layer, q, k, q_pos, pos, state.ctx) if scheme.has_bias else None  # (B, H, Tq, T)
         mask = fold_causal_mask(bias, q_pos, pos, q.dtype, True)
-        return F.scaled_dot_product_attention(qc, k, v, attn_mask=mask, dropout_p=self.dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout_p)
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class LastRow(Kernel):
     dropout_p: float = 0.0
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor:
-        return F.scaled_dot_product_attention(q[:, :, self.q_start :], k, v, dropout_p=self.dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p)  # q: (B, H, 1, hd)
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,8 @@ class Remapped(Kernel):
     """softmax(merged scores + bias + mask)·v for a remapping scheme, the query rows [q_start, T).
 
     By query chunks: each holds two (B, H, chunk, Tk) fp32 score tensors, so the chunk is sized for half of
-    `BIAS_CHUNK_BYTES`. The remapped q and k are computed once per layer (elementwise rotations, (B, H, T, hd)).
+    `BIAS_CHUNK_BYTES`. The remapped q and k are computed once per layer (elementwise rotations, (B, H, T, hd)):
+    query rows from q_start on are padded back to T with zero rows first (the scheme's `remap` takes all T).
     """
 
     chunk: int
@@ -157,6 +158,9 @@ class Remapped(Kernel):
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor:
         scheme, ctx = state.scheme, state.ctx
+        B, H, _, hd = q.shape
+        if self.q_start:  # rows [0, q_start) are never read
+            q = torch.cat([q.new_zeros(B, H, self.q_start, hd), q], dim=2)  # (B, H, T, hd)
         T = q.shape[2]
         q2, k2 = scheme.remap(q, k, ctx)  # (B, H, T, hd) each
         pos = ctx.token_index

@@ -35,12 +35,13 @@ class CausalSelfAttention(nn.Module):
         if cfg.attn_scale == "ssmax":
             self.ssmax_scale = nn.Parameter(torch.full((cfg.n_head,), 1.0 / math.log(max(cfg.logn_length, 2))))
 
-    def length_scale(self, q: Tensor, state: AttentionState) -> Tensor:
-        """q (B, H, T, hd) times the query's logit factor under `model.attn_scale` (q itself for `none`)."""
+    def length_scale(self, q: Tensor, state: AttentionState, q_start: int = 0) -> Tensor:
+        """q (B, H, T − q_start, hd), the query rows [q_start, T), times each query's logit factor under
+        `model.attn_scale` (q itself for `none`)."""
         if self.attn_scale == "logn":
-            return q * state.logn(self.logn_length).to(q.dtype)
+            return q * state.logn(self.logn_length)[..., q_start:, :].to(q.dtype)  # (T', 1) or (B, 1, T', 1)
         if self.attn_scale == "ssmax":
-            factor = self.ssmax_scale.float()[:, None, None] * state.ssmax()[:, None]  # (H, T, 1)
+            factor = self.ssmax_scale.float()[:, None, None] * state.ssmax()[q_start:, None]  # (H, T', 1)
             return q * factor.to(q.dtype)
         return q
 
@@ -55,7 +56,7 @@ class CausalSelfAttention(nn.Module):
         """x (B, T, D) -> q, k, v (B, H, T, hd), with q and k already rotated by the scheme (and q length-scaled).
 
         With a cache, x holds the Tq new tokens: their unrotated k, v join the cache, and k, v are returned for all
-        Tc + Tq tokens; q is returned for all of them too, its first Tc rows zero (only the last Tq are used).
+        Tc + Tq tokens, q for the Tq new ones (B, H, Tq, hd), rotated at their positions (`rotate_rows`).
         `state`: the forward's attention state (its length-scale tables are reused); None: built for this call.
         """
         state = AttentionState(scheme, ctx) if state is None else state
@@ -64,12 +65,12 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
         k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
         v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        q_start = 0
         if cache is not None:
             k, v = cache.append(self.layer, k, v)  # (B, H, Tc + T, hd), unrotated keys
-            if k.shape[2] > T:  # rotate q at the new tokens' positions: rows line up with the context's
-                q = torch.cat([q.new_zeros(B, self.n_head, k.shape[2] - T, self.head_dim), q], dim=2)
-        q, k = scheme.rotate(q, k, ctx)
-        return self.length_scale(q, state), k, v
+            q_start = k.shape[2] - T  # the new tokens' rows of the context
+        q, k = scheme.rotate_rows(q, k, ctx, q_start) if q_start else scheme.rotate(q, k, ctx)
+        return self.length_scale(q, state, q_start), k, v
 
     def forward(
         self,
@@ -98,7 +99,7 @@ class CausalSelfAttention(nn.Module):
             causal=causal,
             dropout_p=self.dropout if self.training else 0.0,
             chunk_size=self.chunk_size,
-            q_start=q.shape[2] - T,
+            q_start=k.shape[2] - T,
             state=state,
         )  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)

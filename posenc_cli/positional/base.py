@@ -115,6 +115,19 @@ class PositionalScheme(nn.Module):
         """Hook (b): q, k (B, H, T, hd) -> rotated q, k of the same shapes."""
         return q, k
 
+    def rotate_rows(self, q: Tensor, k: Tensor, ctx: PositionContext, q_start: int) -> tuple[Tensor, Tensor]:
+        """Hook (b) for decoding with a KV cache: q (B, H, T − q_start, hd), the queries of the token indexes
+        [q_start, T) alone, and k (B, H, T, hd), every key -> what `rotate` makes of those q rows, and k.
+
+        Default: q padded with zero rows to T, `rotate`d, its rows [q_start, T) returned (nothing to do without a
+        `rotate`). A scheme whose rotation acts position by position overrides it to rotate the rows alone.
+        """
+        if type(self).rotate is PositionalScheme.rotate:
+            return q, k
+        B, H, _, hd = q.shape
+        q, k = self.rotate(torch.cat([q.new_zeros(B, H, q_start, hd), q], dim=2), k, ctx)  # (B, H, T, hd)
+        return q[:, :, q_start:], k
+
     def bias(
         self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext
     ) -> Tensor | None:

@@ -180,3 +180,8 @@ class RoPE(PositionalScheme):
     def rotate(self, q: Tensor, k: Tensor, ctx: PositionContext) -> tuple[Tensor, Tensor]:
         cos, sin = ctx.tables["rope_cos"], ctx.tables["rope_sin"]
         return apply_rope(q, cos, sin, self.layout), apply_rope(k, cos, sin, self.layout)
+
+    def rotate_rows(self, q: Tensor, k: Tensor, ctx: PositionContext, q_start: int) -> tuple[Tensor, Tensor]:
+        cos, sin = ctx.tables["rope_cos"], ctx.tables["rope_sin"]  # (T, d) or (B, 1, T, d)
+        q_cos, q_sin = cos[..., q_start:, :], sin[..., q_start:, :]  # the query rows' positions
+        return apply_rope(q, q_cos, q_sin, self.layout), apply_rope(k, cos, sin, self.layout)

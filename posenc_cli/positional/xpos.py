@@ -93,3 +93,8 @@ class XPos(PositionalScheme):
     def rotate(self, q: Tensor, k: Tensor, ctx: PositionContext) -> tuple[Tensor, Tensor]:
         (cq, sq), (ck, sk) = ctx.tables["xpos_q"], ctx.tables["xpos_k"]
         return apply_rope(q, cq, sq, self.layout), apply_rope(k, ck, sk, self.layout)
+
+    def rotate_rows(self, q: Tensor, k: Tensor, ctx: PositionContext, q_start: int) -> tuple[Tensor, Tensor]:
+        (cq, sq), (ck, sk) = ctx.tables["xpos_q"], ctx.tables["xpos_k"]  # (T, hd) or (B, 1, T, hd)
+        cq, sq = cq[..., q_start:, :], sq[..., q_start:, :]  # the query rows' positions
+        return apply_rope(q, cq, sq, self.layout), apply_rope(k, ck, sk, self.layout)

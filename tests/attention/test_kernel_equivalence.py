@@ -20,6 +20,7 @@ from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry
 from posenc_cli.positional.remap import RemapConfig
 from posenc_cli.positional.rope import RopeConfig
+from posenc_cli.rope_scaling import RopeScalingConfig
 
 VOCAB, TRAIN_LENGTH = 48, 16
 TINY = ModelConfig(d_model=32, n_layer=2, n_head=2)
@@ -30,6 +31,9 @@ def cases() -> Iterator[tuple[str, PosConfig, ModelConfig]]:
         yield name, config_class(name)(), TINY
     for remap in (RemapConfig(method="self-extend", window=4, group=3), RemapConfig(method="rerope", window=5)):
         yield f"rope-{remap.describe()}", RopeConfig(remap=remap), TINY
+    yield "rope-interleaved-half", RopeConfig(layout="interleaved", rotary_fraction=0.5), TINY
+    yield "p-rope", RopeConfig(p=0.5), TINY
+    yield "rope-yarn", RopeConfig(scaling=RopeScalingConfig(method="yarn", factor=2.0, original_length=8)), TINY
     for scale in ("logn", "ssmax"):
         for name in ("rope", "alibi"):
             yield f"{name}-{scale}", config_class(name)(), dataclasses.replace(TINY, attn_scale=scale, logn_length=8)
@@ -64,7 +68,7 @@ def outputs(pos: PosConfig, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         out["fp32"] = model(idx)
         out["ids"] = model(idx, position_ids=ids)
-        out["row-ids"] = model(idx, position_ids=torch.stack([ids, torch.arange(T)]))
+        out["row-ids"] = model(idx, position_ids=torch.stack([ids, torch.arange(T)]))  # (B, T) ids
         out["non-causal"] = model(idx, causal=False)
         with bf16:
             out["bf16"] = model(idx)
@@ -76,15 +80,16 @@ def outputs(pos: PosConfig, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
             out["bf16-chunk"] = model(idx)
         for block in model.blocks:
             block.attn.chunk_size = None
+        row_ids = torch.stack([ids, torch.arange(T)])  # (B, T): one row of ids per sequence
         for precision in ("fp32", "bf16"):
-            for piece_ids in (None, ids):
+            for label, piece_ids in (("default", None), ("ids", ids), ("row-ids", row_ids)):
                 cache, pieces, start = model.new_cache(), [], 0
                 for n in [T // 2, 3] + [1] * (T - T // 2 - 3):
-                    given = None if piece_ids is None else piece_ids[start : start + n]
+                    given = None if piece_ids is None else piece_ids[..., start : start + n]
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
                         pieces.append(model(idx[:, start : start + n], cache=cache, position_ids=given))
                     start += n
-                out[f"cache-{precision}-{'ids' if piece_ids is not None else 'default'}"] = torch.cat(pieces, 1)
+                out[f"cache-{precision}-{label}"] = torch.cat(pieces, 1)
     data = torch.randint(0, VOCAB, (2, TRAIN_LENGTH + 1), generator=torch.Generator().manual_seed(2))
     for precision in ("fp32", "bf16"):
         model = build(pos, model_cfg).train()
