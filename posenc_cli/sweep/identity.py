@@ -1,4 +1,4 @@
-"""A sweep job's identity: the config it was planned with (see `sweep.runner`'s module docstring).
+"""A sweep job's identity: the config it was planned with (see `sweep.plan`'s module docstring).
 
 The identity is the composed config flattened to dotted keys, without the settings that change only speed or logging
 (`RUNTIME_KEYS`), plus, for an extend job, its parent's identity hash; `identity_hash` is a canonical sha256 of it.
