@@ -269,3 +269,22 @@ def test_ids_past_the_schemes_limit_are_refused_like_lengths(name: str) -> None:
     logits(model, idx, torch.tensor([0, 1, 2, limit - 1]))  # the last row of the table: served
     with pytest.raises(LengthBeyondScheme, match=rf"at most {limit} positions; {limit + 1} were requested"):
         logits(model, idx, torch.tensor([0, 1, 2, limit]))
+
+
+# -- the KV cache's query rows -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_rotate_rows_is_rotate_on_those_rows_bit_for_bit(name: str) -> None:
+    """`rotate_rows` (KV-cache decoding: the new query rows alone) gives exactly `rotate`'s rows and keys, for
+    default, shared and per-row ids."""
+    model = make(name)
+    T = 12
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, TINY.n_head, T, TINY.head_dim, generator=g) for _ in range(2))
+    for ids in (None, skipping_ids(T, 3), torch.stack([skipping_ids(T, 3), torch.arange(T) + 1])):
+        ctx = model.context(tokens(2, T), ids)
+        full_q, full_k = model.scheme.rotate(q, k, ctx)
+        for start in (1, T // 2, T - 1):
+            rows_q, rows_k = model.scheme.rotate_rows(q[:, :, start:], k, ctx, start)
+            assert torch.equal(rows_q, full_q[:, :, start:]) and torch.equal(rows_k, full_k), (ids, start)

@@ -19,9 +19,9 @@ from posenc_cli.attention.kernels import (
     Rows,
     SharedMask,
 )
-from posenc_cli.config import ModelConfig
+from posenc_cli.config import ModelConfig, PosConfig
 from posenc_cli.model import GPT
-from posenc_cli.positional import PositionContext, config_class
+from posenc_cli.positional import PositionalScheme, PositionContext, config_class
 from posenc_cli.positional.remap import RemapConfig
 from posenc_cli.positional.rope import RopeConfig
 
@@ -136,3 +136,22 @@ def test_a_state_refuses_another_forward() -> None:
     x = model.embed(idx, ctx)
     with pytest.raises(ValueError, match="another scheme or forward"):
         model.blocks[0].attn(x, model.scheme, ctx, state=AttentionState(model.scheme, other))
+
+
+def test_the_default_rotate_rows_rotates_the_padded_queries() -> None:
+    """A scheme that overrides only `rotate` (here one that reads every query row) gets its rows from the full
+    rotation of zero-padded queries."""
+
+    class Cumulative(PositionalScheme):
+        name = "cumulative-test"
+        hooks = ("rotate",)
+
+        def rotate(self, q: torch.Tensor, k: torch.Tensor, ctx: PositionContext) -> tuple[torch.Tensor, torch.Tensor]:
+            return q.cumsum(dim=2) + ctx.positions[:, None], k * 2  # row i depends on rows 0..i
+
+    scheme = Cumulative(PosConfig(name="cumulative-test"), ModelConfig(d_model=32, n_head=2), 16)
+    ctx = PositionContext(positions=torch.arange(6))
+    q, k = torch.randn(1, 2, 6, 16), torch.randn(1, 2, 6, 16)
+    padded = torch.cat([torch.zeros(1, 2, 4, 16), q[:, :, 4:]], dim=2)
+    rows, keys = scheme.rotate_rows(q[:, :, 4:], k, ctx, 4)
+    assert torch.equal(rows, scheme.rotate(padded, k, ctx)[0][:, :, 4:]) and torch.equal(keys, k * 2)
