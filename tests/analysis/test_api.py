@@ -16,13 +16,13 @@ from posenc_cli.errors import ConfigError, UserError
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """NoPE and ALiBi, 6 steps each on the tiny corpus, through `api.train` alone."""
+    """NoPE and ALiBi, 4 steps each on the tiny corpus, through `api.train` alone."""
     root = tmp_path_factory.mktemp("api")
     corpus = write_corpus(root)
     runs = []
     for pos in ("nope", "alibi"):
-        result = api.train([*tiny_overrides(corpus, steps=6), f"pos={pos}"], out=root / pos)
-        assert result.stopped_reason == "complete" and result.step == 6
+        result = api.train([*tiny_overrides(corpus, steps=4), f"pos={pos}"], out=root / pos)
+        assert result.stopped_reason == "complete" and result.step == 4
         runs.append(result.run_dir)
     return runs
 
@@ -79,4 +79,16 @@ def test_sweep_dry_plan_through_the_api(capsys: pytest.CaptureFixture[str]) -> N
     plan = api.plan_sweep("extrapolation", ["train.steps=5", "pos=rope,alibi"], check=True)
     assert plan.jobs == 4 and plan.launcher_name == "basic"  # two schemes, then the rope run's two YaRN children
     assert [job.label for job in plan.plans[0].jobs] == ["rope", "alibi"]
+    assert capsys.readouterr() == ("", "")
+
+
+def test_extend_through_the_api(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = write_corpus(tmp_path)
+    parent = api.train([*tiny_overrides(corpus, steps=4), "pos=rope"], out=tmp_path / "rope").run_dir
+    outcome = api.extend(parent, tmp_path / "yarn", method="yarn", factor=2.0)
+    assert outcome.result.status == "created" and outcome.result.method == "yarn"
+    assert outcome.result.factor == 2.0 and outcome.result.original_length == 16 and (tmp_path / "yarn").is_dir()
+    assert api.extend(parent, tmp_path / "yarn", method="yarn", factor=2.0).result.status == "already_complete"
+    with pytest.raises(ConfigError, match="--window"):
+        api.extend(parent, tmp_path / "se", method="self-extend", group=2)
     assert capsys.readouterr() == ("", "")

@@ -1,0 +1,56 @@
+"""posenc as Python functions: train, evaluate, extend, sweep and compare, each returning data.
+
+The commands in `posenc_cli.cli` parse their flags, call these and render what they return; a notebook calls them
+directly. They print nothing (a progress display is whatever the caller passes as `callback`/`progress`), raise
+`posenc_cli.errors.UserError` subclasses for a user's mistake (a bad value, a missing file, a directory of the wrong
+kind), and take the commands' defaults::
+
+    from posenc_cli.analysis import api
+
+    run = api.train(["pos=alibi", "model=tiny", "train.steps=600"], out="runs/alibi")
+    api.evaluate([run.run_dir], lengths=[1, 2, 4])
+    api.compare([run.run_dir])  # a pandas DataFrame: one row per run, one column per length
+
+Layout follows litgpt's `api.py` beside its `__main__.py` (commands as plain typed functions): the command decides
+nothing that this module does not.
+"""
+
+from __future__ import annotations
+
+from posenc_cli.analysis.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison
+from posenc_cli.analysis.api.evaluation import Evaluation, eval_config, evaluate
+from posenc_cli.analysis.api.extension import extend
+from posenc_cli.analysis.api.sweeps import (
+    SweepPlan,
+    SweepReport,
+    SweepRun,
+    plan_sweep,
+    run_planned_sweep,
+    sweep,
+    sweep_report,
+)
+from posenc_cli.analysis.api.training import train, train_config, train_warning
+from posenc_cli.analysis.compare import Comparison
+
+__all__ = [
+    "REFERENCES",
+    "CompareReport",
+    "Comparison",
+    "Evaluation",
+    "SweepPlan",
+    "SweepReport",
+    "SweepRun",
+    "TextTable",
+    "compare",
+    "comparison",
+    "eval_config",
+    "evaluate",
+    "extend",
+    "plan_sweep",
+    "run_planned_sweep",
+    "sweep",
+    "sweep_report",
+    "train",
+    "train_config",
+    "train_warning",
+]

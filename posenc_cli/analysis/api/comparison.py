@@ -1,0 +1,109 @@
+"""`posenc compare` as data: `comparison` gathers runs and sweeps from disk and returns what the command shows (a
+`CompareReport`); `compare` is its table as a pandas DataFrame."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from posenc_cli.analysis.compare import METRICS, Comparison, gather, to_results, write_outputs
+from posenc_cli.errors import ConfigError, UserError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from posenc_cli.analysis.rows import RunRecord
+    from posenc_cli.perf.costs import RunCost
+    from posenc_cli.report.reference_tables import ReferenceTable
+
+__all__ = ["REFERENCES", "CompareReport", "TextTable", "compare", "comparison", "reference_view"]
+
+PathLike = str | Path
+
+
+@dataclass(frozen=True)
+class TextTable:
+    """A table of ready text: a paper's numbers beside posenc's (`report.reference_tables.side_by_side`)."""
+
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    caption: str
+
+
+@dataclass
+class CompareReport:
+    """What `posenc compare` shows: the comparison itself, and the extras asked for: a paper's table beside it
+    (`reference`), the NoPE paper's MRR ranking (`mrr`: `analysis.mrr.nope_mrr`), each run's costs (`costs`)."""
+
+    comparison: Comparison
+    reference: TextTable | None = None
+    mrr: pd.DataFrame | None = None
+    costs: list[RunCost] | None = None
+
+
+REFERENCES = ("nope-mrr",)  # besides `report.reference_tables.REFERENCE_TABLES`
+
+
+def comparison(
+    runs: Sequence[PathLike],
+    *,
+    metric: str = "ppl",
+    baseline: str | None = None,
+    all_lengths: bool = False,
+    out: PathLike | None = None,
+    reference: str | None = None,
+    costs: bool = False,
+) -> CompareReport:
+    """Gather the runs below `runs` (`analysis.compare.gather`) and compare them in `metric` (ppl, bpb, nll or
+    longppl), divided by `baseline`'s row (a label or run directory); with `out`, write results.csv/json and the
+    plots there (`analysis.compare.write_outputs`). Every refusal comes before anything is written."""
+    # deferred: perf and reference tables are only needed when asked for
+    from posenc_cli.report.reference_tables import REFERENCE_TABLES, reference_table
+
+    if metric not in METRICS:
+        raise UserError(f"--metric must be {', '.join(list(METRICS)[:-1])} or {list(METRICS)[-1]}, got {metric}")
+    if out is not None:
+        # deferred: only with --out
+        from posenc_cli.report.output_files import check_writable_dir
+
+        check_writable_dir(Path(out))  # before anything is gathered or written
+    records = gather([Path(p) for p in runs], all_lengths=all_lengths)
+    report = CompareReport(Comparison(records, metric=metric, baseline=baseline))
+    if reference is not None and reference not in REFERENCES:
+        if reference not in REFERENCE_TABLES:
+            known = ", ".join([*REFERENCE_TABLES, *REFERENCES])
+            raise ConfigError(f"--reference {reference}: unknown table (available: {known})")
+        report.reference = reference_view(reference_table(reference), records)
+    if reference == "nope-mrr":
+        from posenc_cli.analysis.mrr import nope_mrr  # deferred: pandas
+
+        report.mrr = nope_mrr([Path(p) for p in runs])
+    if costs:
+        from posenc_cli.perf.costs import run_costs  # deferred: only with --costs
+
+        report.costs = run_costs((r.label, r.run_dir) for r in records)
+    if out is not None:
+        report.comparison.written = write_outputs(records, Path(out))
+    return report
+
+
+def reference_view(table: ReferenceTable, records: list[RunRecord]) -> TextTable:
+    """posenc's ppl(m·L)/ppl(L) next to the paper's, one row per run label (`reference_tables.side_by_side`)."""
+    # deferred: only with --reference
+    from posenc_cli.report.reference_tables import length_notes, side_by_side
+
+    results = to_results(records)
+    headers, rows = side_by_side(table, results)
+    caption = "\n".join([table.citation, *length_notes(table, results)])
+    return TextTable(f"ppl(L') / ppl(L): posenc / paper ({table.name})", headers, rows, caption)
+
+
+def compare(
+    runs: Sequence[PathLike], *, metric: str = "ppl", baseline: str | None = None, all_lengths: bool = False
+) -> pd.DataFrame:
+    """The comparison table as a DataFrame (`Comparison.to_frame`): index "run" (row labels), column "n", then the
+    mean `metric` per length and the ratio column; NaN where the table shows n/a, n/m or –."""
+    return comparison(runs, metric=metric, baseline=baseline, all_lengths=all_lengths).comparison.to_frame()

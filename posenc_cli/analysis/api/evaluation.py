@@ -1,0 +1,147 @@
+"""`posenc eval-extrapolate` as a function: `eval_config` (its settings, checked together) and `evaluate`, which
+measures (or reads back) every run's perplexity per length and returns an `Evaluation`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from posenc_cli.analysis.compare import labelled_in_order
+from posenc_cli.config import EvalConfig, build_dataclass
+from posenc_cli.errors import ConfigError
+
+__all__ = ["Evaluation", "eval_config", "evaluate"]
+
+PathLike = str | Path
+
+
+def eval_config(
+    *,
+    lengths: Sequence[float] | None = None,
+    abs_lengths: Sequence[int] | None = None,
+    protocol: str | None = None,
+    stride: int | None = None,
+    target: int | None = None,
+    window: int | None = None,
+    sinks: int | None = None,
+    tokens: int | None = None,
+    batch_tokens: int | None = None,
+    dtype: str | None = None,
+    force: bool = False,
+) -> EvalConfig:
+    """`EvalConfig`'s defaults with the settings given (None: the default), type- and range-checked, and refused
+    where they do not go together (a stride without a protocol that has one, and so on)."""
+    if lengths is not None and abs_lengths is not None:
+        raise ConfigError("give either --lengths (multiples of the base length) or --abs-lengths (tokens), not both")
+    raw = dataclasses.asdict(EvalConfig())
+    given = {
+        "lengths": list(lengths) if lengths is not None else None,
+        "abs_lengths": list(abs_lengths) if abs_lengths is not None else None,
+        "protocol": protocol,
+        "stride": stride,
+        "target": target,
+        "window": window,
+        "sinks": sinks,
+        "tokens": tokens,
+        "batch_tokens": batch_tokens,
+        "dtype": dtype,
+    }
+    raw.update({k: v for k, v in given.items() if v is not None})
+    raw["force"] = force
+    cfg = build_dataclass(EvalConfig, raw, "eval")
+    cfg.validate()
+    if cfg.stride is not None and cfg.protocol not in ("sliding", "streaming"):
+        raise ConfigError(
+            "--stride applies to --protocol sliding or streaming only (nonoverlap scores every token of a window)"
+        )
+    if (window is not None or sinks is not None) and cfg.protocol != "streaming":
+        raise ConfigError("--window and --sinks apply to --protocol streaming only")
+    if cfg.target is not None and cfg.protocol != "fixed-target":
+        raise ConfigError("--target applies to --protocol fixed-target only")
+    return cfg
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """eval-extrapolate's results: one doc per run (`perplexity.evaluate_run`'s, with "label" and "path"), labelled
+    and ordered as `compare` shows them; `by`: the table's columns, "multiple" or "length" (abs lengths)."""
+
+    results: list[dict[str, Any]]
+    config: EvalConfig
+    by: Literal["multiple", "length"] = "multiple"
+
+    def to_json(self) -> dict[str, Any]:
+        """The combined document of `--json`: every run's doc without its bookkeeping ("reused")."""
+        return {"schema_version": 1, "runs": [{k: v for k, v in r.items() if k != "reused"} for r in self.results]}
+
+    @property
+    def reused(self) -> int:
+        """Cells read back from the runs' eval/extrapolate.json rather than measured now."""
+        return sum(r["reused"] for r in self.results)
+
+    @property
+    def cells(self) -> int:
+        return sum(len(r["entries"]) for r in self.results)
+
+
+def evaluate(
+    runs: Sequence[PathLike],
+    *,
+    config: EvalConfig | None = None,
+    lengths: Sequence[float] | None = None,
+    abs_lengths: Sequence[int] | None = None,
+    tokens: int | None = None,
+    protocol: str | None = None,
+    data_overrides: Sequence[str] = (),
+    positions: str | None = None,
+    positions_seed: int = 0,
+    train_length: int | None = None,
+    device: str = "auto",
+    threads: int = 0,
+    force: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+    on_run: Callable[[Path, int, int], None] | None = None,
+    on_skip: Callable[[Path, str], None] | None = None,
+    **options: Any,
+) -> Evaluation:
+    """Perplexity of every run below `runs` at each length, stored in each run's eval/extrapolate.json (cells
+    already stored are reused unless `force`). The settings are `eval_config`'s (`lengths`, `tokens`, `protocol`,
+    and `options`: stride, target, window, sinks, batch_tokens, dtype), or a ready `config`. `data_overrides`
+    (`data=text data.paths=[FILE]`) score every run on another corpus; `positions`: random or sequential (default:
+    what the run trained with); `train_length`: transformers directories' training length. `progress`, `on_run`
+    and `on_skip` report as the work goes (a searched run that cannot be read is skipped through `on_skip`)."""
+    # deferred: torch
+    from posenc_cli.evaluation.perplexity import evaluate_paths
+    from posenc_cli.run.device import resolve_device
+    from posenc_cli.run.hf_run import train_length_override
+
+    if not runs:
+        raise ConfigError("give at least one run directory (or a sweep directory holding runs)")
+    given = {"lengths": lengths, "abs_lengths": abs_lengths, "tokens": tokens, "protocol": protocol, **options}
+    if config is None:
+        config = eval_config(**given, force=force)
+    elif any(v is not None for v in given.values()) or force:
+        raise ConfigError("give evaluation settings or a config, not both")
+    if positions is not None and positions not in ("random", "sequential"):
+        raise ConfigError(f"--positions must be random or sequential, got {positions!r}")
+    run_device = resolve_device(device, "--device")  # an unavailable device is reported as the flag given
+    if train_length is not None and train_length < 2:
+        raise ConfigError(f"--train-length must be >= 2, got {train_length}")
+    with train_length_override(train_length):
+        results = evaluate_paths(
+            [str(p) for p in runs],
+            config,
+            data_overrides=list(data_overrides),
+            device=run_device,
+            threads=threads,
+            progress=progress,
+            on_run=on_run,
+            on_skip=on_skip,
+            positions=positions,
+            positions_seed=positions_seed,
+        )
+    by: Literal["multiple", "length"] = "length" if config.abs_lengths is not None else "multiple"
+    return Evaluation(labelled_in_order(results), config, by)  # the labels and order compare shows

@@ -1,0 +1,203 @@
+"""`posenc sweep` as functions: `plan_sweep` (the jobs, checked like the dry run), `run_planned_sweep` (Hydra's
+multirun), `sweep_report` (the comparison and profile written into the sweep directory); `sweep` does all three."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from posenc_cli.analysis.compare import Comparison, gather, write_outputs
+
+if TYPE_CHECKING:
+    from posenc_cli.analysis.rows import RunRecord
+    from posenc_cli.perf.profiling import StageClock
+    from posenc_cli.sweep.plan import StagePlan
+    from posenc_cli.sweep.spec import SweepSpec
+
+__all__ = [
+    "LOCAL_LAUNCHERS",
+    "SweepPlan",
+    "SweepReport",
+    "SweepRun",
+    "default_sweep_dir",
+    "plan_sweep",
+    "run_planned_sweep",
+    "sweep",
+    "sweep_report",
+]
+
+PathLike = str | Path
+
+
+LOCAL_LAUNCHERS = ("basic", "joblib", "submitit_local")  # jobs run on this machine, so its load matters
+
+
+@dataclass
+class SweepPlan:
+    """A sweep file planned with the user's overrides: its stages' jobs (`plans`), where it will run (`sweep_dir`)
+    and on which Hydra launcher (`launcher_name`, with the settings given)."""
+
+    name: str
+    spec: SweepSpec
+    overrides: list[str]  # the jobs' (everything but hydra...)
+    launcher_overrides: list[str]
+    plans: list[StagePlan]
+    sweep_dir: Path
+    launcher_name: str
+    launcher_given: dict[str, Any]
+    user_dir: Path | None
+
+    @property
+    def jobs(self) -> int:
+        return sum(len(p.jobs) for p in self.plans)
+
+    def busy_warning(self) -> str | None:
+        """The busy-machine advice for the jobs when they run on this machine (`LOCAL_LAUNCHERS`): the first job's
+        threads as posenc would give them, times the launcher's n_jobs."""
+        if self.launcher_name not in LOCAL_LAUNCHERS:
+            return None
+        # deferred: Hydra
+        from posenc_cli.cpu_load import training_busy_warning
+        from posenc_cli.sweep.hydra_bridge import compose_config
+
+        first = next((job for plan in self.plans for job in plan.jobs), None)
+        if first is None:
+            return None
+        train_cfg = compose_config(first.overrides, self.user_dir).train
+        n_jobs = self.launcher_given.get("n_jobs")
+        jobs = int(n_jobs) if isinstance(n_jobs, int) and n_jobs > 0 else 1
+        return training_busy_warning(train_cfg.device, train_cfg.threads, jobs)
+
+
+def plan_sweep(
+    name: str = "extrapolation",
+    overrides: Sequence[str] = (),
+    out: PathLike | None = None,
+    *,
+    config_dir: PathLike | None = None,
+    check: bool = False,
+) -> SweepPlan:
+    """Plan sweep file `name` (configs/sweep/NAME.yaml, or in `config_dir`) with `overrides` (`hydra...` ones go to
+    the launcher, checked here as the launch checks them). `check`: also compose and validate every job, and refuse
+    a job in `out` planned with another config, as running it would (the dry run). Runs nothing."""
+    # deferred: Hydra
+    from posenc_cli.config import config_dir as packaged_config_dir
+    from posenc_cli.sweep.hydra_bridge import launcher_settings
+    from posenc_cli.sweep.plan import check_planned, plan_identities, validate_plan
+    from posenc_cli.sweep.plan import plan_sweep as plan_stages
+    from posenc_cli.sweep.spec import find_sweep_file, load_sweep_spec
+
+    user_dir = Path(config_dir) if config_dir else None
+    launcher = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
+    task = [o for o in overrides if o not in launcher]
+    roots = [p for p in (user_dir, packaged_config_dir()) if p is not None]
+    spec = load_sweep_spec(find_sweep_file(name, roots))
+    launcher_name, launcher_given = launcher_settings(launcher, user_dir)  # as the launch itself would check
+    plans = plan_stages(spec, task)
+    if check:
+        configs = validate_plan(plans, user_dir)
+        if out is not None and Path(out).is_dir():  # a job there planned with another config is refused
+            check_planned(Path(out).resolve(), plans, plan_identities(plans, configs))
+    sweep_dir = Path(out) if out is not None else default_sweep_dir(spec.name)
+    return SweepPlan(name, spec, task, launcher, plans, sweep_dir, launcher_name, launcher_given, user_dir)
+
+
+def default_sweep_dir(name: str) -> Path:
+    return Path("outputs") / "sweeps" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
+
+
+@dataclass
+class SweepRun:
+    """A sweep that ran: its plan, the stage clock (`perf.profiling.StageClock`) and its wall time."""
+
+    plan: SweepPlan
+    clock: StageClock
+    seconds: float
+
+
+def run_planned_sweep(plan: SweepPlan, *, on_event: Callable[[str, str], None] | None = None) -> SweepRun:
+    """Run `plan`'s stages through Hydra's multirun (`sweep.runner.run_sweep`; done jobs are skipped, others
+    resume). `on_event(kind, text)` hears each stage start or skip. A job stopped by a signal raises
+    `sweep.runner.SweepInterrupted`; the same call resumes it."""
+    # deferred: Hydra, torch
+    from posenc_cli.perf.profiling import StageClock
+    from posenc_cli.sweep.runner import run_sweep
+
+    start = time.perf_counter()
+    clock = StageClock(on_event)
+    # run_sweep plans the stages again from the spec (the same plan: `plan_sweep` is deterministic)
+    plan.plans = run_sweep(
+        plan.spec,
+        plan.overrides,
+        plan.sweep_dir,
+        launcher_overrides=plan.launcher_overrides,
+        user_config_dir=plan.user_dir,
+        on_event=clock,
+    )
+    clock.finish()
+    return SweepRun(plan, clock, time.perf_counter() - start)
+
+
+@dataclass
+class SweepReport:
+    """A finished sweep's outputs: the comparison of its runs (results.csv/json and plots written in the sweep
+    directory), the attention figure when asked, profile.json's document, the failed jobs and the planned jobs
+    without results (`unfinished`)."""
+
+    sweep_dir: Path
+    comparison: Comparison
+    failed: int
+    unfinished: list[RunRecord]
+    profile: dict[str, Any]
+    attention: Path | None = None
+
+
+def sweep_report(
+    ran: SweepRun, *, viz: bool = False, profile: bool = False, startup_s: float | None = None
+) -> SweepReport:
+    """Compare the sweep's runs into its directory (`analysis.compare.write_outputs`), draw their attention
+    panels (`viz`: attention.png), and write profile.json (`profile`: with the matmul peak measured)."""
+    # deferred: matplotlib, torch
+    from posenc_cli.perf.profiling import write_sweep_profile
+
+    report_start = time.perf_counter()
+    sweep_dir = ran.plan.sweep_dir
+    records = gather([sweep_dir])
+    comp = Comparison(records)
+    comp.written = write_outputs(records, sweep_dir)
+    attention = None
+    if viz:
+        # deferred: matplotlib
+        from posenc_cli.analysis.viz import write_attention_comparison
+
+        done = [r.run_dir for r in records if r.status == "ok"]
+        if done:
+            attention = write_attention_comparison(done, Path(sweep_dir) / "attention.png")
+    parent = {"start-up": startup_s or 0.0, "report": time.perf_counter() - report_start}
+    doc = write_sweep_profile(sweep_dir, ran.plan.plans, ran.clock, parent, measure_peak=profile)
+    planned = {job.dir(Path(sweep_dir)).resolve() for plan in ran.plan.plans for job in plan.jobs}
+    unfinished = [r for r in records if r.status != "ok" and Path(r.run_dir).resolve() in planned]
+    failed = sum(r.status == "failed" for r in records)
+    return SweepReport(sweep_dir, comp, failed, unfinished, doc, attention)
+
+
+def sweep(
+    name: str = "extrapolation",
+    overrides: Sequence[str] = (),
+    out: PathLike | None = None,
+    *,
+    config_dir: PathLike | None = None,
+    on_event: Callable[[str, str], None] | None = None,
+    viz: bool = False,
+    profile: bool = False,
+) -> SweepReport:
+    """Plan, run and compare sweep file `name` into `out` (default outputs/sweeps/<time>-<name>; re-use it to
+    resume): `plan_sweep`, `run_planned_sweep`, `sweep_report`."""
+    return sweep_report(
+        run_planned_sweep(plan_sweep(name, overrides, out, config_dir=config_dir), on_event=on_event),
+        viz=viz,
+        profile=profile,
+    )
