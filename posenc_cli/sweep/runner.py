@@ -32,8 +32,6 @@ from posenc_cli.sweep.plan import (
     write_plan,
 )
 from posenc_cli.sweep.spec import SweepSpec
-from posenc_cli.sweep.spec import find_sweep_file as find_sweep_file  # re-exported for analysis/api.py (lead)
-from posenc_cli.sweep.spec import load_sweep_spec as load_sweep_spec  # re-exported for analysis/api.py (lead)
 
 SWEEP_LOCK = ".sweep.lock"
 
