@@ -198,6 +198,7 @@ def test_an_oracle_scores_every_cell_and_the_means_split_at_L(tmp_path: Path) ->
     assert len(cells) == 3 * 5 and all(e["status"] == "ok" and e["accuracy"] == 1.0 for e in cells)
     assert {(e["length"], e["in_distribution"]) for e in cells} == {(1, 1), (2, 1), (3, 1), (4, 0), (6, 0)}
     assert all(e["correct"] == e["examples"] == 6 and e["train_max_length"] == 3 for e in cells)
+    assert all(e["token_accuracy"] == 1.0 and e["measures"] == 2 for e in cells)
     summary = {s.task: s for s in summarize(cells)}
     assert summary["copy"].in_distribution == summary["copy"].beyond == 1.0
     sample = next(e for e in cells if e["task"] == "copy")["samples"][0]
@@ -208,6 +209,22 @@ def test_an_answer_that_does_not_stop_is_wrong(tmp_path: Path) -> None:
     run, cfg = _oracle_run(tmp_path, [2, 5], stops=False)
     cells = evaluate_algorithmic_run(run, cfg, device="cpu")["entries"]
     assert all(e["status"] == "ok" and e["accuracy"] == 0.0 for e in cells)
+    # every answer token right but the closing end-of-document one: per-token accuracy (n - 1) / n per example
+    tok = ByteTokenizer()
+    for e in cells:
+        sizes = [len(encode_example(tok, x)[1]) for x in cell_examples(e["task"], e["length"], 6, 5)]
+        assert e["token_accuracy"] == pytest.approx(float(np.mean([(n - 1) / n for n in sizes])))
+
+
+def test_cells_stored_before_per_token_accuracy_are_measured_again(tmp_path: Path) -> None:
+    run, cfg = _oracle_run(tmp_path, [1, 4])
+    evaluate_algorithmic_run(run, cfg, device="cpu")
+    doc = json.loads((run.path / RESULTS_FILE).read_text())
+    for e in doc["entries"]:  # as posenc wrote them before `measures`
+        del e["measures"], e["token_accuracy"]
+    (run.path / RESULTS_FILE).write_text(json.dumps(doc))
+    again = evaluate_algorithmic_run(run, cfg, device="cpu")
+    assert again["reused"] == 0 and all(e["token_accuracy"] == 1.0 for e in again["entries"])
 
 
 def test_cells_are_stored_reused_and_measured_again_for_another_checkpoint(tmp_path: Path) -> None:

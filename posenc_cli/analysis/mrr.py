@@ -15,6 +15,10 @@ scores 0: the scheme cannot answer there. Because ties decide ranks when many sc
 column averages the ranks of tied schemes (`method="average"`) instead.
 
 The spread is over seeds: the MRR of each seed's queries (its tasks), then their standard deviation.
+
+`score="token"` ranks by per-token accuracy instead (the fraction of answer tokens right, the measure of Ruoss et
+al. 2023, arXiv 2305.16843): posenc's addition, not the paper's, for models small enough that exact match beyond L
+is 0 for every scheme and the ranks are decided by ties alone.
 """
 
 from __future__ import annotations
@@ -34,16 +38,20 @@ from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.load import read_config
 from posenc_cli.run.meta import incomplete_reason, read_meta
 
-__all__ = ["PAPER_MRR", "QueryScore", "mrr_table", "nope_mrr", "query_scores", "reciprocal_ranks"]
+__all__ = ["PAPER_MRR", "SCORES", "QueryScore", "mrr_table", "nope_mrr", "query_scores", "reciprocal_ranks"]
 
 # Figure 1 of Kazemnejad et al. 2023 (mean reciprocal rank over all tasks and seeds; "APE" is absolute sinusoidal).
 PAPER_MRR: dict[str, float] = {"nope": 0.69, "t5": 0.55, "alibi": 0.50, "rope": 0.33, "sinusoidal": 0.22}
 POOLS = ("paper", "all")
 
 
+SCORES = ("exact", "token")
+
+
 @dataclass(frozen=True)
 class QueryScore:
-    """One run's score on one task: mean accuracy over lengths <= L and over L+1..2L (n/a cells count as 0)."""
+    """One run's score on one task: mean exact-match accuracy over lengths <= L and over L+1..2L, and the same of
+    per-token accuracy (None when a cell was stored before posenc measured it); n/a cells count as 0."""
 
     scheme: str
     seed: int
@@ -52,6 +60,8 @@ class QueryScore:
     in_distribution: float
     beyond: float
     run: str
+    token_in_distribution: float | None = None
+    token_beyond: float | None = None
 
 
 def _cell_settings(entry: dict[str, Any]) -> tuple[Any, ...]:
@@ -87,9 +97,11 @@ def run_query_scores(run_dir: Path) -> tuple[list[QueryScore], set[tuple[Any, ..
                 "(run posenc eval-algorithmic on it)"
             )
         acc = {n: _accuracy(cells[n]) for n in range(1, 2 * limit + 1)}
+        tok = {n: _accuracy(cells[n], "token_accuracy") for n in range(1, 2 * limit + 1)}
         settings.update(_cell_settings(cells[n]) for n in acc)
-        inside = [acc[n] for n in range(1, limit + 1)]
-        beyond = [acc[n] for n in range(limit + 1, 2 * limit + 1)]
+        inside, beyond = _halves(acc, limit)
+        has_tokens = all(v is not None for v in tok.values())
+        tok_inside, tok_beyond = _halves(tok, limit) if has_tokens else ([], [])
         out.append(
             QueryScore(
                 scheme=str(cfg.pos.name),
@@ -99,16 +111,24 @@ def run_query_scores(run_dir: Path) -> tuple[list[QueryScore], set[tuple[Any, ..
                 in_distribution=sum(inside) / len(inside),
                 beyond=sum(beyond) / len(beyond),
                 run=str(run_dir),
+                token_in_distribution=sum(tok_inside) / len(tok_inside) if has_tokens else None,
+                token_beyond=sum(tok_beyond) / len(tok_beyond) if has_tokens else None,
             )
         )
     return out, settings
 
 
-def _accuracy(entry: dict[str, Any]) -> float:
-    """A cell's accuracy; a cell the scheme cannot read (n/a) scores 0."""
-    if entry.get("status") == "ok" and entry.get("accuracy") is not None:
-        return float(entry["accuracy"])
-    return 0.0
+def _accuracy(entry: dict[str, Any], name: str = "accuracy") -> float | None:
+    """A cell's accuracy `name`; a cell the scheme cannot read (n/a) scores 0; None when a measured cell lacks it."""
+    if entry.get("status") != "ok":
+        return 0.0
+    value = entry.get(name)
+    return None if value is None else float(value)
+
+
+def _halves(acc: dict[int, Any], limit: int) -> tuple[list[float], list[float]]:
+    """The accuracies at lengths 1..L and at L+1..2L."""
+    return [acc[n] for n in range(1, limit + 1)], [acc[n] for n in range(limit + 1, 2 * limit + 1)]
 
 
 def query_scores(paths: Sequence[Path | str]) -> list[QueryScore]:
@@ -147,16 +167,26 @@ def reciprocal_ranks(frame: pd.DataFrame, method: str) -> pd.Series:
     return 1.0 / ranks
 
 
-def mrr_table(scores: Sequence[QueryScore], pool: str = "paper") -> pd.DataFrame:
+def mrr_table(scores: Sequence[QueryScore], pool: str = "paper", score: str = "exact") -> pd.DataFrame:
     """One row per scheme of the pool, best MRR first: columns scheme, paper (the paper's MRR, NaN when it has none),
     mrr, mrr_sd (over seeds; NaN with one seed), mrr_ties_averaged, queries, seeds, in_distribution and beyond (mean
     accuracies over all its queries), ties (queries where its beyond-L score equals another scheme's).
 
     Only queries (task, seed) that every scheme of the pool has are ranked; `DataFrame.attrs` records the pool and
-    the number of queries."""
+    the number of queries. `score="token"` ranks, and reports, per-token accuracies instead of exact match."""
     if pool not in POOLS:
         raise UserError(f"pool must be one of {', '.join(POOLS)}, got {pool}")
+    if score not in SCORES:
+        raise UserError(f"score must be one of {', '.join(SCORES)}, got {score}")
     frame = pd.DataFrame([vars(q) for q in scores])
+    if score == "token":
+        lacking = frame[frame["token_beyond"].isna()]
+        if not lacking.empty:
+            raise UserError(
+                f"{lacking['run'].iloc[0]}: its cells hold no per-token accuracy (measured before posenc recorded it); "
+                "run posenc eval-algorithmic on it again"
+            )
+        frame["in_distribution"], frame["beyond"] = frame["token_in_distribution"], frame["token_beyond"]
     if pool == "paper":
         frame = frame[frame["scheme"].isin(list(PAPER_MRR))]
         if frame.empty:
@@ -192,10 +222,10 @@ def mrr_table(scores: Sequence[QueryScore], pool: str = "paper") -> pd.DataFrame
         )
     table = pd.DataFrame(rows).sort_values(["mrr", "scheme"], ascending=[False, True], kind="stable")
     table = table.reset_index(drop=True)
-    table.attrs.update(pool=pool, queries=len(keep), schemes=schemes)
+    table.attrs.update(pool=pool, queries=len(keep), schemes=schemes, score=score)
     return table
 
 
-def nope_mrr(paths: Sequence[Path | str], pool: str = "paper") -> pd.DataFrame:
+def nope_mrr(paths: Sequence[Path | str], pool: str = "paper", score: str = "exact") -> pd.DataFrame:
     """`mrr_table` of the runs below `paths` (e.g. a `posenc sweep algorithmic` directory)."""
-    return mrr_table(query_scores(paths), pool=pool)
+    return mrr_table(query_scores(paths), pool=pool, score=score)

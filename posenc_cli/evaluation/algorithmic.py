@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 RESULTS_FILE = Path("eval") / "algorithmic.json"
 COMMAND = "eval-algorithmic"
 SAMPLES_PER_CELL = 3
+MEASURES = 2  # version of what a cell records: 1 exact match only, 2 also token_accuracy
 DEFAULT_EXAMPLES = 100
 Progress = Callable[[str, int, int], None]  # (description, done, total)
 
@@ -149,15 +150,18 @@ def evaluate_cell(
     label: str = "",
     positions: Positions | None = None,
 ) -> dict[str, Any]:
-    """Greedy answers to `examples`: {correct, accuracy, tokens (the longest prompt + answer, end tokens included),
-    samples}. Raises `LengthBeyondScheme` (before any forward) when the model cannot read the longest example, and
-    `BeyondRange` when randomized `positions` cannot draw that many ids (`passkey.decode_prompts` feeds them)."""
+    """Greedy answers to `examples`: {correct, accuracy (exact match), token_accuracy (the mean over examples of the
+    fraction of answer positions, the closing end token included, whose greedy token is right: Ruoss et al. 2023's
+    per-token accuracy), tokens (the longest prompt + answer, end tokens included), samples}. Raises
+    `LengthBeyondScheme` (before any forward) when the model cannot read the longest example, and `BeyondRange` when
+    randomized `positions` cannot draw that many ids (`passkey.decode_prompts` feeds them)."""
     encoded = [encode_example(tokenizer, e) for e in examples]
     tokens = max(len(p) + len(a) for p, a in encoded)
     check_readable(model, tokens)  # it reads every token but the last generated one
     if positions is not None and (beyond := positions.beyond_range(tokens)) is not None:
         raise BeyondRange(beyond)
     right = np.zeros(len(examples), dtype=bool)
+    matched = np.zeros(len(examples), dtype=np.float64)  # per example: the fraction of answer tokens right
     outputs: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(examples)
     by_width: dict[int, list[int]] = {}
     for i, (p, _) in enumerate(encoded):
@@ -171,6 +175,7 @@ def evaluate_cell(
         for r, i in enumerate(rows):
             answer = encoded[i][1]
             right[i] = np.array_equal(generated[r, : len(answer)], answer)
+            matched[i] = float(np.mean(generated[r, : len(answer)] == answer))
             outputs[i] = generated[r]
     samples = [
         {
@@ -181,7 +186,13 @@ def evaluate_cell(
         for i, e in enumerate(examples[:SAMPLES_PER_CELL])
     ]
     correct = int(right.sum())
-    return {"correct": correct, "accuracy": correct / len(examples), "tokens": int(tokens), "samples": samples}
+    return {
+        "correct": correct,
+        "accuracy": correct / len(examples),
+        "token_accuracy": float(matched.mean()),
+        "tokens": int(tokens),
+        "samples": samples,
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -191,6 +202,7 @@ def evaluate_cell(
 def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
     """Two entries measure the same cell when these agree (the checkpoint too: see `results.checkpoint_key`)."""
     cell = (entry["task"], entry["length"], entry["examples"], entry["seed"], entry["generator"], entry["dtype"])
+    cell = (*cell, entry.get("measures", 1))  # cells stored before token_accuracy existed are measured again
     return (*cell, entry["train_max_length"], *positions_key(entry), *checkpoint_key(entry))
 
 
@@ -206,6 +218,7 @@ class AlgorithmicEntry(Entry):
     seed: int
     generator: int
     dtype: str
+    measures: int = MEASURES  # what a cell records (in the key): 2 added token_accuracy
     positions: dict[str, Any] = field(default_factory=lambda: Positions().to_json())  # the ids fed (in the key)
     checkpoint: dict[str, Any]
     status: str = "n/a"
@@ -213,6 +226,7 @@ class AlgorithmicEntry(Entry):
     tokens: int | None = None
     correct: int | None = None
     accuracy: float | None = None
+    token_accuracy: float | None = None
     samples: list[dict[str, str]] = field(default_factory=list)
     posenc_version: str = __version__
     created: str

@@ -3,6 +3,7 @@ runs evaluated by `posenc eval-algorithmic`."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -58,6 +59,20 @@ def test_mrr_matches_the_hand_computed_ranks() -> None:
     assert table.attrs["queries"] == 4 and table.attrs["pool"] == "paper"
 
 
+def test_token_scores_rank_by_per_token_accuracy() -> None:
+    exact = _scores()
+    # per-token accuracies ordered the other way round from exact match in every query: rope > alibi > nope
+    token = {"rope": 0.9, "alibi": 0.5, "nope": 0.1}
+    scores = [dataclasses.replace(q, token_in_distribution=1.0, token_beyond=token[q.scheme]) for q in exact]
+    table = mrr_table(scores, score="token").set_index("scheme")
+    assert table["mrr"].to_dict() == {"rope": 1.0, "alibi": 0.5, "nope": pytest.approx(1 / 3)}
+    assert table.loc["rope", "beyond"] == 0.9 and table.attrs["score"] == "token"
+    with pytest.raises(UserError, match="no per-token accuracy"):
+        mrr_table(exact, score="token")
+    with pytest.raises(UserError, match="score must be one of"):
+        mrr_table(exact, score="f1")
+
+
 def test_pools_and_incomplete_queries() -> None:
     kerple = {("kerple", 0, "copy"): 1.0, ("kerple", 0, "reverse"): 1.0, ("kerple", 1, "copy"): 1.0}
     paper = mrr_table(_scores(kerple))
@@ -92,3 +107,4 @@ def test_nope_mrr_reads_evaluated_runs(tmp_path: Path) -> None:
     assert sorted(table["scheme"]) == ["nope", "rope"]
     assert table["queries"].tolist() == [1, 1] and sorted(table["mrr"]) == [0.5, 1.0]
     assert table["in_distribution"].between(0, 1).all() and table["beyond"].between(0, 1).all()
+    assert nope_mrr([tmp_path / "sweep"], score="token")["beyond"].between(0, 1).all()
