@@ -20,7 +20,15 @@ import numpy as np
 from posenc_cli.config import DataConfig, _non_negative, _positive
 from posenc_cli.data.ruler import registry as task_registry
 from posenc_cli.data.ruler import task_class
-from posenc_cli.data.ruler.base import GENERATOR_VERSION, RULER_SIZES, Sizes, episode_text, fixed_chars, haystack_text
+from posenc_cli.data.ruler.base import (
+    GENERATOR_VERSION,
+    RULER_SIZES,
+    ContextTask,
+    Sizes,
+    episode_text,
+    fixed_chars,
+    haystack_text,
+)
 from posenc_cli.data.sources import register, source_class
 from posenc_cli.data.sources.base import (
     FORMAT_VERSION,
@@ -34,7 +42,10 @@ from posenc_cli.data.sources.base import (
 )
 from posenc_cli.errors import ConfigError
 
-ALL_TASKS = tuple(task_registry())  # every registered retrieval task, sorted
+# The default mixture: every registered retrieval task whose training episode fits a short document, sorted. The
+# context-filling ones (common-words, frequent-words, kv-retrieval: `ContextTask`) need hundreds of characters, far
+# beyond the default data.max_len; name them in data.tasks to train on them.
+ALL_TASKS = tuple(name for name, task in task_registry().items() if not issubclass(task, ContextTask))
 
 
 @dataclass(kw_only=True)
@@ -135,7 +146,10 @@ def make_documents(data: TasksDataConfig, n: int, seed_part: int, corpus: str | 
             docs.append(haystack_text(corpus, max(length, 1), rng))
             continue
         task = tasks[int(rng.choice(len(tasks), p=p))]
-        episode = task.sample(rng, float(rng.random()), sizes)
+        if issubclass(task, ContextTask):  # its context grows to the document's length
+            episode = task.sample_chars(rng, float(rng.random()), length, sizes)
+        else:
+            episode = task.sample(rng, float(rng.random()), sizes)
         n_hay = max(length - fixed_chars(episode), 0)
         hay = haystack_text(corpus if data.haystack == "corpus" else None, n_hay, rng)
         prompt, answer = episode_text(episode, hay)
@@ -157,7 +171,7 @@ class TasksSource(DataSource):
     name = "tasks"
     config_cls = TasksDataConfig
     # a sweep job trained on the mixture measures the tasks it learned (evaluation.tasks.retrieval), then perplexity
-    tasks = (*ALL_TASKS, "extrapolate")
+    tasks = (*task_registry(), "extrapolate")
 
     @classmethod
     def open(cls, data: TasksDataConfig, root: Path, progress: ProgressFn | None) -> Source:
