@@ -183,6 +183,7 @@ def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeyp
     """Both evaluations run on one loaded model, the passkey one first; neither marks the job done."""
     import posenc_cli.evaluation.passkey
     import posenc_cli.evaluation.perplexity
+    import posenc_cli.evaluation.perplexity.discovery
     from posenc_cli.sweep import job
     from posenc_cli.sweep.hydra_bridge import compose_config
     from posenc_cli.sweep.markers import job_status
@@ -203,8 +204,8 @@ def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeyp
     monkeypatch.setattr(posenc_cli.evaluation.perplexity, "evaluate_run", extrapolate)
     monkeypatch.setattr(posenc_cli.evaluation.passkey, "evaluate_passkey_run", passkey)
     loads: list[Path] = []
-    monkeypatch.setattr(
-        posenc_cli.evaluation.perplexity, "load_run", lambda path, **k: loads.append(Path(path)) or object()
+    monkeypatch.setattr(  # where evaluate_each_run loads each run
+        posenc_cli.evaluation.perplexity.discovery, "load_run", lambda path, **k: loads.append(Path(path)) or object()
     )
     job_dir.mkdir()
     (job_dir / "model.safetensors").write_bytes(b"")  # started, not finished
