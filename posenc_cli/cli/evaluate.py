@@ -12,7 +12,6 @@ from rich.markup import escape
 
 from posenc_cli.cli.app import app, console, err_console, handles_errors, progress_bar, split_args
 from posenc_cli.errors import ConfigError
-from posenc_cli.run.device import resolve_device
 
 _EXAMPLES = """
 [bold]Examples[/]
@@ -443,24 +442,31 @@ def eval_passkey_command(
 ) -> None:
     """Passkey retrieval: exact match of a key hidden at each depth of growing prompts; in RUN/eval/passkey.json."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli.evaluation.passkey import PasskeyConfig, combined_json, evaluate_passkey_paths
+    from posenc_cli.analysis import api
+    from posenc_cli.evaluation.passkey import combined_json
     from posenc_cli.report.passkey_report import passkey_figure, passkey_table
     from posenc_cli.report.plots import save_figure
 
     paths = paths or []
     _check_run_args(paths, [p for p in paths if p.startswith("-") or "=" in p], "unexpected argument", "eval-passkey")
-    _one_kind_of_lengths(lengths, abs_lengths)
-    if dtype not in ("auto", "fp32", "bf16"):
-        raise ConfigError(f"--dtype must be auto, fp32 or bf16, got {dtype!r}")
-    cfg = PasskeyConfig(trials=trials, digits=digits, seed=seed, batch_tokens=batch_tokens, dtype=dtype, force=force)
-    set_grid(cfg, lengths, abs_lengths, depths, paths)
-    cfg.validate()
-
-    run_device = resolve_device(device, "--device")
+    _one_kind_of_lengths(lengths, abs_lengths)  # before either list is parsed
     results, seconds = _evaluate_timed(
         "prompts",
-        lambda display: evaluate_passkey_paths(
-            paths, cfg, device=run_device, threads=threads, progress=display.progress, on_run=display.on_run
+        lambda display: api.evaluate_passkey(
+            paths,
+            lengths=_optional_list(lengths, float, "--lengths"),
+            abs_lengths=_optional_list(abs_lengths, int, "--abs-lengths"),
+            depths=_optional_list(depths, float, "--depths"),
+            trials=trials,
+            digits=digits,
+            seed=seed,
+            batch_tokens=batch_tokens,
+            dtype=dtype,
+            device=device,
+            threads=threads,
+            force=force,
+            progress=display.progress,
+            on_run=display.on_run,
         ),
     )
     _report(

@@ -7,9 +7,11 @@ kind), and take the commands' defaults::
 
     from posenc_cli.analysis import api
 
-    run = api.train(["pos=alibi", "model=tiny", "train.steps=600"], out="runs/alibi")
-    api.evaluate([run.run_dir], lengths=[1, 2, 4])
-    api.compare([run.run_dir])  # a pandas DataFrame: one row per run, one column per length
+    run = api.train(["pos=rope", "model=tiny", "train.steps=600"], out="runs/rope")
+    child = api.extend(run.run_dir, method="yarn", factor=4.0).result  # runs/rope-yarnx4
+    api.evaluate([run.run_dir, child.out_dir], lengths=[1, 2, 4])
+    api.compare([run.run_dir, child.out_dir])  # a pandas DataFrame: one row per run, one column per length
+    report = api.sweep("extrapolation", ["train.steps=200"], out="sweeps/main")  # report.comparison.to_frame()
 
 Layout follows litgpt's `api.py` beside its `__main__.py` (commands as plain typed functions): the command decides
 nothing that this module does not.
@@ -18,7 +20,7 @@ nothing that this module does not.
 from __future__ import annotations
 
 from posenc_cli.analysis.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison
-from posenc_cli.analysis.api.evaluation import Evaluation, eval_config, evaluate
+from posenc_cli.analysis.api.evaluation import Evaluation, eval_config, evaluate, evaluate_passkey
 from posenc_cli.analysis.api.extension import extend
 from posenc_cli.analysis.api.sweeps import (
     SweepPlan,
@@ -45,6 +47,7 @@ __all__ = [
     "comparison",
     "eval_config",
     "evaluate",
+    "evaluate_passkey",
     "extend",
     "plan_sweep",
     "run_planned_sweep",

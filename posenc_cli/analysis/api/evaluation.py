@@ -1,5 +1,6 @@
-"""`posenc eval-extrapolate` as a function: `eval_config` (its settings, checked together) and `evaluate`, which
-measures (or reads back) every run's perplexity per length and returns an `Evaluation`."""
+"""`posenc eval-extrapolate` and `eval-passkey` as functions: `eval_config` (the perplexity settings, checked
+together), `evaluate`, which measures (or reads back) every run's perplexity per length and returns an `Evaluation`,
+and `evaluate_passkey`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from posenc_cli.analysis.compare import labelled_in_order
 from posenc_cli.config import EvalConfig, build_dataclass
 from posenc_cli.errors import ConfigError
 
-__all__ = ["Evaluation", "eval_config", "evaluate"]
+__all__ = ["Evaluation", "eval_config", "evaluate", "evaluate_passkey"]
 
 PathLike = str | Path
 
@@ -145,3 +146,50 @@ def evaluate(
         )
     by: Literal["multiple", "length"] = "length" if config.abs_lengths is not None else "multiple"
     return Evaluation(labelled_in_order(results), config, by)  # the labels and order compare shows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# eval-passkey
+
+
+def evaluate_passkey(
+    runs: Sequence[PathLike],
+    *,
+    lengths: Sequence[float] | None = None,
+    abs_lengths: Sequence[int] | None = None,
+    depths: Sequence[float] | None = None,
+    trials: int = 10,
+    digits: int | None = None,
+    seed: int = 0,
+    batch_tokens: int = 16384,
+    dtype: str = "auto",
+    device: str = "auto",
+    threads: int = 0,
+    force: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+    on_run: Callable[[Path, int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Passkey retrieval of every run below `runs` (`evaluation.passkey`): exact match of a key hidden at each depth
+    of prompts of each length (`lengths`: multiples of the base length, default 1,2,4,8; or `abs_lengths`), stored in
+    each run's eval/passkey.json (cells already there reused unless `force`). A grid no memory can hold for these
+    runs is refused before anything is measured. One result doc per run, in the order found."""
+    # deferred: torch
+    from posenc_cli.evaluation.grid import check_grid_fits
+    from posenc_cli.evaluation.passkey import PasskeyConfig, evaluate_passkey_paths
+    from posenc_cli.run.device import resolve_device
+
+    if not runs:
+        raise ConfigError("give at least one run directory (or a sweep directory holding runs)")
+    if lengths is not None and abs_lengths is not None:
+        raise ConfigError("give either --lengths (multiples of the base length) or --abs-lengths (tokens), not both")
+    if dtype not in ("auto", "fp32", "bf16"):
+        raise ConfigError(f"--dtype must be auto, fp32 or bf16, got {dtype!r}")
+    cfg = PasskeyConfig(trials=trials, digits=digits, seed=seed, batch_tokens=batch_tokens, dtype=dtype, force=force)
+    for name, values in (("lengths", lengths), ("abs_lengths", abs_lengths), ("depths", depths)):
+        if values is not None:
+            setattr(cfg, name, list(values))
+    paths = [str(p) for p in runs]
+    check_grid_fits(cfg, paths)
+    cfg.validate()
+    run_device = resolve_device(device, "--device")
+    return evaluate_passkey_paths(paths, cfg, device=run_device, threads=threads, progress=progress, on_run=on_run)
