@@ -22,6 +22,7 @@ from posenc_cli.data.sources import build_data_config, config_class, source_clas
 from posenc_cli.data.sources import registry as source_registry
 from posenc_cli.data.sources.text import TextDataConfig, trained_files_among
 from posenc_cli.errors import ConfigError, DataError
+from posenc_cli.run.config_load import dotlist_dict
 
 if TYPE_CHECKING:
     from posenc_cli.data.cache import Corpus
@@ -45,10 +46,6 @@ def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> Da
     fingerprint as a run trained on exactly that config). `data=text 'data.val_paths=[held_out.txt]'` alone is the
     evaluation-only corpus itself. A file the run trained on is refused (`check_held_out`).
     """
-    # deferred: keeps OmegaConf (Hydra's) off posenc --help start-up
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     raw: dict[str, Any] = dataclasses.asdict(base)
     dotted: list[str] = []
     for o in overrides:
@@ -63,12 +60,7 @@ def data_config_with_overrides(base: DataConfig, overrides: Sequence[str]) -> Da
                 "model, tokenizer and positions come from each run"
             )
     if dotted:
-        try:
-            parsed = OmegaConf.to_container(OmegaConf.from_dotlist(dotted), resolve=True)
-        except OmegaConfBaseException as e:
-            raise ConfigError(f"bad data override: {str(e).splitlines()[0]}") from e
-        assert isinstance(parsed, dict)
-        raw.update(parsed.get("data", {}))
+        raw.update(dotlist_dict(dotted, error_prefix="bad data override: ").get("data", {}))
     keys = {d.split("=", 1)[0] for d in dotted}
     split_asked = bool(keys & {"data.val_fraction", "data.val_paths"})
     if "data.paths" in keys and raw.get("source") == "text" and raw.get("paths") and not split_asked:
