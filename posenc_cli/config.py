@@ -154,11 +154,6 @@ class TrainConfig:
     # reference trains one example per sequence from position 0: McGill-NLP/length-generalization 40f8a44,
     # configs/data/seq2seq.jsonnet, decoder_only_group_samples: false). Needs documents shorter than seq_len.
     window_start: Literal["uniform", "document"] = "uniform"
-    # Where training windows start: "uniform" over the token stream, or "document": at an end-of-document token, so
-    # a window opens with one whole document at positions 1.. as an evaluation prompt does (the NoPE paper's
-    # reference trains one example per sequence from position 0: McGill-NLP/length-generalization 40f8a44,
-    # configs/data/seq2seq.jsonnet, decoder_only_group_samples: false). Needs documents shorter than seq_len.
-    window_start: Literal["uniform", "document"] = "uniform"
 
     def validate(self) -> None:
         _positive(self, "train", "seq_len", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches")

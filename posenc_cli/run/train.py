@@ -9,8 +9,8 @@ validation, atomic checkpoints, exact resume, graceful SIGTERM/SIGINT and non-fi
   eval        {step, val_loss, seconds}               seconds: how long it took (for profiling)
   checkpoint  {step, status, seconds}
   end         {result}
-The CLI renders them (rich progress bar on a terminal, plain lines otherwise). Around the loop: `run_meta` (run
-names, config checks, results), `interrupts` (signals, the run lock), `validation` (the validation loss).
+The CLI renders them (rich progress bar on a terminal, plain lines otherwise). Around the loop: `run_dir` (run
+names, config checks), `outcome` (results), `interrupts` (signals, the run lock), `validation` (the validation loss).
 """
 
 from __future__ import annotations

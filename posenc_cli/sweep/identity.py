@@ -25,10 +25,6 @@ RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logge
 # of an identity at that value, so a sweep planned before the key existed still matches its jobs.
 ADDED_DEFAULTS: dict[str, Any] = {"train.window_start": "uniform"}
 _ABSENT = object()
-# Keys added after identities were first written, at the value that does what was done before they existed: left out
-# of an identity at that value, so a sweep planned before the key existed still matches its jobs.
-ADDED_DEFAULTS: dict[str, Any] = {"train.window_start": "uniform"}
-_ABSENT = object()
 
 
 def job_identity(cfg: Config, parent_hash: str | None = None) -> dict[str, Any]:

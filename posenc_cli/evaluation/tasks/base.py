@@ -20,7 +20,7 @@ Sketch (`passkey.evaluate_passkey_run` and `perplexity.evaluate_run` are the ful
         @classmethod
         def evaluate_job(cls, run, cfg, *, device, progress=None):
             check_not_training(run.path)                     # posenc_cli.evaluation.perplexity
-            train_length, base_length = run.meta.lengths(run.config)   # posenc_cli.run.checkpoint
+            train_length, base_length = run.meta.lengths(run.config)   # posenc_cli.run.meta
             checkpoint = checkpoint_identity(run.meta)
             plan = ([MyEntry(length=n, ..., checkpoint=checkpoint)] for n, _ in plan_lengths(cfg.eval, base_length))
             header = results_header(run.path.name, run.config.pos.name, train_length, base_length)
