@@ -286,7 +286,7 @@ def test_tokenizer_file_is_copied(tmp_path: Path) -> None:
 def test_a_second_writer_changes_nothing_and_says_so(runs: dict[str, Path], tmp_path: Path) -> None:
     from filelock import FileLock
 
-    from posenc_cli.extension.extend import LOCK_FILE
+    from posenc_cli.extension.child_run import LOCK_FILE
 
     out = tmp_path / "child"
     out.mkdir()

@@ -22,8 +22,8 @@ from posenc_cli.config import ExtendConfig
 from posenc_cli.rope_scaling import param_fields, registry
 
 if TYPE_CHECKING:
-    from posenc_cli.extension.extend import RemapResult
     from posenc_cli.extension.plan import ExtendOutcome, Plan
+    from posenc_cli.extension.remap import RemapResult
     from posenc_cli.run.outcome import ExtendResult
 
 _D = ExtendConfig()  # flag defaults = configs/extend/default.yaml = ExtendConfig's defaults

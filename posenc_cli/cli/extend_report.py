@@ -13,8 +13,8 @@ from rich.text import Text
 from posenc_cli.rope_scaling import get_method
 
 if TYPE_CHECKING:
-    from posenc_cli.extension.extend import RemapResult
     from posenc_cli.extension.plan import ExtendOutcome
+    from posenc_cli.extension.remap import RemapResult
     from posenc_cli.run.outcome import ExtendResult
 
 __all__ = ["remap_table", "search_line", "shown", "summary_table"]

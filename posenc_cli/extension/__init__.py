@@ -1,2 +1,4 @@
-"""Context extension of RoPE runs: `extend` (scaling methods, remaps, fine-tuning), LongRoPE's factor search,
-and the same for transformers checkpoints."""
+"""Context extension of RoPE runs: `plan` (a request as Scale | Remap | SearchThenScale, and `execute`), `extend`
+(frequency scaling and its fine-tune), `remap` (Self-Extend, ReRoPE), `longrope_search` (LongRoPE's factor search),
+`child_run` (the output directory and the child committed into it), `hf_extend` (the same for transformers
+checkpoints), `limits` and `identity` (the factor range, and what differs from an existing child)."""

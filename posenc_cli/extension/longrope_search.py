@@ -40,16 +40,8 @@ import torch.nn.functional as F
 from posenc_cli.config import ExtendConfig, replace
 from posenc_cli.data.cache import eval_windows, load_corpus
 from posenc_cli.errors import ConfigError
-from posenc_cli.extension.extend import (
-    check_not_parent,
-    check_same_keys,
-    existing_child,
-    extend_run,
-    parent_train_length,
-    recorded_extension,
-    require_rope,
-    validate_extend,
-)
+from posenc_cli.extension.child_run import check_not_parent, check_same_keys, existing_child, recorded_extension
+from posenc_cli.extension.extend import extend_run, parent_train_length, require_rope, validate_extend
 from posenc_cli.extension.limits import check_factor
 from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.model import build_model

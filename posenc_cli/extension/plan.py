@@ -32,13 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from posenc_cli.config import ExtendConfig, replace
 from posenc_cli.errors import ConfigError
-from posenc_cli.extension.extend import (
-    default_out_dir,
-    extend_run,
-    remap_out_dir,
-    remap_run,
-    validate_extend,
-)
+from posenc_cli.extension.extend import default_out_dir, extend_run, validate_extend
 from posenc_cli.extension.longrope_search import (
     Progress,
     SearchResult,
@@ -46,11 +40,12 @@ from posenc_cli.extension.longrope_search import (
     searched_factors,
     write_factors,
 )
+from posenc_cli.extension.remap import remap_out_dir, remap_run
 from posenc_cli.positional.remap import REMAP_METHODS, RemapConfig
 from posenc_cli.rope_scaling import ScalingParams, get_method, make_params, method_names, param_fields
 
 if TYPE_CHECKING:
-    from posenc_cli.extension.extend import RemapResult
+    from posenc_cli.extension.remap import RemapResult
     from posenc_cli.run.outcome import ExtendResult
 
 __all__ = [

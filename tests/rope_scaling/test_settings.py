@@ -22,7 +22,7 @@ from posenc_cli.config import (
     unknown_key_message,
 )
 from posenc_cli.errors import ConfigError
-from posenc_cli.extension.extend import recorded_extension
+from posenc_cli.extension.child_run import recorded_extension
 from posenc_cli.positional.rope import RoPE
 from posenc_cli.rope_scaling import RopeScalingConfig, ScalingParams, scaled_inv_freq
 from posenc_cli.rope_scaling.llama3 import Llama3Params

@@ -1,0 +1,147 @@
+"""Position remapping of a RoPE run (Self-Extend, ReRoPE; `posenc extend --method self-extend|rerope`, a sweep's
+`extend.remap`): no new frequencies and no training, only `pos.remap` (and, as the method's reference does, log-n
+query scaling) in the child, whose weights are the parent's byte for byte. The maths: `posenc_cli.positional.remap`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from posenc_cli import __version__
+from posenc_cli.config import replace
+from posenc_cli.errors import ConfigError
+from posenc_cli.extension.child_run import (
+    check_not_parent,
+    check_out_dir,
+    describe_scaling,
+    is_complete,
+    write_scaled_copy,
+    writer_lock,
+)
+from posenc_cli.positional.remap import RemapConfig, remapped_distance
+from posenc_cli.run.device import threads as use_threads
+from posenc_cli.run.hf_run import is_hf_dir
+from posenc_cli.run.layout import MODEL_FILE
+from posenc_cli.run.load import load_run
+from posenc_cli.run.run_dir import claim_run_dir
+
+__all__ = ["RemapResult", "remap_logn_default", "remap_out_dir", "remap_run"]
+
+
+@dataclasses.dataclass
+class RemapResult:
+    """What `remap_run` did: the directories, the remapping, and the largest relative position at a few lengths."""
+
+    parent_dir: Path
+    out_dir: Path
+    status: str  # "created" or "already_complete"
+    remap: RemapConfig
+    parent_scaling: str
+    train_length: int
+    base_length: int
+    largest_distance: dict[int, float]  # tokens -> the largest relative position the model sees at that length
+    logn_length: int | None = None  # L of the log-n query scaling the child adds (None: none added)
+
+
+def remap_logn_default(method: str) -> bool:
+    """Whether a remapping scales queries by log-n unless told otherwise: as its reference does.
+
+    ReRoPE and Leaky ReRoPE: yes. bojone/rerope (acfe788) `rerope_patch.py:56` and `leaky_rerope_patch.py:61`
+    multiply every query, before either rotation (so both the windowed and the rectified score), by
+    max(1, log(position_id + 1) / log(training_length)): posenc's `model.attn_scale=logn` with `model.logn_length`
+    = the parent's training length, applied to q before the rotations as well (`CausalSelfAttention.qkv_heads`).
+    Self-Extend: no. datamllab/LongLM (cdbbb06) has the same log-n as an option that is off by default:
+    `SelfExtend.apply(..., scale_base=-1)` (SelfExtend.py:67; "base for the scale, equal to pretraining length"),
+    applied to the query before both the neighbour and the grouped rotation (`self_extend_patch/Llama_4_40.py:108`);
+    `--logn` is that option with scale_base = the parent's training length (recorded in the child's config, meta
+    and directory name).
+    """
+    return method == "rerope"
+
+
+def remap_out_dir(parent_dir: Path | str, remap: RemapConfig, logn: bool | None = None) -> Path:
+    """`<parent>-self-extend-w<W>g<G>`, `<parent>-rerope-w<W>` or `<parent>-rerope-w<W>k<k>` next to the parent,
+    plus `-logn` (Self-Extend with log-n) or `-nologn` (ReRoPE without) when log-n is not the method's default."""
+    parent = Path(parent_dir).resolve()
+    tail = f"g{remap.group}" if remap.method == "self-extend" else (f"k{remap.leaky:g}" if remap.leaky else "")
+    default = remap_logn_default(remap.method)
+    on = default if logn is None else logn
+    tail += "" if on == default else ("-logn" if on else "-nologn")
+    return parent.with_name(f"{parent.name}-{remap.method}-w{remap.window}{tail}")
+
+
+def remap_run(
+    parent_dir: Path | str,
+    out_dir: Path | str,
+    remap: RemapConfig,
+    *,
+    threads: int = 0,
+    logn: bool | None = None,
+) -> RemapResult:
+    """Write the child of RoPE run `parent_dir` that remaps positions as `remap` says (its config's `pos.remap`;
+    weights, tokenizer and everything else the parent's), with log-n query scaling (`model.attn_scale=logn`,
+    L = the parent's training length) when `logn`, by default as the method's reference (`remap_logn_default`).
+    Idempotent like `extend_run`. Refused with a one-line `UserError` before anything is written: bad settings, a
+    transformers directory, a parent that is not RoPE or already remaps, `logn` asked of a parent that already
+    scales its logits, an `out_dir` that is the parent or holds anything else."""
+    if remap.method == "none":
+        raise ConfigError("give a remapping method: self-extend or rerope")
+    remap.validate()
+    parent_path, out = Path(parent_dir), Path(out_dir)
+    check_not_parent(parent_path, out)
+    if is_hf_dir(parent_path):
+        raise ConfigError(f"{remap.method} applies to posenc runs only; transformers directories have no remapping")
+    with use_threads(threads):
+        parent = load_run(parent_path)
+    cfg = parent.config
+    if cfg.pos.name != "rope":
+        raise ConfigError(
+            f"{parent_path} uses pos={cfg.pos.name}; {remap.method} remaps RoPE positions and applies only to RoPE "
+            "checkpoints"
+        )
+    if cfg.pos.remap.active:  # type: ignore[attr-defined]
+        raise ConfigError(f"{parent_path} already remaps positions ({cfg.pos.remap.describe()})")  # type: ignore[attr-defined]
+    if logn and cfg.model.attn_scale != "none":
+        raise ConfigError(f"{parent_path} already scales attention logits (model.attn_scale={cfg.model.attn_scale})")
+    parent_length, base_length = parent.meta.lengths(cfg)
+    # by default as the reference; a parent that already scales its logits keeps its own scaling (config shows it)
+    add_logn = logn if logn is not None else remap_logn_default(remap.method) and cfg.model.attn_scale == "none"
+    record: dict[str, Any] = {
+        "method": remap.method,
+        "scaling": None,
+        "remap": dataclasses.asdict(remap),
+        "finetune": None,
+        "parent_weights_sha256": str(parent.meta.files[MODEL_FILE]),
+        "parent_train_length": parent_length,
+        "posenc_version": __version__,
+    }
+    model = cfg.model
+    if add_logn:
+        record["logn"] = {"length": parent_length}
+        model = replace(model, attn_scale="logn", logn_length=parent_length)
+    child_cfg = replace(cfg, model=model, pos=replace(cfg.pos, remap=remap))
+    lengths = [m * parent_length for m in (1, 4, 16)]
+    result = RemapResult(
+        parent_dir=parent_path,
+        out_dir=out,
+        status="created",
+        remap=remap,
+        parent_scaling=describe_scaling(getattr(cfg.pos, "scaling", None)),
+        train_length=parent_length,
+        base_length=base_length,
+        largest_distance={n: remapped_distance(remap, n - 1, 0) for n in lengths},
+        logn_length=parent_length if add_logn else None,
+    )
+    check_out_dir(out, record, resume=False)
+    with writer_lock(out):
+        existing = check_out_dir(out, record, resume=False)
+        if existing is not None and is_complete(out, existing):
+            result.status = "already_complete"
+            return result
+        if existing is None:
+            claim_run_dir(out)
+        extra = {"parent": str(parent_path.resolve()), "base_length": base_length, "extend": record}
+        write_scaled_copy(parent, out, child_cfg, extra, parent_length)
+        return result
