@@ -1,8 +1,9 @@
 """The key/value cache of incremental decoding: each layer's keys *before* the scheme rotates them, and its values.
 
 `GPT.forward(idx, cache=cache)` reads only the new tokens idx (B, Tq): each layer projects them, appends their
-k and v here, then lets the scheme rotate the whole key set (cached + new) at the positions of this forward and
-attends from the new rows only. Keeping keys unrotated is what makes one cache serve every scheme exactly:
+k and v here, then lets the scheme rotate the whole key set (cached + new) and the new query rows alone
+(`PositionalScheme.rotate_rows`) at the positions of this forward, and attends from the new rows only (the rows
+kernels of `posenc_cli.attention`). Keeping keys unrotated is what makes one cache serve every scheme exactly:
 
 - RoPE and its scalings, xPos, p-RoPE: the keys are rotated at their position ids on every forward, so a
   length-dependent table (LongRoPE's short/long switch) is the one the full forward at that length would use.
