@@ -15,7 +15,8 @@ from posenc_cli.analysis import rows as row_setup
 from posenc_cli.cli import app
 from posenc_cli.cli.compare import print_comparison
 from posenc_cli.config import Config, EvalConfig, ModelConfig, config_to_yaml
-from posenc_cli.evaluation.results import checkpoint_identity, new_results_doc, save_results
+from posenc_cli.evaluation.results import checkpoint_identity, new_results_doc, results_path
+from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.positional import config_class
 from posenc_cli.run.journal import commit_checkpoint
 from posenc_cli.run.meta import RunMeta
@@ -74,7 +75,7 @@ def fake_run(
     )
     doc = new_results_doc(run_dir.name, scheme, 16, 16)
     doc["entries"] = entries if entries is not None else [entry(n, p) for n, p in ppls.items()]
-    save_results(run_dir, doc)
+    atomic_write_json(results_path(run_dir), doc)
     _mark_done(run_dir, run_dir.name)  # a sweep job counts only with its done marker
 
 
@@ -185,7 +186,7 @@ def test_cells_of_an_earlier_checkpoint_are_not_measured(tmp_path: Path) -> None
     old = _checkpoint(run, 1, b"weights at step 1")
     doc = new_results_doc("rope", "rope", 16, 16)
     doc["entries"] = [{**entry(n, p), "checkpoint": old} for n, p in {16: 10.0, 32: 12.0, 64: 20.0}.items()]
-    save_results(run, doc)
+    atomic_write_json(results_path(run), doc)
     new = _checkpoint(run, 2, b"weights at step 2")  # trained further: every stored cell is of step 1
 
     rope = next(r for r in compare.gather([tmp_path / "runs"]) if r.run_dir == run)
@@ -196,7 +197,7 @@ def test_cells_of_an_earlier_checkpoint_are_not_measured(tmp_path: Path) -> None
     doc["entries"].append({**entry(16, 8.0), "checkpoint": new, "created": later})  # 1× measured again
     doc["entries"].append({**entry(32, 5.0), "checkpoint": {**new, "model_sha256": "0" * 64}, "created": later})
     doc["entries"].append({k: v for k, v in entry(64, 4.0).items() if k != "checkpoint"})  # checkpoint unknown
-    save_results(run, doc)
+    atomic_write_json(results_path(run), doc)
     text = render(compare.gather([tmp_path / "runs"]))
     row = next(line for line in text.splitlines() if line.startswith("│ rope"))
     assert [c.strip() for c in row.split("│")[2:-1]] == ["8.000", "–", "–", "–"]
@@ -296,7 +297,7 @@ def test_a_run_and_its_export_are_two_rows(tmp_path: Path) -> None:
     doc = new_results_doc("rope", "rope", 16, 16)
     ckpt = {"step": 0, "model_sha256": weights_identity(export)}
     doc["entries"] = [{**entry(n, p), "checkpoint": ckpt, "dtype": "bf16"} for n, p in ((16, 10.2), (32, 12.1))]
-    save_results(export, doc)
+    atomic_write_json(results_path(export), doc)
     result = runner.invoke(app, ["compare", str(run), str(export)], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "n=2" not in result.output and "±" not in result.output
@@ -304,7 +305,7 @@ def test_a_run_and_its_export_are_two_rows(tmp_path: Path) -> None:
     assert cells(result.output, "rope · exported/rope · bf16")[:2] == ["10.20", "12.10"]
     (export / "eval" / "extrapolate.json").unlink()  # same precision: told apart by directory, not averaged
     doc["entries"] = [{**e, "dtype": "fp32"} for e in doc["entries"]]
-    save_results(export, doc)
+    atomic_write_json(results_path(export), doc)
     _, rows, _ = compare.comparison(compare.gather([run, export]))
     assert [(r.label, r.members) for r in rows] == [("rope · runs/rope", 1), ("rope · exported/rope", 1)]
 

@@ -4,7 +4,6 @@ The file holds one doc (`new_results_doc`): schema_version, run, scheme, train_l
 `entries`, one per measurement (protocol, stride, length, tokens, dtype, data fingerprint, status, ppl...). Two
 entries measure the same thing when their `entry_key` agrees; `update_results_file` replaces a stored entry with the
 same key (in place, keeping its position) and appends any other, so a new measurement keeps every other stored entry.
-`pick_entries` selects the most recent matching entry per length (used by tests only; to be removed with them).
 
 A stored doc is read through `read_results_file`: an absent file is None, while invalid JSON, a doc without an
 `entries` list or another schema_version raise `CheckpointError`. Writes are atomic (`fsutil.atomic_write_json`).
@@ -70,11 +69,9 @@ __all__ = [
     "entry_key",
     "load_results",
     "new_results_doc",
-    "pick_entries",
     "positions_key",
     "read_results_file",
     "results_path",
-    "save_results",
     "update_results_file",
 ]
 
@@ -116,12 +113,6 @@ def load_results(run_dir: Path | str, *, missing_ok: bool = False) -> dict[str, 
     if doc is None and not missing_ok:
         raise CheckpointError(f"{path} does not exist; run `posenc eval-extrapolate {run_dir}` first")
     return doc
-
-
-def save_results(run_dir: Path | str, doc: dict[str, Any]) -> Path:
-    path = results_path(run_dir)
-    atomic_write_json(path, doc)
-    return path
 
 
 def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
@@ -227,40 +218,6 @@ def update_results_file(
     except Timeout as e:
         raise UserError(f"{path} stayed locked by another process for {LOCK_TIMEOUT_S:.0f} s; try again") from e
     return doc
-
-
-def pick_entries(
-    doc: dict[str, Any],
-    *,
-    protocol: Protocol = "nonoverlap",
-    stride: int | None = None,
-    dtype: str | None = None,
-    data_fingerprint: str | None = None,
-    data_name: str | None = None,
-    positions: str | None = None,
-) -> list[dict[str, Any]]:
-    """One entry per length (the most recent) matching the filters, by increasing length.
-
-    `stride` None matches any stride of a sliding protocol; `positions` a mode ("sequential", "random"); for
-    compare/sweep code reading stored results. A None filter matches anything: to keep corpora, precisions and
-    position modes apart, filter on them or split the entries by `cell_group` first.
-    """
-    best: dict[int, dict[str, Any]] = {}
-    for e in doc["entries"]:
-        if e["protocol"] != protocol or (stride is not None and e["stride"] != stride):
-            continue
-        if dtype is not None and e["dtype"] != dtype:
-            continue
-        name, fingerprint = corpus_key(e)
-        if data_fingerprint is not None and fingerprint != data_fingerprint:
-            continue
-        if data_name is not None and name != data_name:
-            continue
-        if positions is not None and positions_key(e)[0] != positions:
-            continue
-        if e["length"] not in best or str(e.get("created", "")) >= str(best[e["length"]].get("created", "")):
-            best[e["length"]] = e
-    return [best[k] for k in sorted(best)]
 
 
 def window_scores(pos_sum: Any, n_windows: int, stride: int, n_bytes: int) -> dict[str, Any]:
