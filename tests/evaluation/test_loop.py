@@ -59,6 +59,16 @@ def test_entry_serialises_in_field_order() -> None:
     assert list(e.to_json()) == ["length", "depth", "checkpoint", "status", "reason", "score"]
 
 
+def test_a_stored_entry_that_is_not_reusable_is_measured_again_in_place(tmp_path: Path) -> None:
+    path, counter = tmp_path / "eval" / "toy.json", Counter()
+    run(path, [64, 128], counter)
+    # a predicate rejecting one stored cell of the 64 group: that whole group is measured again, 128 reused
+    again = run(path, [64, 128], counter, reusable=lambda e: not (e["length"] == 64 and e["depth"] == 1.0))
+    assert counter.groups == 3 and again.reused == 2
+    assert [e["length"] for e in json.loads(path.read_text())["entries"]] == [64, 64, 128, 128]  # replaced in place
+    assert run(path, [64, 128], counter, reusable=lambda e: True).reused == 4 and counter.groups == 3
+
+
 def test_measures_stores_reuses_and_forces(tmp_path: Path) -> None:
     path, counter = tmp_path / "eval" / "toy.json", Counter()
     first = run(path, [64, 128, 256], counter)
