@@ -34,7 +34,6 @@ from posenc_cli.extension.child_run import (
 )
 from posenc_cli.extension.hf_extend import extend_hf_dir
 from posenc_cli.extension.limits import frequency_numbers
-from posenc_cli.extension.remap import remap_run  # noqa: F401 (sweep/job.py's import, until it runs extension.plan)
 from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import RopeScalingConfig, method_names
 from posenc_cli.run.device import threads as use_threads

@@ -41,7 +41,7 @@ from posenc_cli.config import ExtendConfig, replace
 from posenc_cli.data.cache import eval_windows, load_corpus
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.child_run import check_not_parent, check_same_keys, existing_child, recorded_extension
-from posenc_cli.extension.extend import extend_run, parent_train_length, require_rope, validate_extend
+from posenc_cli.extension.extend import parent_train_length, require_rope, validate_extend
 from posenc_cli.extension.limits import check_factor
 from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.model import build_model
@@ -55,7 +55,6 @@ from posenc_cli.run.load import load_run
 
 if TYPE_CHECKING:
     from posenc_cli.run.load import LoadedRun
-    from posenc_cli.run.outcome import ExtendResult
 
 __all__ = [
     "FACTORS_FILE",
@@ -63,7 +62,6 @@ __all__ = [
     "check_search_settings",
     "constrain",
     "crossover",
-    "extend_with_search",
     "initial_candidates",
     "is_valid",
     "mutate",
@@ -417,32 +415,3 @@ def searched_factors(
             run, ext.factor, original_length, budget=budget, seed=seed, tokens=tokens, progress=progress
         )
     return _with_factors(ext, run, result.long_factor), result, identity
-
-
-def extend_with_search(
-    parent_dir: Path | str,
-    out_dir: Path | str,
-    ext: ExtendConfig,
-    *,
-    budget: int = 16,
-    seed: int = 0,
-    tokens: int = 8192,
-    threads: int = 0,
-    progress: Progress | None = None,
-    callback: Callable[[dict[str, Any]], None] | None = None,
-) -> tuple[ExtendResult, SearchResult | None]:
-    """Kept for `sweep.runner` until its extend job calls `extension.plan.execute` (then removable: the plan's
-    `SearchThenScale` does the same).
-
-    `searched_factors`, then `extend_run` into `out_dir` with them (in the child's config; the search's settings
-    and scored tokens in meta.json's `extend.search`) and `FACTORS_FILE` written there. A child of this same search
-    already in `out_dir` is reported done (or its fine-tune resumed) without re-running the search (the returned
-    search is then None). Refused with one line, before anything is written, as `searched_factors`."""
-    child_ext, result, identity = searched_factors(
-        parent_dir, out_dir, ext, budget=budget, seed=seed, tokens=tokens, threads=threads, progress=progress
-    )
-    extended = extend_run(parent_dir, out_dir, child_ext, threads=threads, callback=callback, search=identity)
-    if result is not None and extended.status != "interrupted":
-        assert child_ext.params.short_factor is not None  # type: ignore[attr-defined]
-        write_factors(extended.out_dir, child_ext.params.short_factor, result)  # type: ignore[attr-defined]
-    return extended, result

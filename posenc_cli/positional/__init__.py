@@ -20,7 +20,7 @@ __all__ = [
     "scheme_class",
 ]
 
-_SCHEMES: Registry[type[PositionalScheme]] = Registry(__name__, "positional scheme", skip=("base", "scaling"))
+_SCHEMES: Registry[type[PositionalScheme]] = Registry(__name__, "positional scheme", skip=("base",))
 register = _SCHEMES.register  # class decorator: make a scheme selectable as `pos=<cls.name>`
 
 

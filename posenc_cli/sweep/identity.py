@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.config import Config, config_to_dict, flatten
+from posenc_cli.config import Config, config_to_dict, flatten, nest_flat_scaling_keys
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.run.layout import CONFIG_FILE
@@ -23,7 +23,7 @@ PLANNED_FILE = "planned.json"  # in a sweep directory: per job, the config it wa
 RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger")
 # Keys added after identities were first written, at the value that does what was done before they existed: left out
 # of an identity at that value, so a sweep planned before the key existed still matches its jobs.
-ADDED_DEFAULTS: dict[str, Any] = {"train.window_start": "uniform"}
+ADDED_DEFAULTS: dict[str, Any] = {"train.window_start": "uniform", "eval.longppl": True}
 _ABSENT = object()
 
 
@@ -59,6 +59,7 @@ def run_config_identity(run_dir: Path) -> dict[str, Any] | None:
 
 def _numbers_keys(flat: dict[str, Any]) -> dict[str, Any]:
     """The dotted settings that decide a job's numbers: without `RUNTIME_KEYS` and `ADDED_DEFAULTS` at their value."""
+    flat = nest_flat_scaling_keys(flat)  # identities planned before scaling settings were nested per method
     return {k: v for k, v in flat.items() if not k.startswith(RUNTIME_KEYS) and ADDED_DEFAULTS.get(k, _ABSENT) != v}
 
 

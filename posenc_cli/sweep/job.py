@@ -22,10 +22,8 @@ from posenc_cli.config import replace
 from posenc_cli.data.sources import source_class
 from posenc_cli.evaluation.perplexity import evaluate_each_run
 from posenc_cli.evaluation.tasks import task_class
-from posenc_cli.extension.extend import extend_run, remap_run
-from posenc_cli.extension.longrope_search import extend_with_search
+from posenc_cli.extension.plan import SearchThenScale, execute, plan_from_config
 from posenc_cli.perf.profiling import EvalRecorder, JobProfile, TrainRecorder, eval_facts, write_job_profile
-from posenc_cli.positional.remap import RemapConfig
 from posenc_cli.run.config_load import config_from_dict
 from posenc_cli.run.interrupts import Stopped, sigterm_raises
 from posenc_cli.run.meta import is_run_dir
@@ -147,31 +145,20 @@ def _extend_job(
     hooks: JobHooks,
     log: Console | None = None,
 ) -> int | None:
-    """Extend (or resume the fine-tune of) the job's run; like `_train_job`, None when it finished."""
+    """Extend (or resume the fine-tune of) the job's run as `posenc extend` does (`extension.plan`): a scaling, a
+    remapping (`extend.remap`) or LongRoPE's search then scaling (`extend.longrope_search`, factors file written);
+    like `_train_job`, None when it finished."""
     seen = SignalSeen()
     with _job_display(cfg, log) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
         booked, start = sum(profile.seconds.values()), time.perf_counter()
         recorder = TrainRecorder(profile, cfg, seen.wrap(hooks.on_step(callback)))
-        if cfg.extend.remap != "none":  # a training-free position remapping instead of a scaling
-            ext = cfg.extend
-            remap = RemapConfig(method=ext.remap, window=ext.remap_window, group=ext.remap_group, leaky=ext.remap_leaky)
-            result: Any = remap_run(parent_dir, job_dir, remap, threads=cfg.train.threads, logn=ext.remap_logn)
-        elif cfg.extend.longrope_search:  # LongRoPE: search the factors on the parent, then extend with them
-            ext = cfg.extend  # as `extend --search`: search tokens recorded, factors file written, no re-search
-            result, found = extend_with_search(
-                parent_dir,
-                job_dir,
-                ext,
-                budget=ext.longrope_search,
-                seed=ext.longrope_search_seed,
-                threads=cfg.train.threads,
-                callback=recorder,
-            )
-            profile.add("longrope search", found.seconds if found is not None else 0.0)
-        else:
-            result = extend_run(parent_dir, job_dir, cfg.extend, threads=cfg.train.threads, callback=recorder)
+        plan = plan_from_config(cfg.extend, parent_dir, job_dir, threads=cfg.train.threads)
+        outcome = execute(plan, callback=recorder)
+        if isinstance(plan, SearchThenScale):
+            profile.add("longrope search", outcome.search.seconds if outcome.search is not None else 0.0)
         fine_tune = sum(profile.seconds.values()) - booked  # its setup, steps, validation and saves
         profile.add("extend", time.perf_counter() - start - fine_tune)
+    result = outcome.result
     return (getattr(result, "signal", None) or 0) if result.status == "interrupted" else seen.signum
 
 

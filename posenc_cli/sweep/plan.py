@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.config import Config, suggest
+from posenc_cli.config import Config, nest_flat_scaling_keys, suggest
 from posenc_cli.errors import ConfigError
 from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.run.meta import is_run_dir
@@ -225,6 +225,7 @@ def check_planned(sweep_dir: Path, plans: list[StagePlan], identities: dict[str,
             old = run_config_identity(job_dir) if job.action == "train" else None
         if not isinstance(old, dict):
             continue
+        old = nest_flat_scaling_keys(old)  # planned before scaling settings were nested per method
         new = identities[job.key]
         if identity_hash(old) != identity_hash(new):
             raise ConfigError(difference(job_dir, old, new))
