@@ -174,7 +174,7 @@ def test_evict_keeps_the_chosen_tokens_as_computed_and_repositions_them() -> Non
 def test_evicted_cache_decodes_as_a_fresh_forward_over_the_kept_tokens_for_one_layer() -> None:
     """With one layer the cached K/V of a token equal what a fresh forward over the kept tokens computes (keys are
     unrotated, re-rotated at their in-cache positions), so both agree: StreamingLLM's cache and re-computation differ
-    only from layer 2 on (tests/test_streaming.py)."""
+    only from layer 2 on (tests/evaluation/test_streaming.py)."""
     model = make(RopeConfig(), dataclasses.replace(TINY, n_layer=1))
     idx = tokens(1, 12)
     cache = model.new_cache()

@@ -48,6 +48,7 @@ def test_config_and_identity() -> None:
     cfg = Config()
     assert cfg.train.window_start == "uniform"
     assert not any(k.startswith("train.window_start") for k in job_identity(cfg))  # as planned before the key
+    assert "eval.longppl" not in job_identity(cfg)  # likewise: on by default, as sweeps planned before it measure
     cfg.train.window_start = "document"
     assert job_identity(cfg)["train.window_start"] == "document"
 

@@ -83,13 +83,13 @@ def evaluate_run(
 
     `positions` (None: the run's own, see `run_positions`): "random" feeds each window a sorted draw from [0, M) of
     a run trained with `train.random_positions=M` (seeded by `positions_seed`), "sequential" 0..T-1. `longppl`
-    (None: `cfg.longppl` where the config has it, else on) also measures LongPPL (see the module docstring).
+    (None: `cfg.longppl`, `eval.longppl`) also measures LongPPL (see the module docstring).
     """
     cfg.validate()
     position_ids = run_positions(run, cfg, positions, positions_seed)
     check_not_training(run.path)
     force = cfg.force if force is None else force
-    with_longppl = bool(getattr(cfg, "longppl", True)) if longppl is None else longppl
+    with_longppl = cfg.longppl if longppl is None else longppl
     device = torch.device(device) if device is not None else next(run.model.parameters()).device
     train_length, base_length = run.meta.lengths(run.config)
     dtype = resolve_dtype(cfg.dtype, run.meta.precision, device)
