@@ -17,7 +17,7 @@ from posenc_cli.errors import UserError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from posenc_cli.analysis.api import TextTable
+    from posenc_cli.api import TextTable
     from posenc_cli.analysis.compare import Comparison
 
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -138,7 +138,7 @@ def compare_command(
     Example: [bold]posenc compare outputs/sweeps/*-extrapolation --metric bpb --format markdown[/]
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.analysis import api
+    from posenc_cli import api
 
     stray = [str(p) for p in paths if str(p).startswith("-")]  # unknown options arrive as paths (_EXTRA)
     if stray:

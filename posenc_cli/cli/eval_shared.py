@@ -89,7 +89,7 @@ def build_eval_config(
 ) -> Any:
     """The flags parsed into `api.eval_config` (EvalConfig defaults updated with those given, checked there)."""
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.analysis import api
+    from posenc_cli import api
 
     one_kind_of_lengths(lengths, abs_lengths)  # before either list is parsed
     return api.eval_config(

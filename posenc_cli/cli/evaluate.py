@@ -162,7 +162,7 @@ def eval_extrapolate_command(
 ) -> None:
     """Perplexity at and beyond the training length, per run and length; stored in each run's eval/extrapolate.json."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli.analysis import api
+    from posenc_cli import api
     from posenc_cli.report.plots import write_plots
     from posenc_cli.report.tables import extrapolation_table
 
@@ -252,7 +252,7 @@ def eval_passkey_command(
 ) -> None:
     """Passkey retrieval: exact match of a key hidden at each depth of growing prompts; in RUN/eval/passkey.json."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli.analysis import api
+    from posenc_cli import api
     from posenc_cli.evaluation.passkey import combined_json
     from posenc_cli.report.passkey_report import passkey_figure, passkey_table
     from posenc_cli.report.plots import save_figure

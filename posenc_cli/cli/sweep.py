@@ -59,7 +59,7 @@ def sweep_command(
     [bold]hydra/launcher=joblib hydra.launcher.n_jobs=2[/]; Slurm: [bold]hydra/launcher=submitit_slurm[/].
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.analysis import api
+    from posenc_cli import api
     from posenc_cli.cli.compare import print_comparison
     from posenc_cli.cli.profile import print_profile
     from posenc_cli.cli.tasks import print_task_summary

@@ -48,7 +48,7 @@ def train_command(
     refused before anything is allocated or written. A finished run is left alone (exit 0).
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.analysis import api
+    from posenc_cli import api
     from posenc_cli.cli.app import split_args
 
     names, overrides = split_args(args)
@@ -66,7 +66,7 @@ def train_command(
 def run(cfg: Config, resume: str | None, out: str | None, force_config: bool) -> None:
     """Train `cfg` through the API under the progress display, then say how it ended."""
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.analysis import api
+    from posenc_cli import api
     from posenc_cli.run.distributed import env_info
     from posenc_cli.run.progress import TrainDisplay, interrupted_message, summary_table
 

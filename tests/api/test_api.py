@@ -1,4 +1,4 @@
-"""`analysis.api` as a notebook uses it: train two tiny runs, evaluate and compare them, no CLI; nothing printed."""
+"""`posenc_cli.api` as a notebook uses it: train two tiny runs, evaluate and compare them, no CLI; nothing printed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from train_utils import tiny_overrides, write_corpus
 
-from posenc_cli.analysis import api
+from posenc_cli import api
 from posenc_cli.errors import ConfigError, UserError
 
 

@@ -5,7 +5,7 @@ directly. They print nothing (a progress display is whatever the caller passes a
 `posenc_cli.errors.UserError` subclasses for a user's mistake (a bad value, a missing file, a directory of the wrong
 kind), and take the commands' defaults::
 
-    from posenc_cli.analysis import api
+    from posenc_cli import api
 
     run = api.train(["pos=rope", "model=tiny", "train.steps=600"], out="runs/rope")
     child = api.extend(run.run_dir, method="yarn", factor=4.0).result  # runs/rope-yarnx4
@@ -19,10 +19,10 @@ nothing that this module does not.
 
 from __future__ import annotations
 
-from posenc_cli.analysis.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison
-from posenc_cli.analysis.api.evaluation import Evaluation, eval_config, evaluate, evaluate_passkey
-from posenc_cli.analysis.api.extension import extend
-from posenc_cli.analysis.api.sweeps import (
+from posenc_cli.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison
+from posenc_cli.api.evaluation import Evaluation, eval_config, evaluate, evaluate_passkey
+from posenc_cli.api.extension import extend
+from posenc_cli.api.sweeps import (
     SweepPlan,
     SweepReport,
     SweepRun,
@@ -31,7 +31,7 @@ from posenc_cli.analysis.api.sweeps import (
     sweep,
     sweep_report,
 )
-from posenc_cli.analysis.api.training import train, train_config, train_warning
+from posenc_cli.api.training import train, train_config, train_warning
 from posenc_cli.analysis.compare import Comparison
 
 __all__ = [
