@@ -19,6 +19,7 @@ nothing that this module does not.
 
 from __future__ import annotations
 
+from posenc_cli.analysis.compare import Comparison
 from posenc_cli.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison
 from posenc_cli.api.evaluation import Evaluation, eval_config, evaluate, evaluate_passkey
 from posenc_cli.api.extension import extend
@@ -32,7 +33,6 @@ from posenc_cli.api.sweeps import (
     sweep_report,
 )
 from posenc_cli.api.training import train, train_config, train_warning
-from posenc_cli.analysis.compare import Comparison
 
 __all__ = [
     "REFERENCES",
