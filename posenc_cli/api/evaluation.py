@@ -32,6 +32,7 @@ def eval_config(
     batch_tokens: int | None = None,
     dtype: str | None = None,
     force: bool = False,
+    longppl: bool = True,
 ) -> EvalConfig:
     """`EvalConfig`'s defaults with the settings given (None: the default), type- and range-checked, and refused
     where they do not go together (a stride without a protocol that has one, and so on)."""
@@ -51,7 +52,7 @@ def eval_config(
         "dtype": dtype,
     }
     raw.update({k: v for k, v in given.items() if v is not None})
-    raw["force"] = force
+    raw["force"], raw["longppl"] = force, longppl
     cfg = build_dataclass(EvalConfig, raw, "eval")
     cfg.validate()
     if cfg.stride is not None and cfg.protocol not in ("sliding", "streaming"):

@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from posenc_cli.cli.app import app, handles_errors
-from posenc_cli.cli.evaluate import (
+from posenc_cli.cli.eval_shared import (
     DeviceOption,
     JsonOption,
     ThreadsOption,
-    _check_run_args,
-    _evaluate_timed,
-    _force_option,
-    _option,
-    _report,
+    check_run_args,
+    evaluate_timed,
+    force_option,
+    option,
     parse_list,
+    report,
 )
 from posenc_cli.errors import ConfigError
 from posenc_cli.run.device import resolve_device
@@ -148,22 +148,22 @@ def eval_algorithmic_command(
             help="Run or sweep directories (runs are found recursively).", metavar="RUN_DIR...", show_default=False
         ),
     ] = None,
-    tasks: Annotated[str | None, _option("Comma-separated tasks (default: the run's data.tasks, else all).")] = None,
+    tasks: Annotated[str | None, option("Comma-separated tasks (default: the run's data.tasks, else all).")] = None,
     lengths: Annotated[
-        str | None, _option("Instance lengths, e.g. 1-40 or 1,10,20 (default: 1..2L, L = the run's data.max_length).")
+        str | None, option("Instance lengths, e.g. 1-40 or 1,10,20 (default: 1..2L, L = the run's data.max_length).")
     ] = None,
     max_length: Annotated[
-        int | None, _option("L, the longest training length (default: the run's data.max_length, else 20).")
+        int | None, option("L, the longest training length (default: the run's data.max_length, else 20).")
     ] = None,
     examples: Annotated[
-        int | None, _option("Examples per task × length (default: the run's data.eval_examples, else 100).")
+        int | None, option("Examples per task × length (default: the run's data.eval_examples, else 100).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the test examples (the same seed gives the same prompts).")] = 0,
     batch_tokens: Annotated[int, typer.Option(help="Prompt tokens per forward batch (memory bound).")] = 16384,
     dtype: Annotated[str, typer.Option(help="auto, fp32 or bf16.")] = "auto",
     device: DeviceOption = "auto",
     threads: ThreadsOption = 0,
-    force: Annotated[bool, _force_option("eval/algorithmic.json")] = False,
+    force: Annotated[bool, force_option("eval/algorithmic.json")] = False,
     json_path: JsonOption = None,
 ) -> None:
     """Algorithmic tasks (copy, reverse, addition, ...) per instance length; accuracy stored in
@@ -173,9 +173,7 @@ def eval_algorithmic_command(
     from posenc_cli.evaluation.algorithmic import AlgorithmicEvalConfig, combined_json, evaluate_algorithmic_paths
 
     paths = paths or []
-    # a sweep job's directory (pos=rope,train.seed=0) holds "=" too: only a path that does not exist is an override
-    stray = [p for p in paths if p.startswith("-") or ("=" in p and not Path(p).exists())]
-    _check_run_args(paths, stray, "unexpected argument", "eval-algorithmic")
+    check_run_args(paths, "eval-algorithmic")
     names = parse_list(tasks, str, "--tasks") if tasks is not None else None
     for name in names or ():
         task_class(name, "task")
@@ -191,7 +189,7 @@ def eval_algorithmic_command(
     )
     cfg.validate()
     run_device = resolve_device(device, "--device")
-    results, seconds = _evaluate_timed(
+    results, seconds = evaluate_timed(
         "examples",
         lambda display: evaluate_algorithmic_paths(
             paths, cfg, device=run_device, threads=threads, progress=display.progress, on_run=display.on_run
@@ -201,7 +199,7 @@ def eval_algorithmic_command(
     from rich.console import Group
 
     summary = summary_table(results)
-    _report(
+    report(
         results,
         seconds,
         table=Group(*run_tables(results), *([summary] if summary is not None else [])),
@@ -222,7 +220,6 @@ def stored_algorithmic_results(records: Sequence[Any]) -> list[dict[str, Any]]:
     eval/algorithmic.json: the cells of the run's current checkpoint and of the current generator, under the record's
     label. Failed jobs and runs without cells are left out."""
     # deferred: keeps this command's modules off posenc --help start-up
-    from pathlib import Path
 
     from posenc_cli.analysis.compare import current_checkpoint
     from posenc_cli.data.algorithmic.base import GENERATOR_VERSION

@@ -86,6 +86,7 @@ def build_eval_config(
     batch_tokens: int | None,
     dtype: str | None,
     force: bool,
+    longppl: bool = True,
 ) -> Any:
     """The flags parsed into `api.eval_config` (EvalConfig defaults updated with those given, checked there)."""
     # deferred: keeps this command's modules off posenc --help start-up
@@ -103,6 +104,7 @@ def build_eval_config(
         tokens=tokens,
         batch_tokens=batch_tokens,
         dtype=dtype,
+        longppl=longppl,
         force=force,
     )
 
@@ -127,8 +129,12 @@ JsonOption = Annotated[
 ]
 
 
-def check_run_args(paths: list[str], stray: list[str], problem: str, command: str) -> None:
-    """One clear error for a stray flag or override, or for no run directory at all."""
+def check_run_args(paths: list[str], command: str, *, overrides: bool = False) -> None:
+    """One clear error for a stray flag (or, for a command that takes none, a key=value override), or for no run
+    directory at all. A sweep job's directory (`pos=rope,train.seed=0`) holds "=" too: only an argument that names
+    no existing path is taken for an override."""
+    problem = "unknown option" if overrides else "unexpected argument"
+    stray = [p for p in paths if p.startswith("-") or (not overrides and "=" in p and not Path(p).exists())]
     if stray:
         raise ConfigError(f"{problem} {stray[0]} (see posenc {command} --help)")
     if not paths:

@@ -11,17 +11,17 @@ import numpy as np
 import typer
 
 from posenc_cli.cli.app import app, handles_errors
-from posenc_cli.cli.evaluate import (
+from posenc_cli.cli.eval_shared import (
     DeviceOption,
     JsonOption,
     ThreadsOption,
-    _check_run_args,
-    _evaluate_timed,
-    _force_option,
-    _one_kind_of_lengths,
-    _option,
-    _report,
+    check_run_args,
+    evaluate_timed,
+    force_option,
+    one_kind_of_lengths,
+    option,
     parse_list,
+    report,
     set_grid,
 )
 from posenc_cli.errors import ConfigError
@@ -236,12 +236,12 @@ def eval_tasks_command(
             help="Run or sweep directories (runs are found recursively).", metavar="RUN_DIR...", show_default=False
         ),
     ] = None,
-    tasks: Annotated[str | None, _option("Comma-separated tasks (default: all of them).")] = None,
+    tasks: Annotated[str | None, option("Comma-separated tasks (default: all of them).")] = None,
     lengths: Annotated[
-        str | None, _option("Prompt lengths as multiples of each run's base length (default 1,2,4,8).")
+        str | None, option("Prompt lengths as multiples of each run's base length (default 1,2,4,8).")
     ] = None,
-    abs_lengths: Annotated[str | None, _option("Absolute prompt lengths in tokens instead, e.g. 128,512.")] = None,
-    depths: Annotated[str | None, _option("Depths of the first needle (default 0,0.5,1).")] = None,
+    abs_lengths: Annotated[str | None, option("Absolute prompt lengths in tokens instead, e.g. 128,512.")] = None,
+    depths: Annotated[str | None, option("Depths of the first needle (default 0,0.5,1).")] = None,
     trials: Annotated[int, typer.Option(help="Episodes per task × length × depth.")] = 10,
     scoring: Annotated[
         str,
@@ -252,21 +252,21 @@ def eval_tasks_command(
     ] = "contains",
     tokens_to_generate: Annotated[
         int | None,
-        _option(
+        option(
             "Tokens generated per episode with --scoring contains; prompt + generated tokens = the length (default: "
             "the run's data.tokens_to_generate, else RULER's 128 NIAH / 30 VT)."
         ),
     ] = None,
     sizes: Annotated[
         str | None,
-        _option(
+        option(
             "Episode sizes, e.g. keys=2,values=2,queries=2,hops=2,digits=4,vt_digits=4,letters=3; common=10,"
             "common_freq=6,uncommon_freq=1 (CWE), coded_letters=6 (FWE), hex_digits=8 (KV) (default: the run's "
             "data=tasks sizes, else RULER's 4 keys/values/queries/hops, 7 digits, VT 5 digits and 5 letters, CWE's "
             "short-context 10 words ×6 / others ×1, FWE 6 letters; KV 8 hex digits)."
         ),
     ] = None,
-    digits: Annotated[int | None, _option("Digits per NIAH value (default: see --sizes).")] = None,
+    digits: Annotated[int | None, option("Digits per NIAH value (default: see --sizes).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the episodes (the same seed gives the same prompts).")] = 0,
     haystack: Annotated[str, typer.Option(help="filler (repeated sentences) or corpus (the run's real text).")] = (
         "filler"
@@ -275,7 +275,7 @@ def eval_tasks_command(
     dtype: Annotated[str, typer.Option(help="auto, fp32 or bf16.")] = "auto",
     device: DeviceOption = "auto",
     threads: ThreadsOption = 0,
-    force: Annotated[bool, _force_option("eval/tasks.json")] = False,
+    force: Annotated[bool, force_option("eval/tasks.json")] = False,
     threshold: Annotated[
         float,
         typer.Option(
@@ -283,7 +283,7 @@ def eval_tasks_command(
             "0.856, Llama-2-7B at 4K)."
         ),
     ] = RULER_THRESHOLD,
-    plot: Annotated[Path | None, _option("Write a PNG heatmap (run × task) here.", dir_okay=False)] = None,
+    plot: Annotated[Path | None, option("Write a PNG heatmap (run × task) here.", dir_okay=False)] = None,
     json_path: JsonOption = None,
 ) -> None:
     """RULER-style retrieval and tracking tasks per length × depth; scores stored in RUN/eval/tasks.json."""
@@ -298,8 +298,8 @@ def eval_tasks_command(
     from posenc_cli.report.plots import save_figure
 
     paths = paths or []
-    _check_run_args(paths, [p for p in paths if p.startswith("-") or "=" in p], "unexpected argument", "eval-tasks")
-    _one_kind_of_lengths(lengths, abs_lengths)
+    check_run_args(paths, "eval-tasks")
+    one_kind_of_lengths(lengths, abs_lengths)
     names = parse_list(tasks, str, "--tasks") if tasks is not None else list(registry())
     for name in names:
         registry_task(name)
@@ -319,7 +319,7 @@ def eval_tasks_command(
     set_grid(cfg, lengths, abs_lengths, depths)
     cfg.validate()
     run_device = resolve_device(device, "--device")
-    results, seconds = _evaluate_timed(
+    results, seconds = evaluate_timed(
         "prompts",
         lambda display: evaluate_tasks_paths(
             paths, names, cfg, device=run_device, threads=threads, progress=display.progress, on_run=display.on_run
@@ -328,7 +328,7 @@ def eval_tasks_command(
     # deferred: keeps this command's modules off posenc --help start-up
     from rich.console import Group
 
-    _report(
+    report(
         results,
         seconds,
         table=Group(*tasks_tables(results, names, threshold)),

@@ -255,3 +255,14 @@ def test_a_tiny_trained_run_end_to_end(tmp_path: Path) -> None:
     assert (two["longppl"] is None) == (two["key_tokens"] == 0)
     if two["key_tokens"]:
         assert two["longppl"] >= 1.0 and math.isfinite(two["longppl"])
+
+
+def test_no_longppl_measures_plain_perplexity_only(tmp_path: Path) -> None:
+    """`--no-longppl` (eval.longppl=false) writes no LongPPL fields: "not measured", not "cannot measure"."""
+    run_dir = tmp_path / "run"
+    train(tiny_config(write_corpus(tmp_path), steps=2, eval_every=2, save_every=2), run_dir)
+    args = ["eval-extrapolate", str(run_dir), "--lengths", "1,2", "--tokens", "64", "--no-longppl"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    entries = load_results(run_dir)["entries"]
+    assert len(entries) == 2 and all("key_tokens" not in e and "longppl" not in e for e in entries)
