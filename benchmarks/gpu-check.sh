@@ -62,7 +62,7 @@ echo "== environment"
 
 echo "== 1. CUDA-marked tests"
 t=$(date +%s)
-if timeout 90 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/cuda-tests.log"; then
+if timeout 90 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/perf/test_cuda.py 2>&1 | tee "$OUT/cuda-tests.log"; then
     note cuda-tests PASS "$(last_line 'passed|failed|skipped' "$OUT/cuda-tests.log") ($(seconds "$t") s)"
 else
     note cuda-tests FAIL "$(last_line 'passed|failed|error' "$OUT/cuda-tests.log") ($(seconds "$t") s)"

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 from corpus_utils import write_files
 
 import posenc_cli.data.sources.stdlib
+
+# The tests mirror the package (tests/<package>/test_<module>.py; basenames unique): a test module may import another
+# folder's test helpers by module name (`from test_perplexity import fake_run`), whatever order pytest collects in.
+_FOLDERS = (d for d in Path(__file__).parent.iterdir() if d.is_dir() and not d.name.startswith((".", "_")))
+sys.path[1:1] = sorted(str(d) for d in _FOLDERS)
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 # Rich sizes its consoles from COLUMNS when stdout is not a terminal (CI, xdist workers): keep tables unwrapped.

@@ -3,7 +3,7 @@
 
 Each module of this package except `base` holds one task: a seeded generator of one example (prompt and answer) of a
 given instance length, and an independent solver that reads the answer off the prompt (what the contract test
-`tests/test_algorithmic_contract.py` checks on every registered task). The `data=algorithmic` training source
+`tests/data/test_algorithmic_contract.py` checks on every registered task). The `data=algorithmic` training source
 (`posenc_cli.data.sources.algorithmic`), `posenc eval-algorithmic` (`posenc_cli.evaluation.algorithmic`) and the
 tests pick a new task file up from this registry with no other edit. Imports neither torch nor the tokenizers.
 """

@@ -71,7 +71,7 @@ def source(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def example(source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_stdlib: Path) -> DataConfig:
-    assert source in EXAMPLES, f"data source '{source}' has no example in tests/test_source_contract.py"
+    assert source in EXAMPLES, f"data source '{source}' has no example in tests/data/test_source_contract.py"
     fields = EXAMPLES[source](tmp_path, monkeypatch)
     cfg = source_class(source).config_cls(val_fraction=0.25, **fields)
     cfg.validate()
