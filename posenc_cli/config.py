@@ -46,8 +46,8 @@ class ModelConfig:
     logn_length: int = 0  # L of `logn` / SSMax's initial s_h = 1/log L (0: the training length, written explicitly)
 
     def validate(self) -> None:
-        _positive(self, "model", "d_model", "n_layer", "n_head", "mlp_ratio")
-        _non_negative(self, "model", "logn_length")
+        positive(self, "model", "d_model", "n_layer", "n_head", "mlp_ratio")
+        non_negative(self, "model", "logn_length")
         if self.attn_scale != "none" and self.logn_length == 1:
             raise ConfigError("model.logn_length must be 0 (the training length) or >= 2")
         if self.d_model % self.n_head:
@@ -117,7 +117,7 @@ class TokenizerConfig:
     vocab_size: int = 1024
 
     def validate(self) -> None:
-        _positive(self, "tokenizer", "vocab_size")
+        positive(self, "tokenizer", "vocab_size")
         if self.kind == "bpe" and self.vocab_size < 260:
             raise ConfigError("tokenizer.vocab_size must be >= 260 for bpe (256 bytes + specials)")
 
@@ -156,9 +156,9 @@ class TrainConfig:
     window_start: Literal["uniform", "document"] = "uniform"
 
     def validate(self) -> None:
-        _positive(self, "train", "seq_len", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches")
-        _positive(self, "train", "pose_chunks")
-        _non_negative(self, "train", "random_positions", "pose_length")
+        positive(self, "train", "seq_len", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches")
+        positive(self, "train", "pose_chunks")
+        non_negative(self, "train", "random_positions", "pose_length")
         for name in ("random_positions", "pose_length"):
             value = getattr(self, name)
             if 0 < value < self.seq_len:
@@ -167,8 +167,8 @@ class TrainConfig:
             raise ConfigError("train.random_positions and train.pose_length exclude each other; set one to 0")
         if self.pose_length and self.pose_chunks > self.seq_len:
             raise ConfigError(f"train.pose_chunks={self.pose_chunks} must be <= train.seq_len={self.seq_len}")
-        _positive(self, "train", "save_every")
-        _non_negative(self, "train", "steps", "warmup_steps", "threads", "weight_decay", "grad_clip")
+        positive(self, "train", "save_every")
+        non_negative(self, "train", "steps", "warmup_steps", "threads", "weight_decay", "grad_clip")
         _check_finite(self, "train")
         if self.lr <= 0:
             raise ConfigError("train.lr must be > 0")
@@ -199,7 +199,7 @@ class EvalConfig:
 
     def validate(self) -> None:
         _check_finite(self, "eval")
-        _positive(self, "eval", "tokens", "batch_tokens")
+        positive(self, "eval", "tokens", "batch_tokens")
         if any(not x > 0 for x in self.lengths):
             raise ConfigError("eval.lengths must all be > 0")
         if self.abs_lengths is not None and any(x < 2 for x in self.abs_lengths):
@@ -263,12 +263,12 @@ class ExtendConfig(ScalingSettings):
             )
         if self.factor <= 1:
             raise ConfigError(f"extend.factor must be > 1, got {self.factor}")
-        _non_negative(self, "extend", "finetune_steps", "finetune_warmup", "longrope_search", "longrope_search_seed")
+        non_negative(self, "extend", "finetune_steps", "finetune_warmup", "longrope_search", "longrope_search_seed")
         if self.longrope_search and self.method != "longrope":
             raise ConfigError(
                 f"extend.longrope_search finds LongRoPE factors; it needs extend.method=longrope, not {self.method}"
             )
-        _positive(self, "extend", "pose_chunks")
+        positive(self, "extend", "pose_chunks")
         if self.pose and self.finetune_steps == 0:
             raise ConfigError("extend.pose (--pose) needs a fine-tune: set --finetune-steps N")
         if self.original_length is not None and self.original_length < 2:
@@ -532,13 +532,13 @@ def _check_finite(obj: Any, group: str) -> None:
                 raise ConfigError(f"{group}.{f.name} must be a finite number, got {value}")
 
 
-def _positive(obj: Any, group: str, *names: str) -> None:
+def positive(obj: Any, group: str, *names: str) -> None:
     for n in names:
         if getattr(obj, n) < 1:
             raise ConfigError(f"{group}.{n} must be >= 1, got {getattr(obj, n)}")
 
 
-def _non_negative(obj: Any, group: str, *names: str) -> None:
+def non_negative(obj: Any, group: str, *names: str) -> None:
     for n in names:
         if getattr(obj, n) < 0:
             raise ConfigError(f"{group}.{n} must be >= 0, got {getattr(obj, n)}")

@@ -223,14 +223,14 @@ def stored_algorithmic_results(records: Sequence[Any]) -> list[dict[str, Any]]:
 
     from posenc_cli.analysis.compare import current_checkpoint
     from posenc_cli.data.algorithmic.base import GENERATOR_VERSION
-    from posenc_cli.evaluation.algorithmic import COMMAND, RESULTS_FILE
+    from posenc_cli.evaluation.algorithmic import ALGORITHMIC_FILE, COMMAND
     from posenc_cli.evaluation.results import checkpoint_key, read_results_file
 
     results = []
     for record in records:
         if record.status == "failed":
             continue
-        doc = read_results_file(Path(record.run_dir) / RESULTS_FILE, COMMAND)
+        doc = read_results_file(Path(record.run_dir) / ALGORITHMIC_FILE, COMMAND)
         if doc is None:
             continue
         current = current_checkpoint(Path(record.run_dir))

@@ -352,13 +352,13 @@ def stored_task_results(records: Sequence[Any]) -> list[dict[str, Any]]:
     from posenc_cli.analysis.compare import current_checkpoint
     from posenc_cli.data.ruler.base import GENERATOR_VERSION
     from posenc_cli.evaluation.results import checkpoint_key, read_results_file
-    from posenc_cli.evaluation.tasks.retrieval import COMMAND, RESULTS_FILE
+    from posenc_cli.evaluation.tasks.retrieval import COMMAND, TASKS_FILE
 
     results = []
     for record in records:
         if record.status == "failed":
             continue
-        doc = read_results_file(Path(record.run_dir) / RESULTS_FILE, COMMAND)
+        doc = read_results_file(Path(record.run_dir) / TASKS_FILE, COMMAND)
         if doc is None:
             continue
         current = current_checkpoint(Path(record.run_dir))

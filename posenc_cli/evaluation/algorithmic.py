@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from posenc_cli.data.tokenizer import Tokenizer
     from posenc_cli.run.load import LoadedRun
 
-RESULTS_FILE = Path("eval") / "algorithmic.json"
+ALGORITHMIC_FILE = Path("eval") / "algorithmic.json"
 COMMAND = "eval-algorithmic"
 SAMPLES_PER_CELL = 3
 MEASURES = 2  # version of what a cell records: 1 exact match only, 2 also token_accuracy
@@ -297,7 +297,7 @@ def evaluate_algorithmic_run(
 
     header = results_header(run.path.name, str(run.config.pos.name), train_length, base_length)
     done = measure(
-        run.path / RESULTS_FILE, COMMAND, header, checkpoint, cells(), measure_cell, key=entry_key, force=force
+        run.path / ALGORITHMIC_FILE, COMMAND, header, checkpoint, cells(), measure_cell, key=entry_key, force=force
     )
     out = dict(done.header)
     out.update(path=str(run.path), reused=done.reused, entries=done.entries, not_saved=done.not_saved)
@@ -325,7 +325,7 @@ def evaluate_algorithmic_paths(
 
 def load_algorithmic_results(run_dir: Path | str) -> dict[str, Any] | None:
     """The stored `eval/algorithmic.json` of a run, None when absent; CheckpointError when unreadable."""
-    return read_results_file(Path(run_dir) / RESULTS_FILE, COMMAND)
+    return read_results_file(Path(run_dir) / ALGORITHMIC_FILE, COMMAND)
 
 
 # ----------------------------------------------------------------------------------------------------------------

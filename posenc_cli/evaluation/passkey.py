@@ -60,12 +60,12 @@ if TYPE_CHECKING:
     from posenc_cli.run.load import LoadedRun
 
 SCHEMA_VERSION = 1
-RESULTS_FILE = Path("eval") / "passkey.json"
+PASSKEY_FILE = Path("eval") / "passkey.json"
 SAMPLES_PER_CELL = 3
 Progress = Callable[[str, int, int], None]  # (description, done, total)
 
 __all__ = [
-    "RESULTS_FILE",
+    "PASSKEY_FILE",
     "PasskeyConfig",
     "PasskeyEntry",
     "PromptBatch",
@@ -354,7 +354,7 @@ class PasskeyConfig:
 
 
 def results_path(run_dir: Path | str) -> Path:
-    return Path(run_dir) / RESULTS_FILE
+    return Path(run_dir) / PASSKEY_FILE
 
 
 def load_passkey_results(run_dir: Path | str) -> dict[str, Any] | None:

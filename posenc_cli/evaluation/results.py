@@ -42,7 +42,7 @@ from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.run.meta import RunMeta
 
 SCHEMA_VERSION = 1
-RESULTS_FILE = Path("eval") / "extrapolate.json"
+EXTRAPOLATE_FILE = Path("eval") / "extrapolate.json"
 Protocol = Literal["nonoverlap", "sliding", "fixed-target", "streaming"]
 CellStatus = Literal["ok", "n/a", "too_few_tokens", "shorter_than_target", "non_finite"]
 OK: CellStatus = "ok"
@@ -55,9 +55,9 @@ LOCK_TIMEOUT_S = 120.0  # a writer holds the lock only to read, merge and write 
 
 __all__ = [
     "BEYOND_SCHEME",
+    "EXTRAPOLATE_FILE",
     "NON_FINITE",
     "OK",
-    "RESULTS_FILE",
     "SCHEMA_VERSION",
     "SEQUENTIAL",
     "SHORTER_THAN_TARGET",
@@ -77,7 +77,7 @@ __all__ = [
 
 
 def results_path(run_dir: Path | str) -> Path:
-    return Path(run_dir) / RESULTS_FILE
+    return Path(run_dir) / EXTRAPOLATE_FILE
 
 
 def new_results_doc(run: str, scheme: str, train_length: int, base_length: int) -> dict[str, Any]:

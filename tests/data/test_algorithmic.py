@@ -23,7 +23,7 @@ from posenc_cli.data.sources.stdlib import StdlibDataConfig
 from posenc_cli.data.tokenizer import ByteTokenizer
 from posenc_cli.errors import CheckpointError, ConfigError
 from posenc_cli.evaluation.algorithmic import (
-    RESULTS_FILE,
+    ALGORITHMIC_FILE,
     AlgorithmicEvalConfig,
     cell_examples,
     encode_example,
@@ -219,10 +219,10 @@ def test_an_answer_that_does_not_stop_is_wrong(tmp_path: Path) -> None:
 def test_cells_stored_before_per_token_accuracy_are_measured_again(tmp_path: Path) -> None:
     run, cfg = _oracle_run(tmp_path, [1, 4])
     evaluate_algorithmic_run(run, cfg, device="cpu")
-    doc = json.loads((run.path / RESULTS_FILE).read_text())
+    doc = json.loads((run.path / ALGORITHMIC_FILE).read_text())
     for e in doc["entries"]:  # as posenc wrote them before `measures`
         del e["measures"], e["token_accuracy"]
-    (run.path / RESULTS_FILE).write_text(json.dumps(doc))
+    (run.path / ALGORITHMIC_FILE).write_text(json.dumps(doc))
     again = evaluate_algorithmic_run(run, cfg, device="cpu")
     assert again["reused"] == 0 and all(e["token_accuracy"] == 1.0 for e in again["entries"])
 
@@ -230,7 +230,7 @@ def test_cells_stored_before_per_token_accuracy_are_measured_again(tmp_path: Pat
 def test_cells_are_stored_reused_and_measured_again_for_another_checkpoint(tmp_path: Path) -> None:
     run, cfg = _oracle_run(tmp_path, [1, 4])
     first = evaluate_algorithmic_run(run, cfg, device="cpu")
-    stored = json.loads((run.path / RESULTS_FILE).read_text())
+    stored = json.loads((run.path / ALGORITHMIC_FILE).read_text())
     assert len(stored["entries"]) == 6 and stored["scheme"] == run.config.pos.name
     again = evaluate_algorithmic_run(run, cfg, device="cpu")
     assert again["reused"] == 6 and again["entries"] == first["entries"]
@@ -239,7 +239,7 @@ def test_cells_are_stored_reused_and_measured_again_for_another_checkpoint(tmp_p
     run.meta = dataclasses.replace(run.meta, step=20, files={"model.safetensors": "b" * 64})
     later = evaluate_algorithmic_run(run, cfg, device="cpu")
     assert later["reused"] == 0
-    stored = json.loads((run.path / RESULTS_FILE).read_text())
+    stored = json.loads((run.path / ALGORITHMIC_FILE).read_text())
     assert {json.dumps(e["checkpoint"]) for e in stored["entries"]} == {json.dumps(checkpoint_identity(run.meta))}
     with run_lock(run.path), pytest.raises(CheckpointError, match="being trained"):
         evaluate_algorithmic_run(run, cfg, device="cpu", force=True)

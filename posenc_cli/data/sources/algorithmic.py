@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from posenc_cli.config import DataConfig, _non_negative, _positive
+from posenc_cli.config import DataConfig, non_negative, positive
 from posenc_cli.data.algorithmic import registry as task_registry
 from posenc_cli.data.algorithmic import task_class
 from posenc_cli.data.algorithmic.base import GENERATOR_VERSION, MAX_LENGTH
@@ -76,8 +76,8 @@ class AlgorithmicDataConfig(DataConfig):
 
     def validate(self) -> None:
         super().validate()
-        _positive(self, "data", "examples", "min_length", "max_length", "eval_examples")
-        _non_negative(self, "data", "seed")
+        positive(self, "data", "examples", "min_length", "max_length", "eval_examples")
+        non_negative(self, "data", "seed")
         if not self.tasks:
             raise ConfigError("data.tasks needs at least one task")
         for name in self.tasks:

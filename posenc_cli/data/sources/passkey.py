@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from posenc_cli.config import DataConfig, _non_negative, _positive
+from posenc_cli.config import DataConfig, non_negative, positive
 from posenc_cli.data.sources import register
 from posenc_cli.data.sources.base import (
     FORMAT_VERSION,
@@ -61,8 +61,8 @@ class PasskeyDataConfig(DataConfig):
 
     def validate(self) -> None:
         super().validate()
-        _positive(self, "data", "passkey_episodes", "passkey_digits")
-        _non_negative(self, "data", "passkey_min_len", "passkey_seed")
+        positive(self, "data", "passkey_episodes", "passkey_digits")
+        non_negative(self, "data", "passkey_min_len", "passkey_seed")
         if self.passkey_max_len < self.passkey_min_len:
             raise ConfigError(
                 f"data.passkey_max_len={self.passkey_max_len} is below data.passkey_min_len={self.passkey_min_len}"

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from posenc_cli.config import DataConfig, _non_negative, _positive
+from posenc_cli.config import DataConfig, non_negative, positive
 from posenc_cli.data.ruler import registry as task_registry
 from posenc_cli.data.ruler import task_class
 from posenc_cli.data.ruler.base import (
@@ -83,11 +83,11 @@ class TasksDataConfig(DataConfig):
 
     def validate(self) -> None:
         super().validate()
-        _positive(self, "data", "episodes")
+        positive(self, "data", "episodes")
         self.sizes().validate("data.")
         if self.tokens_to_generate is not None and not 1 <= self.tokens_to_generate <= 1 << 20:
             raise ConfigError(f"data.tokens_to_generate must be in [1, 2^20], got {self.tokens_to_generate}")
-        _non_negative(self, "data", "min_len", "seed")
+        non_negative(self, "data", "min_len", "seed")
         if not self.tasks:
             raise ConfigError("data.tasks needs at least one task")
         for name in self.tasks:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 class AlgorithmicEvalTask(EvalTask):
     name = "algorithmic"
     command = algorithmic.COMMAND
-    results_file = algorithmic.RESULTS_FILE
+    results_file = algorithmic.ALGORITHMIC_FILE
     length_axis: ClassVar[str] = "instance"  # cells are per instance length, not per token length
 
     @classmethod

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from posenc_cli.evaluation import perplexity as evaluate
-from posenc_cli.evaluation.results import RESULTS_FILE
+from posenc_cli.evaluation.results import EXTRAPOLATE_FILE
 from posenc_cli.evaluation.tasks import register
 from posenc_cli.evaluation.tasks.base import EvalTask, Progress
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class ExtrapolateTask(EvalTask):
     name = "extrapolate"
     command = "eval-extrapolate"
-    results_file = RESULTS_FILE
+    results_file = EXTRAPOLATE_FILE
     profiled_per_length = True
 
     @classmethod

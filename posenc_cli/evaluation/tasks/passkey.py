@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 class PasskeyTask(EvalTask):
     name = "passkey"
     command = "eval-passkey"
-    results_file = passkey.RESULTS_FILE
+    results_file = passkey.PASSKEY_FILE
 
     @classmethod
     def evaluate_job(

@@ -78,7 +78,7 @@ if TYPE_CHECKING:
     from posenc_cli.config import Config
     from posenc_cli.run.load import LoadedRun
 
-RESULTS_FILE = Path("eval") / "tasks.json"
+TASKS_FILE = Path("eval") / "tasks.json"
 COMMAND = "eval-tasks"
 SAMPLES_PER_CELL = 3
 MAX_GENERATE = 1 << 16  # --tokens-to-generate at most
@@ -400,7 +400,7 @@ def evaluate_tasks_run(
             return [replace(c, status="ok", **{k: m[k] for k in keys}) for c, m in zip(cells, measured, strict=True)]
 
         done = measure(
-            run.path / RESULTS_FILE, COMMAND, header, checkpoint, plan(), measure_length, key=entry_key, force=force
+            run.path / TASKS_FILE, COMMAND, header, checkpoint, plan(), measure_length, key=entry_key, force=force
         )
         entries += done.entries
         reused += done.reused
@@ -445,7 +445,7 @@ class RetrievalEvalTask(EvalTask):
     """A sweep job's evaluation of one retrieval task (subclassed per `posenc_cli.data.ruler` task below)."""
 
     command = COMMAND
-    results_file = RESULTS_FILE
+    results_file = TASKS_FILE
     retrieval: ClassVar[type[RetrievalTask]]
 
     @classmethod
