@@ -284,8 +284,8 @@ def longppl_lines(results: list[dict[str, Any]]) -> list[str]:
     of several seeds lists each member's count, '118/121')."""
     lines = [
         "LongPPL: perplexity over the key tokens alone (tokens whose loss falls with context beyond the training "
-        "length); n/a at or below it, n/m where a cell was stored without LongPPL (posenc eval-extrapolate --force "
-        "measures it)."
+        "length); n/a at or below it, none beyond it where no token was a key token, n/m where a cell was stored "
+        "without LongPPL (posenc eval-extrapolate measures it)."
     ]
     for label, counts in key_token_counts(results).items():
         cells = ", ".join(f"{fmt_multiple(m)} {'/'.join(map(str, n))}" for m, n in sorted(counts.items()))

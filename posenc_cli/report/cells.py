@@ -28,6 +28,7 @@ __all__ = [
     "LONGPPL_LEGEND",
     "NON_FINITE",
     "NOT_MEASURED",
+    "NO_KEY_TOKENS",
     "UNMEASURABLE",
     "Cell",
     "Column",
@@ -52,6 +53,7 @@ NOT_MEASURED = "–"
 CANNOT = "n/a"
 UNMEASURABLE = "n/m"
 NON_FINITE = "nan"
+NO_KEY_TOKENS = "none"  # LongPPL beyond the training length with no key token to average
 LEGEND = {
     CANNOT: "n/a = the scheme cannot read that many tokens (reasons below)",
     UNMEASURABLE: "n/m = not measurable there: the corpus holds no window that long, or the length is below the "
@@ -66,6 +68,8 @@ LONGPPL_LEGEND = {
     "tokens (reasons below)",
     UNMEASURABLE: "n/m = not measurable there: stored without LongPPL, the corpus holds no window that long, or the "
     "length is below the fixed target (reasons below)",
+    NO_KEY_TOKENS: "none = beyond the training length but no key token: the longer context never raised a token's "
+    "log-probability by more than α = 2 (LongPPL has nothing to average)",
 }
 # What an entry's non-ok state is shown as. Entries written before the states were told apart say "n/a" for all of
 # them; their reason text tells which (the same reading as `evaluation.results.cell_status`, which this layer

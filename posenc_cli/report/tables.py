@@ -18,6 +18,7 @@ from posenc_cli.report.cells import (
     LABEL_WRAP_WIDTH,
     LEGEND,
     LONGPPL_LEGEND,
+    NO_KEY_TOKENS,
     NON_FINITE,
     NOT_MEASURED,
     UNMEASURABLE,
@@ -127,11 +128,15 @@ def _reason(entry: dict[str, Any], metric: str) -> str:
 NULL_REASONS = {"longppl": "LongPPL cannot be measured at or below the training length (no context beyond it)"}
 
 
-def _mark_unrecorded(cell: Cell, entry: dict[str, Any], metric: str) -> None:
-    """An ok entry without `metric`: n/a when it recorded null for a reason (`NULL_REASONS`), n/m when the field is
-    absent (measured before the metric was recorded); the first member's reason and kind win."""
+def _mark_unrecorded(cell: Cell, entry: dict[str, Any], metric: str, train_length: int | None = None) -> None:
+    """An ok entry without `metric`: n/a when it recorded null for a reason (`NULL_REASONS`), "none" for LongPPL
+    beyond the training length with no key token, n/m when the field is absent (measured before the metric was
+    recorded); the first member's reason and kind win."""
     if cell.reason is None:
-        if metric in entry:
+        beyond = train_length is not None and int(entry["length"]) > int(train_length)
+        if metric == "longppl" and beyond and entry.get("key_tokens") == 0:
+            cell.reason, cell.kind = "no key tokens beyond the training length", NO_KEY_TOKENS
+        elif metric in entry:
             cell.reason, cell.kind = NULL_REASONS[metric], CANNOT
         else:
             cell.reason, cell.kind = f"{metric} not measured at {entry['length']} tokens", UNMEASURABLE
@@ -162,7 +167,7 @@ def extrapolation_rows(
     """Columns (one per length, plus the ratio) and rows (one per run, or per `aggregate_by` key with mean ± std).
 
     Each result must hold at most one entry per length (one protocol/stride/data: `evaluate_run`'s output, or
-    `results.pick_entries` of a stored doc). Rows keep the order of first appearance; with `group_by` they are
+    one `results.cell_group` of a stored doc). Rows keep the order of first appearance; with `group_by` they are
     ordered by group (stable) and the table draws a section per group.
     """
     keys = sorted({column_key(e, by) for r in results for e in r["entries"]})
@@ -178,7 +183,7 @@ def extrapolation_rows(
             row = rows[name] = TableRow(name, {}, group=group_by(r) if group_by else None, members=0)
         row.members += 1
         if len({column_key(e, by) for e in r["entries"]}) != len(r["entries"]):
-            raise ValueError(f"{r['run']}: several entries per length; select one protocol (results.pick_entries)")
+            raise ValueError(f"{r['run']}: several entries per length; one protocol per row (results.cell_group)")
         for e in r["entries"]:
             cell = row.cells.setdefault(column_key(e, by), Cell())
             if e.get("status") == "ok" and e.get(metric) is not None:
@@ -186,7 +191,7 @@ def extrapolation_rows(
             elif e.get("status") != "ok":
                 _mark_empty(cell, e, metric)
             elif metric in NULL_REASONS:  # ok, but without this optional metric: n/a or n/m
-                _mark_unrecorded(cell, e, metric)
+                _mark_unrecorded(cell, e, metric, r.get("train_length"))
             # otherwise measured without `metric` (no byte counts: bpb): left "–"
         if pair is not None:
             value, reason = ratio_value(r, by, pair, metric)

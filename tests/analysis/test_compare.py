@@ -399,7 +399,7 @@ def test_longppl_cells_say_why_they_are_empty_and_count_key_tokens(tmp_path: Pat
     line = next(x for x in text.splitlines() if x.startswith("│ rope"))
     assert [c.strip() for c in line.split("│")[2:-1]] == ["n/a", "15.00", "n/m"]
     flat = " ".join(text.split())
-    assert "key tokens for rope: 1× 0, 2× 7" in flat and "n/a at or below it, n/m where a cell" in flat
+    assert "key tokens for rope: 1× 0, 2× 7" in flat and "n/a at or below it, none beyond it" in flat
     assert "n/a = LongPPL cannot be measured at or below the training length" in flat  # not the scheme's limit
     frame = compare.Comparison(records, metric="longppl").to_frame()
     assert list(frame.columns) == ["n", "1×", "2×", "4×"] and frame.loc["rope", "2×"] == 15.0
@@ -407,6 +407,17 @@ def test_longppl_cells_say_why_they_are_empty_and_count_key_tokens(tmp_path: Pat
     result = runner.invoke(app, ["compare", str(tmp_path / "runs"), "--metric", "longppl"], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "LongPPL by evaluation length" in result.output and "key tokens for rope" in result.output
+
+
+def test_longppl_beyond_the_training_length_without_key_tokens_is_none_not_n_a(tmp_path: Path) -> None:
+    """ALiBi's cells beyond L with no key token: "none" (nothing to average), not n/a ("at or below L")."""
+    at_1x = {**entry(16, 10.0), "longppl": None, "key_tokens": 0}
+    at_2x = {**entry(32, 12.0), "longppl": None, "key_tokens": 0}
+    fake_run(tmp_path / "runs" / "alibi", "alibi", {}, [1.0, 2.0], entries=[at_1x, at_2x])
+    text = render(compare.gather([tmp_path / "runs"]), metric="longppl")
+    line = next(x for x in text.splitlines() if x.startswith("│ alibi"))
+    assert [c.strip() for c in line.split("│")[2:-1]] == ["n/a", "none"]
+    assert "none = beyond the training length but no key token" in " ".join(text.split())
 
 
 def test_reference_nope_mrr_prints_the_ranking(sweep_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -168,7 +168,7 @@ def test_multiple_base_lengths_drop_token_counts_in_headers() -> None:
 def test_several_entries_per_length_rejected() -> None:
     doubled = result("r0", "rope", {16: 3.0})
     doubled["entries"].append(entry(16, 4.0, protocol="sliding", stride=8))
-    with pytest.raises(ValueError, match="pick_entries"):
+    with pytest.raises(ValueError, match="one protocol per row"):
         report.extrapolation_rows([doubled])
 
 
