@@ -128,7 +128,6 @@ def run_planned_sweep(plan: SweepPlan, *, on_event: Callable[[str, str], None] |
 
     start = time.perf_counter()
     clock = StageClock(on_event)
-    # run_sweep plans the stages again from the spec (the same plan: `plan_sweep` is deterministic)
     plan.plans = run_sweep(
         plan.spec,
         plan.overrides,
@@ -136,6 +135,7 @@ def run_planned_sweep(plan: SweepPlan, *, on_event: Callable[[str, str], None] |
         launcher_overrides=plan.launcher_overrides,
         user_config_dir=plan.user_dir,
         on_event=clock,
+        plans=plan.plans,  # planned once, by plan_sweep above
     )
     clock.finish()
     return SweepRun(plan, clock, time.perf_counter() - start)

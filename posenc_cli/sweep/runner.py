@@ -55,8 +55,10 @@ def run_sweep(
     launcher_overrides: list[str] | None = None,
     user_config_dir: Path | None = None,
     on_event: Callable[[str, str], None] | None = None,
+    plans: list[StagePlan] | None = None,
 ) -> list[StagePlan]:
-    """Validate every job, then run each stage (one Hydra multirun per parent group); returns the plan.
+    """Validate every job, then run each stage (one Hydra multirun per parent group); returns the plan (`plans`,
+    when the caller planned already: `plan_sweep(spec, user_overrides)`'s result).
 
     A job whose directory holds a run planned with another config is refused (`check_planned`). Done jobs
     (`job_status`) are skipped; others resume in their own directory. The sweep directory is locked for the whole
@@ -65,7 +67,7 @@ def run_sweep(
     """
     launcher_overrides = launcher_overrides or []
     launcher_settings(launcher_overrides, user_config_dir)  # as the dry run checks them
-    plans = plan_sweep(spec, user_overrides)
+    plans = plans if plans is not None else plan_sweep(spec, user_overrides)
     identities = plan_identities(plans, validate_plan(plans, user_config_dir))
     sweep_dir = Path(sweep_dir).resolve()
     with sweep_lock(sweep_dir):
