@@ -166,6 +166,12 @@ class RetrievalTask:
         raise NotImplementedError
 
     @classmethod
+    def sample_chars(cls, rng: np.random.Generator, depth: float, chars: int, sizes: Sizes = RULER_SIZES) -> Episode:
+        """Training text for a document of about `chars` characters: `sample` for a task of fixed size (the mixture
+        pads it with haystack); a task whose context grows with the length (`ContextTask`) fills them."""
+        return cls.sample(rng, depth, sizes)
+
+    @classmethod
     def score(cls, output: str, answers: Sequence[str], scoring: str = "contains") -> float:
         """One output's score: RULER's `string_match_all` ("contains") or posenc's `exact_score` ("exact")."""
         return string_match_all(output, answers) if scoring == "contains" else exact_score(output, answers)

@@ -146,10 +146,7 @@ def make_documents(data: TasksDataConfig, n: int, seed_part: int, corpus: str | 
             docs.append(haystack_text(corpus, max(length, 1), rng))
             continue
         task = tasks[int(rng.choice(len(tasks), p=p))]
-        if issubclass(task, ContextTask):  # its context grows to the document's length
-            episode = task.sample_chars(rng, float(rng.random()), length, sizes)
-        else:
-            episode = task.sample(rng, float(rng.random()), sizes)
+        episode = task.sample_chars(rng, float(rng.random()), length, sizes)  # a ContextTask fills the length
         n_hay = max(length - fixed_chars(episode), 0)
         hay = haystack_text(corpus if data.haystack == "corpus" else None, n_hay, rng)
         prompt, answer = episode_text(episode, hay)
