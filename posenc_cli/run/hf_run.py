@@ -12,12 +12,18 @@ code runs on it unchanged:
   token stands for, so bits per byte compare models with different tokenizers.
 - The scheme comes from the architecture (learned: GPT-2, GPT-Neo, OPT, GPT-BigCode; ALiBi: BLOOM, MPT, Falcon with
   `alibi`; RoPE: every config with rope parameters: Llama, Mistral, Qwen2, Phi-3, GPT-NeoX, ...). The training
-  length is `original_max_position_embeddings` when the config has one (a RoPE-scaled model); else, for a model
-  whose every layer attends within a `sliding_window` shorter than its context size, that window (Mistral-7B-v0.1:
-  window 4096, `max_position_embeddings` 32768), as microsoft/LongRoPE does (rope/__init__.py, lines 91-94, and
+  length is `original_max_position_embeddings` of the global layers' rope parameters when the config has one (a
+  RoPE-scaled model; Gemma 3's nested "full_attention" parameters); else, for a model whose every layer attends
+  within a `sliding_window` shorter than its context size, that window (Mistral-7B-v0.1: window 4096,
+  `max_position_embeddings` 32768), as microsoft/LongRoPE does (rope/__init__.py, lines 91-94, and
   evolution/search.py, lines 121-124, commit c9e56aa: `original_max_position_embeddings = config.sliding_window`
-  when the config has one); else `max_position_embeddings` (or the architecture's name for it). `train_length=`
-  overrides it.
+  when the config has one); else `max_position_embeddings` (or the architecture's name for it), also for a model
+  that mixes windowed and global layers (Gemma 3, Qwen2 with `max_window_layers`): its global layers attend over
+  that length. `train_length=` overrides it.
+- Per-layer layouts (sliding windows, chunks, NoPE layers, rope parameters per layer type: `hf_layers`) are the
+  model's own: posenc calls its forward, which builds its masks and rotary tables, with the attention kernel
+  transformers picks (SDPA; eager for a model class without SDPA support, such as Gemma 2 with its logit
+  softcapping); both apply the masks as tensors. meta records the kernel ("attention") and the layout ("layers").
 
 Refused with one line (`CheckpointError`, exit 2) before any weight is read: a `config.json` that is not a small
 JSON object (read through `posenc_cli.untrusted`), a config with `auto_map` or a `model_type` the installed
@@ -50,6 +56,7 @@ from torch import Tensor, nn
 from posenc_cli.data.tokenizer import Tokenizer
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.run.config_load import config_from_dict
+from posenc_cli.run.hf_layers import HFLayout, hf_layout, train_length
 from posenc_cli.run.load import LoadedRun
 from posenc_cli.run.memory import available_memory as cpu_available_memory
 from posenc_cli.run.meta import RunMeta
@@ -74,7 +81,6 @@ CONFIG_FILE = "config.json"
 KIND = "transformers"
 LEARNED = frozenset({"gpt2", "gpt_neo", "gpt_bigcode", "opt"})  # absolute position tables
 ALIBI = frozenset({"bloom", "mpt"})  # (falcon: ALiBi when its config says `alibi`, else RoPE)
-LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 SIDE_FILES = ("posenc_export.json", "posenc_hf_extend.json")  # posenc's own records of where a directory came from
 MEMORY_HEADROOM = 0.9  # use at most this share of the available memory
@@ -114,6 +120,7 @@ class HFInfo:
     max_length: int | None  # learned: the table size; None: no hard limit
     precision: str  # fp32 | bf16 | fp16: the dtype the weights were saved in
     vocab_size: int | None = None  # config.json's: the rows of the embedding
+    layout: HFLayout | None = None  # which layers slide, chunk, skip RoPE (`hf_layers`)
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -135,33 +142,34 @@ def _scheme(model_type: str, raw: dict[str, Any]) -> str | None:
     return None
 
 
-def _config_length(raw: dict[str, Any]) -> int | None:
-    """`original_max_position_embeddings` (top level or in the rope parameters), else a sliding window shorter than
-    the context (`_sliding_window`), else the table/context size."""
-    for block in (raw.get("rope_parameters"), raw.get("rope_scaling"), raw):
-        if isinstance(block, dict) and _positive_int(block.get("original_max_position_embeddings")):
-            return int(block["original_max_position_embeddings"])
-    context = next((int(raw[key]) for key in LENGTH_KEYS if _positive_int(raw.get(key))), None)
-    window = _sliding_window(raw)
-    if window is not None and (context is None or window < context):
-        return window
-    return context
+def _config_length(raw: dict[str, Any], layout: HFLayout | None = None) -> int | None:
+    """The training length config.json names (`hf_layers.train_length`: the global layers' original length, else
+    a window every layer attends within, else the context size); `layout` defaults to the one transformers reads
+    from `raw`."""
+    if layout is None:
+        text = _text_config(raw)
+        layout = hf_layout(text) if text is not None else None
+    return train_length(raw, layout)
 
 
-def _sliding_window(raw: dict[str, Any]) -> int | None:
-    """The attention window of a model whose every layer attends within it (Mistral-7B-v0.1, Mixtral, Qwen2 with
-    `use_sliding_window`), the length it was trained to attend over (microsoft/LongRoPE takes it as the original
-    length, see the module docstring); None when the config has none, turns it off (`use_sliding_window: false`, as
-    Qwen2's configs do), or mixes windowed with global layers (`layer_types`, Gemma 2/3's `sliding_window_pattern`):
-    those models attend over their full context in their global layers."""
-    window = raw.get("sliding_window")
-    if not _positive_int(window) or raw.get("use_sliding_window") is False:
+def _text_config(raw: dict[str, Any], path: Path | None = None) -> Any:
+    """config.json as the installed transformers' config class reads it (the text part of a multimodal config),
+    so its per-layer layout is the one the model will use; None for a model_type transformers does not know."""
+    # deferred: keeps transformers off posenc --help start-up
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    model_type = str(raw.get("model_type") or "")
+    if model_type not in CONFIG_MAPPING_NAMES:
         return None
-    layer_types = raw.get("layer_types")
-    mixed = isinstance(layer_types, list) and any(t != "sliding_attention" for t in layer_types)
-    if mixed or "sliding_window_pattern" in raw or str(raw.get("model_type", "")).startswith(("gemma", "cohere")):
-        return None
-    return int(window)
+    fields = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version")}
+    try:
+        with _quiet_transformers():
+            config = AutoConfig.for_model(model_type, **fields)
+    except Exception as e:  # a value the config class refuses (strict dataclass validation raises several types)
+        where = f"{path}: " if path is not None else ""
+        raise CheckpointError(f"{where}config.json is not a valid {model_type} config ({_first_line(e)})") from e
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def _positive_int(v: Any) -> bool:
@@ -307,7 +315,9 @@ def inspect_hf_dir(path: Path | str) -> HFInfo:
             f"{p}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json); save it with the model"
         )
     check_size(p, raw)
-    length = _config_length(raw)
+    text = _text_config(raw, p)
+    layout = hf_layout(text) if text is not None else None
+    length = _config_length(raw, layout)
     dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "float32")
     return HFInfo(
         path=p,
@@ -318,6 +328,7 @@ def inspect_hf_dir(path: Path | str) -> HFInfo:
         max_length=length if scheme == "learned" else None,
         precision={"bfloat16": "bf16", "float16": "fp16"}.get(dtype, "fp32"),
         vocab_size=_first_int(raw, "vocab_size", "padded_vocab_size"),
+        layout=layout,
     )
 
 
@@ -604,7 +615,10 @@ def load_hf_run(
         "train_length": int(length),
         "base_length": int(base),
         "precision": info.precision,
+        "attention": str(getattr(model.config, "_attn_implementation", None) or "default"),
     }
+    if info.layout is not None:
+        meta["layers"] = info.layout.describe()  # what the model's own masks and rotary tables do per layer
     return LoadedRun(
         path=info.path,
         model=wrapped,

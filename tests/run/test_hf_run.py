@@ -276,9 +276,11 @@ def test_a_sliding_window_is_the_training_length(tmp_path: Path) -> None:
     qwen2 = {"model_type": "qwen2", "sliding_window": 4096, "max_position_embeddings": 32768}
     assert _config_length({**qwen2, "use_sliding_window": False}) == 32768
     assert _config_length({"model_type": "gemma2", "sliding_window": 4096, "max_position_embeddings": 8192}) == 8192
-    mixed = {**mistral, "layer_types": ["sliding_attention", "full_attention"]}
-    assert _config_length(mixed) == 32768
-    scaled = {**mistral, "rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 8192}}
+    mixed = {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4096, "num_hidden_layers": 2,
+             "max_window_layers": 1, "max_position_embeddings": 32768}  # fmt: skip
+    assert _config_length(mixed) == 32768  # layer 0 attends globally
+    assert _config_length({**mixed, "max_window_layers": 0}) == 4096  # every layer slides
+    scaled = {**mistral, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}}
     assert _config_length(scaled) == 8192
     path = _edit_config(save_tiny_model(tmp_path / "m", "llama", max_pos=64), sliding_window=16, model_type="mistral",
                         architectures=["MistralForCausalLM"])  # fmt: skip
