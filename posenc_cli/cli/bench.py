@@ -26,18 +26,54 @@ def bench_command(
     json_path: Annotated[str | None, typer.Option("--json", metavar="PATH", help="Write the results as JSON.")] = None,
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Interleaved rounds per training case.")] = 5,
     dtypes: Annotated[
-        str,
-        typer.Option("--dtypes", help="Comma-separated fp32, bf16 (CPUs without bf16 units emulate it, slowly)."),
-    ] = "fp32,bf16",
+        str | None,
+        typer.Option(
+            "--dtypes", help="Comma-separated fp32, bf16 (CPUs without bf16 units emulate it, slowly). [default: both]"
+        ),
+    ] = None,
     lengths: Annotated[
-        str, typer.Option("--lengths", help="Eval lengths as multiples of train.seq_len (comma-separated).")
-    ] = "1,8,32",
-    schemes: Annotated[str, typer.Option("--schemes", help="Schemes of the eval cases.")] = "nope,rope,alibi",
+        str | None,
+        typer.Option(
+            "--lengths", help="Eval lengths as multiples of train.seq_len (comma-separated). [default: 1,8,32]"
+        ),
+    ] = None,
+    schemes: Annotated[
+        str | None,
+        typer.Option(
+            "--schemes",
+            help="Schemes of the eval cases. [default: nope,rope,alibi; with --eval-lengths every registered scheme]",
+        ),
+    ] = None,
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the evaluation cases.")] = False,
     no_train: Annotated[bool, typer.Option("--no-train", help="Skip the training cases.")] = False,
     round_seconds: Annotated[
         float, typer.Option("--round-seconds", min=0.0, help="Target duration of one case in one round.")
     ] = 1.0,
+    eval_lengths: Annotated[
+        str | None,
+        typer.Option(
+            "--eval-lengths",
+            metavar="N,N,...",
+            help="The cost curve instead: time per token and peak memory of an eval forward (batch 1) at these "
+            "lengths in tokens, every scheme, in train.precision.",
+        ),
+    ] = None,
+    memory_limit: Annotated[
+        float, typer.Option("--memory-limit", metavar="GIB", help="Cost curve: no case beyond this memory.")
+    ] = 24.0,
+    time_budget: Annotated[
+        float,
+        typer.Option(
+            "--time-budget", metavar="SECONDS", min=0.0, help="Cost curve: wall time per scheme (0: no budget)."
+        ),
+    ] = 300.0,
+    csv_path: Annotated[
+        str | None, typer.Option("--csv", metavar="PATH", help="Cost curve: write the rows as CSV.")
+    ] = None,
+    plot_path: Annotated[
+        str | None,
+        typer.Option("--plot", metavar="PATH", help="Cost curve: time and memory vs length (png, svg, pdf)."),
+    ] = None,
     config_dir: ConfigDirOption = None,
 ) -> None:
     """Measure training throughput (posenc vs transformers' Llama), matmul peak, MFU and long-context evaluation.
@@ -57,15 +93,27 @@ def bench_command(
         raise ConfigError(f"unexpected argument '{names[0]}' (overrides look like key=value)")
     if vs not in (None, "hf"):
         raise ConfigError(f"--vs {vs}: the only baseline is 'hf' (transformers' LlamaForCausalLM)")
+    if eval_lengths is None:
+        refused = [flag for flag, value in (("--csv", csv_path), ("--plot", plot_path)) if value is not None]
+        if refused:
+            raise ConfigError(f"{refused[0]} writes the cost curve: it needs --eval-lengths")
+    else:
+        for flag, value in (("--vs", vs), ("--dtypes", dtypes), ("--lengths", lengths)):
+            if value is not None:
+                hint = " (the curve runs in train.precision=fp32|bf16|auto)" if flag == "--dtypes" else ""
+                raise ConfigError(f"{flag} does not apply to the cost curve (--eval-lengths){hint}")
     cfg = compose_config(overrides, Path(config_dir) if config_dir else None)
+    if eval_lengths is not None:
+        curve_command(cfg, eval_lengths, schemes, memory_limit, time_budget, json_path, csv_path, plot_path)
+        return
     opts = BenchOptions(
         rounds=rounds,
-        dtypes=_items(dtypes, "--dtypes"),
+        dtypes=_items(dtypes or "fp32,bf16", "--dtypes"),
         vs_hf=vs == "hf",
         train=not no_train,
         eval=not no_eval,
-        eval_schemes=_items(schemes, "--schemes"),
-        eval_multiples=tuple(_ints(lengths, "--lengths")),
+        eval_schemes=_items(schemes or "nope,rope,alibi", "--schemes"),
+        eval_multiples=tuple(_ints(lengths or "1,8,32", "--lengths")),
         round_seconds=round_seconds,
     )
     with err_console.status("benchmarking") as status:
@@ -177,3 +225,120 @@ def _num(x: float | None) -> str:
 
 def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else spec.format(x)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The cost curve (--eval-lengths).
+
+CURVE_MARKS = {"not measured": "–", "cannot measure": "n/a", "failed": "failed"}
+CURVE_LEGEND = (
+    "– = not measured (a limit: reasons below); n/a = the scheme cannot read that many tokens; failed = the case "
+    "crashed"
+)
+
+
+def curve_command(
+    cfg: Any,
+    eval_lengths: str,
+    schemes: str | None,
+    memory_limit: float,
+    time_budget: float,
+    json_path: str | None,
+    csv_path: str | None,
+    plot_path: str | None,
+) -> None:
+    """`posenc bench --eval-lengths ...`: measure, print both tables, write the JSON, CSV and plot asked for."""
+    # deferred: keeps this command's modules off posenc --help start-up
+    from posenc_cli.fsutil import atomic_write_json, atomic_write_text
+    from posenc_cli.perf.cost_curve import CurveOptions, csv_text, run_curve
+    from posenc_cli.report.output_files import check_writable_dir
+    from posenc_cli.report.plots import figure_format, save_figure
+
+    opts = CurveOptions(
+        lengths=tuple(_ints(eval_lengths, "--eval-lengths")),
+        schemes=_items(schemes, "--schemes") if schemes is not None else None,
+        memory_limit_gib=memory_limit,
+        time_budget_s=time_budget or None,
+    )
+    opts.validate()
+    for path in (json_path, csv_path):  # fail before the measuring, not after it
+        if path and Path(path).is_dir():
+            raise ConfigError(f"cannot write {path}: it is a directory")
+        if path:
+            check_writable_dir(Path(path).parent, shown=path)
+    if plot_path:
+        figure_format(plot_path)
+    with err_console.status("measuring the cost curve") as status:
+        result = run_curve(cfg, opts, progress=lambda message: status.update(message))
+    render_curve(result)
+    if json_path:
+        atomic_write_json(Path(json_path), result)
+        console.print(f"wrote {json_path}", highlight=False)
+    if csv_path:
+        atomic_write_text(Path(csv_path), csv_text(result))
+        console.print(f"wrote {csv_path}", highlight=False)
+    if plot_path:
+        # deferred: matplotlib only when a plot is asked for
+        from posenc_cli.perf.cost_plot import cost_curve_figure
+
+        save_figure(cost_curve_figure(result), plot_path)
+        console.print(f"wrote {plot_path}", highlight=False)
+
+
+def render_curve(result: dict[str, Any]) -> None:
+    c = result["config"]
+    limit = result["memory_limit_applied_gib"]
+    budget = result["time_budget_s"]
+    console.print(
+        f"{result['device']}, threads {result.get('threads')}, {result['precision']} "
+        f"(train.precision={result['precision_setting']}), torch {result['torch']}; d={c['d_model']}, "
+        f"{c['n_layer']} layers, {c['n_head']} heads, vocab {c['vocab_size']}, trained length {c['train_length']}, "
+        f"batch 1; memory limit {limit:g} GiB"
+        + (
+            f" (asked {result['memory_limit_gib']:g}, this machine had {result['memory_available_gib']:g} available)"
+            if limit < result["memory_limit_gib"]
+            else ""
+        )
+        + (f", time budget {budget:g} s per scheme" if budget else ", no time budget")
+        + f"; load average {result['load_average_start']} -> {result['load_average_end']}",
+        highlight=False,
+    )
+    console.print(curve_table(result, "us_per_token", "Time per token (µs), eval forward, batch 1", "{:,.1f}"))
+    console.print(curve_table(result, "peak_mib", f"Peak memory (MiB; {result['memory_measure']})", "{:,.0f}"))
+    for line in curve_reasons(result):
+        console.print(line, highlight=False)
+
+
+def curve_table(result: dict[str, Any], key: str, title: str, spec: str) -> Table:
+    """Schemes × lengths of one measure; the last column is the longest length measured within the memory limit."""
+    lengths = result["lengths"]
+    table = Table(title=title, caption=CURVE_LEGEND, title_justify="left", caption_justify="left")
+    table.add_column("scheme")
+    for n in lengths:
+        table.add_column(f"{n:,}", justify="right")
+    table.add_column(f"longest within {result['memory_limit_applied_gib']:g} GiB", justify="right")
+    cells: dict[str, dict[int, str]] = {}
+    for r in result["rows"]:
+        text = spec.format(r[key]) if r["status"] == "measured" else f"[dim]{CURVE_MARKS[r['status']]}[/]"
+        cells.setdefault(r["scheme"], {})[r["length"]] = text
+    for scheme in result["schemes"]:
+        table.add_row(
+            scheme, *(cells[scheme].get(n, "") for n in lengths), reach_text(result["reach"][scheme], lengths)
+        )
+    return table
+
+
+def reach_text(entry: dict[str, Any], lengths: list[int]) -> str:
+    """'65,536 (all asked)', '16,384' (a limit stopped it: reasons below) or 'none'."""
+    if entry["longest"] is None:
+        return "none"
+    return f"{entry['longest']:,}" + (" (all asked)" if entry["beyond"] is None else "")
+
+
+def curve_reasons(result: dict[str, Any]) -> list[str]:
+    """One line per scheme that was not measured at every length: from which length, and why."""
+    return [
+        f"{scheme}: from {entry['beyond']:,} tokens {entry['stopped_by']}"
+        for scheme, entry in result["reach"].items()
+        if entry["beyond"] is not None
+    ]
