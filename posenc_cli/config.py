@@ -154,8 +154,22 @@ class TrainConfig:
     # reference trains one example per sequence from position 0: McGill-NLP/length-generalization 40f8a44,
     # configs/data/seq2seq.jsonnet, decoder_only_group_samples: false). Needs documents shorter than seq_len.
     window_start: Literal["uniform", "document"] = "uniform"
+    # torch.compile of the model's training steps (posenc_cli/run/compile.py): false (eager), true (mode "default"),
+    # or one of torch.compile's modes; "reduce-overhead" adds CUDA graphs, for small models whose GPU steps are
+    # launch-bound. Validation and evaluation stay eager. Changes speed and float rounding, not what is trained.
+    compile: bool | str = False
+    compile_modes: ClassVar[tuple[str, ...]] = (
+        "default",
+        "reduce-overhead",
+        "max-autotune",
+        "max-autotune-no-cudagraphs",
+    )
 
     def validate(self) -> None:
+        if not isinstance(self.compile, bool) and self.compile not in self.compile_modes:
+            raise ConfigError(
+                f"train.compile={self.compile!r} is not one of false, true, {', '.join(self.compile_modes)}"
+            )
         positive(self, "train", "seq_len", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches")
         positive(self, "train", "pose_chunks")
         non_negative(self, "train", "random_positions", "pose_length")

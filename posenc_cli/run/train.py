@@ -3,7 +3,8 @@ validation, atomic checkpoints, exact resume, graceful SIGTERM/SIGINT and non-fi
 
 `train()` never prints: it reports through `callback(event)` with dicts whose "event" is one of
   data        {stage, done, total}                 while the corpus is read/tokenized
-  start       {run_dir, step, steps, resumed, device, precision, threads, n_params, tokens_per_step, seq_len}
+  start       {run_dir, step, steps, resumed, device, precision, threads, compile ('eager' or 'compiled (<mode>)'),
+               n_params, tokens_per_step, seq_len}
   step        {step, steps, loss, lr, grad_norm, tokens, tokens_per_s (session mean), interval_tokens_per_s
                (since the last logged step), elapsed_s, logged}                             after every update
   eval        {step, val_loss, seconds}               seconds: how long it took (for profiling)
@@ -40,6 +41,7 @@ from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.model import build_model
 from posenc_cli.positional import build_scheme
 from posenc_cli.positional.ids import pose_position_ids, random_position_ids
+from posenc_cli.run import compile as compiling
 from posenc_cli.run import distributed
 from posenc_cli.run.device import Precision, autocast, resolve_device, resolve_precision, threads
 from posenc_cli.run.distributed import DistInfo
@@ -122,6 +124,7 @@ def train(
     distributed.check_batch(cfg.train.batch_size, info)
     emit: Callback = (callback or (lambda event: None)) if info.is_main else (lambda event: None)
     device = distributed.rank_device(resolve_device(cfg.train.device), info)
+    compiling.check_compile(cfg.train.compile, device)  # no compiler: one line before anything is written
     with distributed.process_group(info, device):
         if info.enabled:
             with distributed.main_first(info):  # rank 0 finishes an interrupted commit before anyone reads
@@ -324,6 +327,7 @@ class _Trainer:
             load_weights_into(self.model, load_tensors(run_dir, meta, MODEL_FILE), committed_file(run_dir, MODEL_FILE))
         self.model.to(self.device)
         self.ddp = distributed.wrap_model(self.model, info, self.device)  # the model itself without torchrun
+        self.ddp = compiling.compile_model(self.ddp, cfg.train.compile, n_threads)  # training steps only
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.model, cfg.train, self.device)
         if meta is not None:
@@ -335,6 +339,17 @@ class _Trainer:
         windows = validation_batches(self.corpus.val, self.tc.batch_size, self.tc.seq_len, self.tc.eval_batches)
         self.windows = distributed.shard_rows(windows, info, dim=1).to(self.device)  # (n, B/N, T+1) per rank
         self.saved: tuple[int, str] | None = (self.step, str(self.prev_meta.status)) if meta is not None else None
+        compiling.warm_up(self._dummy_forward, self.params, self.device, cfg.train.compile)  # before the clock
+
+    def _dummy_forward(self) -> Tensor:
+        """The training forward on a batch of zeros shaped as this rank's batches (what `warm_up` compiles)."""
+        tc = self.tc
+        x = distributed.shard_rows(torch.zeros(tc.batch_size, tc.seq_len, dtype=torch.long), self.dist)
+        x = x.to(self.device)  # (B/N, T)
+        with autocast(self.device, self.precision):
+            if not (tc.random_positions or tc.pose_length):
+                return self.ddp(x)
+            return self.ddp(x, position_ids=torch.arange(tc.seq_len, device=self.device).expand_as(x).contiguous())
 
     def _check_same_data(self, meta: dict[str, Any], force_config: bool) -> None:
         old = (meta.get("data") or {}).get("fingerprint")
@@ -376,6 +391,7 @@ class _Trainer:
                 "device": str(self.device),
                 "precision": self.precision,
                 "threads": self.n_threads,
+                "compile": compiling.describe(tc.compile),
                 "n_params": sum(p.numel() for p in self.params),
                 "tokens_per_step": tokens_per_step,
                 "seq_len": tc.seq_len,
@@ -399,6 +415,7 @@ class _Trainer:
                         stopped_within = True
                         break
                     x, y, ids = self._batch()
+                    compiling.step_begin(tc.compile, self.device)
                     with self._sync_grads(last=micro == tc.grad_accum - 1):
                         with autocast(self.device, self.precision):
                             # (B, T, V); B/N rows per rank in a data-parallel job
