@@ -2,7 +2,9 @@
 
 The model never names a scheme: one `PositionalScheme` instance is built from the config, `prepare`d once per
 forward, and then asked to (a) add to the token embeddings, (b) rotate q and k in every layer, (c) bias attention
-scores (see `posenc_cli.attention`). Schemes that do not use a hook inherit a no-op. Each forward makes one
+scores (see `posenc_cli.attention`). Each layer attends with the scheme's `layer_view` of it: the scheme itself and
+full attention for a plain scheme, and for a scheme that arranges others per layer (`posenc_cli.positional`'s
+hybrids) the layer's own scheme, span and temperature. Schemes that do not use a hook inherit a no-op. Each forward makes one
 `AttentionState` that every layer shares: the attention kernel is chosen there, once, from the scheme's hooks and
 q's dtype and device; the model itself has no branch on a scheme or a road.
 
@@ -14,6 +16,7 @@ so tokens start at unit scale, and a sinusoid added unscaled). See `ModelConfig.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +25,9 @@ from posenc_cli.attention import AttentionState, CausalSelfAttention
 from posenc_cli.config import Config, ModelConfig, PosConfig
 from posenc_cli.kv_cache import KVCache
 from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme
+from posenc_cli.positional.base import LayerView
+from posenc_cli.positional.span import FULL, Span
+from posenc_cli.positional.temperature import FloorLog
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -64,9 +70,25 @@ class Block(nn.Module):
         causal: bool = True,
         cache: KVCache | None = None,
         state: AttentionState | None = None,
+        span: Span = FULL,
+        temperature: FloorLog | None = None,
     ) -> Tensor:
-        x = x + self.attn(self.norm1(x), scheme, ctx, causal, cache, state)
+        x = x + self.attn(self.norm1(x), scheme, ctx, causal, cache, state, span, temperature)
         return x + self.mlp(self.norm2(x))
+
+    def run(self, x: Tensor, layer: LayerAttention, causal: bool = True, cache: KVCache | None = None) -> Tensor:
+        """`forward` with the layer's view and state (`GPT.layer_attention`)."""
+        view = layer.view
+        return self(x, view.scheme, view.ctx, causal, cache, layer.state, view.span, view.temperature)
+
+
+@dataclass(frozen=True, eq=False)
+class LayerAttention:
+    """One layer's `LayerView` (scheme, context, span, temperature) and the forward's `AttentionState` for its
+    scheme (one per distinct scheme and context: layers that share a scheme share tables and kernel choices)."""
+
+    view: LayerView
+    state: AttentionState
 
 
 class GPT(nn.Module):
@@ -153,11 +175,24 @@ class GPT(nn.Module):
         if cache is not None:
             return self._forward_cached(idx, cache, position_ids)
         ctx = self.context(idx, position_ids)
-        state = AttentionState(self.scheme, ctx)  # the layers' shared tables and kernel choice
+        layers = self.layer_attention(ctx)  # each layer's scheme, span, and the shared tables and kernel choices
         x = self.embed(idx, ctx)  # (B, T, D)
-        for block in self.blocks:
-            x = block(x, self.scheme, ctx, causal, state=state)
+        for block, layer in zip(self.blocks, layers, strict=True):
+            x = block.run(x, layer, causal)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
+
+    def layer_attention(self, ctx: PositionContext) -> list[LayerAttention]:
+        """Every layer's view of the prepared `ctx` (`PositionalScheme.layer_view`) with one `AttentionState` per
+        distinct (scheme, context): a plain scheme's layers all share one, as layers that a hybrid gives one scheme do."""
+        states: dict[tuple[int, int], AttentionState] = {}
+        out = []
+        for i in range(len(self.blocks)):
+            view = self.scheme.layer_view(i, ctx)
+            key = (id(view.scheme), id(view.ctx))
+            if key not in states:
+                states[key] = AttentionState(view.scheme, view.ctx)
+            out.append(LayerAttention(view, states[key]))
+        return out
 
     def new_cache(self) -> KVCache:
         """An empty key/value cache for `forward(..., cache=)`."""
@@ -188,9 +223,8 @@ class GPT(nn.Module):
         padded = tokens.new_zeros(B, Tc + Tq, tokens.shape[-1])  # (B, Tc + Tq, D)
         padded[:, Tc:] = tokens
         x = self.scheme.embed(padded, ctx)[:, Tc:]  # (B, Tq, D)
-        state = AttentionState(self.scheme, ctx)
-        for block in self.blocks:
-            x = block(x, self.scheme, ctx, True, cache, state)
+        for block, layer in zip(self.blocks, self.layer_attention(ctx), strict=True):
+            x = block.run(x, layer, True, cache)
         if ids is not None:
             cache.ids = ids
         return self.lm_head(self.norm_f(x))  # (B, Tq, V)

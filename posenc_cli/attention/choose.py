@@ -15,7 +15,7 @@ forward. The device and memory policy the choice follows is written here, as dat
   to 0.64-0.74x (benchmarks/ab_step.py).
 
 A new road is a new kernel class and one more rule here; a spec field is added only for a fact the rule reads
-(a layer's attention span, a scheme that owns the normaliser, ...).
+(the layer's attention span; next: a scheme that owns the normaliser, ...).
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from posenc_cli.attention.kernels import (
     SharedMask,
 )
 from posenc_cli.attention.state import AttentionState
+from posenc_cli.attention.windowed import BlockCausal, Windowed
 from posenc_cli.positional.base import PositionalScheme, PositionContext
+from posenc_cli.positional.span import FULL, Span
 
 BIAS_CHUNK_BYTES = 64 * 2**20
 KEY_BIAS_DEVICES: tuple[str, ...] = ("cpu",)
@@ -54,6 +56,7 @@ class KernelSpec:
     dtype, device, needs_grad: q's dtype, device type and `requires_grad`. batch, n_head, seq_len: q's (B, H, T).
     causal; q_start: first query row computed (> 0: KV-cache decoding); chunk_size: queries per chunk forced on the
     bias path (None: from `BIAS_CHUNK_BYTES`, or the key-bias road where it applies); dropout_p.
+    span: the layer's attention span where it hides keys at this length (`describe` records `FULL` otherwise).
     """
 
     has_bias: bool
@@ -70,6 +73,7 @@ class KernelSpec:
     q_start: int = 0
     chunk_size: int | None = None
     dropout_p: float = 0.0
+    span: Span = FULL
 
 
 def choose_kernel(spec: KernelSpec) -> Kernel:
@@ -78,11 +82,16 @@ def choose_kernel(spec: KernelSpec) -> Kernel:
         return InFp32(choose_kernel(replace(spec, dtype=torch.float32)))
     if spec.remap:
         chunk = queries_per_chunk(spec, BIAS_CHUNK_BYTES // 2)  # two fp32 score tensors per chunk
-        return Remapped(chunk, causal=spec.causal, dropout_p=spec.dropout_p, q_start=spec.q_start)
+        return Remapped(chunk, causal=spec.causal, dropout_p=spec.dropout_p, q_start=spec.q_start, span=spec.span)
     if spec.q_start:
-        if spec.seq_len - spec.q_start == 1 and not spec.has_bias:  # one query row: it sees every key
+        if spec.seq_len - spec.q_start == 1 and not spec.has_bias and spec.span.is_full:  # one row sees every key
             return LastRow(spec.q_start, dropout_p=spec.dropout_p)
-        return Rows(spec.q_start, dropout_p=spec.dropout_p)
+        return Rows(spec.q_start, dropout_p=spec.dropout_p, span=spec.span)
+    if not spec.span.is_full:  # a window or chunks hide keys at this length
+        if spec.span.kind == "chunked" and spec.causal and not spec.has_bias and spec.chunk_size is None:
+            return BlockCausal(spec.span.size, dropout_p=spec.dropout_p)
+        chunk = spec.chunk_size or spec.span.queries_per_chunk(BIAS_CHUNK_BYTES // (4 * spec.batch * spec.n_head))
+        return Windowed(spec.span, chunk, causal=spec.causal, dropout_p=spec.dropout_p)
     if not spec.has_bias:
         return Fused(causal=spec.causal, dropout_p=spec.dropout_p)
     if key_bias_applies(spec):
@@ -145,9 +154,10 @@ def describe(
     q_start: int = 0,
     chunk_size: int | None = None,
     dropout_p: float = 0.0,
+    span: Span = FULL,
 ) -> KernelSpec:
     """The `KernelSpec` of attending with q (B, H, T − q_start, hd), the query rows [q_start, T), under `state`'s
-    scheme and context."""
+    scheme and context, in a layer of attention span `span`."""
     scheme, ctx = state.scheme, state.ctx
     window = scheme.remap_window
     min_id = state.min_id() if window and ctx.max_position is not None else None  # one host sync per forward
@@ -169,6 +179,7 @@ def describe(
         q_start=q_start,
         chunk_size=chunk_size,
         dropout_p=dropout_p,
+        span=FULL if span.covers(T) else span,
     )
 
 
@@ -185,14 +196,16 @@ def attend(
     chunk_size: int | None = None,
     q_start: int = 0,
     state: AttentionState | None = None,
+    span: Span = FULL,
 ) -> Tensor:
     """softmax(q·kᵀ/√hd + bias + mask)·v for q (B, H, T − q_start, hd), the query rows [q_start, T), and k, v
     (B, H, T, hd) -> (B, H, T − q_start, hd), through the kernel that `choose_kernel` picks for this call
     (`state`: the forward's, whose kernels and tables it reuses; None: a fresh one for `scheme` and `ctx`).
 
     `chunk_size` forces the number of queries per chunk on the bias path. `q_start` > 0 (decoding with a KV cache,
-    causal): q holds only the query rows [q_start, T), attended against every key.
+    causal): q holds only the query rows [q_start, T), attended against every key. `span`: the layer's attention
+    span (`positional.span`; full by default).
     """
     state = AttentionState(scheme, ctx) if state is None else state
-    spec = describe(state, q, causal=causal, q_start=q_start, chunk_size=chunk_size, dropout_p=dropout_p)
+    spec = describe(state, q, causal=causal, q_start=q_start, chunk_size=chunk_size, dropout_p=dropout_p, span=span)
     return state.kernel(spec)(q, k, v, state, layer)

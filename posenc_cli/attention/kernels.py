@@ -22,6 +22,8 @@ hd) the query rows [q_start, T) (all T by default), k, v (B, H, T, hd) -> (B, H,
 - `Remapped`: position remapping (Self-Extend, ReRoPE: a scheme with `remap_window` W > 0): two score matrices,
   the normal one and the one of the scheme's remapped q and k, merged before the softmax (normal where the id
   distance i − j < W), in query chunks like the bias path.
+- `Windowed`, `BlockCausal` (`attention.windowed`): a layer whose span is a sliding window or fixed chunks
+  (`positional.span`); the KV-cache rows and `Remapped` take the span's mask too.
 - `InFp32`: another kernel run in fp32 with autocast off, the result cast back (bf16 training on CPU, see
   `choose.FP32_GRAD_DEVICES`).
 
@@ -41,6 +43,7 @@ from torch import Tensor
 
 from posenc_cli.attention.state import AttentionState
 from posenc_cli.positional.base import PositionContext, relative_distance
+from posenc_cli.positional.span import FULL, Span
 
 
 class Kernel(ABC):
@@ -121,13 +124,16 @@ class Rows(Kernel):
 
     q_start: int
     dropout_p: float = 0.0
+    span: Span = FULL
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor:
         pos = state.ctx.token_index
         q_pos = pos[self.q_start :]  # q: (B, H, Tq, hd), those rows
+        lo = self.span.first_key(self.q_start)  # keys before it are hidden from every row (full span: 0)
+        k, v, k_pos = k[:, :, lo:], v[:, :, lo:], pos[lo:]  # (B, H, T − lo, hd)
         scheme = state.scheme
-        bias = scheme.bias(layer, q, k, q_pos, pos, state.ctx) if scheme.has_bias else None  # (B, H, Tq, T)
-        mask = fold_causal_mask(bias, q_pos, pos, q.dtype, True)
+        bias = scheme.bias(layer, q, k, q_pos, k_pos, state.ctx) if scheme.has_bias else None  # (B, H, Tq, T − lo)
+        mask = fold_causal_mask(bias, q_pos, k_pos, q.dtype, True, self.span)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout_p)
 
 
@@ -155,6 +161,7 @@ class Remapped(Kernel):
     causal: bool = True
     dropout_p: float = 0.0
     q_start: int = 0
+    span: Span = FULL
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor:
         scheme, ctx = state.scheme, state.ctx
@@ -172,7 +179,8 @@ class Remapped(Kernel):
             q_pos, k_pos = pos[start:end], pos[:k_end]
             qc, kc = q[:, :, start:end], k[:, :, :k_end]
             bias = scheme.bias(layer, qc, kc, q_pos, k_pos, ctx) if scheme.has_bias else None
-            probs = torch.softmax(scores + fold_causal_mask(bias, q_pos, k_pos, torch.float32, self.causal), dim=-1)
+            mask = fold_causal_mask(bias, q_pos, k_pos, torch.float32, self.causal, self.span)
+            probs = torch.softmax(scores + mask, dim=-1)
             if self.dropout_p > 0:
                 probs = F.dropout(probs, self.dropout_p)
             outs.append(probs.to(v.dtype) @ v[:, :, :k_end])  # (B, H, Tq, hd)
@@ -195,17 +203,23 @@ class InFp32(Kernel):
 # -- the maths the kernels share ---------------------------------------------------------------------------------
 
 
-def fold_causal_mask(bias: Tensor | None, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, causal: bool) -> Tensor:
-    """Additive mask for SDPA: `bias` (broadcastable to (B, H, Tq, Tk)) in `dtype`, −inf where k_pos > q_pos.
+def fold_causal_mask(
+    bias: Tensor | None, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, causal: bool, span: Span = FULL
+) -> Tensor:
+    """Additive mask for SDPA: `bias` (broadcastable to (B, H, Tq, Tk)) in `dtype`, −inf where k_pos > q_pos
+    (causal) and where the layer's `span` hides the key (`Span.visible`).
 
     Returns a 4-D tensor (SDPA needs the mask in the query's dtype; under bf16 autocast q is bf16).
     """
     if bias is None:
         bias = torch.zeros(q_pos.shape[0], k_pos.shape[0], device=q_pos.device, dtype=dtype)
     bias = bias.to(dtype)
-    if causal:
-        future = k_pos[None, :] > q_pos[:, None]  # (Tq, Tk)
-        bias = torch.where(future, float("-inf"), bias)  # one pass; never writes into the scheme's tensor
+    hidden = k_pos[None, :] > q_pos[:, None] if causal else None  # (Tq, Tk) the future
+    visible = span.visible(q_pos, k_pos)  # (Tq, Tk) or None
+    if visible is not None:
+        hidden = ~visible if hidden is None else hidden | ~visible
+    if hidden is not None:
+        bias = torch.where(hidden, float("-inf"), bias)  # one pass; never writes into the scheme's tensor
     while bias.dim() < 4:
         bias = bias.unsqueeze(0)
     return bias

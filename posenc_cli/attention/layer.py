@@ -12,6 +12,8 @@ from posenc_cli.attention.state import AttentionState
 from posenc_cli.config import ModelConfig
 from posenc_cli.kv_cache import KVCache
 from posenc_cli.positional.base import PositionalScheme, PositionContext
+from posenc_cli.positional.span import FULL, Span
+from posenc_cli.positional.temperature import FloorLog
 
 
 class CausalSelfAttention(nn.Module):
@@ -52,8 +54,10 @@ class CausalSelfAttention(nn.Module):
         ctx: PositionContext,
         cache: KVCache | None = None,
         state: AttentionState | None = None,
+        temperature: FloorLog | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """x (B, T, D) -> q, k, v (B, H, T, hd), with q and k already rotated by the scheme (and q length-scaled).
+        """x (B, T, D) -> q, k, v (B, H, T, hd), with q and k already rotated by the scheme (and q length-scaled,
+        then multiplied by the layer's `temperature` if it has one).
 
         With a cache, x holds the Tq new tokens: their unrotated k, v join the cache, and k, v are returned for all
         Tc + Tq tokens, q for the Tq new ones (B, H, Tq, hd), rotated at their positions (`rotate_rows`).
@@ -70,7 +74,10 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.append(self.layer, k, v)  # (B, H, Tc + T, hd), unrotated keys
             q_start = k.shape[2] - T  # the new tokens' rows of the context
         q, k = scheme.rotate_rows(q, k, ctx, q_start) if q_start else scheme.rotate(q, k, ctx)
-        return self.length_scale(q, state, q_start), k, v
+        q = self.length_scale(q, state, q_start)
+        if temperature is not None:  # fp32 factors per query row, as transformers' Llama 4 multiplies them
+            q = (q * temperature.factor(ctx.token_index[q_start:])[:, None]).to(q.dtype)  # (T', 1) over (B, H, T', hd)
+        return q, k, v
 
     def forward(
         self,
@@ -80,15 +87,18 @@ class CausalSelfAttention(nn.Module):
         causal: bool = True,
         cache: KVCache | None = None,
         state: AttentionState | None = None,
+        span: Span = FULL,
+        temperature: FloorLog | None = None,
     ) -> Tensor:
         """x (B, T, D) -> (B, T, D). `state`: the forward's `AttentionState` (`GPT.forward` passes one to every
-        layer, so tables and the kernel choice are shared); None: a fresh one for this call."""
+        layer, so tables and the kernel choice are shared); None: a fresh one for this call. `span` and
+        `temperature`: the layer's, from its `LayerView` (full span, none by default)."""
         if state is None:
             state = AttentionState(scheme, ctx)
         elif state.scheme is not scheme or state.ctx is not ctx:
             raise ValueError("the attention state belongs to another scheme or forward")
         B, T, D = x.shape
-        q, k, v = self.qkv_heads(x, scheme, ctx, cache, state)
+        q, k, v = self.qkv_heads(x, scheme, ctx, cache, state, temperature)
         y = attend(
             q,
             k,
@@ -101,6 +111,7 @@ class CausalSelfAttention(nn.Module):
             chunk_size=self.chunk_size,
             q_start=k.shape[2] - T,
             state=state,
+            span=span,
         )  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         return self.resid_drop(self.proj(y))

@@ -23,6 +23,8 @@ from torch import Tensor, nn
 
 from posenc_cli.config import ModelConfig, PosConfig
 from posenc_cli.errors import LengthBeyondScheme
+from posenc_cli.positional.span import FULL, Span
+from posenc_cli.positional.temperature import FloorLog
 
 Hook = Literal["embed", "rotate", "bias"]
 
@@ -61,6 +63,18 @@ class PositionContext:
     def ids_at(self, index: Tensor) -> Tensor:
         """Position ids of the tokens at `index` (N,) -> (N,) or (B, N); `index` itself for the default ids."""
         return index if self.index is None else self.positions[..., index]
+
+
+@dataclass(frozen=True, eq=False)
+class LayerView:
+    """What one layer of one forward attends with: the scheme whose hooks it calls, that scheme's position context,
+    the layer's attention span and its query temperature (None: none). A plain scheme is every layer's scheme, with
+    the full span; a layout (`posenc_cli.positional.layout`) gives each layer its own."""
+
+    scheme: PositionalScheme
+    ctx: PositionContext
+    span: Span = FULL
+    temperature: FloorLog | None = None
 
 
 class PositionalScheme(nn.Module):
@@ -102,6 +116,16 @@ class PositionalScheme(nn.Module):
     @property
     def has_bias(self) -> bool:
         return "bias" in self.hooks
+
+    # -- layers --------------------------------------------------------------------------------------------------
+    def layer_view(self, layer: int, ctx: PositionContext) -> LayerView:
+        """The scheme, context, span and temperature layer `layer` attends with in the forward of `ctx` (prepared).
+        Default: this scheme in every layer, full span, no temperature."""
+        return LayerView(self, ctx)
+
+    def describe_layers(self) -> list[str]:
+        """One line per layer for reports: '<scheme>' (a layout names each layer's scheme and span)."""
+        return [self.name] * self.n_layer
 
     # -- hooks ---------------------------------------------------------------------------------------------------
     def prepare(self, ctx: PositionContext) -> None:

@@ -320,8 +320,13 @@ def legacy_forward(
     causal: bool = True,
     cache: KVCache | None = None,
     state: object = None,
+    span: object = None,
+    temperature: object = None,
 ) -> Tensor:
-    """`CausalSelfAttention.forward` as it was (`state`, which it did not have, is ignored)."""
+    """`CausalSelfAttention.forward` as it was (`state`, which it did not have, is ignored; a plain scheme's
+    layers have the full span and no temperature, which it did not have either)."""
+    assert span is None or span.is_full, span
+    assert temperature is None, temperature
     B, T, D = x.shape
     q, k, v = legacy_qkv_heads(attn, x, scheme, ctx, cache)
     y = attend(

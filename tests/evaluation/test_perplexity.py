@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from scheme_utils import n_layer_for
 
 from posenc_cli.config import Config, EvalConfig, ModelConfig, TrainConfig
 from posenc_cli.data.sources.stdlib import StdlibDataConfig
@@ -28,7 +29,7 @@ TRAIN_LEN = 16
 
 def tiny_model(scheme: str = "nope", seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    mcfg = ModelConfig(d_model=32, n_layer=2, n_head=2, init_std=0.2)
+    mcfg = ModelConfig(d_model=32, n_layer=n_layer_for(scheme), n_head=2, init_std=0.2)
     return GPT(mcfg, config_class(scheme)(name=scheme), V, TRAIN_LEN).eval()
 
 
@@ -194,7 +195,7 @@ def fake_run(tmp_path: Path, scheme: str = "nope", name: str = "run-a", precisio
     path.mkdir(parents=True, exist_ok=True)
     (path / "meta.json").write_text(json.dumps({"kind": "posenc-run", "train_length": TRAIN_LEN}))
     cfg = Config(
-        model=ModelConfig(d_model=32, n_layer=2, n_head=2),
+        model=ModelConfig(d_model=32, n_layer=n_layer_for(scheme), n_head=2),
         pos=config_class(scheme)(name=scheme),
         train=TrainConfig(seq_len=TRAIN_LEN),
     )

@@ -5,10 +5,12 @@ training length. Causality, chunked attention and bf16 autocast are checked for 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
+from scheme_utils import n_layer_for
 from train_utils import metrics, tiny_config, write_corpus
 from typer.testing import CliRunner
 
@@ -20,9 +22,9 @@ LEARNED = {"t5": "yes", "xpos": "no", "kerple": "yes", "fire": "yes", "sandwich"
 TINY = ModelConfig(d_model=32, n_layer=2, n_head=2)
 
 
-def make(name: str, train_length: int = 16, seed: int = 0) -> GPT:
+def make(name: str, train_length: int = 16, seed: int = 0, n_layer: int = TINY.n_layer) -> GPT:
     torch.manual_seed(seed)
-    return GPT(TINY, config_class(name)(), 48, train_length).eval()
+    return GPT(dataclasses.replace(TINY, n_layer=n_layer), config_class(name)(), 48, train_length).eval()
 
 
 def test_registered_and_listed_by_posenc_schemes() -> None:
@@ -72,7 +74,9 @@ def test_trains_then_evaluates_at_four_times_training_length(name: str, corpus: 
     from posenc_cli.run.load import load_run
     from posenc_cli.run.train import train
 
-    cfg = tiny_config(corpus, pos=name, steps=20, lr=1e-2, eval_every=20, save_every=20)
+    cfg = tiny_config(
+        corpus, pos=name, model={"n_layer": n_layer_for(name)}, steps=20, lr=1e-2, eval_every=20, save_every=20
+    )
     run_dir = tmp_path / name
     train(cfg, run_dir)
     losses = [loss for (loss,) in metrics(run_dir, ("train_loss",))]
@@ -88,4 +92,4 @@ def test_trains_then_evaluates_at_four_times_training_length(name: str, corpus: 
         assert entry["status"] == "ok" and entry["ppl"] is not None and entry["ppl"] < 1e4, entry
 
     reloaded = load_run(run_dir).model.scheme  # the scheme's learned parameters are checkpointed
-    assert set(reloaded.state_dict()) == {k for k, _ in make(name).scheme.named_parameters()}
+    assert set(reloaded.state_dict()) == {k for k, _ in make(name, n_layer=n_layer_for(name)).scheme.named_parameters()}

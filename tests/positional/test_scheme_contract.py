@@ -10,12 +10,14 @@ would get alone, and causality follows token order whatever the ids.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from scheme_utils import n_layer_for, plain_schemes
 
 from posenc_cli.config import Config, ModelConfig, TrainConfig, config_to_dict
 from posenc_cli.errors import LengthBeyondScheme
@@ -135,7 +137,8 @@ def test_checkpoint_holds_only_learned_parameters(name: str) -> None:
 def test_save_load_round_trip(name: str, tmp_path: Path) -> None:
     """Weights and the saved config rebuild a model with the same logits, bit for bit."""
     torch.manual_seed(0)
-    cfg = Config(model=TINY, pos=config_class(name)(), train=TrainConfig(seq_len=TRAIN_LENGTH))
+    model_cfg = dataclasses.replace(TINY, n_layer=n_layer_for(name))
+    cfg = Config(model=model_cfg, pos=config_class(name)(), train=TrainConfig(seq_len=TRAIN_LENGTH))
     model = lively(build_model(cfg, VOCAB))
     torch.save(model.state_dict(), tmp_path / "model.pt")
     saved = config_to_dict(cfg)
@@ -274,7 +277,7 @@ def test_ids_past_the_schemes_limit_are_refused_like_lengths(name: str) -> None:
 # -- the KV cache's query rows -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", SCHEMES)
+@pytest.mark.parametrize("name", plain_schemes())  # a hybrid's hooks are its layers' schemes'
 def test_rotate_rows_is_rotate_on_those_rows_bit_for_bit(name: str) -> None:
     """`rotate_rows` (KV-cache decoding: the new query rows alone) gives exactly `rotate`'s rows and keys, for
     default, shared and per-row ids."""
