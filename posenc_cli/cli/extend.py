@@ -116,6 +116,16 @@ def extend_command(
         bool, typer.Option("--eval", help="Run eval-extrapolate (default lengths) on parent and child, side by side.")
     ] = False,
     threads: Annotated[int, typer.Option("--threads", metavar="N", help="CPU threads (0: torch's default).")] = 0,
+    layers: Annotated[
+        str | None,
+        typer.Option(
+            "--layers",
+            metavar="global|all",
+            help="A transformers directory with rope parameters per layer type (Gemma 3): scale only the global "
+            "(full-attention) layers' (default, as Google scales Gemma 3) or every layer type's.",
+            show_default=False,
+        ),
+    ] = None,
     factors: Annotated[
         Path | None,
         typer.Option(
@@ -208,14 +218,18 @@ def extend_command(
         leaky=leaky,
         threads=threads,
     )
+    hf_layers = _hf_layers_rule(run_dir, layers)  # before planning: a wrong --layers is refused first
     plan = plan_extension(request)
-    with _Displays(plan) as displays:
+    with _Displays(plan) as displays, hf_layers:
         outcome = displays.execute()
     result = outcome.result
     if outcome.remapped:
         console.print(remap_table(result))  # type: ignore[arg-type]
     else:
         console.print(summary_table(result))  # type: ignore[arg-type]
+    if getattr(result, "kept_types", ()):  # a transformers directory whose layer types were scaled apart
+        scaled, kept = ", ".join(result.scaled_types), ", ".join(result.kept_types)  # type: ignore[union-attr]
+        console.print(f"--layers {result.layers}: scaled {scaled}; kept {kept} unchanged", highlight=False)  # type: ignore[union-attr]
     if isinstance(plan, SearchThenScale) and not outcome.interrupted:
         console.print(search_line(outcome), highlight=False)
     if not outcome.remapped and outcome.plan.ext.pose:  # type: ignore[union-attr]
@@ -233,6 +247,21 @@ def extend_command(
         raise typer.Exit(128 + (result.finetune.signal or 2))  # type: ignore[union-attr]
     if evaluate:
         _evaluate_both(result, threads)
+
+
+def _hf_layers_rule(run_dir: Path, layers: str | None) -> Any:
+    """The context in which `hf_extend` applies `--layers` (refused, one line, for anything but a transformers
+    directory: posenc's own runs scale every RoPE layer)."""
+    # deferred: keeps this command's modules off posenc --help start-up
+    from posenc_cli.errors import ConfigError
+    from posenc_cli.extension.hf_extend import LAYER_RULES, scaled_layers
+    from posenc_cli.run.hf_run import is_hf_dir
+
+    if layers is not None and layers not in LAYER_RULES:
+        raise ConfigError(f"--layers must be one of {', '.join(LAYER_RULES)}, got {layers!r}")
+    if layers is not None and not is_hf_dir(run_dir):
+        raise ConfigError("--layers applies to transformers directories (rope parameters per layer type) only")
+    return scaled_layers(layers)
 
 
 class _Displays:

@@ -7,6 +7,16 @@ source is ever modified. posenc's methods map onto `transformers`' rope types as
 method's `transformers` hook (posenc_cli/rope_scaling/<method>.py): linear, dynamic, yarn and llama3 by name (dynamic
 with max_position_embeddings = L, the others s·L), static NTK as rope_type default with rope_theta · s^(d/(d−2)).
 
+Per-layer rope parameters (`rope_parameters` nested by layer type, Gemma 3: {"full_attention": {...},
+"sliding_attention": {...}}) are scaled per layer type, by default only the global (full-attention) layers'
+(`layers="global"`), as Google scales Gemma 3 for long context (Gemma 3 technical report, arXiv 2503.19786, sec. 2.1:
+the global layers' RoPE base is raised to 1M and their positions rescaled by 8, the local layers keep base 10k; the
+released configs carry `rope_scaling` linear x8, which transformers applies to the "full_attention" parameters only:
+`configuration_gemma3.py`, `Gemma3TextConfig.convert_rope_params_to_dict`). `layers="all"` scales every layer type.
+A config with one set of rope parameters scales every RoPE layer; `layers="global"` is refused for it when some of
+its RoPE layers are windowed (Qwen2 with `max_window_layers`): they cannot be told apart in its config. The rule and
+the scaled layer types are recorded in `posenc_hf_extend.json` ("layers", "scaled_layer_types").
+
 Any other method (one `transformers` has no rope type for, such as Self-Extend or ReRoPE) is refused with one line.
 `transformers`' `longrope` needs per-dimension factors searched offline; posenc has no search, so it offers none.
 The written config is read back and its rope parameters checked before the directory appears (atomic rename), and
@@ -20,6 +30,9 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +42,21 @@ from posenc_cli.errors import ConfigError
 from posenc_cli.extension.identity import differences
 from posenc_cli.extension.limits import frequency_numbers
 from posenc_cli.rope_scaling import get_method, registry
+from posenc_cli.run.hf_layers import HFLayout, hf_layout
 from posenc_cli.run.hf_run import CONFIG_FILE, SIDE_FILES, load_hf_run
 from posenc_cli.run.journal import fsync_dir
 from posenc_cli.run.outcome import ExtendResult
 
-__all__ = ["RECORD_FILE", "extend_hf_dir", "hf_methods", "hf_rope_parameters"]
+__all__ = [
+    "LAYER_RULES",
+    "RECORD_FILE",
+    "HFExtendResult",
+    "extend_hf_dir",
+    "hf_methods",
+    "hf_rope_parameters",
+    "scaled_layer_types",
+    "scaled_layers",
+]
 
 
 def hf_methods() -> tuple[str, ...]:
@@ -42,7 +65,66 @@ def hf_methods() -> tuple[str, ...]:
 
 
 RECORD_FILE = "posenc_hf_extend.json"
-_IDENTITY = ("method", "factor", "original_length", "rope_parameters", "max_position_embeddings", "parent_weights")
+_IDENTITY = (
+    "method",
+    "factor",
+    "original_length",
+    "layers",
+    "rope_parameters",
+    "max_position_embeddings",
+    "parent_weights",
+)
+LAYER_RULES = ("global", "all")  # which layers' rope parameters are scaled (see the module docstring)
+_LAYERS: ContextVar[str | None] = ContextVar("posenc_hf_extend_layers", default=None)
+
+
+@contextlib.contextmanager
+def scaled_layers(rule: str | None) -> Iterator[None]:
+    """Within the block, `extend_hf_dir` scales these layers (`LAYER_RULES`; None: its default) unless told."""
+    token = _LAYERS.set(rule)
+    try:
+        yield
+    finally:
+        _LAYERS.reset(token)
+
+
+@dataclass
+class HFExtendResult(ExtendResult):
+    """`ExtendResult` plus which layers of a transformers directory were scaled."""
+
+    layers: str = "all"  # the rule applied (`LAYER_RULES`)
+    scaled_types: tuple[str, ...] = ()  # layer types whose rope parameters were scaled
+    kept_types: tuple[str, ...] = ()  # RoPE layer types left as they were
+
+
+def scaled_layer_types(layout: HFLayout | None, rule: str | None, src: Path) -> tuple[str, tuple[str, ...]]:
+    """(rule applied, layer types whose rope parameters are scaled; empty: the one set every layer shares).
+
+    Nested rope parameters: "global" (the default) scales the global layer types that have their own, "all" every
+    nested type. One set: "all" (the default); "global" is refused when a windowed layer rotates too. ConfigError
+    (one line) for an unknown rule and for a choice that scales nothing.
+    """
+    if rule is not None and rule not in LAYER_RULES:
+        raise ConfigError(f"--layers must be one of {', '.join(LAYER_RULES)}, got {rule!r}")
+    if layout is None or not layout.rope_types:
+        local = [t for t in (layout.rope_layer_types() if layout is not None else ()) if t not in layout.global_types]
+        if rule == "global" and local:
+            raise ConfigError(
+                f"{src}: one set of rope parameters serves every layer, {local[0]} layers included, so the global "
+                "layers cannot be scaled alone (--layers global needs rope parameters per layer type, as Gemma 3's); "
+                "use --layers all"
+            )
+        return rule or "all", ()
+    rule = rule or "global"
+    if rule == "all":
+        return rule, layout.rope_types
+    targets = tuple(t for t in layout.global_types if t in layout.rope_types)
+    if not targets:
+        raise ConfigError(
+            f"{src}: its global layers ({', '.join(layout.global_types) or 'none'}) have no rope parameters of "
+            f"their own (only {', '.join(layout.rope_types)}); use --layers all"
+        )
+    return rule, targets
 
 
 def hf_rope_parameters(
@@ -135,12 +217,27 @@ def _check_written(tmp: Path, rope: dict[str, Any], max_pos: int) -> None:
     # deferred: keeps transformers off posenc --help start-up
     from transformers import AutoConfig
 
-    back = AutoConfig.from_pretrained(str(tmp), trust_remote_code=False)
+    back = AutoConfig.from_pretrained(str(tmp), trust_remote_code=False).get_text_config()
     got = dict(back.rope_parameters or {})
-    wrong = [k for k, v in rope.items() if got.get(k) != v]
+    wrong = [k for k, v in _flat_items(rope) if _flat_get(got, k) != v]
     if wrong or back.max_position_embeddings != max_pos:
         what = wrong[0] if wrong else "max_position_embeddings"
         raise ConfigError(f"transformers did not keep the rope parameter '{what}' as written; nothing was written")
+
+
+def _flat_items(rope: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """("full_attention.rope_type", "yarn"), ... for nested parameters; ("rope_type", "yarn"), ... for one set."""
+    items: list[tuple[str, Any]] = []
+    for k, v in rope.items():
+        items += _flat_items(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+    return items
+
+
+def _flat_get(rope: dict[str, Any], key: str) -> Any:
+    value: Any = rope
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def _new_temp_dir(out: Path) -> Path:
@@ -169,12 +266,16 @@ def _publish(tmp: Path, out: Path) -> None:
     fsync_dir(out.parent)
 
 
-def extend_hf_dir(src_dir: Path | str, out_dir: Path | str, ext: ExtendConfig) -> ExtendResult:
+def extend_hf_dir(
+    src_dir: Path | str, out_dir: Path | str, ext: ExtendConfig, *, layers: str | None = None
+) -> HFExtendResult:
     """Write the RoPE-scaled copy of transformers directory `src_dir` to `out_dir` (absent or empty).
 
-    Refused with one line before anything is written: a fine-tune (not supported for these directories), a
-    directory `load_hf_run` refuses, a model that is not RoPE, per-layer rope parameters, a method transformers has
-    no rope type for, and a non-empty `out_dir` (unless it holds this very extension: then nothing is done).
+    `layers` (else `scaled_layers`' rule, else the default): which layers' rope parameters are scaled
+    (`scaled_layer_types`). Refused with one line before anything is written: a fine-tune (not supported for these
+    directories), a directory `load_hf_run` refuses, a model that is not RoPE, a `layers` rule its config cannot
+    honour, a method transformers has no rope type for, and a non-empty `out_dir` (unless it holds this very
+    extension: then nothing is done).
     """
     # deferred: keeps transformers off posenc --help start-up
     import transformers
@@ -187,14 +288,26 @@ def extend_hf_dir(src_dir: Path | str, out_dir: Path | str, ext: ExtendConfig) -
     if run.config.pos.name != "rope":
         raise ConfigError(f"{src} uses {run.config.pos.name} positions; extend applies only to RoPE models")
     config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
-    current = dict(config.rope_parameters or {})
-    if "rope_theta" not in current:
-        raise ConfigError(f"{src}: per-layer rope parameters are not supported by posenc extend")
+    text = config.get_text_config()  # a multimodal config keeps the language model's rope parameters here
+    layout = hf_layout(text)
+    rule, targets = scaled_layer_types(layout, layers if layers is not None else _LAYERS.get(), src)
+    current = dict(text.rope_parameters or {})
+    sets = {t: current.get(t) for t in targets} if targets else {"": current}
+    for name, params in sets.items():
+        if not isinstance(params, dict) or "rope_theta" not in params:
+            raise ConfigError(f"{src}: the {name or 'model'}'s rope parameters name no rope_theta; cannot scale them")
     parent_length, base_length = run.meta.lengths(run.config)
     L = int(ext.original_length or parent_length)
-    rotary, base = _rotary(config, current)
-    attention, regions, wavelengths = _numbers(ext, rotary, base, L)  # first: refuses a factor out of range
-    rope, max_pos = hf_rope_parameters(ext, current, L, rotary)
+    scaled: dict[str, dict[str, Any]] = {}
+    numbers: dict[str, tuple[Any, ...]] = {}
+    for name, params in sets.items():
+        rotary, base = _rotary(text, params)
+        numbers[name] = (rotary, base, *_numbers(ext, rotary, base, L))  # first: refuses a factor out of range
+        scaled[name], max_pos = hf_rope_parameters(ext, params, L, rotary)
+    first = next(iter(sets))  # the summary's numbers: the first scaled layer type's (Gemma 3: full_attention)
+    rotary, base, attention, regions, wavelengths = numbers[first]
+    rope = {**current, **scaled} if targets else scaled[""]
+    scaled_types = targets or (layout.rope_layer_types() if layout is not None else ())
     weights = {p.name: p.stat().st_size for p in sorted(src.iterdir()) if p.suffix == ".safetensors"}
     record = {
         "kind": "posenc-hf-extend",
@@ -202,6 +315,8 @@ def extend_hf_dir(src_dir: Path | str, out_dir: Path | str, ext: ExtendConfig) -
         "method": ext.method,
         "factor": float(ext.factor),
         "original_length": L,
+        "layers": rule,
+        "scaled_layer_types": list(scaled_types),
         "rope_parameters": rope,
         "max_position_embeddings": max_pos,
         "parent_weights": weights,
@@ -210,7 +325,7 @@ def extend_hf_dir(src_dir: Path | str, out_dir: Path | str, ext: ExtendConfig) -
         "posenc_version": __version__,
         "transformers_version": transformers.__version__,
     }
-    result = ExtendResult(
+    result = HFExtendResult(
         parent_dir=src,
         out_dir=out,
         status="created",
@@ -222,10 +337,13 @@ def extend_hf_dir(src_dir: Path | str, out_dir: Path | str, ext: ExtendConfig) -
         base=base,
         regions=regions,
         longest_wavelength=wavelengths,
-        parent_scaling=_describe(current),
+        parent_scaling=_describe(sets[first]),
         parent_train_length=parent_length,
         base_length=base_length,
         train_length=parent_length,
+        layers=rule,
+        scaled_types=tuple(scaled_types),
+        kept_types=tuple(t for t in (layout.rope_types if layout is not None else ()) if t not in targets),
     )
     del run
     if _existing(out, record):
@@ -235,10 +353,10 @@ def extend_hf_dir(src_dir: Path | str, out_dir: Path | str, ext: ExtendConfig) -
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = _new_temp_dir(out)
     try:
-        config.rope_parameters = rope
-        config.max_position_embeddings = max_pos
-        if isinstance(getattr(config, "original_max_position_embeddings", None), int):  # Phi-3 keeps it at top level
-            config.original_max_position_embeddings = L
+        text.rope_parameters = rope
+        text.max_position_embeddings = max_pos
+        if isinstance(getattr(text, "original_max_position_embeddings", None), int):  # Phi-3 keeps it at top level
+            text.original_max_position_embeddings = L
         config.save_pretrained(str(tmp))
         record["weights_linked"] = _write_files(src, tmp)
         _check_written(tmp, rope, max_pos)
