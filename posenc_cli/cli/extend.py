@@ -121,8 +121,8 @@ def extend_command(
         typer.Option(
             "--layers",
             metavar="global|all",
-            help="A transformers directory with rope parameters per layer type (Gemma 3): scale only the global "
-            "(full-attention) layers' (default, as Google scales Gemma 3) or every layer type's.",
+            help="A transformers directory: scale the rope parameters of the global (full-attention) layers only "
+            "(default; as Google scales Gemma 3) or of every layer.",
             show_default=False,
         ),
     ] = None,

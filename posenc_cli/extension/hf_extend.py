@@ -7,15 +7,18 @@ source is ever modified. posenc's methods map onto `transformers`' rope types as
 method's `transformers` hook (posenc_cli/rope_scaling/<method>.py): linear, dynamic, yarn and llama3 by name (dynamic
 with max_position_embeddings = L, the others s·L), static NTK as rope_type default with rope_theta · s^(d/(d−2)).
 
-Per-layer rope parameters (`rope_parameters` nested by layer type, Gemma 3: {"full_attention": {...},
-"sliding_attention": {...}}) are scaled per layer type, by default only the global (full-attention) layers'
-(`layers="global"`), as Google scales Gemma 3 for long context (Gemma 3 technical report, arXiv 2503.19786, sec. 2.1:
-the global layers' RoPE base is raised to 1M and their positions rescaled by 8, the local layers keep base 10k; the
-released configs carry `rope_scaling` linear x8, which transformers applies to the "full_attention" parameters only:
-`configuration_gemma3.py`, `Gemma3TextConfig.convert_rope_params_to_dict`). `layers="all"` scales every layer type.
-A config with one set of rope parameters scales every RoPE layer; `layers="global"` is refused for it when some of
-its RoPE layers are windowed (Qwen2 with `max_window_layers`): they cannot be told apart in its config. The rule and
-the scaled layer types are recorded in `posenc_hf_extend.json` ("layers", "scaled_layer_types").
+Which layers are scaled (`layers`, the rule of `posenc extend --layers`, as `extension.rope_layers` applies it to
+posenc's own layouts): "global" (the default) scales the rope parameters of the global (full-attention) layers only,
+as Google scales Gemma 3 for long context (Gemma 3 technical report, arXiv 2503.19786: the global layers' RoPE base
+raised to 1M and their positions rescaled by 8, the local layers kept at base 10k; the released configs carry
+`rope_scaling` linear x8, which transformers applies to the "full_attention" parameters only:
+`configuration_gemma3.py`, `Gemma3TextConfig.convert_rope_params_to_dict`); a windowed layer never sees a distance
+beyond its window. "all" scales every layer type. With `rope_parameters` nested by layer type (Gemma 3) each type is
+scaled apart. A config with one set for every layer is scaled whole when all its RoPE layers attend globally
+(Llama, SmolLM3, Llama 4's NoPE-global layout has no global RoPE layer: refused under "global"); when some of its
+RoPE layers are windowed (Mistral-7B-v0.1, Qwen2 with `max_window_layers`) "global" is refused in one line, as the
+set cannot be split, and "all" scales it whole. The rule and the scaled layer types are recorded in
+`posenc_hf_extend.json` ("layers", "scaled_layer_types").
 
 Any other method (one `transformers` has no rope type for, such as Self-Extend or ReRoPE) is refused with one line.
 `transformers`' `longrope` needs per-dimension factors searched offline; posenc has no search, so it offers none.
@@ -80,7 +83,7 @@ _LAYERS: ContextVar[str | None] = ContextVar("posenc_hf_extend_layers", default=
 
 @contextlib.contextmanager
 def scaled_layers(rule: str | None) -> Iterator[None]:
-    """Within the block, `extend_hf_dir` scales these layers (`LAYER_RULES`; None: its default) unless told."""
+    """Within the block, `extend_hf_dir` applies this rule (`LAYER_RULES`; None: `ext.layers`, else "global")."""
     token = _LAYERS.set(rule)
     try:
         yield
@@ -92,39 +95,41 @@ def scaled_layers(rule: str | None) -> Iterator[None]:
 class HFExtendResult(ExtendResult):
     """`ExtendResult` plus which layers of a transformers directory were scaled."""
 
-    layers: str = "all"  # the rule applied (`LAYER_RULES`)
+    layers: str = "global"  # the rule applied (`LAYER_RULES`)
     scaled_types: tuple[str, ...] = ()  # layer types whose rope parameters were scaled
     kept_types: tuple[str, ...] = ()  # RoPE layer types left as they were
 
 
-def scaled_layer_types(layout: HFLayout | None, rule: str | None, src: Path) -> tuple[str, tuple[str, ...]]:
-    """(rule applied, layer types whose rope parameters are scaled; empty: the one set every layer shares).
+def scaled_layer_types(layout: HFLayout, rule: str, src: Path) -> tuple[str, ...]:
+    """The layer types whose rope parameters `rule` scales; empty: the one set every layer shares (scaled whole).
 
-    Nested rope parameters: "global" (the default) scales the global layer types that have their own, "all" every
-    nested type. One set: "all" (the default); "global" is refused when a windowed layer rotates too. ConfigError
-    (one line) for an unknown rule and for a choice that scales nothing.
+    ConfigError (one line) for an unknown rule and for a rule the config cannot honour (see the module docstring).
     """
-    if rule is not None and rule not in LAYER_RULES:
+    if rule not in LAYER_RULES:
         raise ConfigError(f"--layers must be one of {', '.join(LAYER_RULES)}, got {rule!r}")
-    if layout is None or not layout.rope_types:
-        local = [t for t in (layout.rope_layer_types() if layout is not None else ()) if t not in layout.global_types]
+    if not layout.rope_types:  # one set of rope parameters for every RoPE layer
+        rotating = layout.rope_layer_types()
+        local = [t for t in rotating if t not in layout.global_types]
+        if rule == "global" and local and len(local) == len(rotating):
+            raise ConfigError(
+                f"{src}: no global layer rotates (its RoPE layers: {', '.join(local)}): nothing for --layers global "
+                "to scale; --layers all scales the windowed ones"
+            )
         if rule == "global" and local:
             raise ConfigError(
-                f"{src}: one set of rope parameters serves every layer, {local[0]} layers included, so the global "
-                "layers cannot be scaled alone (--layers global needs rope parameters per layer type, as Gemma 3's); "
-                "use --layers all"
+                f"{src}: one set of rope parameters serves global and windowed RoPE layers alike "
+                f"({', '.join(rotating)}), so the global layers cannot be scaled alone; --layers all scales it whole"
             )
-        return rule or "all", ()
-    rule = rule or "global"
+        return ()
     if rule == "all":
-        return rule, layout.rope_types
+        return layout.rope_types
     targets = tuple(t for t in layout.global_types if t in layout.rope_types)
     if not targets:
         raise ConfigError(
             f"{src}: its global layers ({', '.join(layout.global_types) or 'none'}) have no rope parameters of "
-            f"their own (only {', '.join(layout.rope_types)}); use --layers all"
+            f"their own (only {', '.join(layout.rope_types)}); --layers all scales those"
         )
-    return rule, targets
+    return targets
 
 
 def hf_rope_parameters(
@@ -271,9 +276,9 @@ def extend_hf_dir(
 ) -> HFExtendResult:
     """Write the RoPE-scaled copy of transformers directory `src_dir` to `out_dir` (absent or empty).
 
-    `layers` (else `scaled_layers`' rule, else the default): which layers' rope parameters are scaled
-    (`scaled_layer_types`). Refused with one line before anything is written: a fine-tune (not supported for these
-    directories), a directory `load_hf_run` refuses, a model that is not RoPE, a `layers` rule its config cannot
+    `layers` (else `scaled_layers`' rule, else `ext.layers`, else "global"): which layers' rope parameters are
+    scaled (`scaled_layer_types`). Refused with one line before anything is written: a fine-tune (not supported for
+    these directories), a directory `load_hf_run` refuses, a model that is not RoPE, a `layers` rule its config cannot
     honour, a method transformers has no rope type for, and a non-empty `out_dir` (unless it holds this very
     extension: then nothing is done).
     """
@@ -290,7 +295,8 @@ def extend_hf_dir(
     config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
     text = config.get_text_config()  # a multimodal config keeps the language model's rope parameters here
     layout = hf_layout(text)
-    rule, targets = scaled_layer_types(layout, layers if layers is not None else _LAYERS.get(), src)
+    rule = layers or _LAYERS.get() or getattr(ext, "layers", None) or "global"
+    targets = scaled_layer_types(layout, rule, src)
     current = dict(text.rope_parameters or {})
     sets = {t: current.get(t) for t in targets} if targets else {"": current}
     for name, params in sets.items():
@@ -307,7 +313,7 @@ def extend_hf_dir(
     first = next(iter(sets))  # the summary's numbers: the first scaled layer type's (Gemma 3: full_attention)
     rotary, base, attention, regions, wavelengths = numbers[first]
     rope = {**current, **scaled} if targets else scaled[""]
-    scaled_types = targets or (layout.rope_layer_types() if layout is not None else ())
+    scaled_types = targets or layout.rope_layer_types()
     weights = {p.name: p.stat().st_size for p in sorted(src.iterdir()) if p.suffix == ".safetensors"}
     record = {
         "kind": "posenc-hf-extend",
@@ -343,7 +349,7 @@ def extend_hf_dir(
         train_length=parent_length,
         layers=rule,
         scaled_types=tuple(scaled_types),
-        kept_types=tuple(t for t in (layout.rope_types if layout is not None else ()) if t not in targets),
+        kept_types=tuple(t for t in layout.rope_types if t not in targets),
     )
     del run
     if _existing(out, record):

@@ -122,21 +122,35 @@ def test_a_gemma3_config_in_the_released_format_extends(tmp_path: Path) -> None:
     _check_logits(src, out)
 
 
-def test_one_set_of_rope_parameters_scales_every_layer(sources: dict[str, Path], tmp_path: Path) -> None:
-    """Qwen2 with a global and two windowed layers: one rope set; --layers global cannot be honoured."""
-    src, out = sources["qwen2_swa"], tmp_path / "ext"
-    refused = _extend(str(src), "--yarn", "--layers", "global", "--out", str(out))
+@pytest.mark.parametrize("arch", ["qwen2_swa", "mistral"])
+def test_one_rope_set_serving_windowed_layers_needs_layers_all(
+    sources: dict[str, Path], tmp_path: Path, arch: str
+) -> None:
+    """Qwen2 with a global and two windowed layers, Mistral with every layer windowed: one set of rope parameters,
+    which "global" cannot split (refused, nothing written); "all" scales it whole."""
+    src, out = sources[arch], tmp_path / "ext"
+    refused = _extend(str(src), "--yarn", "--out", str(out))
     assert refused.exit_code == 2, refused.output
-    assert len(refused.output.strip().splitlines()) == 1 and "use --layers all" in refused.output
+    why = "scales it whole" if arch == "qwen2_swa" else "no global layer rotates"
+    assert len(refused.output.strip().splitlines()) == 1 and why in refused.output
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".ext")]
-    result = _extend(str(src), "--yarn", "--out", str(out))
+    result = _extend(str(src), "--yarn", "--layers", "all", "--out", str(out))
     assert result.exit_code == 0, result.output
     record = json.loads((out / RECORD_FILE).read_text())
-    assert record["layers"] == "all" and record["scaled_layer_types"] == [F, S]
+    assert record["layers"] == "all" and record["scaled_layer_types"] == ([F, S] if arch == "qwen2_swa" else [S])
+    original = json.loads((out / "config.json").read_text())["rope_parameters"]["original_max_position_embeddings"]
+    assert original == (CONTEXT if arch == "qwen2_swa" else 8)  # Mistral: the window is the training length
     _check_logits(src, out)
-    mistral = tmp_path / "mistral-ext"  # every layer windowed: training length = the window, 8
-    assert _extend(str(sources["mistral"]), "--yarn", "--out", str(mistral)).exit_code == 0
-    assert json.loads((mistral / "config.json").read_text())["rope_parameters"]["original_max_position_embeddings"] == 8
+
+
+def test_a_model_whose_every_layer_attends_globally_is_scaled_whole(tmp_path: Path) -> None:
+    """SmolLM3 (NoPE every 4th layer, full attention everywhere): one rope set, scaled under the default rule."""
+    src, out = save_layered_model(tmp_path / "src", "smollm3"), tmp_path / "ext"
+    result = _extend(str(src), "--yarn", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / RECORD_FILE).read_text())["scaled_layer_types"] == [F]
+    assert json.loads((out / "config.json").read_text())["no_rope_layers"] == [1, 1, 1, 0]
+    _check_logits(src, out)
 
 
 @pytest.mark.parametrize(
@@ -158,11 +172,17 @@ def test_layers_refusals_are_one_line(
 
 def test_scaled_layer_types_rules() -> None:
     gemma = HFLayout(types=(S, S, F), rope=(True,) * 3, window=8, rope_types=(S, F))
-    assert scaled_layer_types(gemma, None, Path("m")) == ("global", (F,))
-    assert scaled_layer_types(gemma, "all", Path("m")) == ("all", (S, F))
+    assert scaled_layer_types(gemma, "global", Path("m")) == (F,)
+    assert scaled_layer_types(gemma, "all", Path("m")) == (S, F)
     llama = HFLayout(types=(F, F), rope=(True, True))
-    assert scaled_layer_types(llama, "global", Path("m")) == ("global", ())  # every layer is global
-    nope_global = HFLayout(types=(S, F), rope=(True, False), window=8, rope_types=(S,))  # Cohere 2's shape
+    assert scaled_layer_types(llama, "global", Path("m")) == scaled_layer_types(llama, "all", Path("m")) == ()
+    nope_global = HFLayout(types=(S, F), rope=(True, False), window=8, rope_types=(S,))  # nested, NoPE global
     with pytest.raises(ConfigError, match=r"global layers \(full_attention\) have no rope parameters"):
         scaled_layer_types(nope_global, "global", Path("m"))
-    assert scaled_layer_types(nope_global, "all", Path("m")) == ("all", (S,))
+    assert scaled_layer_types(nope_global, "all", Path("m")) == (S,)
+    irope = HFLayout(types=("chunked_attention", F), rope=(True, False), chunk=8)  # Llama 4: one set, NoPE global
+    with pytest.raises(ConfigError, match=r"no global layer rotates \(its RoPE layers: chunked_attention\)"):
+        scaled_layer_types(irope, "global", Path("m"))
+    assert scaled_layer_types(irope, "all", Path("m")) == ()
+    with pytest.raises(ConfigError, match="--layers must be one of global, all, got 'local'"):
+        scaled_layer_types(gemma, "local", Path("m"))
