@@ -30,6 +30,7 @@ from posenc_cli.run.meta import is_run_dir
 from posenc_cli.run.progress import TrainDisplay
 from posenc_cli.run.trackers import tracked
 from posenc_cli.run.train import train
+from posenc_cli.sweep import device_share
 from posenc_cli.sweep.hydra_bridge import JobInfo
 from posenc_cli.sweep.joblog import SignalSeen, job_console, log_label
 from posenc_cli.sweep.markers import DONE_FILE, FAILED_FILE, job_status, mark_done, record_failure
@@ -82,16 +83,19 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
     try:
         with sigterm_raises():  # outside training's own handler (data, evaluation) SIGTERM stops the job too
             cfg = config_from_dict(raw)
-            if cfg.train.threads == 0 and info.parallel_jobs != 1:
-                jobs = info.parallel_jobs if info.parallel_jobs > 0 else (os.cpu_count() or 1)
-                cfg = replace(cfg, train=replace(cfg.train, threads=max(1, (os.cpu_count() or 1) // jobs)))
+            if cfg.train.threads == 0 and info.parallel_jobs != 1:  # the jobs share the cores (on a GPU too)
+                threads = device_share.job_threads(info.parallel_jobs, os.cpu_count() or 1)
+                cfg = replace(cfg, train=replace(cfg.train, threads=threads))
             sweep_dir = Path(job["sweep_dir"]) if job.get("sweep_dir") else None
             action = str(job.get("action", "train"))
             log = job_console(log_label(info, action, sweep_dir))
-            if action == "train":
-                finished = _train_job(cfg, job_dir, sweep_dir, profile, hooks, log)
-            else:
-                finished = _extend_job(cfg, job_dir, Path(job["parent_dir"]), sweep_dir, profile, hooks, log)
+            # parallel jobs on one GPU: this one starts once its memory is free (bounded wait), one start at a time
+            with device_share.start_slot(cfg, sweep_dir or job_dir.parent, info.parallel_jobs, _say(log)) as release:
+                if action == "train":
+                    finished = _train_job(cfg, job_dir, sweep_dir, profile, hooks, log, release)
+                else:
+                    parent = Path(job["parent_dir"])
+                    finished = _extend_job(cfg, job_dir, parent, sweep_dir, profile, hooks, log, release)
             if finished is not None:  # a signal stopped training (at its last step too): do not evaluate it
                 STOPPED[session] = finished
                 return {"status": "interrupted", "dir": str(job_dir)}
@@ -104,13 +108,17 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
         STOPPED[session] = e.signum
         return {"status": "interrupted", "dir": str(job_dir)}
     except Exception as e:  # one failed job must not hide the others' results
-        error = f"{type(e).__name__}: {e}"
+        error = device_share.oom_reason(e, info.parallel_jobs) or f"{type(e).__name__}: {e}"
         try:
             record_failure(job_dir, info.name, error, traceback.format_exc())
         except OSError as write_error:  # e.g. a full disk: the reason still reaches the job's log
             print(f"job {job_dir} failed: {error} (its {FAILED_FILE} could not be written: {write_error})",
                   file=sys.stderr, flush=True)  # fmt: skip
         return {"status": "failed", "dir": str(job_dir), "error": error}
+
+
+def _say(log: Console) -> Callable[[str], None]:
+    return lambda text: log.print(text, markup=False, highlight=False)
 
 
 def _job_display(cfg: Any, console: Console | None = None) -> Any:
@@ -125,13 +133,20 @@ def _tracked(display: Any, cfg: Any, job_dir: Path, sweep_dir: Path | None) -> A
 
 
 def _train_job(
-    cfg: Any, job_dir: Path, sweep_dir: Path | None, profile: JobProfile, hooks: JobHooks, log: Console | None = None
+    cfg: Any,
+    job_dir: Path,
+    sweep_dir: Path | None,
+    profile: JobProfile,
+    hooks: JobHooks,
+    log: Console | None = None,
+    started: Callable[[], None] = lambda: None,
 ) -> int | None:
     """Train (or resume) the job's run; None when training finished and no signal came, else the signal that stopped
-    it (0: unknown) or that came at its last step."""
+    it (0: unknown) or that came at its last step. `started` is called after the first step (`device_share`)."""
     seen = SignalSeen()
     with _job_display(cfg, log) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
-        recorder = TrainRecorder(profile, cfg, seen.wrap(hooks.on_step(callback)))
+        steps = device_share.released_after_first_step(hooks.on_step(callback), started)
+        recorder = TrainRecorder(profile, cfg, seen.wrap(steps))
         result = train(cfg, job_dir, resume=is_run_dir(job_dir), callback=recorder)
     return (result.signal or 0) if result.stopped_reason == "interrupted" else seen.signum
 
@@ -144,6 +159,7 @@ def _extend_job(
     profile: JobProfile,
     hooks: JobHooks,
     log: Console | None = None,
+    started: Callable[[], None] = lambda: None,
 ) -> int | None:
     """Extend (or resume the fine-tune of) the job's run as `posenc extend` does (`extension.plan`): a scaling, a
     remapping (`extend.remap`) or LongRoPE's search then scaling (`extend.longrope_search`, factors file written);
@@ -151,7 +167,8 @@ def _extend_job(
     seen = SignalSeen()
     with _job_display(cfg, log) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
         booked, start = sum(profile.seconds.values()), time.perf_counter()
-        recorder = TrainRecorder(profile, cfg, seen.wrap(hooks.on_step(callback)))
+        steps = device_share.released_after_first_step(hooks.on_step(callback), started)
+        recorder = TrainRecorder(profile, cfg, seen.wrap(steps))
         plan = plan_from_config(cfg.extend, parent_dir, job_dir, threads=cfg.train.threads)
         outcome = execute(plan, callback=recorder)
         if isinstance(plan, SearchThenScale):
