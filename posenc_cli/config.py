@@ -262,6 +262,9 @@ class ExtendConfig(ScalingSettings):
     # candidates (0: off, the factors are given) and this seed.
     longrope_search: int = 0
     longrope_search_seed: int = 0
+    # A per-layer layout: which RoPE layers to change (`extension.rope_layers`): global (full-attention ones, Gemma
+    # 3's rule) or all. A plain RoPE run is changed whole under either.
+    layers: Literal["global", "all"] = "global"
 
     def validate(self) -> None:
         _check_finite(self, "extend")

@@ -34,6 +34,14 @@ from posenc_cli.extension.child_run import (
 )
 from posenc_cli.extension.hf_extend import extend_hf_dir
 from posenc_cli.extension.limits import frequency_numbers
+from posenc_cli.extension.rope_layers import (
+    LAYER_RULES,
+    describe_entries,
+    rope_entries,
+    rope_settings,
+    selected_settings,
+    with_rope_options,
+)
 from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import RopeScalingConfig, method_names
 from posenc_cli.run.device import threads as use_threads
@@ -66,6 +74,8 @@ def validate_extend(ext: ExtendConfig) -> None:
     if ext.method not in method_names():  # the registry's (posenc_cli/rope_scaling/)
         raise ConfigError(f"unknown scaling method '{ext.method}' (available: {', '.join(method_names())})")
     ext.validate()
+    if ext.layers not in LAYER_RULES:
+        raise ConfigError(f"extend.layers must be one of {', '.join(LAYER_RULES)}, got {ext.layers!r}")
     if ext.finetune_seq_len is not None and ext.finetune_seq_len < 2:
         raise ConfigError(f"extend.finetune_seq_len must be >= 2, got {ext.finetune_seq_len}")
     if ext.finetune_steps > 0 and not ext.finetune_lr > 0:
@@ -73,7 +83,8 @@ def validate_extend(ext: ExtendConfig) -> None:
 
 
 def require_rope(cfg: Config, run_dir: Path | str) -> None:
-    """Frequency scaling applies to RoPE checkpoints only: one line otherwise."""
+    """Frequency scaling of a whole run applies to plain RoPE checkpoints only: one line otherwise (a layout's
+    RoPE layers: `rope_layers.rope_entries`)."""
     if cfg.pos.name != "rope":
         raise ConfigError(
             f"{run_dir} uses pos={cfg.pos.name}; frequency scaling (extend) applies only to RoPE checkpoints"
@@ -103,15 +114,22 @@ def finetune_length(ext: ExtendConfig, original_length: int) -> int:
     return int(ext.finetune_seq_len) if ext.finetune_seq_len is not None else round(ext.factor * original_length)
 
 
-def child_config(parent_cfg: Config, scaling: RopeScalingConfig, ext: ExtendConfig, threads: int = 0) -> Config:
-    """The parent's config with `pos.scaling` set; with a fine-tune, `train` becomes the short run at L'.
+def child_config(
+    parent_cfg: Config,
+    scaling: RopeScalingConfig,
+    ext: ExtendConfig,
+    threads: int = 0,
+    entries: list[int] | None = None,
+) -> Config:
+    """The parent's config with `pos.scaling` set (a layout's: on its `entries`, `rope_layers.rope_entries`); with a
+    fine-tune, `train` becomes the short run at L'.
 
     `threads` (the fine-tune's `train.threads`) is a runtime setting; without a fine-tune `train` is the parent's.
     Same data, tokenizer, batch size, precision and seed; steps = N, lr = finetune_lr, warm-up = finetune_warmup
     (the YaRN recipe scaled down: a short warm-up and a small learning rate). With `ext.pose` (PoSE) the fine-tune
     windows keep the original length L and their position ids skip-wise span L' (`train.pose_length`).
     """
-    pos = replace(parent_cfg.pos, scaling=scaling)
+    pos = with_rope_options(parent_cfg.pos, entries or [], scaling=scaling)
     train = parent_cfg.train
     if ext.finetune_steps > 0:
         assert scaling.original_length is not None
@@ -140,8 +158,10 @@ def extension_record(
     parent_length: int,
     *,
     search: dict[str, Any] | None = None,
+    layers: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """meta.json `extend`: the settings that identify the extension (`child_run.IDENTITY_KEYS`) plus provenance."""
+    """meta.json `extend`: the settings that identify the extension (`child_run.IDENTITY_KEYS`) plus provenance
+    (`layers`: which of a layout's RoPE layers were scaled, `rope_layers.describe_entries`)."""
     assert scaling.original_length is not None
     finetune = None
     if ext.finetune_steps > 0:
@@ -166,6 +186,8 @@ def extension_record(
         record["logn"] = {"length": scaling.original_length}
     if search is not None:  # LongRoPE's searched factors: the search's settings and the tokens it scored
         record["search"] = search
+    if layers is not None:  # a layout's scaled layers (absent for plain runs, whose records stay as they were)
+        record["layers"] = layers
     return record
 
 
@@ -226,15 +248,21 @@ def extend_run(
     with use_threads(threads):
         parent = load_run(parent_path)
     cfg = parent.config
-    require_rope(cfg, parent_path)
+    entries = rope_entries(cfg, ext.layers, parent_path)  # [] for a plain RoPE run
     if ext.logn and cfg.model.attn_scale != "none":
         raise ConfigError(f"{parent_path} already scales attention logits (model.attn_scale={cfg.model.attn_scale})")
     scaling = resolve_scaling(ext, cfg, parent.meta)
-    rotary = rotary_dim(cfg.model.head_dim, cfg.pos.rotary_fraction)  # type: ignore[attr-defined]
-    attention, regions, wavelengths = _frequency_numbers(scaling, rotary, cfg.pos.base)  # type: ignore[attr-defined]
+    for rope in selected_settings(cfg, entries)[1:]:  # every scaled layer's frequencies must take this scaling
+        _frequency_numbers(scaling, rotary_dim(cfg.model.head_dim, rope.rotary_fraction), rope.base)
+    rope = rope_settings(cfg, entries)  # what the report shows: the run's RoPE, or the first scaled layer's
+    rotary = rotary_dim(cfg.model.head_dim, rope.rotary_fraction)
+    attention, regions, wavelengths = _frequency_numbers(scaling, rotary, rope.base)
     parent_length, base_length = parent.meta.lengths(cfg)
-    record = extension_record(scaling, ext, str(parent.meta.files[MODEL_FILE]), parent_length, search=search)
-    child_cfg = child_config(cfg, scaling, ext, threads)
+    layers = describe_entries(cfg, entries, ext.layers)
+    record = extension_record(
+        scaling, ext, str(parent.meta.files[MODEL_FILE]), parent_length, search=search, layers=layers
+    )
+    child_cfg = child_config(cfg, scaling, ext, threads, entries)
 
     check_out_dir(out, record, resume)  # refuses a user's directory before the lock is written into it
     with writer_lock(out):
@@ -251,10 +279,10 @@ def extend_run(
             original_length=int(scaling.original_length or parent_length),
             attention_factor=attention,
             rotary_dim=rotary,
-            base=float(cfg.pos.base),  # type: ignore[attr-defined]
+            base=float(rope.base),
             regions=regions,
             longest_wavelength=wavelengths,
-            parent_scaling=describe_scaling(getattr(cfg.pos, "scaling", None)),
+            parent_scaling=describe_scaling(rope.scaling),
             parent_train_length=parent_length,
             base_length=base_length,
             train_length=child_cfg.train.seq_len if ext.finetune_steps > 0 else parent_length,

@@ -96,6 +96,7 @@ class Remap:
     remap: RemapConfig
     logn: bool | None = None
     threads: int = 0
+    layers: str = _D.layers
 
     def __post_init__(self) -> None:
         if self.remap.method not in REMAP_METHODS:
@@ -181,6 +182,7 @@ class ExtendRequest:
     group: int | None = None
     leaky: float | None = None
     threads: int = 0
+    layers: str = _D.layers  # a per-layer layout: its global RoPE layers, or all (`extension.rope_layers`)
 
 
 def one_method(named: Sequence[str]) -> str | None:
@@ -216,6 +218,7 @@ def plan_extension(req: ExtendRequest) -> Plan:
         pose=req.pose,
         pose_chunks=req.pose_chunks,
         logn=bool(req.logn),
+        layers=req.layers,  # type: ignore[arg-type]  # checked by validate_extend
     )
     ext = _longrope_factors(ext, req.factors, req.search)
     validate_extend(ext)  # before naming the default directory after the method
@@ -255,7 +258,7 @@ def _plan_remap(req: ExtendRequest) -> Remap:
     remap = RemapConfig(method=method, window=req.window, group=req.group or 0, leaky=req.leaky or 0.0)
     remap.validate()  # before naming the default directory after the settings
     out = req.out if req.out is not None else remap_out_dir(req.run, remap, req.logn)
-    return Remap(run=req.run, out=out, remap=remap, logn=req.logn, threads=req.threads)
+    return Remap(run=req.run, out=out, remap=remap, logn=req.logn, threads=req.threads, layers=req.layers)
 
 
 def _method_params(method: str, given: Mapping[str, Any]) -> ScalingParams:
@@ -330,7 +333,8 @@ def execute(
     events, `progress(done, budget, best_ppl)` the search's. `resume=True` requires `plan.out` to hold the extension
     already (scalings only). Prints nothing."""
     if isinstance(plan, Remap):
-        return ExtendOutcome(plan, remap_run(plan.run, plan.out, plan.remap, threads=plan.threads, logn=plan.logn))
+        outcome = remap_run(plan.run, plan.out, plan.remap, threads=plan.threads, logn=plan.logn, layers=plan.layers)
+        return ExtendOutcome(plan, outcome)
     if isinstance(plan, Scale):
         result = extend_run(plan.run, plan.out, plan.ext, threads=plan.threads, callback=callback, resume=resume)
         return ExtendOutcome(plan, result)

@@ -20,6 +20,7 @@ from posenc_cli.extension.child_run import (
     write_scaled_copy,
     writer_lock,
 )
+from posenc_cli.extension.rope_layers import describe_entries, rope_entries, selected_settings, with_rope_options
 from posenc_cli.positional.remap import RemapConfig, remapped_distance
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.hf_run import is_hf_dir
@@ -79,6 +80,7 @@ def remap_run(
     *,
     threads: int = 0,
     logn: bool | None = None,
+    layers: str = "global",
 ) -> RemapResult:
     """Write the child of RoPE run `parent_dir` that remaps positions as `remap` says (its config's `pos.remap`;
     weights, tokenizer and everything else the parent's), with log-n query scaling (`model.attn_scale=logn`,
@@ -96,13 +98,10 @@ def remap_run(
     with use_threads(threads):
         parent = load_run(parent_path)
     cfg = parent.config
-    if cfg.pos.name != "rope":
-        raise ConfigError(
-            f"{parent_path} uses pos={cfg.pos.name}; {remap.method} remaps RoPE positions and applies only to RoPE "
-            "checkpoints"
-        )
-    if cfg.pos.remap.active:  # type: ignore[attr-defined]
-        raise ConfigError(f"{parent_path} already remaps positions ({cfg.pos.remap.describe()})")  # type: ignore[attr-defined]
+    entries = rope_entries(cfg, layers, parent_path, f"{remap.method} (a RoPE remapping)")  # [] for a plain RoPE run
+    for rope in selected_settings(cfg, entries):
+        if rope.remap.active:
+            raise ConfigError(f"{parent_path} already remaps positions ({rope.remap.describe()})")
     if logn and cfg.model.attn_scale != "none":
         raise ConfigError(f"{parent_path} already scales attention logits (model.attn_scale={cfg.model.attn_scale})")
     parent_length, base_length = parent.meta.lengths(cfg)
@@ -117,11 +116,13 @@ def remap_run(
         "parent_train_length": parent_length,
         "posenc_version": __version__,
     }
+    if (chosen := describe_entries(cfg, entries, layers)) is not None:  # a layout's remapped layers
+        record["layers"] = chosen
     model = cfg.model
     if add_logn:
         record["logn"] = {"length": parent_length}
         model = replace(model, attn_scale="logn", logn_length=parent_length)
-    child_cfg = replace(cfg, model=model, pos=replace(cfg.pos, remap=remap))
+    child_cfg = replace(cfg, model=model, pos=with_rope_options(cfg.pos, entries, remap=remap))
     lengths = [m * parent_length for m in (1, 4, 16)]
     result = RemapResult(
         parent_dir=parent_path,
