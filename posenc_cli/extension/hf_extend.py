@@ -14,14 +14,13 @@ raised to 1M and their positions rescaled by 8, the local layers kept at base 10
 `rope_scaling` linear x8, which transformers applies to the "full_attention" parameters only:
 `configuration_gemma3.py`, `Gemma3TextConfig.convert_rope_params_to_dict`); a windowed layer never sees a distance
 beyond its window. "all" scales every layer type. With `rope_parameters` nested by layer type (Gemma 3) each type is
-scaled apart. A config with one set for every layer is scaled whole when all its RoPE layers attend globally
-(Llama, SmolLM3, Llama 4's NoPE-global layout has no global RoPE layer: refused under "global"); when some of its
-RoPE layers are windowed (Mistral-7B-v0.1, Qwen2 with `max_window_layers`) "global" is refused in one line, as the
-set cannot be split, and "all" scales it whole. The rule and the scaled layer types are recorded in
-`posenc_hf_extend.json` ("layers", "scaled_layer_types").
+scaled apart. A config with one set for every layer is scaled whole when all its RoPE layers attend globally (Llama,
+SmolLM3); when some of them are windowed (Mistral-7B-v0.1, Qwen2 with `max_window_layers`, Llama 4, whose RoPE
+layers are all chunked) "global" is refused in one line, as the set cannot be split, and "all" scales it whole.
+The rule and the scaled layer types are recorded in `posenc_hf_extend.json` ("layers", "scaled_layer_types").
 
 Any other method (one `transformers` has no rope type for, such as Self-Extend or ReRoPE) is refused with one line.
-`transformers`' `longrope` needs per-dimension factors searched offline; posenc has no search, so it offers none.
+`transformers`' `longrope` takes per-dimension factors, from `--factors FILE` (`--search` needs a posenc run).
 The written config is read back and its rope parameters checked before the directory appears (atomic rename), and
 `posenc_hf_extend.json` records the parent, the settings and the parent's training and base length.
 """
@@ -183,6 +182,8 @@ def _existing(out: Path, record: dict[str, Any]) -> bool:
     with contextlib.suppress(OSError, ValueError, RecursionError):
         old = json.loads((out / RECORD_FILE).read_text())
     if isinstance(old, dict) and old.get("kind") == record["kind"]:
+        # records from before `layers` scaled one rope set whole, which any rule that reaches here does as well
+        old.setdefault("layers", record["layers"])
         diffs = differences(old, record, _IDENTITY)
         if not diffs:
             return True

@@ -197,3 +197,14 @@ def test_scaled_layer_types_rules() -> None:
     assert scaled_layer_types(irope, "all", Path("m")) == ()
     with pytest.raises(ConfigError, match="--layers must be one of global, all, got 'local'"):
         scaled_layer_types(gemma, "local", Path("m"))
+
+
+def test_a_record_from_before_layers_is_still_this_extension(tmp_path: Path) -> None:
+    """An extension written before `layers` was recorded (one rope set, scaled whole) re-runs as a no-op."""
+    src, out = save_layered_model(tmp_path / "src", "smollm3"), tmp_path / "ext"
+    assert _extend(str(src), "--yarn", "--out", str(out)).exit_code == 0
+    record = json.loads((out / RECORD_FILE).read_text())
+    del record["layers"], record["scaled_layer_types"]
+    (out / RECORD_FILE).write_text(json.dumps(record))
+    again = _extend(str(src), "--yarn", "--out", str(out))
+    assert again.exit_code == 0 and "already extended" in again.output, again.output
