@@ -25,8 +25,10 @@ from posenc_cli.analysis.viz_data import (
     AttentionReport,
     BiasData,
     EncodingData,
+    LayoutEncoding,
     RotaryData,
     attention_report,
+    layers_text,
 )
 from posenc_cli.evaluation.perplexity import CorpusCache, find_runs
 from posenc_cli.report.plots import log_binned_mean, save_figure, scheme_colour
@@ -202,16 +204,17 @@ def _draw_nothing(ax: Any, data: EncodingData) -> None:
     )
 
 
-def encoding_figure(data: EncodingData) -> Figure:
-    """One row of two panels per hook the scheme uses; a causal-mask panel for schemes without hooks."""
+def _parts(data: EncodingData) -> list[str]:
+    return [p for p in ("additive", "rotary", "bias") if getattr(data, p) is not None]
+
+
+def _draw_encoding(fig: Any, data: EncodingData) -> None:
+    """The panels of `data` into `fig` (a figure or subfigure): two per hook used, else the causal-mask panel."""
     colour = scheme_colour(data.scheme)
-    parts = [p for p in ("additive", "rotary", "bias") if getattr(data, p) is not None]
+    parts = _parts(data)
     if not parts:
-        fig = _figure(9, 8)
         _draw_nothing(fig.add_subplot(), data)
-        fig.suptitle(_describe(data), fontsize="medium")
-        return fig
-    fig = _figure(14, 5.2 * len(parts))
+        return
     grid = fig.add_gridspec(len(parts), 2, width_ratios=[1.25, 1])
     for row, part in enumerate(parts):
         axes = [fig.add_subplot(grid[row, 0]), fig.add_subplot(grid[row, 1])]
@@ -221,7 +224,71 @@ def encoding_figure(data: EncodingData) -> Figure:
             _draw_rotary(fig, axes, data, colour)
         else:
             _draw_bias(fig, axes, data, colour)
-    fig.suptitle(_describe(data) + (f"\n{data.paper}" if data.paper else ""), fontsize="medium")
+
+
+def encoding_figure(data: EncodingData) -> Figure:
+    """One row of two panels per hook the scheme uses; a causal-mask panel for schemes without hooks."""
+    parts = _parts(data)
+    fig = _figure(14, 5.2 * len(parts)) if parts else _figure(9, 8)
+    _draw_encoding(fig, data)
+    paper = f"\n{data.paper}" if data.paper and parts else ""
+    fig.suptitle(_describe(data) + paper, fontsize="medium")
+    return fig
+
+
+def section_title(data: EncodingData, layout: str) -> str:
+    """'layers 0–2 of pos=irope: rope' (with its options when they differ from the scheme's defaults)."""
+    options = f" ({data.options})" if data.options else ""
+    return f"{layers_text(data.layers)} of pos={layout}: {data.scheme}{options}"
+
+
+def _draw_spans(fig: Any, enc: LayoutEncoding) -> None:
+    """One mask per sliding or chunked span, then one curve per query temperature, side by side."""
+    n_panels = len(enc.spans) + (1 if enc.temperatures else 0)
+    axes = fig.subplots(1, n_panels, squeeze=False)[0]
+    for ax, pic in zip(axes, enc.spans, strict=False):
+        n = len(pic.mask)
+        ax.imshow(pic.mask, cmap=_cmap("Greys"), vmin=0, vmax=2, interpolation="nearest", extent=(0, n, n, 0))
+        ax.set_xlabel("key position j")
+        ax.set_ylabel("query position i")
+        ax.set_title(f"{pic.span.describe()} span of {layers_text(pic.layers)}\n(dark: query i may attend to key j)")
+    if enc.temperatures:
+        ax = axes[-1]
+        for pic, c in zip(enc.temperatures, shades("#444444", len(enc.temperatures)), strict=True):
+            t = pic.temperature
+            ax.step(np.arange(len(pic.factor)), pic.factor, where="post", color=c, lw=1.6,
+                    label=f"{layers_text(pic.layers)}: a={t.scale:g}, F={t.floor}")  # fmt: skip
+        if enc.train_length < enc.length:
+            ax.axvline(enc.train_length, label="training length", **TRAIN_LINE)
+        ax.set_xlabel("token index n")
+        ax.set_ylabel("factor on q")
+        ax.set_title("floor-log query temperature 1 + a·log1p(⌊(n + 1)/F⌋)")
+        ax.legend(fontsize="small", frameon=False)
+        ax.grid(True, alpha=0.3)
+
+
+def layout_figure(enc: LayoutEncoding) -> Figure:
+    """A layout's encodings: one block per distinct scheme (its hooks' panels, titled with the layers that use it),
+    then the masks of its sliding or chunked spans and its query temperatures."""
+    heights = [max(1, len(_parts(d))) * 5.2 for d in enc.sections]
+    if enc.spans or enc.temperatures:
+        heights.append(4.6)
+    fig = _figure(14, sum(heights) + 1.0)
+    subs = fig.subfigures(len(heights), 1, height_ratios=heights, squeeze=False)[:, 0]
+    for sub, data in zip(subs, enc.sections, strict=False):
+        _draw_encoding(sub, data)
+        sub.suptitle(section_title(data, enc.layout), fontsize="medium", fontweight="bold")
+    if enc.spans or enc.temperatures:
+        _draw_spans(subs[-1], enc)
+        title = f"attention spans and query temperatures of pos={enc.layout}"
+        subs[-1].suptitle(title, fontsize="medium", fontweight="bold")
+    first = enc.sections[0]
+    fig.suptitle(
+        f"pos={enc.layout}, a per-layer layout ({first.source}) · d_model {first.d_model}, {first.n_head} heads × "
+        f"{first.head_dim} · positions 0–{enc.length - 1}, trained at {enc.train_length}"
+        + (f"\n{enc.paper}" if enc.paper else ""),
+        fontsize="medium",
+    )
     return fig
 
 
@@ -281,6 +348,15 @@ def terminal_grids(data: EncodingData, size: int = 8) -> list[Any]:
     return out
 
 
+def layout_terminal(enc: LayoutEncoding, size: int = 8) -> list[Any]:
+    """Each layer's scheme, span and temperature, then each distinct scheme's grids under the layers using it."""
+    out: list[Any] = [Text(f"pos={enc.layout}: " + "; ".join(enc.layer_lines))]
+    for data in enc.sections:
+        out.append(Text(section_title(data, enc.layout), style="bold"))
+        out.extend(terminal_grids(data, size))
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Attention of trained runs.
 
@@ -300,9 +376,12 @@ def _head_label(h: int) -> str:
     return "mean of heads" if h < 0 else f"head {h}"
 
 
-def _draw_map(ax: Any, panel: AttentionPanel, key: tuple[int, int], train_length: int, norm: Any) -> Any:
+def _draw_map(
+    ax: Any, panel: AttentionPanel, key: tuple[int, int], train_length: int, norm: Any, note: str = ""
+) -> Any:
     layer, head = key
-    title = f"layer {layer} · {_head_label(head)}\nL = {panel.length} ({_mult(panel.multiple)} training length)"
+    what = f"layer {layer} · {_head_label(head)}" + (f"\n{textwrap.shorten(note, 44)}" if note else "")
+    title = f"{what}\nL = {panel.length} ({_mult(panel.multiple)} training length)"
     ax.set_box_aspect(1)
     if panel.status != "ok":
         reason = textwrap.fill(str(panel.reason), 22)
@@ -366,7 +445,8 @@ def attention_figure(report: AttentionReport, *, pairs_per_row: int = 2) -> Figu
         for j, panel in enumerate(report.panels):
             ax = fig.add_subplot(grid[row, n_len * col + j])
             map_axes.append(ax)
-            image = _draw_map(ax, panel, key, report.train_length, norm) or image
+            note = report.layer_notes[key[0]] if report.layer_notes else ""
+            image = _draw_map(ax, panel, key, report.train_length, norm, note) or image
     if image is not None:
         fig.colorbar(image, ax=map_axes, label="attention weight (log scale)", shrink=0.8, aspect=30)
     ax = fig.add_subplot(grid[nrows, :])

@@ -10,6 +10,7 @@ are processed in chunks (as the model does on its bias path), so no (T, T) tenso
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,10 @@ from posenc_cli.data.cache import eval_windows
 from posenc_cli.errors import ConfigError, DataError, LengthBeyondScheme
 from posenc_cli.evaluation.perplexity import CorpusCache
 from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme
+from posenc_cli.positional.base import LayerView
+from posenc_cli.positional.layout import is_layout
+from posenc_cli.positional.span import FULL, Span
+from posenc_cli.positional.temperature import FloorLog
 
 MATRIX_LENGTH = 256  # the (i, j) bias matrix covers the first positions only (a picture, not a table)
 MAP_SIZE = 256  # attention maps longer than this are pooled into about this many query/key blocks
@@ -83,6 +88,8 @@ class EncodingData:
     additive: np.ndarray | None = None  # (T, D) what `embed` adds to the token embeddings
     rotary: RotaryData | None = None
     bias: BiasData | None = None
+    layers: tuple[int, ...] = ()  # in a layout: the layers that use this scheme (empty: a plain scheme, every layer)
+    options: str = ""  # in a layout: the scheme's options that differ from its defaults ("base=1e+06")
 
     @property
     def empty(self) -> bool:
@@ -203,6 +210,8 @@ def encoding_data(
     scheme: PositionalScheme, length: int, *, source: str | None = None, head: int = 0, layer: int = 0, seed: int = 0
 ) -> EncodingData:
     """The arrays of every hook `scheme` uses, at positions 0..length−1 (read from the hooks, never by name)."""
+    if is_layout(scheme):
+        raise TypeError(f"pos={scheme.name} gives each layer its own scheme: draw it with layout_encoding")
     if length < 2:
         raise ConfigError(f"--length must be at least 2, got {length}")
     if not 0 <= head < scheme.n_head:
@@ -237,30 +246,182 @@ def encoding_data(
     return data
 
 
+@dataclass
+class SpanPicture:
+    """A sliding or chunked span of a layout and the layers that use it; mask (n, n): 1 where query i may attend
+    to key j (causal and the span), NaN elsewhere, over the first n positions."""
+
+    span: Span
+    layers: tuple[int, ...]
+    mask: np.ndarray
+
+
+@dataclass
+class TemperaturePicture:
+    """A query temperature of a layout and the layers that use it; factor (T,): q's factor at token index n."""
+
+    temperature: FloorLog
+    layers: tuple[int, ...]
+    factor: np.ndarray
+
+
+@dataclass
+class LayoutEncoding:
+    """What `viz encoding` draws for a per-layer layout (`positional.layout`): one `EncodingData` per distinct
+    scheme (each naming the layers that use it), each distinct sliding or chunked span, each query temperature, and
+    one line per layer (`describe_layers`)."""
+
+    layout: str
+    length: int
+    train_length: int
+    paper: str
+    layer_lines: list[str]
+    sections: list[EncodingData]
+    spans: list[SpanPicture] = field(default_factory=list)
+    temperatures: list[TemperaturePicture] = field(default_factory=list)
+
+
+MASK_SIZE = 32  # positions of a span's mask picture
+
+
+def option_text(cfg: Any) -> str:
+    """The fields of a scheme's config that differ from the class defaults, as `key=value` (nested: `a.b=v`)."""
+    try:
+        defaults = dataclasses.asdict(type(cfg)())
+    except TypeError:  # a config class without defaults for every field: name nothing
+        return ""
+    out: list[str] = []
+
+    def walk(value: Any, default: Any, prefix: str) -> None:
+        if isinstance(value, dict) and isinstance(default, dict):
+            for key in value:
+                walk(value[key], default.get(key), f"{prefix}{key}.")
+        elif value != default and prefix[:-1] != "name":
+            shown = f"{value:g}" if isinstance(value, float) else str(value)
+            out.append(f"{prefix[:-1]}={shown}")
+
+    walk(dataclasses.asdict(cfg), defaults, "")
+    return ", ".join(out)
+
+
+def layers_text(layers: Sequence[int]) -> str:
+    """'layer 3', 'layers 0, 1, 2' (runs of consecutive layers as 'layers 0–4')."""
+    items = list(layers)
+    if len(items) == 1:
+        return f"layer {items[0]}"
+    if items == list(range(items[0], items[-1] + 1)) and len(items) > 2:
+        return f"layers {items[0]}–{items[-1]}"
+    return "layers " + ", ".join(map(str, items))
+
+
+def layout_encoding(
+    layout: Any, length: int, *, source: str | None = None, head: int = 0, layer: int | None = None, seed: int = 0
+) -> LayoutEncoding:
+    """The encodings of a layout's layers at positions 0..length−1: each distinct scheme's hooks (`encoding_data`,
+    its bias drawn at the first layer that uses it), or with `layer` only that layer's scheme (bias at `layer`)."""
+    if length < 2:
+        raise ConfigError(f"--length must be at least 2, got {length}")
+    n_layer = layout.n_layer
+    if layer is not None and not 0 <= layer < n_layer:
+        raise ConfigError(f"--layer {layer}: the model has {n_layer} layers (0..{n_layer - 1})")
+    with torch.no_grad():
+        ctx = prepared_context(layout, length)
+        views = [layout.layer_view(i, ctx) for i in range(n_layer)]
+    groups: dict[int, list[int]] = {}
+    for i, view in enumerate(views):
+        if layer is None or layer == i or view.scheme is views[layer].scheme:
+            groups.setdefault(id(view.scheme), []).append(i)
+    sections = []
+    for members in groups.values():
+        scheme = views[members[0]].scheme
+        at = members[0] if layer is None else layer
+        data = encoding_data(scheme, length, source=source, head=head, layer=at, seed=seed)
+        data.layers, data.options = tuple(members), option_text(scheme.cfg)
+        sections.append(data)
+    shown = sorted(i for members in groups.values() for i in members)
+    spans: dict[Span, list[int]] = {}
+    temperatures: dict[FloorLog, list[int]] = {}
+    for i in shown:
+        if not views[i].span.is_full:
+            spans.setdefault(views[i].span, []).append(i)
+        if views[i].temperature is not None:
+            temperatures.setdefault(views[i].temperature, []).append(i)
+    n = min(length, MASK_SIZE)
+    index = torch.arange(length)
+    return LayoutEncoding(
+        layout=layout.name,
+        length=length,
+        train_length=layout.train_length,
+        paper=layout.paper,
+        layer_lines=[f"layer {i}: {line}" for i, line in enumerate(layout.describe_layers())],
+        sections=sections,
+        spans=[SpanPicture(sp, tuple(ls), span_mask(sp, n)) for sp, ls in spans.items()],
+        temperatures=[
+            TemperaturePicture(t, tuple(ls), t.factor(index).double().numpy()) for t, ls in temperatures.items()
+        ],
+    )
+
+
+def span_mask(span: Span, n: int) -> np.ndarray:
+    """(n, n) 1.0 where query i may attend to key j under causality and `span`, NaN where it may not."""
+    visible = visible_pairs(span, 0, n).numpy()
+    return np.where(visible > 0, 1.0, np.nan)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Attention of a trained model.
 
 
-def layer_qkv(model: Any, idx: Tensor) -> Iterator[tuple[int, Tensor, Tensor, Tensor, PositionContext]]:
-    """Run `model` (a GPT) on idx (B, T) block by block; yield (layer, q, k, v, ctx), q/k/v (B, H, T, hd).
+@dataclass(frozen=True, eq=False)
+class LayerQKV:
+    """One layer's q, k, v (B, H, T, hd) as the block computes them, and the `LayerView` it attends with (its
+    scheme, that scheme's context, its span and its temperature, already applied to q)."""
 
-    q and k come from the block's own `qkv_heads` (so they are rotated exactly as in training); the residual
-    stream then continues through the unmodified block. Raises `LengthBeyondScheme` as the model does.
+    layer: int
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    view: LayerView
+
+
+def layer_views(model: Any, idx: Tensor) -> Iterator[LayerQKV]:
+    """Run `model` (a GPT) on idx (B, T) block by block; yield each layer's `LayerQKV`.
+
+    q and k come from the block's own `qkv_heads` with the layer's view (`GPT.layer_attention`): the layer's scheme
+    and context, the forward's length scale and the layer's query temperature, so they are exactly the training
+    ones; the residual stream then continues through the unmodified block (`Block.run`). Raises
+    `LengthBeyondScheme` as the model does.
     """
     ctx = model.context(idx)
     x = model.embed(idx, ctx)  # (B, T, D)
-    for layer, block in enumerate(model.blocks):
-        q, k, v = block.attn.qkv_heads(block.norm1(x), model.scheme, ctx)
-        yield layer, q, k, v, ctx
-        x = block(x, model.scheme, ctx)
+    for layer, (block, att) in enumerate(zip(model.blocks, model.layer_attention(ctx), strict=True)):
+        view = att.view
+        q, k, v = block.attn.qkv_heads(block.norm1(x), view.scheme, view.ctx, None, att.state, view.temperature)
+        yield LayerQKV(layer, q, k, v, view)
+        x = block.run(x, att)
+
+
+def layer_qkv(model: Any, idx: Tensor) -> Iterator[tuple[int, Tensor, Tensor, Tensor, PositionContext]]:
+    """`layer_views` as tuples (layer, q, k, v, the layer's context); attend them with the layer's scheme and span
+    (`layer_views` gives both; a plain scheme's are `model.scheme` and the full span)."""
+    for item in layer_views(model, idx):
+        yield item.layer, item.q, item.k, item.v, item.view.ctx
 
 
 def attention_chunks(
-    q: Tensor, k: Tensor, scheme: PositionalScheme, layer: int, ctx: PositionContext, *, chunk: int | None = None
+    q: Tensor,
+    k: Tensor,
+    scheme: PositionalScheme,
+    layer: int,
+    ctx: PositionContext,
+    *,
+    chunk: int | None = None,
+    span: Span = FULL,
 ) -> Iterator[tuple[int, Tensor]]:
-    """softmax(q·kᵀ/√hd + bias + causal mask) by query chunks: yield (start, weights (B, H, Tq, end)).
+    """softmax(q·kᵀ/√hd + bias + causal and span masks) by query chunks: yield (start, weights (B, H, Tq, end)).
 
-    Chunk [start, end) sees keys [0, end) only (all later keys are masked), exactly like `attention.attend`.
+    Chunk [start, end) sees keys [0, end) only (all later keys are masked), exactly like `attention.attend`;
+    `span` (the layer's, `positional.span`) hides the keys a sliding or chunked layer does not see (weight 0).
     """
     B, H, T, hd = q.shape
     chunk = chunk if chunk is not None else bias_chunk_size(B, H, T)
@@ -276,17 +437,24 @@ def attention_chunks(
         else:
             scores = (qc.float() @ kc.float().transpose(-1, -2)) / math.sqrt(hd)  # (B, H, Tq, Tk)
         bias = scheme.bias(layer, qc, kc, q_pos, k_pos, ctx) if scheme.has_bias else None
-        scores = scores + fold_causal_mask(bias, q_pos, k_pos, torch.float32, causal=True)
+        scores = scores + fold_causal_mask(bias, q_pos, k_pos, torch.float32, causal=True, span=span)
         yield start, torch.softmax(scores, dim=-1)
 
 
 def attention_weights(
-    q: Tensor, k: Tensor, scheme: PositionalScheme, layer: int, ctx: PositionContext, *, chunk: int | None = None
+    q: Tensor,
+    k: Tensor,
+    scheme: PositionalScheme,
+    layer: int,
+    ctx: PositionContext,
+    *,
+    chunk: int | None = None,
+    span: Span = FULL,
 ) -> Tensor:
     """The full (B, H, T, T) attention weights (for short windows and tests; `attention_chunks` for long ones)."""
     B, H, T, _ = q.shape
     out = torch.zeros(B, H, T, T)
-    for start, w in attention_chunks(q, k, scheme, layer, ctx, chunk=chunk):
+    for start, w in attention_chunks(q, k, scheme, layer, ctx, chunk=chunk, span=span):
         out[:, :, start : start + w.shape[2], : w.shape[3]] = w
     return out
 
@@ -308,6 +476,16 @@ def pool_rows(w: Tensor, start: int, T: int, factor: int) -> tuple[Tensor, Tenso
     return sums, counts
 
 
+def visible_pairs(span: Span, start: int, n: int) -> Tensor:
+    """(n, start + n) 1.0 where query start + i may attend to key j (causal, and the layer's `span`), else 0.0."""
+    q_pos, k_pos = torch.arange(start, start + n), torch.arange(start + n)
+    visible = k_pos[None, :] <= q_pos[:, None]  # (n, start + n)
+    by_span = span.visible(q_pos, k_pos)
+    if by_span is not None:
+        visible &= by_span
+    return visible.double()
+
+
 def mass_by_distance(w: Tensor, start: int, T: int) -> Tensor:
     """Attention mass of one chunk w (B, H, Tq, Tk) summed by distance d = i − j: (H, T), summed over B and queries."""
     _, H, Tq, Tk = w.shape
@@ -322,7 +500,8 @@ class AttentionPanel:
     """Attention of one run at one length.
 
     maps: {(layer, head): (n, n) mean weights of window 0, queries × keys, pooled into blocks of `pool` positions
-    (head −1 = the mean over heads); NaN above the diagonal}. Rows sum to 1.
+    (head −1 = the mean over heads); NaN where the causal mask, or the layer's span (a sliding window, chunks),
+    hides every pair of the block}. Rows sum to 1.
     mass: (n_layer, n_head, T) share of attention mass at distance d, over every query of every window (sums to 1
     over d). status "n/a" (with `reason`) when the scheme cannot serve `length` (learned positions).
     """
@@ -361,6 +540,7 @@ class AttentionReport:
     panels: list[AttentionPanel]
     layers: list[int]
     heads: list[int]  # [-1] = mean over heads
+    layer_notes: list[str] = field(default_factory=list)  # a layout: each layer's scheme, span, temperature
 
 
 def panel_for_windows(
@@ -379,23 +559,28 @@ def panel_for_windows(
     mass = torch.zeros(L, H, T, dtype=torch.float64)
     sums = {(layer, h): torch.zeros(nb, nb, dtype=torch.float64) for layer in layers for h in heads}
     counts = torch.zeros(nb, dtype=torch.float64)
+    seen = {layer: torch.zeros(nb, nb, dtype=torch.float64) for layer in layers}  # visible (query, key) pairs
     first = next(iter(sums), None)
     chunk = max(panel.pool, bias_chunk_size(B, H, T) // panel.pool * panel.pool)  # whole blocks per chunk
     with torch.no_grad():
-        for layer, q, k, _, ctx in layer_qkv(model, idx):
-            for start, w in attention_chunks(q, k, model.scheme, layer, ctx, chunk=chunk):
+        for item in layer_views(model, idx):
+            layer, view = item.layer, item.view
+            chunks = attention_chunks(item.q, item.k, view.scheme, layer, view.ctx, chunk=chunk, span=view.span)
+            for start, w in chunks:
                 w = w.cpu()
                 mass[layer] += mass_by_distance(w, start, T)
+                if layer in seen:
+                    seen[layer] += pool_rows(visible_pairs(view.span, start, w.shape[2]), start, T, panel.pool)[0]
                 for h in heads if layer in layers else ():  # maps of the selected layers only
                     rows = w[0].mean(0) if h < 0 else w[0, h]  # (Tq, Tk) of window 0
                     s, c = pool_rows(rows, start, T, panel.pool)
                     sums[(layer, h)] += s
                     if (layer, h) == first:
                         counts += c
-    for key, s in sums.items():
+    for (layer, h), s in sums.items():
         m = (s / counts[:, None]).numpy()
-        m[np.triu_indices(nb, 1)] = np.nan
-        panel.maps[key] = m
+        m[seen[layer].numpy() == 0] = np.nan  # blocks the causal mask or the layer's span hide entirely
+        panel.maps[(layer, h)] = m
     panel.mass = (mass / (B * T)).numpy()
     return panel
 
@@ -477,4 +662,5 @@ def attention_report(
         panels=panels,
         layers=layers,
         heads=heads,
+        layer_notes=model.scheme.describe_layers() if is_layout(model.scheme) else [],
     )

@@ -74,13 +74,21 @@ def encoding_command(
         int | None, typer.Option("--length", metavar="N", help="Positions drawn (default: the training length).")
     ] = None,
     head: Annotated[int, typer.Option("--head", metavar="H", help="Head of the rotation and (i, j) bias panels.")] = 0,
-    layer: Annotated[int, typer.Option("--layer", metavar="K", help="Layer whose bias is drawn.")] = 0,
+    layer: Annotated[
+        int | None,
+        typer.Option(
+            "--layer",
+            metavar="K",
+            help="Layer whose bias is drawn (default 0; a per-layer layout: every layer's scheme, or only layer K's).",
+        ),
+    ] = None,
     config_dir: ConfigDirOption = None,
 ) -> None:
     """Draw what a scheme's hooks do: added embeddings, rotation angles, or score biases (also a grid here)."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli.analysis.viz import encoding_figure, terminal_grids
-    from posenc_cli.analysis.viz_data import encoding_data, seeded_scheme
+    from posenc_cli.analysis.viz import encoding_figure, layout_figure, layout_terminal, terminal_grids
+    from posenc_cli.analysis.viz_data import encoding_data, layout_encoding, seeded_scheme
+    from posenc_cli.positional.layout import is_layout
     from posenc_cli.report.plots import save_figure
 
     # Sweep job directories are named like `pos=rope`: an existing path is a run directory, not an override.
@@ -107,10 +115,15 @@ def encoding_command(
         scheme = seeded_scheme(cfg)
         source, seed = None, cfg.train.seed
     n = length if length is not None else scheme.train_length
-    data = encoding_data(scheme, n, source=source, head=head, layer=layer, seed=seed)
-    for grid in terminal_grids(data):
+    if is_layout(scheme):  # one block per distinct scheme of the layers, then their spans and temperatures
+        enc = layout_encoding(scheme, n, source=source, head=head, layer=layer, seed=seed)
+        grids, figure, name = layout_terminal(enc), layout_figure(enc), enc.layout
+    else:
+        data = encoding_data(scheme, n, source=source, head=head, layer=layer or 0, seed=seed)
+        grids, figure, name = terminal_grids(data), encoding_figure(data), data.scheme
+    for grid in grids:
         console.print(grid)
-    path = save_figure(encoding_figure(data), out or DEFAULT_DIR / f"encoding-{data.scheme}.png")
+    path = save_figure(figure, out or DEFAULT_DIR / f"encoding-{name}.png")
     console.print(f"wrote {escape(str(path))}", highlight=False)
 
 
@@ -143,11 +156,14 @@ def attention_command(
     path = save_figure(attention_figure(report), out or Path(run_dir) / "viz" / "attention.png")
     table = Table(title=f"Mean attended distance (tokens) · {escape(report.run)} · trained at {report.train_length}")
     table.add_column("layer", justify="right")
+    if report.layer_notes:  # a per-layer layout: each layer's scheme, span and temperature
+        table.add_column("attends with")
     for panel in report.panels:
         table.add_column(f"L = {panel.length} ({panel.multiple:g}×)", justify="right")
     distances = [p.mean_distance() if p.status == "ok" else None for p in report.panels]
     for k in range(report.n_layer):
-        table.add_row(str(k), *("n/a" if d is None else f"{d[k]:.1f}" for d in distances))
+        notes = [escape(report.layer_notes[k])] if report.layer_notes else []
+        table.add_row(str(k), *notes, *("n/a" if d is None else f"{d[k]:.1f}" for d in distances))
     console.print(table)
     console.print(f"wrote {escape(str(path))}", highlight=False)
 

@@ -125,3 +125,51 @@ def test_out_help_names_each_default() -> None:
     for command, default in expected.items():
         result = runner.invoke(app, ["viz", command, "--help"], terminal_width=200)
         assert result.exit_code == 0 and f"(default: {default})" in result.output, command
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Per-layer layouts
+
+
+@pytest.fixture(scope="module")
+def hybrid_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """pos=irope at 4 layers (3 chunked RoPE layers, 1 NoPE layer with the floor-log temperature), 10 steps."""
+    from posenc_cli.run.train import train
+
+    root = tmp_path_factory.mktemp("viz-hybrid")
+    out = root / "sweep" / "pos=irope"
+    train(tiny_config(write_corpus(root), pos="irope", model={"n_layer": 4}, steps=10, eval_every=10), out)
+    return out
+
+
+def test_encoding_of_a_layout_draws_each_scheme_under_its_layers(hybrid_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "irope.png"
+    result = invoke("encoding", "pos=irope", *TINY_MODEL, "model.n_layer=4", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    text = result.output
+    assert "layers 0–2 of pos=irope: rope" in text and "layer 3 of pos=irope: nope" in text
+    assert "layer 0: rope, chunked 4" in text and "layer 3: nope, floor-log temperature a=0.1, F=4" in text
+    assert "rotation angle" in text
+    only = invoke("encoding", hybrid_run, "--layer", "3", "--out", tmp_path / "nope.png")
+    assert only.exit_code == 0, only.output
+    assert "layer 3 of pos=irope: nope" in only.output and "of pos=irope: rope" not in only.output
+    bad = invoke("encoding", hybrid_run, "--layer", "4", "--out", tmp_path / "x.png")
+    assert bad.exit_code == 2 and "0..3" in bad.output
+
+
+def test_attention_of_a_layout_run_honours_each_layers_span(hybrid_run: Path, tmp_path: Path) -> None:
+    result = invoke("attention", hybrid_run, "--head", "0", "--windows", "2", "--out", tmp_path / "a.png")
+    assert result.exit_code == 0, result.output
+    assert "attends with" in result.output and "rope, chunked 4" in result.output
+    report = viz_data.attention_report(load_run(hybrid_run), layer="all", head="0", windows=1)
+    assert report.layer_notes == load_run(hybrid_run).model.scheme.describe_layers()
+    for panel in report.panels:
+        assert panel.status == "ok"
+        assert np.all(panel.mass[:3, :, 4:] == 0)  # chunks of 4 tokens: no RoPE layer looks 4 or more back
+        assert panel.mass[3, :, 4:].sum() > 0  # the global NoPE layer does
+        T = panel.length
+        i, j = np.indices((T, T))
+        np.testing.assert_array_equal(~np.isnan(panel.maps[(0, 0)]), (j <= i) & (i // 4 == j // 4))
+    titles = [ax.get_title() for ax in viz.attention_figure(report).axes]
+    assert any("rope, chunked 4" in t for t in titles) and any("nope, floor-log" in t for t in titles)
