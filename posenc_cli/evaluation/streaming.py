@@ -27,6 +27,16 @@ posenc's model (`GPT.new_cache`). Every scheme works: rotation and bias schemes 
 in-cache positions, as the reference does for RoPE (Llama) and ALiBi (MPT); absolute schemes (sinusoidal, learned)
 add a position to a token's embedding when it is read, so its cached K/V keep the in-cache position it was read at.
 
+Per-layer layouts (`positional.layout`). The cache is every layer's, and each layer's span and query temperature
+are read at the in-cache token indexes, as its positions are. Past the warm-up that honours a span exactly only when
+the span sees nothing the cache dropped and nothing the text would hide: a layer whose span hides nothing in a
+stream of L tokens (full, or a window or chunk of at least L), and a sliding window W' <= W, whose W' most recent
+keys are kept in cache order (so its masks by cache index and by token distance agree, and the sinks stay outside
+it). A wider window would see some sinks at shortened distances, and chunks would follow the cache's indexes, not
+the text's; such a stream is n/a (`SpanBeyondCache`), with the reason, at every length that evicts anything, and
+measured where it does not (L <= N + W: one causal forward). The floor-log temperature takes the in-cache index
+(the query's place among the N + W + b keys it attends), as StreamingLLM re-assigns every position.
+
 LongPPL (`key_tokens`, `posenc_cli.evaluation.longppl`): a stream's targets past the training length L are scored
 again by plain forwards over L-token windows of the same stream, and the key tokens are those the streaming decode
 predicts much better (LSD > α) and well (LCL > β); the decode itself is the same with or without it.
@@ -47,7 +57,15 @@ from posenc_cli.errors import ConfigError, LengthBeyondScheme
 from posenc_cli.evaluation.longppl import KeyTokens, KeyTokenSum, candidate_positions, short_context_nll
 from posenc_cli.evaluation.results import window_scores
 
-__all__ = ["DEFAULT_BLOCK", "STREAMING_DECODE", "block_rows", "default_window", "evaluate_streaming"]
+__all__ = [
+    "DEFAULT_BLOCK",
+    "STREAMING_DECODE",
+    "SpanBeyondCache",
+    "block_rows",
+    "default_window",
+    "evaluate_streaming",
+    "unserved_span",
+]
 
 # How a streaming cell was read, in its key: the KV cache (StreamingLLM's decoding). Cells stored without it were
 # measured by re-encoding the kept tokens in a fresh forward per block, which is not StreamingLLM's protocol.
@@ -65,6 +83,38 @@ def block_rows(length: int, window: int, sinks: int, block: int) -> list[tuple[i
     stream fits the cache (length <= sinks + window)."""
     first = sinks + window
     return [(t0, min(block, length - t0)) for t0 in range(first, length, block)]
+
+
+class SpanBeyondCache(LengthBeyondScheme):
+    """A layer's span that the streaming cache cannot honour at this stream length: a cell that is n/a, with the
+    reason (`unserved_span`), as a length a scheme cannot read is."""
+
+    def __init__(self, scheme: str, why: str, requested: int) -> None:
+        self.why = why
+        super().__init__(scheme, 0, requested)
+
+    @property
+    def reason(self) -> str:
+        return self.why
+
+
+def unserved_span(model: nn.Module, length: int, window: int, sinks: int) -> str | None:
+    """Why the streaming cache (sinks N, window W) cannot honour some layer's span on streams of `length` tokens,
+    or None when every layer's can (see the module doc): the first such layer, its span, and what would go wrong."""
+    if length <= sinks + window or not hasattr(model, "layer_attention"):  # one causal forward; no posenc layers
+        return None
+    device = next(model.parameters()).device
+    views = [a.view for a in model.layer_attention(model.context(torch.zeros(1, 1, dtype=torch.long, device=device)))]
+    for i, view in enumerate(views):
+        span = view.span
+        if span.covers(length) or (span.kind == "sliding" and span.size <= window):
+            continue
+        if span.kind == "sliding":
+            why = f"wider than the streaming window {window}, it would see sinks at shortened distances"
+        else:
+            why = "its chunks would follow the cache's re-assigned indexes, not the text's"
+        return f"layer {i}'s {span.describe()} span: {why}"
+    return None
 
 
 def default_window(base_length: int, sinks: int, block: int) -> int:
@@ -95,7 +145,8 @@ def evaluate_streaming(
     read `batch_tokens` // (N + W + S) streams at a time through one KV cache each. Returns
     `perplexity.evaluate_model`'s keys ("tokens", "windows" = streams, "stride" = block size, "nll", "ppl", "bpb",
     "bytes", "per_position": mean NLL at each stream position 0..L-1). Raises `LengthBeyondScheme` when the cache
-    (N + W + S - 1 positions, or L if smaller) exceeds the scheme's limit, ValueError when no stream fits, and
+    (N + W + S - 1 positions, or L if smaller) exceeds the scheme's limit, `SpanBeyondCache` (one of them) when a
+    layer's span cannot be honoured (`unserved_span`), ValueError when no stream fits, and
     ConfigError for a model without posenc's KV cache. With `key_tokens` the result also holds "longppl" and
     "key_tokens": a stream's targets past the training length scored again with a training-length context (plain
     forwards, no cache: `longppl.short_context_nll`), against their streaming NLL.
@@ -114,6 +165,9 @@ def evaluate_streaming(
     limit = getattr(scheme, "max_length", None)
     if limit is not None and widest > limit:
         raise LengthBeyondScheme(getattr(scheme, "name", type(scheme).__name__), limit, widest)
+    why = unserved_span(model, length, window, sinks)
+    if why is not None:
+        raise SpanBeyondCache(getattr(scheme, "name", type(scheme).__name__), why, length)
 
     device = torch.device(device)
     starts = np.arange(n_streams, dtype=np.int64) * length  # (n_streams,)
