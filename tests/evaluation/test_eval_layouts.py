@@ -1,0 +1,104 @@
+"""Every evaluation from the CLI on tiny per-layer layout runs (irope at 4 layers, gemma3 at 6): finite results,
+labelled with the preset's name, and the streaming cells a layer's span makes meaningless n/a with the reason."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from train_utils import tiny_config, write_corpus
+from typer.testing import CliRunner
+
+from posenc_cli.cli import app
+
+runner = CliRunner()
+HYBRIDS = {"irope": 4, "gemma3": 6}  # preset -> layers (the pattern's length)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 6-step run per preset (d_model 32, seq_len 16: windows and chunks of 4) under one sweep directory."""
+    from posenc_cli.run.train import train
+
+    root = tmp_path_factory.mktemp("eval-layouts")
+    corpus = write_corpus(root)
+    for name, n_layer in HYBRIDS.items():
+        cfg = tiny_config(corpus, pos=name, model={"n_layer": n_layer}, steps=6, eval_every=6, save_every=6)
+        train(cfg, root / "sweep" / name)
+    return root / "sweep"
+
+
+def run_cli(*args: object, out: Path) -> list[dict[str, Any]]:
+    """Invoke posenc with `args` and --json `out`; the combined runs, sorted by name."""
+    result = runner.invoke(app, [*map(str, args), "--device", "cpu", "--json", str(out)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    return sorted(json.loads(out.read_text())["runs"], key=lambda r: r["run"])
+
+
+def assert_labelled(runs: list[dict[str, Any]], names: tuple[str, ...] = tuple(sorted(HYBRIDS))) -> None:
+    assert [r["run"] for r in runs] == list(names) and [r["scheme"] for r in runs] == list(names)
+
+
+@pytest.mark.parametrize("protocol", ["nonoverlap", "sliding", "fixed-target"])
+def test_perplexity_protocols(sweep: Path, tmp_path: Path, protocol: str) -> None:
+    runs = run_cli("eval-extrapolate", sweep, "--protocol", protocol, "--lengths", "1,2", "--tokens", 64,
+                   "--no-longppl", out=tmp_path / "ppl.json")  # fmt: skip
+    assert_labelled(runs)
+    for run in runs:
+        assert [(e["length"], e["status"]) for e in run["entries"]] == [(16, "ok"), (32, "ok")]
+        assert all(math.isfinite(e["nll"]) and e["protocol"] == protocol for e in run["entries"])
+    assert runs[0]["entries"][0]["nll"] != runs[1]["entries"][0]["nll"]
+
+
+def test_streaming_measures_what_the_cache_honours(sweep: Path, tmp_path: Path) -> None:
+    """gemma3's sliding windows (4) fit the cache's window (12): measured. irope's chunks do not survive eviction:
+    n/a past the warm-up, with the layer and span named, and measured at 1× (one causal forward)."""
+    args = ("eval-extrapolate", sweep, "--protocol", "streaming", "--lengths", "1,2", "--tokens", 64, "--no-longppl")
+    result = runner.invoke(app, [*map(str, args), "--device", "cpu"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "n/a for irope at 32: layer 0's chunked 4 span" in result.output
+    runs = run_cli(*args, out=tmp_path / "s.json")
+    assert_labelled(runs)
+    gemma3, irope = runs
+    assert [e["status"] for e in gemma3["entries"]] == ["ok", "ok"]
+    assert [e["status"] for e in irope["entries"]] == ["ok", "n/a"]
+    assert all(math.isfinite(e["nll"]) for e in gemma3["entries"] + irope["entries"][:1])
+    assert irope["entries"][1]["nll"] is None and "chunks would follow" in irope["entries"][1]["reason"]
+
+
+def test_longppl(sweep: Path, tmp_path: Path) -> None:
+    runs = run_cli("eval-extrapolate", sweep, "--lengths", "1,4", "--tokens", 64, "--longppl", out=tmp_path / "l.json")
+    assert_labelled(runs)
+    for run in runs:
+        short, long = run["entries"]
+        assert short["key_tokens"] == 0 and short["longppl"] is None  # no target has more context than L
+        assert long["status"] == "ok" and isinstance(long["key_tokens"], int) and long["key_tokens"] >= 0
+        assert long["longppl"] is None if long["key_tokens"] == 0 else math.isfinite(long["longppl"])
+
+
+def test_passkey(sweep: Path, tmp_path: Path) -> None:
+    runs = run_cli(
+        "eval-passkey", sweep, "--abs-lengths", 112, "--depths", "0,1", "--trials", 1, out=tmp_path / "p.json"
+    )
+    assert_labelled(runs)
+    for run in runs:
+        assert [e["status"] for e in run["entries"]] == ["ok", "ok"]
+        assert all(e["trials"] == 1 and 0.0 <= e["accuracy"] <= 1.0 for e in run["entries"])
+
+
+def test_tasks_niah_single(sweep: Path, tmp_path: Path) -> None:
+    runs = run_cli("eval-tasks", sweep / "irope", "--tasks", "niah-single", "--abs-lengths", 96, "--depths", 0,
+                   "--trials", 1, "--tokens-to-generate", 12, out=tmp_path / "t.json")  # fmt: skip
+    assert_labelled(runs, ("irope",))
+    (entry,) = runs[0]["entries"]
+    assert entry["status"] == "ok" and entry["task"] == "niah-single" and 0.0 <= entry["score"] <= 1.0
+
+
+def test_algorithmic(sweep: Path, tmp_path: Path) -> None:
+    runs = run_cli("eval-algorithmic", sweep / "gemma3", "--tasks", "copy", "--lengths", "1,2", "--examples", 1,
+                   out=tmp_path / "a.json")  # fmt: skip
+    assert_labelled(runs, ("gemma3",))
+    assert [(e["length"], e["status"]) for e in runs[0]["entries"]] == [(1, "ok"), (2, "ok")]
