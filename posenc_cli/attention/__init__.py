@@ -13,10 +13,15 @@
   fp32 wrapper for bf16 training on CPU. Memory stays bounded when a scheme adds a score bias (query chunks of
   `BIAS_CHUNK_BYTES`).
 
-Where the next schemes plug in: a layer whose attention span is a sliding window or fixed chunks is a spec field
-(the layer's span) and kernels that mask by it; a scheme that owns the normaliser (stick-breaking, a forget gate's
-bias, SSMax's scale) declares it as a hook the spec records, and `choose_kernel` routes it to a kernel that calls
-the scheme, before every fused road. The state is per forward, so per-layer schemes or tables are per-layer fields.
+- `windowed`: a layer whose span (`positional.span`, given by a per-layer layout) is a sliding window or fixed
+  chunks: `Windowed` (query chunks scored against the keys they can see) and `BlockCausal` (the blocks as a batch
+  through the fused kernel). `KernelSpec.span` records the span where it hides keys at that length.
+
+A layer attends with its `LayerView` (`positional.base`): the scheme, context, span and temperature a layout gives
+it; `GPT.layer_attention` builds one `AttentionState` per distinct scheme and context, so layers of one scheme share
+tables and kernel choices. Where the next schemes plug in: a scheme that owns the normaliser (stick-breaking, a
+forget gate's bias) declares it as a hook the spec records, and `choose_kernel` routes it to a kernel that calls the
+scheme, before every fused road.
 """
 
 from __future__ import annotations
