@@ -12,14 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from posenc_cli.config import PosConfig
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.evaluation.runs import find_runs
+from posenc_cli.positional.layout import LayoutConfig
 from posenc_cli.run import memory
 from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.load import read_config
 from posenc_cli.run.meta import RunMeta, read_meta
 
-__all__ = ["check_grid_fits", "grid_bytes"]
+__all__ = ["check_grid_fits", "grid_bytes", "position_limit"]
 
 ID_BYTES = 8  # a prompt token id (int64)
 MIN_BASE_LENGTH = 2  # a run's base length is at least 2 tokens: the floor of a multiple before any run is read
@@ -82,7 +84,7 @@ def _refuse_beyond(
 def _run_sizes(paths: list[str]) -> tuple[list[tuple[str, int, int | None, int, int]], bool]:
     """([(run, base length, position limit, d_model, vocabulary)] of each posenc run below `paths` that can be read
     cheaply, whether some run could not be (a transformers directory, a broken run: the evaluation reports the
-    latter in its own words)). The position limit is a learned table's size (the only scheme with one), else None."""
+    latter in its own words)). The position limit is `position_limit`'s."""
     try:
         runs = find_runs(paths)
     except UserError:
@@ -99,10 +101,20 @@ def _run_sizes(paths: list[str]) -> tuple[list[tuple[str, int, int | None, int, 
             unknown = True
             continue
         base = RunMeta.from_json(meta).lengths(config)[1]
-        learned = config.pos.name == "learned"
-        limit = (getattr(config.pos, "table_size", None) or config.train.seq_len) if learned else None
+        limit = position_limit(config.pos, config.train.seq_len)
         sizes.append((str(path), base, limit, config.model.d_model, memory.planned_vocab_size(config)))
     return sizes, unknown
+
+
+def position_limit(pos: PosConfig, seq_len: int) -> int | None:
+    """A learned table's size (`pos.table_size`, else the training length), the only scheme with a position limit;
+    a per-layer layout's is its learned layers' (a learned table can only be a layout's one scheme); else None."""
+    if isinstance(pos, LayoutConfig):
+        limits = [lim for e in pos.entries() if (lim := position_limit(e.pos, seq_len)) is not None]
+        return min(limits) if limits else None
+    if pos.name != "learned":
+        return None
+    return getattr(pos, "table_size", None) or seq_len
 
 
 def _gib(n: float) -> str:

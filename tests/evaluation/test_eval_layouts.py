@@ -102,3 +102,15 @@ def test_algorithmic(sweep: Path, tmp_path: Path) -> None:
                    out=tmp_path / "a.json")  # fmt: skip
     assert_labelled(runs, ("gemma3",))
     assert [(e["length"], e["status"]) for e in runs[0]["entries"]] == [(1, "ok"), (2, "ok")]
+
+
+def test_grid_position_limit_reads_a_layouts_learned_table() -> None:
+    """The retrieval grid's memory check skips lengths past a learned table, a layout's only scheme included."""
+    from posenc_cli.evaluation.grid import position_limit
+    from posenc_cli.positional import config_class
+    from posenc_cli.positional.layout import LayoutConfig
+
+    assert position_limit(config_class("learned")(name="learned"), 16) == 16
+    assert position_limit(LayoutConfig(layers=[{"name": "learned", "table_size": 40}]), 16) == 40
+    assert position_limit(LayoutConfig(layers=[{"name": "learned"}]), 16) == 16
+    assert position_limit(config_class("irope")(name="irope"), 16) is None
