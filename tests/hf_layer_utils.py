@@ -52,3 +52,15 @@ def save_layered_model(directory: Path, arch: str, *, seed: int = 0, **extra: An
     tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(str(directory))
     tok.save_pretrained(str(directory))
     return Path(directory)
+
+
+class LazyModels(dict):
+    """{arch: directory}, each tiny model saved under `root` on first use (a test pays only for those it reads)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, arch: str) -> Path:
+        self[arch] = save_layered_model(self.root / arch, arch)
+        return self[arch]

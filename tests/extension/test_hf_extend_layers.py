@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_layer_utils import CONTEXT, save_layered_model
+from hf_layer_utils import CONTEXT, LazyModels, save_layered_model
 from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
@@ -24,21 +24,9 @@ S, F = "sliding_attention", "full_attention"
 runner = CliRunner()
 
 
-class _Sources(dict):
-    """Each tiny source directory built on first use (a test pays only for the models it extends)."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__()
-        self.root = root
-
-    def __missing__(self, arch: str) -> Path:
-        self[arch] = save_layered_model(self.root / arch, arch)
-        return self[arch]
-
-
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return _Sources(tmp_path_factory.mktemp("hf-extend-layers"))
+    return LazyModels(tmp_path_factory.mktemp("hf-extend-layers"))
 
 
 def _extend(*args: str):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_layer_utils import CONTEXT, LAYERED, WINDOW, save_layered_model
+from hf_layer_utils import CONTEXT, LAYERED, WINDOW, LazyModels, save_layered_model
 from hf_utils import write_text_corpus
 
 pytest.importorskip("transformers")
@@ -30,8 +30,7 @@ FLAT = {
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("hf-layers")
-    return {arch: save_layered_model(root / arch, arch) for arch in LAYERED}
+    return LazyModels(tmp_path_factory.mktemp("hf-layers"))
 
 
 def _plain(path: Path, **kwargs: object) -> torch.nn.Module:
@@ -133,3 +132,22 @@ def test_cli_perplexity_equals_plain_transformers(dirs: dict[str, Path], tmp_pat
         length = entry["length"]
         expected = _transformers_ppl(dirs[arch], stream, length, math.ceil(128 / length))
         assert entry["ppl"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_a_config_transformers_refuses_is_one_line_before_loading(tmp_path: Path) -> None:
+    """A YaRN entry without its factor: transformers' own validation refuses it; posenc says so in one line."""
+    from typer.testing import CliRunner
+
+    from posenc_cli.cli import app
+    from posenc_cli.errors import CheckpointError
+
+    path = save_layered_model(tmp_path / "m", "gemma3")
+    raw = json.loads((path / "config.json").read_text())
+    raw["rope_parameters"][F] = {"rope_type": "yarn", "rope_theta": 1e6}
+    (path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match=r"config.json is not a valid gemma3_text config \(") as err:
+        load_hf_run(path)
+    assert "\n" not in str(err.value)
+    result = CliRunner().invoke(app, ["eval-extrapolate", str(path), "--lengths", "1"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert not (path / "eval").exists()
