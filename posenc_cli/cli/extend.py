@@ -117,15 +117,14 @@ def extend_command(
     ] = False,
     threads: Annotated[int, typer.Option("--threads", metavar="N", help="CPU threads (0: torch's default).")] = 0,
     layers: Annotated[
-        str | None,
+        str,
         typer.Option(
             "--layers",
             metavar="global|all",
-            help="A transformers directory: scale the rope parameters of the global (full-attention) layers only "
-            "(default; as Google scales Gemma 3) or of every layer.",
-            show_default=False,
+            help="A per-layer layout or a transformers directory with windowed layers: change the global "
+            "(full-attention) RoPE layers only (Gemma 3's rule) or all of them.",
         ),
-    ] = None,
+    ] = _D.layers,
     factors: Annotated[
         Path | None,
         typer.Option(
@@ -217,10 +216,10 @@ def extend_command(
         group=group,
         leaky=leaky,
         threads=threads,
+        layers=layers,
     )
-    hf_layers = _hf_layers_rule(run_dir, layers)  # before planning: a wrong --layers is refused first
     plan = plan_extension(request)
-    with _Displays(plan) as displays, hf_layers:
+    with _Displays(plan) as displays:
         outcome = displays.execute()
     result = outcome.result
     if outcome.remapped:
@@ -247,21 +246,6 @@ def extend_command(
         raise typer.Exit(128 + (result.finetune.signal or 2))  # type: ignore[union-attr]
     if evaluate:
         _evaluate_both(result, threads)
-
-
-def _hf_layers_rule(run_dir: Path, layers: str | None) -> Any:
-    """The context in which `hf_extend` applies `--layers` (refused, one line, for anything but a transformers
-    directory: posenc's own runs scale every RoPE layer)."""
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.errors import ConfigError
-    from posenc_cli.extension.hf_extend import LAYER_RULES, scaled_layers
-    from posenc_cli.run.hf_run import is_hf_dir
-
-    if layers is not None and layers not in LAYER_RULES:
-        raise ConfigError(f"--layers must be one of {', '.join(LAYER_RULES)}, got {layers!r}")
-    if layers is not None and not is_hf_dir(run_dir):
-        raise ConfigError("--layers applies to transformers directories (rope parameters per layer type) only")
-    return scaled_layers(layers)
 
 
 class _Displays:

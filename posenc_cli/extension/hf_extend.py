@@ -32,8 +32,6 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +41,7 @@ from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.identity import differences
 from posenc_cli.extension.limits import frequency_numbers
+from posenc_cli.extension.rope_layers import LAYER_RULES  # the rules of posenc's own layouts
 from posenc_cli.rope_scaling import get_method, registry
 from posenc_cli.run.hf_layers import HFLayout, hf_layout
 from posenc_cli.run.hf_run import CONFIG_FILE, SIDE_FILES, load_hf_run
@@ -57,7 +56,6 @@ __all__ = [
     "hf_methods",
     "hf_rope_parameters",
     "scaled_layer_types",
-    "scaled_layers",
 ]
 
 
@@ -76,18 +74,6 @@ _IDENTITY = (
     "max_position_embeddings",
     "parent_weights",
 )
-LAYER_RULES = ("global", "all")  # which layers' rope parameters are scaled (see the module docstring)
-_LAYERS: ContextVar[str | None] = ContextVar("posenc_hf_extend_layers", default=None)
-
-
-@contextlib.contextmanager
-def scaled_layers(rule: str | None) -> Iterator[None]:
-    """Within the block, `extend_hf_dir` applies this rule (`LAYER_RULES`; None: `ext.layers`, else "global")."""
-    token = _LAYERS.set(rule)
-    try:
-        yield
-    finally:
-        _LAYERS.reset(token)
 
 
 @dataclass
@@ -277,8 +263,8 @@ def extend_hf_dir(
 ) -> HFExtendResult:
     """Write the RoPE-scaled copy of transformers directory `src_dir` to `out_dir` (absent or empty).
 
-    `layers` (else `scaled_layers`' rule, else `ext.layers`, else "global"): which layers' rope parameters are
-    scaled (`scaled_layer_types`). Refused with one line before anything is written: a fine-tune (not supported for
+    `layers` (else `ext.layers`, `posenc extend --layers`): which layers' rope parameters are scaled
+    (`scaled_layer_types`). Refused with one line before anything is written: a fine-tune (not supported for
     these directories), a directory `load_hf_run` refuses, a model that is not RoPE, a `layers` rule its config cannot
     honour, a method transformers has no rope type for, and a non-empty `out_dir` (unless it holds this very
     extension: then nothing is done).
@@ -296,7 +282,7 @@ def extend_hf_dir(
     config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
     text = config.get_text_config()  # a multimodal config keeps the language model's rope parameters here
     layout = hf_layout(text)
-    rule = layers or _LAYERS.get() or getattr(ext, "layers", None) or "global"
+    rule = layers or ext.layers
     targets = scaled_layer_types(layout, rule, src)
     current = dict(text.rope_parameters or {})
     sets = {t: current.get(t) for t in targets} if targets else {"": current}

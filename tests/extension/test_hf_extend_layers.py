@@ -152,21 +152,10 @@ def test_a_model_whose_every_layer_attends_globally_is_scaled_whole(tmp_path: Pa
     _check_logits(src, out)
 
 
-@pytest.mark.parametrize(
-    ("target", "layers", "message"),
-    [
-        ("run", "global", "--layers applies to transformers directories"),
-        ("gemma3", "local", "--layers must be one of global, all, got 'local'"),
-    ],
-)
-def test_layers_refusals_are_one_line(
-    sources: dict[str, Path], tmp_path: Path, target: str, layers: str, message: str
-) -> None:
-    src = sources[target] if target != "run" else tmp_path / "run"
-    src.mkdir(exist_ok=True)
-    result = _extend(str(src), "--yarn", "--layers", layers, "--out", str(tmp_path / "ext"))
+def test_an_unknown_layers_rule_is_one_line(sources: dict[str, Path], tmp_path: Path) -> None:
+    result = _extend(str(sources["gemma3"]), "--yarn", "--layers", "local", "--out", str(tmp_path / "ext"))
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
-    assert message in result.output and not (tmp_path / "ext").exists()
+    assert "must be one of global, all, got 'local'" in result.output and not (tmp_path / "ext").exists()
 
 
 def test_scaled_layer_types_rules() -> None:
@@ -196,3 +185,22 @@ def test_a_record_from_before_layers_is_still_this_extension(tmp_path: Path) -> 
     (out / RECORD_FILE).write_text(json.dumps(record))
     again = _extend(str(src), "--yarn", "--out", str(out))
     assert again.exit_code == 0 and "already extended" in again.output, again.output
+
+
+def test_the_flag_reaches_posencs_own_layouts(tmp_path: Path) -> None:
+    """`--layers` is one flag for both: an iRoPE run (chunked RoPE layers, NoPE global ones) is refused under the
+    default and extended under `--layers all`, as `extension.rope_layers` rules."""
+    from train_utils import tiny_config, write_corpus
+
+    from posenc_cli.run.train import train
+
+    (tmp_path / "src").mkdir()
+    cfg = tiny_config(write_corpus(tmp_path / "src"), pos="irope", model={"n_layer": 4}, steps=1, eval_every=1,
+                      save_every=1)  # fmt: skip
+    train(cfg, tmp_path / "src" / "run")
+    run, out = tmp_path / "src" / "run", tmp_path / "ext"
+    refused = _extend(str(run), "--yarn", "--out", str(out))
+    assert refused.exit_code == 2 and "--layers all scales the windowed ones" in refused.output, refused.output
+    result = _extend(str(run), "--yarn", "--layers", "all", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "meta.json").read_text())["extend"]["layers"]["rule"] == "all"
