@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from train_utils import tiny_config, write_corpus
 from typer.testing import CliRunner
 
@@ -114,3 +115,33 @@ def test_grid_position_limit_reads_a_layouts_learned_table() -> None:
     assert position_limit(LayoutConfig(layers=[{"name": "learned", "table_size": 40}]), 16) == 40
     assert position_limit(LayoutConfig(layers=[{"name": "learned"}]), 16) == 16
     assert position_limit(config_class("irope")(name="irope"), 16) is None
+
+
+class FullForward(torch.nn.Module):
+    """The model without its KV cache: `greedy_decode` then runs one full forward per generated token."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(idx, position_ids=position_ids)
+
+
+@pytest.mark.parametrize("name", sorted(HYBRIDS))
+def test_cached_greedy_decode_equals_full_forwards(name: str) -> None:
+    """The retrieval evaluations' decode through the KV cache gives each layer its span and temperature at the
+    tokens' own indexes: the same tokens as a full forward per step, past several windows and chunks."""
+    from posenc_cli.config import ModelConfig
+    from posenc_cli.evaluation.passkey import greedy_decode
+    from posenc_cli.model import GPT
+    from posenc_cli.positional import config_class
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(d_model=32, n_layer=HYBRIDS[name], n_head=2, init_std=0.3), config_class(name)(name=name),
+                50, 16).eval()  # fmt: skip
+    prompts = torch.randint(0, 50, (3, 13), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cached = greedy_decode(model, prompts, 12, use_bf16=False)
+        full = greedy_decode(FullForward(model), prompts, 12, use_bf16=False)
+    assert torch.equal(cached, full) and len(set(cached.flatten().tolist())) > 3
