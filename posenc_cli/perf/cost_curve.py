@@ -291,8 +291,9 @@ def skip_reason(
 
 
 def run_curve(cfg: Config, opts: CurveOptions, progress: Progress | None = None) -> dict[str, Any]:
-    """Measure every (scheme, length) of `opts` on the device, threads and precision of `cfg.train`, lengths in
-    increasing order per scheme; returns the JSON-ready result (`rows`, `reach`, the machine and the limits)."""
+    """Measure every (scheme, length) of `opts` on the device, threads and precision of `cfg.train`, length by
+    length in increasing order (each scheme's cases in length order, so its limits can stop it); returns the
+    JSON-ready result (`rows` by scheme, `reach`, the machine and the limits)."""
     opts.validate()
     cfg.validate()
     say = progress or (lambda message: None)
@@ -321,17 +322,15 @@ def run_curve(cfg: Config, opts: CurveOptions, progress: Progress | None = None)
         if device.type == "cpu"
         else "torch.cuda.max_memory_allocated",
     }
-    rows: list[dict[str, Any]] = []
+    done: dict[str, list[dict[str, Any]]] = {scheme: [] for scheme in schemes}
     with threads(cfg.train.threads) as n_threads:
         result["threads"] = n_threads if device.type == "cpu" else None
-        for scheme in schemes:
-            pos = asdict(cfg.pos) if scheme == cfg.pos.name else {}
-            done: list[dict[str, Any]] = []
-            for length in lengths:
+        for length in lengths:  # every scheme at one length, then the next: drift hits a length's schemes alike
+            for scheme in schemes:
                 case = CurveCase(
                     model=asdict(cfg.model),
                     scheme=scheme,
-                    pos=pos,
+                    pos=asdict(cfg.pos) if scheme == cfg.pos.name else {},
                     vocab_size=vocab,
                     train_length=cfg.train.seq_len,
                     length=length,
@@ -342,8 +341,8 @@ def run_curve(cfg: Config, opts: CurveOptions, progress: Progress | None = None)
                     max_repeats=opts.max_repeats,
                     memory_limit_bytes=limit,
                 )
-                done.append(next_row(case, done, opts, limit, say))
-            rows.extend(done)
+                done[scheme].append(next_row(case, done[scheme], opts, limit, say))
+    rows = [row for scheme in schemes for row in done[scheme]]  # by scheme, lengths increasing
     result["rows"] = rows
     result["reach"] = reach(rows, limit / 2**20)
     result["load_average_end"] = load_average()
