@@ -16,6 +16,7 @@ from posenc_cli.analysis import viz, viz_data
 from posenc_cli.config import ModelConfig
 from posenc_cli.model import GPT
 from posenc_cli.positional import build_scheme, config_class
+from posenc_cli.positional.layout import LayoutConfig
 from posenc_cli.positional.span import Span
 
 D, H, V, L = 32, 4, 61, 16
@@ -26,10 +27,20 @@ def layout(name: str, n_layer: int = 2):  # a Layout
                                                                    n_head=H), L)  # fmt: skip
 
 
+# A layout of bias schemes and a remap under spans: the windowed kernel with a bias, the remapped kernel with a span.
+MIXED = [
+    {"name": "alibi", "span": "sliding", "window": 5},
+    {"name": "fire", "span": "chunked", "window": 6},
+    {"name": "rope", "span": "sliding", "window": 7, "remap": {"method": "self-extend", "window": 3, "group": 2}},
+    {"name": "nope", "temperature": 0.3, "floor_scale": 3},
+]
+
+
 def tiny_gpt(name: str, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    model = GPT(ModelConfig(d_model=D, n_layer=n_layer_for(name), n_head=H), config_class(name)(name=name), V, L)
-    return model.eval()
+    pos = LayoutConfig(layers=MIXED) if name == "mixed" else config_class(name)(name=name)
+    n_layer = len(MIXED) if name == "mixed" else n_layer_for(name)
+    return GPT(ModelConfig(d_model=D, n_layer=n_layer, n_head=H, init_std=0.2), pos, V, L).eval()
 
 
 def render(renderables: list) -> str:
@@ -84,7 +95,7 @@ def test_layer_selects_its_scheme_and_options_name_the_difference() -> None:
     np.testing.assert_allclose(factor, 1 + 0.1 * np.log1p(np.floor((np.arange(16) + 1) / 4)), rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["irope", "gemma3", "rnope-swa"])
+@pytest.mark.parametrize("name", ["irope", "gemma3", "rnope-swa", "mixed"])
 @pytest.mark.parametrize("chunk", [None, 5])
 def test_weights_times_v_is_each_layers_attention(name: str, chunk: int | None) -> None:
     """Recomputed weights hide what each layer's span hides and, times v, give the layer's own output (its kernel:
