@@ -104,7 +104,9 @@ def uses_cuda_graphs(value: bool | str, device: torch.device) -> bool:
 
 
 def step_begin(value: bool | str, device: torch.device) -> None:
-    """Before each forward of a step: a new CUDA-graph iteration (the previous outputs were consumed)."""
+    """Before each optimizer step: a new CUDA-graph iteration (torch.compiler.cudagraph_mark_step_begin), whose
+    memory may overwrite the previous step's outputs, all consumed by then (the gradients were applied and cleared).
+    Once per step, not per micro-batch: the micro-batches' gradients accumulate across the step's forwards."""
     if uses_cuda_graphs(value, device):
         torch.compiler.cudagraph_mark_step_begin()
 

@@ -410,12 +410,12 @@ class _Trainer:
                 # must stay in step); the step is then undone, its random draws too, and runs again on resume
                 rng_at_start = capture_rng(self.sampler) if tc.grad_accum > 1 and not self.dist.enabled else None
                 stopped_within = False
+                compiling.step_begin(tc.compile, self.device)  # CUDA graphs: one iteration per optimizer step
                 for micro in range(tc.grad_accum):
                     if rng_at_start is not None and interrupts.signum is not None:
                         stopped_within = True
                         break
                     x, y, ids = self._batch()
-                    compiling.step_begin(tc.compile, self.device)
                     with self._sync_grads(last=micro == tc.grad_accum - 1):
                         with autocast(self.device, self.precision):
                             # (B, T, V); B/N rows per rank in a data-parallel job

@@ -68,10 +68,17 @@ def test_compiled_steps_give_the_eager_losses(corpus: Path, tmp_path: Path, dyna
     assert yaml.safe_load((tmp_path / "compiled" / "config.yaml").read_text())["train"]["compile"] is True
 
 
-def test_a_compiled_run_resumes_bitwise(corpus: Path, tmp_path: Path, dynamo: list[str]) -> None:
-    """Dropout and gradient accumulation: the warm-up compile must leave every random stream as it was."""
+def test_a_compiled_run_resumes_bitwise(
+    corpus: Path, tmp_path: Path, dynamo: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dropout and gradient accumulation: the warm-up compile must leave every random stream as it was. As if on
+    CUDA, where reduce-overhead records CUDA graphs: a new graph iteration per optimizer step, not per micro-batch."""
+    marks: list[int] = []
+    monkeypatch.setattr(compiling, "uses_cuda_graphs", lambda value, device: value == "reduce-overhead")
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
     cfg = tiny_config(corpus, model={"dropout": 0.1}, steps=6, save_every=2, grad_accum=2, compile="reduce-overhead")
     train(cfg, tmp_path / "whole")
+    assert len(marks) == 3 + 6  # three warm-up calls, then one per step
 
     def stop_at_3(event: dict) -> None:
         if event["event"] == "step" and event["step"] == 3:
@@ -156,3 +163,12 @@ def test_compiled_backends_match_eager(
     train(tiny_config(corpus, **common), tmp_path / "eager")
     train(tiny_config(corpus, compile=True, **common), tmp_path / "compiled")
     assert _close(metrics(tmp_path / "eager"), metrics(tmp_path / "compiled"), tol)
+
+
+def test_on_cuda_without_triton_compile_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compiling, "cxx_compiler", lambda: "/usr/bin/g++")
+    monkeypatch.setattr(compiling, "has_triton", lambda: False)
+    with pytest.raises(ConfigError, match=r"^train.compile=reduce-overhead on CUDA needs the triton package"):
+        compiling.check_compile("reduce-overhead", torch.device("cuda"))
+    compiling.check_compile("reduce-overhead", torch.device("cpu"))  # Inductor's CPU code needs no triton
+    compiling.check_compile(False, torch.device("cuda"))  # eager needs nothing
