@@ -11,6 +11,10 @@ the search of torch/_inductor/config.py `cpp.cxx`) and, on CUDA, the triton pack
 `check_compile` refuses the run in one line before anything is written. The first step compiles (seconds on a
 CPU, up to a minute on a GPU); `warm_up` takes it before the run's clock starts, on a dummy batch and with every
 random stream restored, so the trained numbers are those of the first real step.
+
+Graph breaks: since the per-layer layouts (commit 3666d0e) Dynamo cannot trace the model's per-layer views (it has
+no reconstruction for the frozen dataclasses `KernelSpec` and `Span`), so the model compiles in several graphs with
+the Python between them eager (`TORCH_LOGS=graph_breaks` lists them); before, model=tiny compiled as one graph.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from torch import Tensor, nn
 
 from posenc_cli.errors import ConfigError
 
-# The backend torch.compile uses (tests set "aot_eager": the same tracing and autograd without code generation).
+# The backend torch.compile uses (tests set Dynamo's "eager" or "aot_eager": the same tracing, no code generation).
 BACKEND = "inductor"
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile's modes that record CUDA graphs
 
