@@ -145,3 +145,28 @@ def test_cached_greedy_decode_equals_full_forwards(name: str) -> None:
         cached = greedy_decode(model, prompts, 12, use_bf16=False)
         full = greedy_decode(FullForward(model), prompts, 12, use_bf16=False)
     assert torch.equal(cached, full) and len(set(cached.flatten().tolist())) > 3
+
+
+def test_a_layouts_position_limit_is_its_learned_tables() -> None:
+    """`max_length` of a layout whose one scheme is a learned table: every evaluation's n/a check reads it."""
+    import numpy as np
+
+    from posenc_cli.config import ModelConfig
+    from posenc_cli.errors import LengthBeyondScheme
+    from posenc_cli.evaluation import perplexity as ev
+    from posenc_cli.evaluation.passkey import check_readable
+    from posenc_cli.evaluation.streaming import evaluate_streaming
+    from posenc_cli.model import GPT
+    from posenc_cli.positional.layout import LayoutConfig
+
+    model = GPT(ModelConfig(d_model=32, n_layer=2, n_head=2), LayoutConfig(layers=[{"name": "learned"}]), 50, 16)
+    tokens = np.arange(200) % 50
+    assert model.scheme.max_length == 16
+    assert np.isfinite(ev.evaluate_model(model, tokens, None, length=16, n_tokens=32)["nll"])
+    for measure in (
+        lambda: ev.evaluate_model(model, tokens, None, length=17, n_tokens=34),
+        lambda: evaluate_streaming(model, tokens, None, length=40, window=16, sinks=1, n_tokens=40),
+        lambda: check_readable(model, 18),
+    ):
+        with pytest.raises(LengthBeyondScheme, match="supports at most 16 positions"):
+            measure()
