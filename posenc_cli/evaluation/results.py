@@ -22,9 +22,10 @@ sequential. `cell_group` is the part of the key that a table's row shares across
 
 A cell's state is its `status` (`cell_status` also reads entries written before the states were told apart):
 "ok" (measured); "n/a" (the scheme, or the run's position range, cannot read that many tokens: as every evaluation
-writes it); "too_few_tokens" (the corpus is too short for one window at that length: a property of the data, not
-of the scheme); "shorter_than_target" (fixed-target: a length shorter than its scored target); "non_finite" (the
-loss overflowed). Every state but "ok" comes with its `reason` text.
+writes it; streaming: also a layer's span the cache cannot honour, `streaming.SpanBeyondCache`); "too_few_tokens"
+(the corpus is too short for one window at that length: a property of the data, not of the scheme);
+"shorter_than_target" (fixed-target: a length shorter than its scored target); "non_finite" (the loss overflowed).
+Every state but "ok" comes with its `reason` text.
 """
 
 from __future__ import annotations
