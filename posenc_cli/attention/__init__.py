@@ -10,8 +10,9 @@
   there.
 - `kernels`: the roads, one class each with one interface, `kernel(q, k, v, state, layer)`: fused SDPA, the
   key-bias road, a shared mask, the chunked bias path, query rows for the KV cache, position remapping, and the
-  fp32 wrapper for bf16 training on CPU. Memory stays bounded when a scheme adds a score bias (query chunks of
-  `BIAS_CHUNK_BYTES`).
+  fp32 wrapper for bf16 training on CPU; `flex.Flex`, FlexAttention with the scheme's `score_mod` and a block mask
+  (taken where `choose.FLEX_MIN_LEN` lists the device). Memory stays bounded when a scheme adds a score bias (query
+  chunks of `BIAS_CHUNK_BYTES`).
 
 - `windowed`: a layer whose span (`positional.span`, given by a per-layer layout) is a sliding window or fixed
   chunks: `Windowed` (query chunks scored against the keys they can see) and `BlockCausal` (the blocks as a batch
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 from posenc_cli.attention.choose import (
     BIAS_CHUNK_BYTES,
+    FLEX_GRAD_DEVICES,
+    FLEX_MIN_LEN,
     FP32_GRAD_DEVICES,
     FP32_GRAD_MAX_LEN,
     KEY_BIAS_DEVICES,
@@ -36,8 +39,10 @@ from posenc_cli.attention.choose import (
     bias_chunk_size,
     choose_kernel,
     describe,
+    flex_applies,
     remap_applies,
 )
+from posenc_cli.attention.flex import Flex
 from posenc_cli.attention.kernels import Kernel, attend_key_bias, fold_causal_mask, merged_scores
 from posenc_cli.attention.layer import CausalSelfAttention
 from posenc_cli.attention.scale import logn_factor, ssmax_factor
@@ -45,11 +50,14 @@ from posenc_cli.attention.state import AttentionState
 
 __all__ = [
     "BIAS_CHUNK_BYTES",
+    "FLEX_GRAD_DEVICES",
+    "FLEX_MIN_LEN",
     "FP32_GRAD_DEVICES",
     "FP32_GRAD_MAX_LEN",
     "KEY_BIAS_DEVICES",
     "AttentionState",
     "CausalSelfAttention",
+    "Flex",
     "Kernel",
     "KernelSpec",
     "attend",
@@ -57,6 +65,7 @@ __all__ = [
     "bias_chunk_size",
     "choose_kernel",
     "describe",
+    "flex_applies",
     "fold_causal_mask",
     "logn_factor",
     "merged_scores",

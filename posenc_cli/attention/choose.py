@@ -14,6 +14,10 @@ forward. The device and memory policy the choice follows is written here, as dat
   at 256, 1.0x at 512 and 0.7x at 1024 (so up to FP32_GRAD_MAX_LEN only); a model=tiny training step at T=128 drops
   to 0.64-0.74x (benchmarks/ab_step.py).
 
+- `FLEX_MIN_LEN`, `FLEX_GRAD_DEVICES`: where a scheme's `score_mod` replaces its bias road (`flex.Flex`,
+  FlexAttention), from which length, and where it may carry a gradient. Only devices and lengths where it was
+  measured faster than today's road are listed (benchmarks/flex_vs_chunked.py; docs/design.md has the numbers).
+
 A new road is a new kernel class and one more rule here; a spec field is added only for a fact the rule reads
 (the layer's attention span; next: a scheme that owns the normaliser, ...).
 """
@@ -25,6 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from posenc_cli.attention.flex import Flex
 from posenc_cli.attention.kernels import (
     ChunkedBias,
     Fused,
@@ -45,13 +50,19 @@ BIAS_CHUNK_BYTES = 64 * 2**20
 KEY_BIAS_DEVICES: tuple[str, ...] = ("cpu",)
 FP32_GRAD_DEVICES: tuple[str, ...] = ("cpu",)
 FP32_GRAD_MAX_LEN = 256
+# Devices where the FlexAttention road is taken -> the shortest length it is taken at. Empty: on this session's CPU
+# (torch 2.13, Intel Xeon, fp32, one thread) compiled FlexAttention was slower than the chunked and key-bias roads at
+# 8k and 32k tokens for every scheme (docs/design.md); no GPU was measured yet.
+FLEX_MIN_LEN: dict[str, int] = {}
+FLEX_GRAD_DEVICES: tuple[str, ...] = ("cuda",)  # PyTorch 2.13 has no FlexAttention backward on CPU
 
 
 @dataclass(frozen=True)
 class KernelSpec:
     """Every fact the kernel choice reads, for one layer of one forward.
 
-    has_bias, bias_shared, offers_key_bias: the scheme's `has_bias`, `bias_shared_across_layers`, `offers_key_bias`.
+    has_bias, bias_shared, offers_key_bias, offers_score_mod: the scheme's `has_bias`, `bias_shared_across_layers`,
+    `offers_key_bias`, `offers_score_mod`.
     remap: the scheme remaps positions and some pair of this forward's ids is at least its window apart.
     dtype, device, needs_grad: q's dtype, device type and `requires_grad`. batch, n_head, seq_len: q's (B, H, T).
     causal; q_start: first query row computed (> 0: KV-cache decoding); chunk_size: queries per chunk forced on the
@@ -68,6 +79,7 @@ class KernelSpec:
     needs_grad: bool = False
     bias_shared: bool = False
     offers_key_bias: bool = False
+    offers_score_mod: bool = False
     remap: bool = False
     causal: bool = True
     q_start: int = 0
@@ -87,6 +99,8 @@ def choose_kernel(spec: KernelSpec) -> Kernel:
         if spec.seq_len - spec.q_start == 1 and not spec.has_bias and spec.span.is_full:  # one row sees every key
             return LastRow(spec.q_start, dropout_p=spec.dropout_p)
         return Rows(spec.q_start, dropout_p=spec.dropout_p, span=spec.span)
+    if flex_applies(spec):
+        return Flex(causal=spec.causal, span=spec.span)
     if not spec.span.is_full:  # a window or chunks hide keys at this length
         if spec.span.kind == "chunked" and spec.causal and not spec.has_bias and spec.chunk_size is None:
             return BlockCausal(spec.span.size, dropout_p=spec.dropout_p)
@@ -121,6 +135,23 @@ def key_bias_applies(spec: KernelSpec) -> bool:
         and spec.chunk_size is None
         and spec.device in KEY_BIAS_DEVICES
         and spec.dtype in (torch.float32, torch.float64)
+    )
+
+
+def flex_applies(spec: KernelSpec) -> bool:
+    """Whether the FlexAttention road is taken: a bias the scheme offers as `score_mod`, the full forward (no KV-cache
+    rows, no remapping, no forced chunking, no dropout), on a device of `FLEX_MIN_LEN` from its length on, and without
+    a gradient unless the device has FlexAttention's backward (`FLEX_GRAD_DEVICES`)."""
+    return (
+        spec.has_bias
+        and spec.offers_score_mod
+        and not spec.remap
+        and spec.q_start == 0
+        and spec.chunk_size is None
+        and spec.dropout_p == 0.0
+        and spec.device in FLEX_MIN_LEN
+        and spec.seq_len >= FLEX_MIN_LEN[spec.device]
+        and (not spec.needs_grad or spec.device in FLEX_GRAD_DEVICES)
     )
 
 
@@ -174,6 +205,7 @@ def describe(
         needs_grad=q.requires_grad,
         bias_shared=scheme.bias_shared_across_layers,
         offers_key_bias=scheme.offers_key_bias,
+        offers_score_mod=scheme.offers_score_mod,
         remap=remap,
         causal=causal,
         q_start=q_start,

@@ -18,7 +18,14 @@ from torch import Tensor
 
 from posenc_cli.config import PosConfig
 from posenc_cli.positional import register
-from posenc_cli.positional.base import PositionalScheme, PositionContext, batch_bias, relative_distance
+from posenc_cli.positional.base import (
+    PositionalScheme,
+    PositionContext,
+    ScoreMod,
+    batch_bias,
+    id_lookup,
+    relative_distance,
+)
 
 
 @dataclass(kw_only=True)
@@ -75,3 +82,11 @@ class ALiBi(PositionalScheme):
 
     def key_bias(self, k_pos: Tensor, ctx: PositionContext) -> Tensor | None:
         return alibi_key_bias(ctx.tables["alibi_slopes"], ctx.ids_at(k_pos))
+
+    def score_mod(self, layer: int, ctx: PositionContext) -> ScoreMod | None:
+        slopes, ids = ctx.tables["alibi_slopes"], id_lookup(ctx)  # (H,)
+
+        def alibi(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score - slopes[h] * (ids(b, q_idx) - ids(b, kv_idx)).to(torch.float32)
+
+        return alibi

@@ -15,6 +15,7 @@ its positions from the ids only; `relative` says whether it sees them only throu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -27,6 +28,8 @@ from posenc_cli.positional.span import FULL, Span
 from posenc_cli.positional.temperature import FloorLog
 
 Hook = Literal["embed", "rotate", "bias"]
+# FlexAttention's score_mod: (score, b, h, q_idx, kv_idx) -> score, all 0-d tensors (q_idx, kv_idx: token indexes)
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 @dataclass
@@ -190,10 +193,35 @@ class PositionalScheme(nn.Module):
         the hook (`posenc_cli.attention.choose`)."""
         return type(self).key_bias is not PositionalScheme.key_bias
 
+    def score_mod(self, layer: int, ctx: PositionContext) -> ScoreMod | None:
+        """Optional pointwise form of hook (c), for FlexAttention (`posenc_cli.attention.flex`): a function
+        (score, b, h, q_idx, kv_idx) -> score + bias(layer, ...)[b, h, q_idx, kv_idx] on 0-d tensors, q_idx and kv_idx
+        token indexes (ids: `id_lookup(ctx)`), built from tensors `prepare` left in `ctx` (no Python branching on
+        tensor values). It must equal `bias` wherever causal attention looks (and everywhere for non-causal). Default
+        None: not available. A scheme that overrides it `offers_score_mod` and must return a function.
+        """
+        return None
+
+    @property
+    def offers_score_mod(self) -> bool:
+        """Whether `score_mod` is available (the scheme overrides it), read by the kernel choice without calling it."""
+        return type(self).score_mod is not PositionalScheme.score_mod
+
 
 def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     """(..., Tq), (..., Tk) -> (..., Tq, Tk) distances i − j (non-negative where causal attention looks)."""
     return q_pos[..., :, None] - k_pos[..., None, :]
+
+
+def id_lookup(ctx: PositionContext) -> Callable[[Tensor, Tensor], Tensor]:
+    """(b, idx) -> the position id of token `idx` in row b, for a `score_mod`: idx itself for the default ids,
+    `positions[idx]` for (T,) ids, `positions[b, idx]` for (B, T) ids."""
+    if ctx.index is None:
+        return lambda b, idx: idx
+    ids = ctx.positions
+    if ids.dim() == 1:
+        return lambda b, idx: ids[idx]
+    return lambda b, idx: ids[b, idx]
 
 
 def batch_bias(bias: Tensor) -> Tensor:

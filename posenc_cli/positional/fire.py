@@ -42,7 +42,14 @@ from torch import Tensor, nn
 from posenc_cli.config import ModelConfig, PosConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import register
-from posenc_cli.positional.base import PositionalScheme, PositionContext, batch_bias, relative_distance
+from posenc_cli.positional.base import (
+    PositionalScheme,
+    PositionContext,
+    ScoreMod,
+    batch_bias,
+    id_lookup,
+    relative_distance,
+)
 
 EPS = 1e-6  # added to the normaliser ψ(max(L, i)) (paper's code)
 THRESHOLD_FRACTION = 0.25  # L0 / training length: the paper's code default 512 at its training length 2048
@@ -140,6 +147,24 @@ class Fire(nn.Module):
         out = relu_mlp_piecewise(u, lin1.weight[:, 0], lin1.bias, lin2.weight, lin2.bias)  # (..., Tq, Tk, H) = mlp(u)
         return batch_bias(out.movedim(-1, -3))  # (1 or B, H, Tq, Tk)
 
+    def score_mod(self, ctx: PositionContext) -> ScoreMod:
+        """`forward` as FlexAttention's score_mod: u = ψ(i − j) / (ψ(max(L, i)) + ε) per score, then the MLP unit by
+        unit (M scalar terms w2[h, m]·relu(w1_m·u + b1_m); the piecewise table needs a search per score)."""
+        lin1, lin2 = self.mlp[0], self.mlp[2]
+        c, threshold, ids = self.c.float(), self.threshold(), id_lookup(ctx)
+        w1, b1, w2, b2 = lin1.weight[:, 0].float(), lin1.bias.float(), lin2.weight.float(), lin2.bias.float()
+        width = w1.shape[0]
+
+        def fire(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            i, j = ids(b, q_idx).to(torch.float32), ids(b, kv_idx).to(torch.float32)
+            u = fire_psi(i - j, c) / (fire_psi(torch.maximum(i, threshold), c) + EPS)
+            out = score + b2[h]
+            for m in range(width):  # unrolled at trace time: M elementwise terms
+                out = out + w2[h, m] * torch.relu(w1[m] * u + b1[m])
+            return out
+
+        return fire
+
 
 @register
 class FIRE(PositionalScheme):
@@ -158,3 +183,6 @@ class FIRE(PositionalScheme):
         self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext
     ) -> Tensor | None:
         return self.fires[0 if len(self.fires) == 1 else layer](ctx.ids_at(q_pos), ctx.ids_at(k_pos))
+
+    def score_mod(self, layer: int, ctx: PositionContext) -> ScoreMod | None:
+        return self.fires[0 if len(self.fires) == 1 else layer].score_mod(ctx)

@@ -21,8 +21,8 @@ from torch import Tensor, nn
 
 from posenc_cli.config import ModelConfig, PosConfig
 from posenc_cli.positional import register
-from posenc_cli.positional.base import PositionalScheme, PositionContext, relative_distance
-from posenc_cli.positional.t5 import distance_span, lookup_by_distance
+from posenc_cli.positional.base import PositionalScheme, PositionContext, ScoreMod, relative_distance
+from posenc_cli.positional.t5 import distance_score_mod, distance_span, lookup_by_distance
 
 Variant = Literal["log", "power"]
 EPS = 0.01  # lower bound of p and a (reference: 1e-2)
@@ -73,3 +73,6 @@ class Kerple(PositionalScheme):
     ) -> Tensor | None:
         dist = relative_distance(ctx.ids_at(q_pos), ctx.ids_at(k_pos)).abs()  # (..., Tq, Tk)
         return lookup_by_distance(ctx.tables["kerple"], dist)
+
+    def score_mod(self, layer: int, ctx: PositionContext) -> ScoreMod | None:
+        return distance_score_mod(ctx.tables["kerple"], ctx, causal=False)  # |i − j|

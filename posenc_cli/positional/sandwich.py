@@ -24,8 +24,8 @@ from torch import Tensor
 from posenc_cli.config import ModelConfig, PosConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import register
-from posenc_cli.positional.base import PositionalScheme, PositionContext, relative_distance
-from posenc_cli.positional.t5 import distance_span, lookup_by_distance
+from posenc_cli.positional.base import PositionalScheme, PositionContext, ScoreMod, relative_distance
+from posenc_cli.positional.t5 import distance_score_mod, distance_span, lookup_by_distance
 
 
 @dataclass(kw_only=True)
@@ -94,3 +94,6 @@ class Sandwich(PositionalScheme):
     ) -> Tensor | None:
         dist = relative_distance(ctx.ids_at(q_pos), ctx.ids_at(k_pos)).abs()  # (..., Tq, Tk)
         return lookup_by_distance(ctx.tables["sandwich"], dist)
+
+    def score_mod(self, layer: int, ctx: PositionContext) -> ScoreMod | None:
+        return distance_score_mod(ctx.tables["sandwich"], ctx, causal=False)  # |i − j|

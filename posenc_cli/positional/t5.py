@@ -22,7 +22,14 @@ from torch import Tensor, nn
 from posenc_cli.config import ModelConfig, PosConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import register
-from posenc_cli.positional.base import PositionalScheme, PositionContext, batch_bias, relative_distance
+from posenc_cli.positional.base import (
+    PositionalScheme,
+    PositionContext,
+    ScoreMod,
+    batch_bias,
+    id_lookup,
+    relative_distance,
+)
 
 
 @dataclass(kw_only=True)
@@ -75,6 +82,18 @@ def lookup_by_distance(table: Tensor, index: Tensor) -> Tensor:
     return batch_bias(nn.functional.embedding(index, table).float().movedim(-1, -3))  # (..., Tq, Tk, H) -> (., H, ..)
 
 
+def distance_score_mod(table: Tensor, ctx: PositionContext, *, causal: bool) -> ScoreMod:
+    """The `score_mod` of `lookup_by_distance`: score + table[n, h] for the id distance n = max(i − j, 0) (`causal`,
+    T5's buckets) or |i − j| (kerple, sandwich); table (N, H) covers every distance of the forward (`distance_span`)."""
+    table, ids = table.float(), id_lookup(ctx)  # (N, H)
+
+    def by_distance(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        n = ids(b, q_idx) - ids(b, kv_idx)
+        return score + table[n.clamp(min=0) if causal else n.abs(), h]
+
+    return by_distance
+
+
 def distance_span(positions: Tensor) -> Tensor:
     """(T,) or (B, T) position ids -> (N,) distances 0..max − min: every |i − j| a forward can ask for."""
     n = int(positions.max() - positions.min()) + 1 if positions.numel() else 1
@@ -108,3 +127,7 @@ class T5Bias(PositionalScheme):
         per_distance = self.relative_attention_bias.weight[ctx.tables["t5_buckets"]]  # (N, H)
         dist = relative_distance(ctx.ids_at(q_pos), ctx.ids_at(k_pos)).clamp(min=0)  # (..., Tq, Tk); n < 0: bucket 0
         return lookup_by_distance(per_distance, dist)
+
+    def score_mod(self, layer: int, ctx: PositionContext) -> ScoreMod | None:
+        per_distance = self.relative_attention_bias.weight[ctx.tables["t5_buckets"]]  # (N, H)
+        return distance_score_mod(per_distance, ctx, causal=True)

@@ -93,6 +93,7 @@ def test_describe_reads_the_scheme_and_q() -> None:
         needs_grad=True,
         bias_shared=True,
         offers_key_bias=True,
+        offers_score_mod=True,
         chunk_size=4,
         dropout_p=0.2,
     )

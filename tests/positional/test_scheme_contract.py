@@ -22,7 +22,8 @@ from scheme_utils import n_layer_for, plain_schemes
 from posenc_cli.config import Config, ModelConfig, TrainConfig, config_to_dict
 from posenc_cli.errors import LengthBeyondScheme
 from posenc_cli.model import GPT, build_model
-from posenc_cli.positional import config_class, registry
+from posenc_cli.positional import PositionalScheme, PositionContext, config_class, registry
+from posenc_cli.positional.span import Span
 from posenc_cli.run.config_load import config_from_dict
 
 SCHEMES = sorted(registry())
@@ -291,3 +292,126 @@ def test_rotate_rows_is_rotate_on_those_rows_bit_for_bit(name: str) -> None:
         for start in (1, T // 2, T - 1):
             rows_q, rows_k = model.scheme.rotate_rows(q[:, :, start:], k, ctx, start)
             assert torch.equal(rows_q, full_q[:, :, start:]) and torch.equal(rows_k, full_k), (ids, start)
+
+
+# -- FlexAttention: the score_mod hook -------------------------------------------------------------------------------
+
+FLEX_SCHEMES = [n for n in plain_schemes() if registry()[n].score_mod is not PositionalScheme.score_mod]
+FLEX_LENGTHS = (TRAIN_LENGTH // 2, TRAIN_LENGTH, 40)  # below, at and beyond the training length
+
+
+def dense_score_mod(scheme: PositionalScheme, layer: int, ctx: PositionContext, B: int) -> torch.Tensor:
+    """The scheme's score_mod on zero scores, evaluated on broadcast index tensors -> (B, H, T, T)."""
+    T, H = ctx.seq_len, scheme.n_head
+    mod = scheme.score_mod(layer, ctx)
+    b, h = torch.arange(B)[:, None, None, None], torch.arange(H)[None, :, None, None]
+    i, j = torch.arange(T)[None, None, :, None], torch.arange(T)[None, None, None, :]
+    return mod(torch.zeros(B, H, T, T), b, h, i, j).expand(B, H, T, T)
+
+
+def flex_contexts(T: int) -> list[tuple[torch.Tensor | None, int]]:
+    """(ids, B): the default ids; beyond the training length also skipping (T,) ids and (B, T) ids, one row per
+    sequence (FlexAttention's eager reference is slow per call)."""
+    if T <= TRAIN_LENGTH:
+        return [(None, 2)]
+    return [(None, 2), (skipping_ids(T, 7), 2), (torch.stack([torch.arange(T), torch.arange(T) + 5]), 2)]
+
+
+@pytest.mark.parametrize("name", FLEX_SCHEMES)
+def test_score_mod_equals_the_bias_hook_with_its_gradients(name: str) -> None:
+    """Where causal attention looks (j <= i): values to 1e-5 fp32 and every scheme parameter's gradient."""
+    model = lively(make(name))
+    scheme = model.scheme
+    for T in FLEX_LENGTHS:
+        for ids, B in flex_contexts(T):
+            for layer in range(TINY.n_layer):
+                ctx = flex_ctx(scheme, T, ids)
+                pos = ctx.token_index
+                seen = pos[None, :] <= pos[:, None]  # (T, T) causal
+                ref = scheme.bias(layer, torch.zeros(B, 1, T, 1), torch.zeros(B, 1, T, 1), pos, pos, ctx)
+                ref = ref.expand(B, TINY.n_head, T, T)
+                out = dense_score_mod(scheme, layer, ctx, B)
+                torch.testing.assert_close(out[..., seen], ref[..., seen], rtol=1e-5, atol=1e-5)
+                w = torch.randn(B, TINY.n_head, T, T, generator=torch.Generator().manual_seed(T))[..., seen]
+                params = list(scheme.parameters())
+                if params:
+                    g_ref = torch.autograd.grad((ref[..., seen] * w).sum(), params, allow_unused=True)
+                    flex_ctx(scheme, T, ids, ctx)  # tables again: the graph of `prepare` was freed
+                    out = dense_score_mod(scheme, layer, ctx, B)
+                    g_out = torch.autograd.grad((out[..., seen] * w).sum(), params, allow_unused=True)
+                    for p, a, b in zip(params, g_out, g_ref, strict=True):
+                        assert (a is None) == (b is None), p.shape
+                        if a is not None:
+                            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def flex_ctx(
+    scheme: PositionalScheme, T: int, ids: torch.Tensor | None, ctx: PositionContext | None = None
+) -> PositionContext:
+    """A prepared context for T tokens: the default ids, or explicit ones (ctx: re-prepared in place)."""
+    if ctx is None:
+        if ids is None:
+            ctx = PositionContext(torch.arange(T))
+        else:
+            ctx = PositionContext(ids, index=torch.arange(T), max_position=int(ids.max()))
+    ctx.tables.clear()
+    scheme.prepare(ctx)
+    return ctx
+
+
+@pytest.mark.parametrize("name", FLEX_SCHEMES)
+def test_flex_road_gives_the_reference_logits(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model with FlexAttention forced on CPU (PyTorch's eager reference of it) equals today's roads to 1e-5
+    fp32, below, at and beyond the training length, with default, skipping and (B, T) ids."""
+    from posenc_cli.attention import choose, flex
+
+    model = lively(make(name))
+    refs = {}
+    for T in FLEX_LENGTHS:
+        for n, (ids, B) in enumerate(flex_contexts(T)):
+            refs[T, n] = logits(model, tokens(B, T, seed=T), ids)
+    calls = []
+    monkeypatch.setattr(choose, "FLEX_MIN_LEN", {"cpu": 0})
+    monkeypatch.setattr(flex, "COMPILE", False)
+    monkeypatch.setattr(flex.Flex, "__call__", spy(flex.Flex.__call__, calls))
+    for T in FLEX_LENGTHS:
+        for n, (ids, B) in enumerate(flex_contexts(T)):
+            out = logits(model, tokens(B, T, seed=T), ids)
+            torch.testing.assert_close(out, refs[T, n], rtol=1e-5, atol=1e-5)
+    assert len(calls) == len(refs) * TINY.n_layer  # every layer of every forward took the road
+
+
+def spy(fn, calls: list):  # type: ignore[no-untyped-def]
+    def wrapped(*args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return fn(*args, **kw)
+
+    return wrapped
+
+
+@pytest.mark.parametrize("name", FLEX_SCHEMES)
+@pytest.mark.parametrize("span", [Span("sliding", 5), Span("chunked", 6)], ids=lambda s: s.kind)
+def test_flex_road_with_a_span_equals_the_windowed_reference(
+    name: str, span: Span, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sliding window or chunks as FlexAttention's block mask: the attention output equals the windowed road's (the
+    scheme's bias, span and causal masks folded) to 1e-5 fp32, below, at and beyond the training length."""
+    from posenc_cli.attention import Flex, attend, choose, flex
+    from posenc_cli.attention.state import AttentionState
+
+    model = lively(make(name))
+    scheme = model.scheme
+    g = torch.Generator().manual_seed(0)
+    for T in FLEX_LENGTHS:
+        for ids, B in flex_contexts(T)[:1] if T <= TRAIN_LENGTH else flex_contexts(T)[::2]:  # default, (B, T) ids
+            ctx = flex_ctx(scheme, T, ids)
+            q, k, v = (torch.randn(B, TINY.n_head, T, TINY.head_dim, generator=g) for _ in range(3))
+            with torch.no_grad():
+                ref = attend(q, k, v, scheme, 1, ctx, span=span)
+                with monkeypatch.context() as m:
+                    m.setattr(choose, "FLEX_MIN_LEN", {"cpu": 0})
+                    m.setattr(flex, "COMPILE", False)
+                    state = AttentionState(scheme, ctx)
+                    out = attend(q, k, v, scheme, 1, ctx, span=span, state=state)
+                    assert all(isinstance(kern, Flex) for kern in state._kernels.values())
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
