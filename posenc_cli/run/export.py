@@ -11,7 +11,10 @@ posenc's block is GPT-2's pre-norm block (LayerNorm, fused QKV, exact-erf GELU M
   (posenc_cli/rope_scaling/<method>.py): linear, dynamic, yarn and llama3 by name, with the original length L as
   `original_max_position_embeddings` (dynamic reads L from `max_position_embeddings`), and static NTK as plain RoPE
   with base' = base·s^(d/(d-2)). YaRN's attention factor multiplies cos and sin in both.
-- Every other scheme (or `model.norm=rmsnorm`) is refused with `NotExportable` before anything is written.
+- RMSNorm RoPE runs and per-layer layouts of RoPE and NoPE layers (full or sliding attention: `smollm3`,
+  `rnope-swa`, `pos=layout`) become SmolLM3 (`SmolLM3ForCausalLM`), exactly (`run.export_smollm3`, which says
+  why no architecture holds posenc's LayerNorm block with per-layer NoPE or windows, and refuses the rest).
+- Every other scheme is refused with `NotExportable` before anything is written.
 Missing biases (`model.bias=false`) are written as zeros, which is exact. The tokenizer is exported as a
 `tokenizers` JSON that `AutoTokenizer` loads: byte runs get a byte-level model whose ids are the byte values and
 256 = `<|endoftext|>`; BPE runs get their own tokenizer. After writing, the directory is loaded back with
@@ -40,6 +43,7 @@ from posenc_cli.config import Config
 from posenc_cli.data.tokenizer import EOD_TOKEN
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.fsutil import make_temp_dir, set_default_mode
+from posenc_cli.positional.layout import LayoutConfig
 from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import get_method
 from posenc_cli.run.journal import fsync_dir
@@ -66,6 +70,7 @@ __all__ = [
 ]
 
 ARCHITECTURES = {"learned": "GPT2LMHeadModel", "rope": "GPTNeoXForCausalLM"}
+SMOLLM3 = "SmolLM3ForCausalLM"  # RMSNorm RoPE runs and per-layer layouts of RoPE/NoPE (`run.export_smollm3`)
 EXPORT_INFO_FILE = "posenc_export.json"
 VERIFY_MAX_TOKENS = 256
 VERIFY_RTOL = 1e-4  # max |Δlogit| / max(1, max |logit|) allowed by the built-in check
@@ -96,8 +101,21 @@ class ExportResult:
 # What is exportable.
 
 
+def architecture(cfg: Config) -> str | None:
+    """The transformers architecture a run is exported as: SmolLM3 for RMSNorm runs of RoPE and for every per-layer
+    layout (`run.export_smollm3` decides whether it holds the layout), else `ARCHITECTURES`' entry (None: none)."""
+    if isinstance(cfg.pos, LayoutConfig) or (cfg.pos.name == "rope" and cfg.model.norm == "rmsnorm"):
+        return SMOLLM3
+    return ARCHITECTURES.get(cfg.pos.name)
+
+
 def check_exportable(cfg: Config) -> None:
-    """Raise `NotExportable` (one line) unless the run maps exactly onto GPT-2 or GPT-NeoX."""
+    """Raise `NotExportable` (one line) unless the run maps exactly onto GPT-2, GPT-NeoX or SmolLM3."""
+    if architecture(cfg) == SMOLLM3:
+        from posenc_cli.run.export_smollm3 import check_smollm3_exportable  # it imports this module
+
+        check_smollm3_exportable(cfg)
+        return
     scheme = cfg.pos.name
     if scheme not in ARCHITECTURES:
         raise NotExportable(
@@ -108,7 +126,7 @@ def check_exportable(cfg: Config) -> None:
         raise NotExportable(
             f"not exportable: model.norm={cfg.model.norm} has no matching architecture in transformers "
             f"({ARCHITECTURES[scheme]} uses LayerNorm; train with model.norm=layernorm)"
-        )
+        )  # a RoPE run with RMSNorm: SmolLM3, above
     if (p := getattr(cfg.pos, "p", 1.0)) != 1.0:
         raise NotExportable(f"not exportable: pos.p={p} (p-RoPE) has no counterpart in {ARCHITECTURES[scheme]}")
     if (remap := getattr(cfg.pos, "remap", None)) is not None and remap.active:
@@ -356,12 +374,19 @@ def _write(run: LoadedRun, directory: Path, transformers: Any) -> tuple[dict[str
     cfg = run.config
     state = {k: v.detach().cpu().float().contiguous() for k, v in run.model.state_dict().items()}
     table = int(state["scheme.wpe.weight"].shape[0]) if cfg.pos.name == "learned" else None
-    kwargs = hf_config_kwargs(cfg, run.tokenizer.vocab_size, run.tokenizer.eod_id, table)
-    if cfg.pos.name == "learned":
+    target = architecture(cfg)
+    if target == SMOLLM3:
+        from posenc_cli.run.export_smollm3 import smollm3_config_kwargs, smollm3_weights  # it imports this module
+
+        kwargs = smollm3_config_kwargs(cfg, run.tokenizer.vocab_size, run.tokenizer.eod_id)
+        hf_cfg, weights = transformers.SmolLM3Config(**kwargs), smollm3_weights(state, cfg)
+    elif cfg.pos.name == "learned":
+        kwargs = hf_config_kwargs(cfg, run.tokenizer.vocab_size, run.tokenizer.eod_id, table)
         hf_cfg, weights = transformers.GPT2Config(**kwargs), gpt2_weights(state, cfg.model.n_layer)
     else:
+        kwargs = hf_config_kwargs(cfg, run.tokenizer.vocab_size, run.tokenizer.eod_id, table)
         hf_cfg, weights = transformers.GPTNeoXConfig(**kwargs), neox_weights(state, cfg)
-    hf_cfg.architectures = [ARCHITECTURES[cfg.pos.name]]
+    hf_cfg.architectures = [target]
     tensors = {k: v.contiguous() for k, v in weights.items()}
     safetensors.torch.save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     set_default_mode(directory / "model.safetensors")  # save_file creates it 0o600
@@ -458,7 +483,7 @@ def export_run(run_dir: Path | str, out_dir: Path | str, *, to: str = "hf", veri
         run_dir=Path(run_dir),
         out_dir=out,
         scheme=cfg.pos.name,
-        architecture=ARCHITECTURES[cfg.pos.name],
+        architecture=str(architecture(cfg)),
         step=run.meta.step,
         tokenizer=run.tokenizer.kind,
         rope_type=rope_type,

@@ -1,7 +1,8 @@
 """posenc's RMSNorm block as `transformers`' SmolLM3 (`SmolLM3ForCausalLM`), exactly: plain RoPE runs and per-layer
 layouts of RoPE and NoPE layers with full or sliding-window attention (pos=rope|smollm3|rnope-swa|layout).
 
-Not wired into `posenc export` (run/export.py decides what it offers); `check_smollm3_exportable` says what maps.
+`posenc export` takes this road for RMSNorm RoPE runs and every layout (`run.export.architecture`);
+`check_smollm3_exportable` says what maps.
 
 Why SmolLM3, and why only `model.norm=rmsnorm` (transformers 5.24, `models/*/modeling_*.py`):
 - posenc's block is x + attn(norm(x)), then x + mlp(norm(x)); attention with q, k, v and output biases; MLP

@@ -25,6 +25,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is the t
 
 from posenc_cli.run.export import (  # noqa: E402
     NotExportable,
+    architecture,
     byte_level_alphabet,
     check_exportable,
     export_run,
@@ -236,10 +237,13 @@ def test_alibi_is_refused_and_nothing_is_written(runs: dict[str, Path], tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-def test_rmsnorm_is_refused(tmp_path: Path) -> None:
-    cfg = tiny_config(tmp_path / "corpus.txt", pos="rope", model={"norm": "rmsnorm"})
+def test_rmsnorm_learned_is_refused_and_rmsnorm_rope_is_smollm3(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path / "corpus.txt", pos="learned", model={"norm": "rmsnorm"})
     with pytest.raises(NotExportable, match="model.norm=rmsnorm"):
         check_exportable(cfg)
+    rope = tiny_config(tmp_path / "corpus.txt", pos="rope", model={"norm": "rmsnorm"})
+    check_exportable(rope)
+    assert architecture(rope) == "SmolLM3ForCausalLM"
     check_exportable(tiny_config(tmp_path / "corpus.txt", pos="rope", model={"bias": False}))  # zeros are exact
 
 
