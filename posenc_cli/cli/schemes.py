@@ -19,20 +19,28 @@ def scheme_rows() -> list[dict[str, str]]:
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.config import ModelConfig
     from posenc_cli.positional import registry
+    from posenc_cli.positional.layout import is_layout
 
     rows = []
     for name, cls in registry().items():
-        try:  # instantiate at the default sizes to see whether the scheme owns parameters
-            scheme = cls(cls.config_cls(name=name), ModelConfig(), 128)
+        hooks, extrapolates, learned = ", ".join(cls.hooks) or "none", cls.extrapolates, "?"
+        try:  # instantiate at the default sizes (a layout: deep enough for its pattern) to read what it has
+            cfg = cls.config_cls(name=name)
+            model = ModelConfig(n_layer=max(ModelConfig().n_layer, len(getattr(cfg, "layers", ()))))
+            scheme = cls(cfg, model, 128)
             learned = "yes" if any(True for _ in scheme.parameters()) else "no"
+            hooks, extrapolates = ", ".join(scheme.hooks) or "none", scheme.extrapolates  # a layout's: its layers'
+            if is_layout(scheme):  # "per layer (rope, nope): rotate"
+                names = dict.fromkeys(line.split(",")[0] for line in scheme.describe_layers())
+                hooks = f"per layer ({', '.join(names)}): {hooks}"
         except Exception:
-            learned = "?"
+            pass
         rows.append(
             {
                 "name": name,
-                "hooks": ", ".join(cls.hooks) or "none",
+                "hooks": hooks,
                 "learned": learned,
-                "extrapolates": "yes" if cls.extrapolates else "no",
+                "extrapolates": "yes" if extrapolates else "no",
                 "paper": cls.paper,
             }
         )

@@ -50,3 +50,12 @@ def test_new_schemes_appear_automatically(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setitem(positional._SCHEMES._entries, Dummy.name, Dummy)
     out = run()
     assert "dummy-scheme-xyz" in out and "Nobody 2099" in out
+
+
+def test_layouts_show_their_layers_hooks() -> None:
+    """A layout's row reads its layers (the class has no hooks of its own): irope rotates in its RoPE layers."""
+    from posenc_cli.cli.schemes import scheme_rows
+
+    rows = {row["name"]: row for row in scheme_rows()}
+    assert rows["irope"]["hooks"] == "per layer (rope, nope): rotate"
+    assert rows["gemma3"]["hooks"] == "per layer (rope): rotate" and rows["gemma3"]["learned"] == "no"
