@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bash benchmarks/gpu-check.sh            # on a machine with an NVIDIA GPU, from the repository root (about 8 min; at most 14)
+# bash benchmarks/gpu-check.sh            # on a machine with an NVIDIA GPU, from the repository root (about 8 min; at most 15)
 # bash benchmarks/gpu-check.sh --check    # only check the environment and list the steps; run nothing
 # bash benchmarks/gpu-check.sh --only compile-step,sweep-share    # some of the steps (names as below; at most 6 min)
 #
@@ -13,7 +13,7 @@
 #   5. compile-step: a model=tiny training step eager vs train.compile=true vs reduce-overhead (compile_step.py);
 #   6. sweep-share: a 5-job tiny sweep, one job after another vs 5 at once on the GPU (sweep_share.py).
 # Each step has a time limit (CUDA tests 90 s, suite 180 s, each bench 75 s, main job 110 s, compile 150 s, sweeps
-# 180 s): at most 14 minutes in all. Without a GPU (or with CUDA_VISIBLE_DEVICES="") it prints "no GPU: skipped" and
+# 180 s): at most 15 minutes in all. Without a GPU (or with CUDA_VISIBLE_DEVICES="") it prints "no GPU: skipped" and
 # exits 0.
 # Outputs go to GPU_CHECK_OUT (default outputs/gpu-check-<date>-<time>); the summary is also summary.txt there.
 # Exit status: 0 when every step passed (or there is no GPU), 1 otherwise.
