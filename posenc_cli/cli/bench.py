@@ -329,10 +329,18 @@ def curve_table(result: dict[str, Any], key: str, title: str, spec: str) -> Tabl
 
 
 def reach_text(entry: dict[str, Any], lengths: list[int]) -> str:
-    """'65,536 (all asked)', '16,384' (a limit stopped it: reasons below) or 'none'."""
+    """'≥ 65,536 (all asked)', '≥ 8,192 (time budget)', '16,384 (memory)', '8,192 (failed beyond)', 'none (n/a)'."""
+    stop = entry["stop"]
     if entry["longest"] is None:
-        return "none"
-    return f"{entry['longest']:,}" + (" (all asked)" if entry["beyond"] is None else "")
+        why = {"cannot": "n/a", "failed": "failed", "memory": "memory", "time": "time budget"}.get(stop)
+        return f"none ({why})" if why else "none"
+    n = f"{entry['longest']:,}"
+    return {
+        None: f"≥ {n} (all asked)",
+        "time": f"≥ {n} (time budget)",
+        "memory": f"{n} (memory)",
+        "cannot": f"{n} (n/a beyond)",
+    }.get(stop, f"{n} (failed beyond)")
 
 
 def curve_reasons(result: dict[str, Any]) -> list[str]:

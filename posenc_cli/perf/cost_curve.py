@@ -375,20 +375,30 @@ def next_row(case: CurveCase, done: list[dict[str, Any]], opts: CurveOptions, li
 
 
 def reach(rows: Iterable[dict[str, Any]], limit_mib: float) -> dict[str, dict[str, Any]]:
-    """Per scheme: the longest length measured within `limit_mib`, and why no longer one was (None: every length
-    asked for was measured, so the scheme reaches at least the longest)."""
+    """Per scheme: `longest`, the longest length measured within `limit_mib`; `beyond`, the first length that was
+    not; `stopped_by`, why; `stop`, what stopped it: "memory" (so the scheme's reach in the limit lies between
+    `longest` and `beyond`), "time" or None (every length asked was measured; both mean it reaches at least
+    `longest`), "cannot" or "failed"."""
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
-        entry = out.setdefault(r["scheme"], {"longest": None, "peak_mib": None, "beyond": None, "stopped_by": None})
+        blank = {"longest": None, "peak_mib": None, "beyond": None, "stopped_by": None, "stop": None}
+        entry = out.setdefault(r["scheme"], blank)
         if entry["beyond"] is not None:
             continue
         if r["status"] == MEASURED and r["peak_mib"] <= limit_mib:
             entry.update(longest=r["length"], peak_mib=r["peak_mib"])
         elif r["status"] == MEASURED:
             entry.update(beyond=r["length"], stopped_by=f"measured {r['peak_mib']:,.0f} MiB, over the limit")
+            entry["stop"] = "memory"
         else:
-            entry.update(beyond=r["length"], stopped_by=f"{r['status']}: {r['reason']}")
+            entry.update(beyond=r["length"], stopped_by=f"{r['status']}: {r['reason']}", stop=_stop_kind(r))
     return out
+
+
+def _stop_kind(row: dict[str, Any]) -> str:
+    if row["status"] == NOT_MEASURED:
+        return "memory" if row["reason"].startswith("over the memory limit") else "time"
+    return "cannot" if row["status"] == CANNOT else "failed"
 
 
 def csv_text(result: dict[str, Any]) -> str:

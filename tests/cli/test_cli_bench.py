@@ -26,7 +26,7 @@ def test_curve_prints_both_tables_and_writes_json_csv_and_plot(tmp_path: Path) -
     assert result.exit_code == 0, result.output
     text = result.output
     assert "Time per token (µs)" in text and "Peak memory (MiB; peak resident set (VmHWM)" in text
-    assert "longest within 1 GiB" in text and "fp32 (train.precision=fp32)" in text
+    assert "longest within 1 GiB" in text and "fp32 (train.precision=fp32)" in text and "16 (n/a beyond)" in text
     assert "n/a" in text and "learned: from 32 tokens cannot measure: scheme 'learned' supports at most 16" in text
     data = json.loads(out["curve.json"].read_text())
     assert [r["status"] for r in data["rows"]] == ["measured", "cannot measure"]
@@ -40,9 +40,8 @@ def test_a_time_limit_shows_as_not_measured(tmp_path: Path) -> None:
     args = ["bench", *TINY, "--eval-lengths", "16,32", "--schemes", "nope", "--time-budget", "0.1"]
     result = runner.invoke(app, args, terminal_width=200)
     assert result.exit_code == 0, result.output
-    assert (
-        "–" in result.output and "nope: from 16 tokens not measured: time budget spent: stopped after" in result.output
-    )
+    assert "–" in result.output and "none (time budget)" in result.output
+    assert "nope: from 16 tokens not measured: time budget spent: stopped after" in result.output
 
 
 @pytest.mark.parametrize(

@@ -78,9 +78,12 @@ def test_reach_is_the_longest_length_measured_within_the_limit() -> None:
     rows += [{"scheme": "learned", "length": 1024, "status": cc.CANNOT, "reason": "at most 128 positions"}]
     reach = cc.reach(rows, limit_mib=1000)
     assert reach["t5"]["longest"] == 2048 and reach["t5"]["beyond"] == 4096  # 5250 MiB measured: over the limit
-    assert reach["t5"]["stopped_by"] == "measured 5,250 MiB, over the limit"
-    assert reach["nope"] == {"longest": 1024, "peak_mib": 251, "beyond": None, "stopped_by": None}
+    assert reach["t5"]["stopped_by"] == "measured 5,250 MiB, over the limit" and reach["t5"]["stop"] == "memory"
+    assert reach["nope"] == {"longest": 1024, "peak_mib": 251, "beyond": None, "stopped_by": None, "stop": None}
     assert reach["learned"]["longest"] is None and reach["learned"]["stopped_by"].startswith("cannot measure")
+    assert reach["learned"]["stop"] == "cannot"
+    timed_out = [measured(1024, 1, 10), {"scheme": "t5", "length": 2048, "status": cc.NOT_MEASURED, "reason": "time"}]
+    assert cc.reach(timed_out, limit_mib=1000)["t5"]["stop"] == "time"  # a lower bound: it reaches at least 1024
 
 
 def test_options_refuse_bad_lengths_limits_and_schemes() -> None:
