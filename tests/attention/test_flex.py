@@ -1,0 +1,155 @@
+"""The FlexAttention road: which schemes offer a `score_mod`, the block mask against `Span.visible`, the kernel choice
+by `FLEX_MIN_LEN`, PyTorch's missing CPU backward (why `FLEX_GRAD_DEVICES` leaves CPU out), the compiled kernel on
+CPU (slow) and gradients through it on CUDA. The equality of every offered `score_mod` with its scheme's `bias`, and of
+the road with today's, is in the registry's contract (tests/positional/test_scheme_contract.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc_cli.attention import Flex, KernelSpec, attend, choose, choose_kernel, flex
+from posenc_cli.attention.kernels import ChunkedBias, KeyBias, Remapped, Rows, SharedMask
+from posenc_cli.attention.windowed import BlockCausal
+from posenc_cli.config import ModelConfig
+from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme, config_class, registry
+from posenc_cli.positional.span import FULL, Span
+
+FLEX_BIAS = {"has_bias": True, "bias_shared": True, "offers_score_mod": True}
+KEYED_FLEX = {**FLEX_BIAS, "offers_key_bias": True}
+SLIDING, CHUNKED = Span("sliding", 8), Span("chunked", 8)
+MODEL = ModelConfig(d_model=32, n_layer=2, n_head=2)
+
+
+def spec(facts: dict[str, bool], T: int = 64, **kw: object) -> KernelSpec:
+    dtype, device = kw.pop("dtype", torch.float32), str(kw.pop("device", "cpu"))
+    return KernelSpec(dtype=dtype, device=device, seq_len=T, **facts, **kw)  # type: ignore[arg-type]
+
+
+def test_the_bias_schemes_that_read_only_positions_offer_score_mod() -> None:
+    offered = {n for n, cls in registry().items() if cls.score_mod is not PositionalScheme.score_mod}
+    assert offered == {"alibi", "t5", "kerple", "fire", "sandwich"}
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("span", [FULL, SLIDING, CHUNKED], ids=lambda s: s.kind)
+def test_mask_mod_hides_what_the_folded_mask_hides(span: Span, causal: bool) -> None:
+    T = 29
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    expected = torch.ones(T, T, dtype=torch.bool) if not causal else j <= i
+    visible = span.visible(torch.arange(T), torch.arange(T))
+    expected = expected if visible is None else expected & visible
+    mod = flex.mask_mod(causal, span)
+    if mod is None:
+        assert expected.all()
+        return
+    assert torch.equal(mod(torch.tensor(0), torch.tensor(0), i, j).expand(T, T), expected)
+
+
+def test_block_mask_is_built_once_per_length_span_and_device() -> None:
+    assert flex.block_mask(40, True, SLIDING, "cpu") is flex.block_mask(40, True, SLIDING, "cpu")
+    assert flex.block_mask(40, True, SLIDING, "cpu") is not flex.block_mask(40, True, CHUNKED, "cpu")
+    assert flex.block_mask(40, False, FULL, "cpu") is None
+
+
+FLEX_CPU = {"cpu": 64}
+TABLE: list[tuple[str, KernelSpec, object]] = [
+    ("a score_mod from the policy's length", spec(FLEX_BIAS), Flex()),
+    ("non-causal", spec(FLEX_BIAS, causal=False), Flex(causal=False)),
+    ("sliding window", spec(FLEX_BIAS, span=SLIDING), Flex(span=SLIDING)),
+    ("chunks", spec(FLEX_BIAS, span=CHUNKED), Flex(span=CHUNKED)),
+    ("shorter than the policy's length", spec(FLEX_BIAS, T=63), SharedMask()),
+    ("a gradient on cpu: no backward there", spec(FLEX_BIAS, needs_grad=True), SharedMask()),
+    ("dropout", spec(FLEX_BIAS, dropout_p=0.1), SharedMask(dropout_p=0.1)),
+    ("forced chunks", spec(FLEX_BIAS, chunk_size=5), ChunkedBias(5)),
+    ("KV-cache rows", spec(FLEX_BIAS, q_start=60), Rows(60)),
+    ("remapping", spec({**FLEX_BIAS, "remap": True}), Remapped(choose.queries_per_chunk(spec(FLEX_BIAS), 2**25))),
+    ("a device the policy does not list", spec(FLEX_BIAS, device="cuda"), SharedMask()),
+    ("the key-bias road stays where it applies", spec(KEYED_FLEX), KeyBias()),
+    ("a key bias with a window: flex", spec(KEYED_FLEX, span=SLIDING), Flex(span=SLIDING)),
+    ("a key bias in bf16: flex", spec(KEYED_FLEX, dtype=torch.bfloat16), Flex()),
+    ("no score_mod", spec({"has_bias": True, "bias_shared": True}), SharedMask()),
+    ("no bias, chunks", spec({"has_bias": False}, span=CHUNKED), BlockCausal(8)),
+]
+
+
+@pytest.mark.parametrize(("why", "facts", "expected"), TABLE, ids=[row[0] for row in TABLE])
+def test_choose_flex(why: str, facts: KernelSpec, expected: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(choose, "FLEX_MIN_LEN", FLEX_CPU)
+    assert choose_kernel(facts) == expected, why
+
+
+def test_gradients_on_cuda_follow_flex_grad_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(choose, "FLEX_MIN_LEN", {"cuda": 0})
+    assert choose_kernel(spec(FLEX_BIAS, device="cuda", needs_grad=True)) == Flex()
+    monkeypatch.setattr(choose, "FLEX_GRAD_DEVICES", ())
+    assert choose_kernel(spec(FLEX_BIAS, device="cuda", needs_grad=True)) == SharedMask()
+
+
+@pytest.mark.parametrize("T", [64, 8192, 32768])
+def test_the_default_policy_follows_flex_min_len_on_cpu(T: int) -> None:
+    """Flex exactly where `FLEX_MIN_LEN` lists CPU at this length (a full-span key bias keeps its road)."""
+    flex_here = "cpu" in choose.FLEX_MIN_LEN and choose.FLEX_MIN_LEN["cpu"] <= T
+    for span in (FULL, SLIDING):
+        assert isinstance(choose_kernel(spec(FLEX_BIAS, T=T, span=span)), Flex) == flex_here
+    assert choose_kernel(spec(KEYED_FLEX, T=T)) == KeyBias()
+
+
+def test_pytorch_has_no_flex_backward_on_cpu() -> None:
+    """Why `FLEX_GRAD_DEVICES` leaves CPU out; when PyTorch gains it, this fails and the policy can be measured."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q = torch.randn(1, 1, 16, 8, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="backward on CPU"):
+        flex_attention(q, q, q)
+
+
+def scheme_and_ctx(name: str, T: int, device: str = "cpu") -> tuple[PositionalScheme, PositionContext]:
+    torch.manual_seed(0)
+    scheme = build_scheme(config_class(name)(), MODEL, 16).to(device)
+    ctx = PositionContext(positions=torch.arange(T, device=device))
+    scheme.prepare(ctx)
+    return scheme, ctx
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("span", [FULL, Span("sliding", 100)], ids=lambda s: s.kind)
+def test_compiled_flex_on_cpu_equals_todays_road(span: Span, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile(flex_attention) (Inductor's CPU template; a minute or more to compile) equals the chunked and
+    windowed roads to 1e-5 fp32 at a length that is not a multiple of the 128-token blocks."""
+    scheme, ctx = scheme_and_ctx("t5", 300)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, MODEL.n_head, 300, MODEL.head_dim, generator=g) for _ in range(3))
+    ref = attend(q, k, v, scheme, 0, ctx, chunk_size=64, span=span)
+    monkeypatch.setattr(choose, "FLEX_MIN_LEN", {"cpu": 0})
+    monkeypatch.setattr(flex, "COMPILE", True)
+    with torch.no_grad():
+        out = attend(q, k, v, scheme, 0, ctx, span=span)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", sorted({"alibi", "t5", "kerple", "fire", "sandwich"}))
+@pytest.mark.parametrize("span", [FULL, Span("sliding", 100)], ids=lambda s: s.kind)
+def test_flex_gradients_on_cuda_equal_the_reference(name: str, span: Span, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forward and the gradients of q, k, v and every scheme parameter through compiled FlexAttention equal the
+    chunked/windowed road's to 1e-5 fp32 (relative 1e-4 for the parameters' sums over T² scores)."""
+    T = 300
+
+    def run(use_flex: bool) -> list[torch.Tensor]:
+        scheme, ctx = scheme_and_ctx(name, T, "cuda")
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (
+            torch.randn(2, MODEL.n_head, T, MODEL.head_dim, generator=g, device="cuda", requires_grad=True)
+            for _ in range(3)
+        )
+        with monkeypatch.context() as m:
+            m.setattr(choose, "FLEX_MIN_LEN", {"cuda": 0} if use_flex else {})
+            out = attend(q, k, v, scheme, 1, ctx, span=span, chunk_size=None if use_flex else 64)
+        w = torch.randn(out.shape, generator=g, device="cuda")
+        params = [q, k, v, *scheme.parameters()]
+        return [out, *torch.autograd.grad((out * w).sum(), params)]
+
+    for got, want in zip(run(True), run(False), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
