@@ -85,9 +85,10 @@ class TrainDisplay:
             self.progress.remove_task(self.data_task)
         how = f"resuming at step {e['step']}" if e["resumed"] else "new run"
         threads = f"{e['threads']} thread{'s' if e['threads'] != 1 else ''}"
+        compiled = f" | {e['compile']}" if e.get("compile", "eager") != "eager" else ""
         self.print(
             f"[bold]train[/] {escape(str(e['run_dir']))} ({how}) | {e['n_params'] / 1e6:.2f}M parameters | "
-            f"device {e['device']} | {e['precision']} | {threads} | {e['tokens_per_step']:,} tokens/step"
+            f"device {e['device']} | {e['precision']} | {threads} | {e['tokens_per_step']:,} tokens/step{compiled}"
         )
         if self.progress is not None:
             self.train_task = self.progress.add_task("train", total=e["steps"], completed=e["step"], info="")

@@ -17,7 +17,9 @@ from posenc_cli.run.layout import CONFIG_FILE, META_FILE, MODEL_FILE, PENDING, S
 from posenc_cli.run.meta import read_meta
 
 # Keys that may differ when a run is continued: they change speed or logging, not what is learned.
-CONTINUATION_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger", "eval.", "extend.")
+CONTINUATION_KEYS = (
+    "train.device", "train.threads", "train.log_every", "train.logger", "train.compile", "eval.", "extend.",
+)  # fmt: skip
 _OWN_FILES = (MODEL_FILE, STATE_FILE, STATE_JSON, CONFIG_FILE, META_FILE, "tokenizer.json")
 # Written first into a directory posenc starts a run in: what such a directory holds before its first checkpoint
 # (a .pending/ journal, metrics.jsonl) is then posenc's to finish or remove, never a user's.

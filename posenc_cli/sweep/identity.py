@@ -20,7 +20,7 @@ from posenc_cli.untrusted import load_yaml
 
 PLANNED_FILE = "planned.json"  # in a sweep directory: per job, the config it was planned with
 # Settings that change a job's speed or logging, not its numbers: a job planned with other values is reused.
-RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger")
+RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger", "train.compile")
 # Keys added after identities were first written, at the value that does what was done before they existed: left out
 # of an identity at that value, so a sweep planned before the key existed still matches its jobs.
 ADDED_DEFAULTS: dict[str, Any] = {"train.window_start": "uniform", "eval.longppl": True, "extend.layers": "global"}
@@ -30,7 +30,7 @@ _ABSENT = object()
 def job_identity(cfg: Config, parent_hash: str | None = None) -> dict[str, Any]:
     """The settings that make a job's numbers what they are: the resolved config, flattened to dotted keys and
     JSON-normalised, without `RUNTIME_KEYS`; an extend job's also names its parent's identity hash."""
-    flat = _numbers_keys(flatten(config_to_dict(cfg)))
+    flat = numbers_keys(flatten(config_to_dict(cfg)))
     if parent_hash is not None:
         flat["parent.config_hash"] = parent_hash
     return _normalised(flat)
@@ -54,11 +54,12 @@ def run_config_identity(run_dir: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(raw, dict):
         return None
-    return _normalised(_numbers_keys(flatten(raw)))
+    return _normalised(numbers_keys(flatten(raw)))
 
 
-def _numbers_keys(flat: dict[str, Any]) -> dict[str, Any]:
-    """The dotted settings that decide a job's numbers: without `RUNTIME_KEYS` and `ADDED_DEFAULTS` at their value."""
+def numbers_keys(flat: dict[str, Any]) -> dict[str, Any]:
+    """The dotted settings that decide a job's numbers: without `RUNTIME_KEYS` and `ADDED_DEFAULTS` at their value
+    (applied to recorded identities too, so one planned when a runtime key was still in them compares equal)."""
     flat = nest_flat_scaling_keys(flat)  # identities planned before scaling settings were nested per method
     return {k: v for k, v in flat.items() if not k.startswith(RUNTIME_KEYS) and ADDED_DEFAULTS.get(k, _ABSENT) != v}
 

@@ -23,13 +23,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.config import Config, nest_flat_scaling_keys, suggest
+from posenc_cli.config import Config, suggest
 from posenc_cli.errors import ConfigError
 from posenc_cli.fsutil import atomic_write_json
+from posenc_cli.run.compile import check_compile
+from posenc_cli.run.device import resolve_device
 from posenc_cli.run.meta import is_run_dir
 from posenc_cli.run.train import check_budget
 from posenc_cli.sweep.hydra_bridge import compose_config, job_name, parse_overrides
-from posenc_cli.sweep.identity import difference, identity_hash, job_identity, read_planned, run_config_identity
+from posenc_cli.sweep.identity import (
+    difference,
+    identity_hash,
+    job_identity,
+    numbers_keys,
+    read_planned,
+    run_config_identity,
+)
 from posenc_cli.sweep.markers import job_status
 from posenc_cli.sweep.spec import StageSpec, SweepSpec
 
@@ -190,6 +199,8 @@ def validate_plan(plans: list[StagePlan], user_config_dir: Path | None) -> dict[
             try:
                 cfg = compose_config(job.overrides, user_config_dir)
                 check_budget(cfg)  # as run.train.train does before allocating
+                if cfg.train.compile and cfg.train.device in ("auto", "cpu"):  # a missing compiler fails here
+                    check_compile(cfg.train.compile, resolve_device(cfg.train.device))  # (a cuda job: at its run)
             except ConfigError as e:
                 raise ConfigError(f"job {job.stage}/{job.name}: {e}") from e
             configs[job.key] = cfg
@@ -225,7 +236,7 @@ def check_planned(sweep_dir: Path, plans: list[StagePlan], identities: dict[str,
             old = run_config_identity(job_dir) if job.action == "train" else None
         if not isinstance(old, dict):
             continue
-        old = nest_flat_scaling_keys(old)  # planned before scaling settings were nested per method
+        old = numbers_keys(old)  # nested scalings, without runtime keys (train.compile was one before it was listed)
         new = identities[job.key]
         if identity_hash(old) != identity_hash(new):
             raise ConfigError(difference(job_dir, old, new))

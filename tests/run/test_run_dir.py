@@ -21,7 +21,7 @@ def corpus(tmp_path: Path) -> Path:
 
 def test_config_diff_ignores_runtime_keys(corpus: Path) -> None:
     a = tiny_config(corpus)
-    assert config_diff(a, tiny_config(corpus, threads=2, log_every=7, device="auto")) == []
+    assert config_diff(a, tiny_config(corpus, threads=2, log_every=7, device="auto", compile=True)) == []
     diffs = config_diff(a, tiny_config(corpus, lr=1e-4))
     assert diffs == ["train.lr: 0.003 -> 0.0001"]
     assert any(d.startswith("pos.") for d in config_diff(a, tiny_config(corpus, pos="alibi")))

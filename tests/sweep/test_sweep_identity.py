@@ -84,6 +84,27 @@ def test_the_unchanged_rerun_still_skips_and_runtime_settings_do_not_count(works
     assert code == 0 and "already done" in out, out + err
 
 
+def test_records_planned_with_or_without_train_compile_still_match(workspace: Path, nope_run: Path) -> None:
+    """train.compile changes speed and rounding, not what a job measures: a record written before it existed (no
+    key) and one written while identities still held it (False) both match, and so does a compiled re-run."""
+    import shutil
+
+    path = workspace / "compile-record"
+    shutil.copytree(nope_run, path)
+    planned = json.loads((path / PLANNED_FILE).read_text())
+    for value in ("<absent>", False):
+        for job in planned["jobs"].values():
+            job["config"].pop("train.compile", None)
+            if value is not False:
+                continue
+            job["config"]["train.compile"] = False
+        (path / PLANNED_FILE).write_text(json.dumps(planned))
+        code, out, err = sweep(workspace, "pos=nope", "--out", "compile-record")
+        assert code == 0 and "already done" in out, (value, out + err)
+    code, out, err = sweep(workspace, "pos=nope", "train.compile=true", "--out", "compile-record", "--dry-run")
+    assert code == 0, out + err
+
+
 def test_a_directory_without_the_record_is_checked_through_the_jobs_config(workspace: Path, nope_run: Path) -> None:
     """Sweep directories written before the record: a train job's own config.yaml is compared."""
     import shutil
