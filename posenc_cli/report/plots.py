@@ -35,6 +35,12 @@ SCHEME_COLOURS: dict[str, str] = {
     "kerple": "#9467BD",
     "cope": "#BCBD22",
     "sandwich": "#332288",
+    # per-layer layouts (Tol's muted palette, apart from the schemes' colours)
+    "irope": "#882255",
+    "rnope-swa": "#44AA99",
+    "smollm3": "#DDCC77",
+    "gemma3": "#117733",
+    "layout": "#AA4499",
 }
 _FALLBACK = ("#17BECF", "#7F7F7F", "#AEC7E8", "#FF9896", "#98DF8A", "#C5B0D5", "#C49C94", "#F7B6D2")
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
