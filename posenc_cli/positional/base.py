@@ -124,7 +124,7 @@ class PositionalScheme(nn.Module):
     def layer_view(self, layer: int, ctx: PositionContext) -> LayerView:
         """The scheme, context, span and temperature layer `layer` attends with in the forward of `ctx` (prepared).
         Default: this scheme in every layer, full span, no temperature."""
-        return LayerView(self, ctx)
+        return LayerView(self, ctx, FULL, None)  # given, not defaulted: torch.compile traces a global, not a default
 
     def describe_layers(self) -> list[str]:
         """One line per layer for reports: '<scheme>' (a layout names each layer's scheme and span)."""

@@ -12,9 +12,8 @@ the search of torch/_inductor/config.py `cpp.cxx`) and, on CUDA, the triton pack
 CPU, up to a minute on a GPU); `warm_up` takes it before the run's clock starts, on a dummy batch and with every
 random stream restored, so the trained numbers are those of the first real step.
 
-Graph breaks: since the per-layer layouts (commit 3666d0e) Dynamo cannot trace the model's per-layer views (it has
-no reconstruction for the frozen dataclasses `KernelSpec` and `Span`), so the model compiles in several graphs with
-the Python between them eager (`TORCH_LOGS=graph_breaks` lists them); before, model=tiny compiled as one graph.
+Graph breaks: the model's forward, the per-layer views included, traces as one graph (tests/model/test_model.py,
+`fullgraph=True`); `TORCH_LOGS=graph_breaks` lists any that a new scheme brings.
 """
 
 from __future__ import annotations

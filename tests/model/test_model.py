@@ -173,3 +173,24 @@ def test_explicit_ids_reach_the_context_and_causality_keeps_token_order() -> Non
     assert torch.equal(ctx.ids_at(torch.tensor([1, 4])), torch.tensor([[4, 1], [0, 9]]))
     default = model.context(idx)
     assert default.index is None and default.length == 6 and default.token_index is default.positions
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "t5", "irope", "gemma3"])
+def test_the_forward_compiles_as_one_graph(name: str) -> None:
+    """torch.compile traces the whole forward, the layers' views included, without a graph break
+    (`train.compile`: a break splits the model into pieces; a dataclass default of the views once did)."""
+    import dataclasses as dc
+
+    import torch._dynamo
+    from scheme_utils import n_layer_for
+
+    torch._dynamo.reset()
+    model = GPT(
+        dc.replace(ModelConfig(d_model=32, n_layer=2, n_head=2), n_layer=n_layer_for(name)),
+        config_class(name)(),
+        48,
+        16,
+    )
+    idx = torch.randint(0, 48, (2, 16))
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(idx), model(idx))
