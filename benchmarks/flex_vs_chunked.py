@@ -8,9 +8,9 @@ One attention call of model=tiny's shape (batch 1, 4 heads × 32 dims, fp32, no 
 FlexAttention backward on CPU) on random q, k, v, a fresh `AttentionState` per call: "today" is the road
 `choose_kernel` picks by default (the key-bias road for ALiBi on CPU, the chunked bias path or the shared mask
 otherwise), "flex" the `Flex` kernel (torch.compile(flex_attention)) called directly, whatever `choose.FLEX_MIN_LEN`
-says. Each (scheme, length, road) runs in its own process: one untimed call first (it compiles the flex kernel),
-then `--repeats` timed calls (the fastest is reported). Peak memory is the timed calls' own: on CPU the growth of the
-resident set over its level before them (VmHWM after resetting it through /proc/self/clear_refs), on CUDA
+says. Each (scheme, length, road) runs in its own process: `--repeats` timed calls (the fastest is reported), after
+one untimed call for flex (it compiles the kernel) and on CUDA. Peak memory is the timed calls' own: on CPU the growth
+of the resident set over its level before them (VmHWM after resetting it through /proc/self/clear_refs), on CUDA
 `max_memory_allocated` over the allocation before. The parent compares the two roads' outputs (max |difference|;
 the key-bias road's own rounding is ~eps·max|bias|, see `kernels.KeyBias`).
 """
@@ -69,8 +69,8 @@ def run_case(name: str, length: int, road: str, device: str, repeats: int, span:
             torch.cuda.synchronize()
         return y
 
-    y = call()  # untimed: compiles the flex kernel
-    del y
+    if road == "flex" or device == "cuda":
+        call()  # untimed: compiles the flex kernel, starts CUDA (today's roads on CPU have nothing to warm up)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -90,7 +90,10 @@ def run_case(name: str, length: int, road: str, device: str, repeats: int, span:
 def spawn(name: str, length: int, road: str, args: argparse.Namespace, out: Path) -> dict:
     cmd = [sys.executable, __file__, "--case", f"{name},{length},{road},{out}", "--device", args.device]
     cmd += ["--repeats", str(args.repeats), "--span", args.span]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"over {args.timeout:.0f} s"}
     if done.returncode:
         return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(done.stdout.strip().splitlines()[-1])
