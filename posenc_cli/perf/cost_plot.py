@@ -48,6 +48,7 @@ def cost_curve_figure(result: dict[str, Any], *, title: str | None = None) -> Fi
     ):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.set_xlim(lengths[0] / 1.25, lengths[-1] * 1.25)  # every length asked, measured or not
         ax.xaxis.set_major_locator(FixedLocator(lengths))
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticklabels([_k(n) for n in lengths])
