@@ -15,7 +15,8 @@ from posenc_cli.errors import ConfigError
 @app.command(
     "bench",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    epilog="Example: posenc bench model=small --vs hf --json bench.json   (CPU without bf16 units: --dtypes fp32)",
+    epilog="Example: posenc bench model=small --vs hf --json bench.json   (CPU without bf16 units: --dtypes fp32)\n\n"
+    "Cost curve: posenc bench --eval-lengths 1024,4096,16384,65536 --plot cost.png --csv cost.csv",
 )
 @handles_errors
 def bench_command(
@@ -322,13 +323,11 @@ def curve_table(result: dict[str, Any], key: str, title: str, spec: str) -> Tabl
         text = spec.format(r[key]) if r["status"] == "measured" else f"[dim]{CURVE_MARKS[r['status']]}[/]"
         cells.setdefault(r["scheme"], {})[r["length"]] = text
     for scheme in result["schemes"]:
-        table.add_row(
-            scheme, *(cells[scheme].get(n, "") for n in lengths), reach_text(result["reach"][scheme], lengths)
-        )
+        table.add_row(scheme, *(cells[scheme].get(n, "") for n in lengths), reach_text(result["reach"][scheme]))
     return table
 
 
-def reach_text(entry: dict[str, Any], lengths: list[int]) -> str:
+def reach_text(entry: dict[str, Any]) -> str:
     """'≥ 65,536 (all asked)', '≥ 8,192 (time budget)', '16,384 (memory)', '8,192 (failed beyond)', 'none (n/a)'."""
     stop = entry["stop"]
     if entry["longest"] is None:
