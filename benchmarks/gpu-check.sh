@@ -11,9 +11,10 @@
 #   3. bench-fp32, bench-bf16: posenc bench --vs hf on model=small (evaluation cases: rope and alibi at 1x and 8x);
 #   4. main-job: the main job (posenc sweep --profile) and its wall time;
 #   5. compile-step: a model=tiny training step eager vs train.compile=true vs reduce-overhead (compile_step.py);
-#   6. sweep-share: a 5-job tiny sweep, one job after another vs 5 at once on the GPU (sweep_share.py).
+#   6. sweep-share: a 5-job tiny sweep, one job after another vs 5 at once on the GPU (sweep_share.py);
+#   7. cost-curve: posenc bench --eval-lengths 1k..64k on the GPU, every scheme (time per token, peak memory).
 # Each step has a time limit (CUDA tests 90 s, suite 180 s, each bench 75 s, main job 110 s, compile 150 s, sweeps
-# 180 s): at most 15 minutes in all. Without a GPU (or with CUDA_VISIBLE_DEVICES="") it prints "no GPU: skipped" and
+# 180 s, cost curve 120 s): at most 17 minutes in all, more than one session's device time: pick with --only. Without a GPU (or with CUDA_VISIBLE_DEVICES="") it prints "no GPU: skipped" and
 # exits 0.
 # Outputs go to GPU_CHECK_OUT (default outputs/gpu-check-<date>-<time>); the summary is also summary.txt there.
 # Exit status: 0 when every step passed (or there is no GPU), 1 otherwise.
@@ -21,7 +22,7 @@ set -u -o pipefail
 
 PY="${PYTHON:-python}"
 CHECK_ONLY=0
-ALL_STEPS=(cuda-tests test-suite bench-fp32 bench-bf16 main-job compile-step sweep-share)
+ALL_STEPS=(cuda-tests test-suite bench-fp32 bench-bf16 main-job compile-step sweep-share cost-curve)
 STEPS=("${ALL_STEPS[@]}")
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -167,6 +168,17 @@ PYEOF
     note sweep-share PASS "$detail ($(seconds "$t") s)"
 else
     note sweep-share FAIL "see $OUT/sweep-share.log ($(seconds "$t") s)"
+fi
+fi
+
+if want cost-curve; then
+echo "== 7. the cost curve: an evaluation forward per scheme and length on the GPU"
+t=$(date +%s)
+if timeout 120 "$PY" -m posenc_cli bench --eval-lengths 1024,4096,16384,65536 train.device=cuda --time-budget 6 \
+    --json "$OUT/cost-curve.json" --plot "$OUT/cost-curve.png" 2>&1 | tee "$OUT/cost-curve.log"; then
+    note cost-curve PASS "$OUT/cost-curve.json, cost-curve.png ($(seconds "$t") s)"
+else
+    note cost-curve FAIL "see $OUT/cost-curve.log ($(seconds "$t") s)"
 fi
 fi
 
