@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from posenc_cli.attention.flex import Flex
+from posenc_cli.attention.flex import Flex, can_compile
 from posenc_cli.attention.kernels import (
     ChunkedBias,
     Fused,
@@ -62,7 +62,8 @@ class KernelSpec:
     """Every fact the kernel choice reads, for one layer of one forward.
 
     has_bias, bias_shared, offers_key_bias, offers_score_mod: the scheme's `has_bias`, `bias_shared_across_layers`,
-    `offers_key_bias`, `offers_score_mod`.
+    `offers_key_bias`, `offers_score_mod`. flex_compiles: Inductor can build FlexAttention's kernel on the device
+    (`flex.can_compile`; read only for a scheme that offers a score_mod).
     remap: the scheme remaps positions and some pair of this forward's ids is at least its window apart.
     dtype, device, needs_grad: q's dtype, device type and `requires_grad`. batch, n_head, seq_len: q's (B, H, T).
     causal; q_start: first query row computed (> 0: KV-cache decoding); chunk_size: queries per chunk forced on the
@@ -80,6 +81,7 @@ class KernelSpec:
     bias_shared: bool = False
     offers_key_bias: bool = False
     offers_score_mod: bool = False
+    flex_compiles: bool = False
     remap: bool = False
     causal: bool = True
     q_start: int = 0
@@ -140,9 +142,10 @@ def key_bias_applies(spec: KernelSpec) -> bool:
 
 def flex_applies(spec: KernelSpec) -> bool:
     """Whether the FlexAttention road is taken: a bias the scheme offers as `score_mod`, the full forward (no KV-cache
-    rows, no remapping, no forced chunking, no dropout), on a device of `FLEX_MIN_LEN` from its length on, and without
-    a gradient unless the device has FlexAttention's backward (`FLEX_GRAD_DEVICES`). Where the key-bias road applies
-    (full span) it stays: it was faster than FlexAttention on CPU at every length measured."""
+    rows, no remapping, no forced chunking, no dropout), where Inductor can compile it, on a device of `FLEX_MIN_LEN`
+    from its length on, and without a gradient unless the device has FlexAttention's backward (`FLEX_GRAD_DEVICES`).
+    Where the key-bias road applies (full span) it stays: it was faster than FlexAttention on CPU at every length
+    measured."""
     return (
         spec.has_bias
         and not (spec.span.is_full and key_bias_applies(spec))
@@ -151,6 +154,7 @@ def flex_applies(spec: KernelSpec) -> bool:
         and spec.q_start == 0
         and spec.chunk_size is None
         and spec.dropout_p == 0.0
+        and spec.flex_compiles
         and spec.device in FLEX_MIN_LEN
         and spec.seq_len >= FLEX_MIN_LEN[spec.device]
         and (not spec.needs_grad or spec.device in FLEX_GRAD_DEVICES)
@@ -208,6 +212,7 @@ def describe(
         bias_shared=scheme.bias_shared_across_layers,
         offers_key_bias=scheme.offers_key_bias,
         offers_score_mod=scheme.offers_score_mod,
+        flex_compiles=scheme.offers_score_mod and can_compile(q.device.type),
         remap=remap,
         causal=causal,
         q_start=q_start,

@@ -20,6 +20,10 @@ its merged score picks one of two dot products per pair, q·k or q₂·k₂, and
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
+import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -82,6 +86,15 @@ def _compiled() -> Callable[..., Tensor]:
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.cache
+def can_compile(device: str) -> bool:
+    """Whether Inductor can build the fused kernel on `device` (a device type): a C++ compiler on CPU (its search:
+    `$CXX`, else g++ / clang++ on macOS, as `run.compile.cxx_compiler`), the triton package on CUDA."""
+    if device == "cuda":
+        return importlib.util.find_spec("triton") is not None
+    return shutil.which(os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")) is not None
 
 
 def flex_function() -> Callable[..., Tensor]:

@@ -15,7 +15,7 @@ from posenc_cli.config import ModelConfig
 from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme, config_class, registry
 from posenc_cli.positional.span import FULL, Span
 
-FLEX_BIAS = {"has_bias": True, "bias_shared": True, "offers_score_mod": True}
+FLEX_BIAS = {"has_bias": True, "bias_shared": True, "offers_score_mod": True, "flex_compiles": True}
 KEYED_FLEX = {**FLEX_BIAS, "offers_key_bias": True}
 SLIDING, CHUNKED = Span("sliding", 8), Span("chunked", 8)
 MODEL = ModelConfig(d_model=32, n_layer=2, n_head=2)
@@ -69,6 +69,7 @@ TABLE: list[tuple[str, KernelSpec, object]] = [
     ("a key bias with a window: flex", spec(KEYED_FLEX, span=SLIDING), Flex(span=SLIDING)),
     ("a key bias in bf16: flex", spec(KEYED_FLEX, dtype=torch.bfloat16), Flex()),
     ("no score_mod", spec({"has_bias": True, "bias_shared": True}), SharedMask()),
+    ("no compiler for it", spec({**FLEX_BIAS, "flex_compiles": False}), SharedMask()),
     ("no bias, chunks", spec({"has_bias": False}, span=CHUNKED), BlockCausal(8)),
 ]
 
@@ -93,6 +94,15 @@ def test_the_default_policy_follows_flex_min_len_on_cpu(T: int) -> None:
     for span in (FULL, SLIDING):
         assert isinstance(choose_kernel(spec(FLEX_BIAS, T=T, span=span)), Flex) == flex_here
     assert choose_kernel(spec(KEYED_FLEX, T=T)) == KeyBias()
+
+
+def test_can_compile_looks_for_inductors_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CXX", "no-such-compiler-posenc")
+    flex.can_compile.cache_clear()
+    try:
+        assert not flex.can_compile("cpu")
+    finally:
+        flex.can_compile.cache_clear()
 
 
 def test_pytorch_has_no_flex_backward_on_cpu() -> None:
