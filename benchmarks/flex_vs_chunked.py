@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from posenc_cli.attention import Flex, choose_kernel, describe
+from posenc_cli.attention import Flex, choose, choose_kernel, describe
 from posenc_cli.attention.state import AttentionState
 from posenc_cli.config import ModelConfig
 from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme, config_class, registry
@@ -60,6 +60,8 @@ def run_case(name: str, length: int, road: str, device: str, repeats: int, span:
     shape = (1, TINY_ATTENTION.n_head, length, TINY_ATTENTION.head_dim)
     q, k, v = (torch.randn(shape, device=device) for _ in range(3))
     spec = describe(AttentionState(scheme, ctx), q, span=span)
+    if road == "today":  # the road before FlexAttention: the policy without it
+        choose.FLEX_MIN_LEN = {}
     kernel = Flex(span=spec.span) if road == "flex" else choose_kernel(spec)  # flex: whatever the policy says
 
     def call() -> torch.Tensor:
@@ -69,8 +71,12 @@ def run_case(name: str, length: int, road: str, device: str, repeats: int, span:
             torch.cuda.synchronize()
         return y
 
-    if road == "flex" or device == "cuda":
-        call()  # untimed: compiles the flex kernel, starts CUDA (today's roads on CPU have nothing to warm up)
+    first = None
+    if road == "flex" or device == "cuda":  # compiles the flex kernel, starts CUDA (today's CPU roads: no warm-up)
+        start = time.perf_counter()
+        call()
+        first = time.perf_counter() - start
+        print(json.dumps({"first_s": first, "kernel": type(kernel).__name__}), flush=True)  # kept if timed out
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -84,7 +90,7 @@ def run_case(name: str, length: int, road: str, device: str, repeats: int, span:
         times.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else resident_kib("VmHWM") * 1024
     torch.save(y.cpu(), out)
-    return {"seconds": min(times), "peak_mib": (peak - base) / 2**20, "kernel": type(kernel).__name__}
+    return {"seconds": min(times), "peak_mib": (peak - base) / 2**20, "kernel": type(kernel).__name__, "first_s": first}
 
 
 def spawn(name: str, length: int, road: str, args: argparse.Namespace, out: Path) -> dict:
@@ -92,8 +98,10 @@ def spawn(name: str, length: int, road: str, args: argparse.Namespace, out: Path
     cmd += ["--repeats", str(args.repeats), "--span", args.span]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"over {args.timeout:.0f} s"}
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
+        partial = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+        return {**partial, "error": f"over {args.timeout:.0f} s"}
     if done.returncode:
         return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -124,6 +132,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--span", default="full", help="full, sliding:W or chunked:C")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per case")
+    p.add_argument("--roads", default="today,flex", help="today, flex or both")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--case", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -143,7 +152,8 @@ def main() -> None:
         for length in (int(x) for x in args.lengths.split(",")):
             for name in args.schemes.split(","):
                 files = {r: Path(tmp) / f"{name}-{length}-{r}.pt" for r in ("today", "flex")}
-                a, b = (spawn(name, length, r, args, files[r]) for r in ("today", "flex"))
+                roads = args.roads.split(",")
+                a, b = (spawn(name, length, r, args, files[r]) if r in roads else {"error": "not run"} for r in files)
                 diff = None
                 if "error" not in a and "error" not in b:
                     diff = float((torch.load(files["today"]) - torch.load(files["flex"])).abs().max())
@@ -159,7 +169,10 @@ def row_text(row: dict) -> str:
     a, b = row["today"], row["flex"]
 
     def cells(r: dict) -> str:
-        return f"{r['error']} | |" if "error" in r else f"{r['seconds']:.3f} | {r['peak_mib']:.1f}"
+        if "error" in r:
+            first = f" (first call {r['first_s']:.0f} s)" if r.get("first_s") else ""
+            return f"{r['error']}{first} |"
+        return f"{r['seconds']:.3f} | {r['peak_mib']:.1f}"
 
     ratio = f"{b['seconds'] / a['seconds']:.2f}" if "error" not in a and "error" not in b else ""
     diff = "" if row["max_abs_diff"] is None else f"{row['max_abs_diff']:.1e}"

@@ -11,8 +11,8 @@
 - `kernels`: the roads, one class each with one interface, `kernel(q, k, v, state, layer)`: fused SDPA, the
   key-bias road, a shared mask, the chunked bias path, query rows for the KV cache, position remapping, and the
   fp32 wrapper for bf16 training on CPU; `flex.Flex`, FlexAttention with the scheme's `score_mod` and a block mask
-  (taken where `choose.FLEX_MIN_LEN` lists the device). Memory stays bounded when a scheme adds a score bias (query
-  chunks of `BIAS_CHUNK_BYTES`).
+  (taken where `choose.FLEX_MIN_LEN` lists the device and dtype). Memory stays bounded when a scheme adds a score
+  bias (query chunks of `BIAS_CHUNK_BYTES`).
 
 - `windowed`: a layer whose span (`positional.span`, given by a per-layer layout) is a sliding window or fixed
   chunks: `Windowed` (query chunks scored against the keys they can see) and `BlockCausal` (the blocks as a batch

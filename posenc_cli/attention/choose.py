@@ -14,9 +14,10 @@ forward. The device and memory policy the choice follows is written here, as dat
   at 256, 1.0x at 512 and 0.7x at 1024 (so up to FP32_GRAD_MAX_LEN only); a model=tiny training step at T=128 drops
   to 0.64-0.74x (benchmarks/ab_step.py).
 
-- `FLEX_MIN_LEN`, `FLEX_GRAD_DEVICES`: where a scheme's `score_mod` replaces its bias road (`flex.Flex`,
-  FlexAttention), from which length, and where it may carry a gradient. Only devices and lengths where it was
-  measured faster than today's road are listed (benchmarks/flex_vs_chunked.py; docs/design.md has the numbers).
+- `FLEX_MIN_LEN`, `FLEX_GRAD_DEVICES`: where (device type and dtype) a scheme's `score_mod` replaces its bias road
+  (`flex.Flex`, FlexAttention), from which length, and where it may carry a gradient. Only devices and lengths where
+  it was measured faster than today's road are listed (benchmarks/flex_vs_chunked.py; docs/design.md has the
+  numbers).
 
 A new road is a new kernel class and one more rule here; a spec field is added only for a fact the rule reads
 (the layer's attention span; next: a scheme that owns the normaliser, ...).
@@ -50,10 +51,12 @@ BIAS_CHUNK_BYTES = 64 * 2**20
 KEY_BIAS_DEVICES: tuple[str, ...] = ("cpu",)
 FP32_GRAD_DEVICES: tuple[str, ...] = ("cpu",)
 FP32_GRAD_MAX_LEN = 256
-# Devices where the FlexAttention road is taken -> the shortest length it is taken at. Empty: on this session's CPU
-# (torch 2.13, Intel Xeon, fp32, one thread) compiled FlexAttention was slower than the chunked and key-bias roads at
-# 8k and 32k tokens for every scheme (docs/design.md); no GPU was measured yet.
-FLEX_MIN_LEN: dict[str, int] = {}
+# (device type, dtype) where the FlexAttention road is taken -> the shortest length it is taken at. CPU fp32 from 32768
+# tokens: torch 2.13, Intel Xeon (2 shared cores), one thread, batch 1, 4 heads × 32: per call 7x faster than the
+# chunked path for T5 at 32768 (27.9 s vs 197.5 s), 16 MiB instead of 273 MiB, so even the first forward of a 4-layer
+# model, which pays the compile (75-330 s here), is faster; at 8192 it was 0.07-0.55x the chunked path's time per call
+# but the compile outweighs that for a short evaluation. No GPU measured yet (benchmarks/flex_vs_chunked.py).
+FLEX_MIN_LEN: dict[tuple[str, torch.dtype], int] = {("cpu", torch.float32): 32768}
 FLEX_GRAD_DEVICES: tuple[str, ...] = ("cuda",)  # PyTorch 2.13 has no FlexAttention backward on CPU
 
 
@@ -142,8 +145,9 @@ def key_bias_applies(spec: KernelSpec) -> bool:
 
 def flex_applies(spec: KernelSpec) -> bool:
     """Whether the FlexAttention road is taken: a bias the scheme offers as `score_mod`, the full forward (no KV-cache
-    rows, no remapping, no forced chunking, no dropout), where Inductor can compile it, on a device of `FLEX_MIN_LEN`
-    from its length on, and without a gradient unless the device has FlexAttention's backward (`FLEX_GRAD_DEVICES`).
+    rows, no remapping, no forced chunking, no dropout), where Inductor can compile it, on a (device, dtype) of
+    `FLEX_MIN_LEN` from its length on, and without a gradient unless the device has FlexAttention's backward
+    (`FLEX_GRAD_DEVICES`).
     Where the key-bias road applies (full span) it stays: it was faster than FlexAttention on CPU at every length
     measured."""
     return (
@@ -155,8 +159,8 @@ def flex_applies(spec: KernelSpec) -> bool:
         and spec.chunk_size is None
         and spec.dropout_p == 0.0
         and spec.flex_compiles
-        and spec.device in FLEX_MIN_LEN
-        and spec.seq_len >= FLEX_MIN_LEN[spec.device]
+        and (spec.device, spec.dtype) in FLEX_MIN_LEN
+        and spec.seq_len >= FLEX_MIN_LEN[spec.device, spec.dtype]
         and (not spec.needs_grad or spec.device in FLEX_GRAD_DEVICES)
     )
 

@@ -9,9 +9,9 @@ ALiBi, T5, KERPLE, FIRE and Sandwich offer it, exactly equal to their `bias` hoo
 What PyTorch 2.13 does (measured here, see docs/design.md): on CPU the compiled forward works (Inductor's C++ template,
 a C++ compiler needed), the backward does not exist ("FlexAttention does not support backward on CPU"), and the
 uncompiled call is a reference implementation that materialises the full score matrix. So `choose.flex_applies`
-takes this road only on `FLEX_MIN_LEN`'s devices, for calls without a gradient where the device has no backward
-(`FLEX_GRAD_DEVICES`), and the kernel calls the compiled function (`COMPILE`; tests switch it off for speed at tiny
-lengths, where the eager reference is exact).
+takes this road only on `FLEX_MIN_LEN`'s devices and dtypes, for calls without a gradient where the device has no
+backward (`FLEX_GRAD_DEVICES`), and the kernel calls the compiled function (`COMPILE`; tests switch it off for speed
+at tiny lengths, where the eager reference is exact).
 
 Not here: dropout (FlexAttention has none), the KV cache's query rows (`Rows`) and position remapping (`Remapped`:
 its merged score picks one of two dot products per pair, q·k or q₂·k₂, and a score_mod receives only the first).

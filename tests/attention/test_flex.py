@@ -52,7 +52,7 @@ def test_block_mask_is_built_once_per_length_span_and_device() -> None:
     assert flex.block_mask(40, False, FULL, "cpu") is None
 
 
-FLEX_CPU = {"cpu": 64}
+FLEX_CPU = {("cpu", torch.float32): 64, ("cpu", torch.bfloat16): 64}
 TABLE: list[tuple[str, KernelSpec, object]] = [
     ("a score_mod from the policy's length", spec(FLEX_BIAS), Flex()),
     ("non-causal", spec(FLEX_BIAS, causal=False), Flex(causal=False)),
@@ -68,6 +68,7 @@ TABLE: list[tuple[str, KernelSpec, object]] = [
     ("the key-bias road stays where it applies", spec(KEYED_FLEX), KeyBias()),
     ("a key bias with a window: flex", spec(KEYED_FLEX, span=SLIDING), Flex(span=SLIDING)),
     ("a key bias in bf16: flex", spec(KEYED_FLEX, dtype=torch.bfloat16), Flex()),
+    ("a dtype the policy does not list", spec(FLEX_BIAS, dtype=torch.float64), SharedMask()),
     ("no score_mod", spec({"has_bias": True, "bias_shared": True}), SharedMask()),
     ("no compiler for it", spec({**FLEX_BIAS, "flex_compiles": False}), SharedMask()),
     ("no bias, chunks", spec({"has_bias": False}, span=CHUNKED), BlockCausal(8)),
@@ -81,7 +82,7 @@ def test_choose_flex(why: str, facts: KernelSpec, expected: object, monkeypatch:
 
 
 def test_gradients_on_cuda_follow_flex_grad_devices(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(choose, "FLEX_MIN_LEN", {"cuda": 0})
+    monkeypatch.setattr(choose, "FLEX_MIN_LEN", {("cuda", torch.float32): 0})
     assert choose_kernel(spec(FLEX_BIAS, device="cuda", needs_grad=True)) == Flex()
     monkeypatch.setattr(choose, "FLEX_GRAD_DEVICES", ())
     assert choose_kernel(spec(FLEX_BIAS, device="cuda", needs_grad=True)) == SharedMask()
@@ -90,7 +91,8 @@ def test_gradients_on_cuda_follow_flex_grad_devices(monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize("T", [64, 8192, 32768])
 def test_the_default_policy_follows_flex_min_len_on_cpu(T: int) -> None:
     """Flex exactly where `FLEX_MIN_LEN` lists CPU at this length (a full-span key bias keeps its road)."""
-    flex_here = "cpu" in choose.FLEX_MIN_LEN and choose.FLEX_MIN_LEN["cpu"] <= T
+    key = ("cpu", torch.float32)
+    flex_here = key in choose.FLEX_MIN_LEN and choose.FLEX_MIN_LEN[key] <= T
     for span in (FULL, SLIDING):
         assert isinstance(choose_kernel(spec(FLEX_BIAS, T=T, span=span)), Flex) == flex_here
     assert choose_kernel(spec(KEYED_FLEX, T=T)) == KeyBias()
@@ -131,7 +133,7 @@ def test_compiled_flex_on_cpu_equals_todays_road(span: Span, monkeypatch: pytest
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, MODEL.n_head, 300, MODEL.head_dim, generator=g) for _ in range(3))
     ref = attend(q, k, v, scheme, 0, ctx, chunk_size=64, span=span)
-    monkeypatch.setattr(choose, "FLEX_MIN_LEN", {"cpu": 0})
+    monkeypatch.setattr(choose, "FLEX_MIN_LEN", {("cpu", torch.float32): 0})
     monkeypatch.setattr(flex, "COMPILE", True)
     with torch.no_grad():
         out = attend(q, k, v, scheme, 0, ctx, span=span)
@@ -155,7 +157,7 @@ def test_flex_gradients_on_cuda_equal_the_reference(name: str, span: Span, monke
             for _ in range(3)
         )
         with monkeypatch.context() as m:
-            m.setattr(choose, "FLEX_MIN_LEN", {"cuda": 0} if use_flex else {})
+            m.setattr(choose, "FLEX_MIN_LEN", {("cuda", torch.float32): 0} if use_flex else {})
             out = attend(q, k, v, scheme, 1, ctx, span=span, chunk_size=None if use_flex else 64)
         w = torch.randn(out.shape, generator=g, device="cuda")
         params = [q, k, v, *scheme.parameters()]

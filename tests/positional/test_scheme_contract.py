@@ -371,7 +371,7 @@ def test_flex_road_gives_the_reference_logits(name: str, monkeypatch: pytest.Mon
         for n, (ids, B) in enumerate(flex_contexts(T)):
             refs[T, n] = logits(model, tokens(B, T, seed=T), ids)
     calls = []
-    monkeypatch.setattr(choose, "FLEX_MIN_LEN", {"cpu": 0})
+    monkeypatch.setattr(choose, "FLEX_MIN_LEN", {("cpu", torch.float32): 0})
     monkeypatch.setattr(choose, "KEY_BIAS_DEVICES", ())  # ALiBi's key-bias road would stay ahead of flex
     monkeypatch.setattr(flex, "COMPILE", False)
     monkeypatch.setattr(flex.Flex, "__call__", spy(flex.Flex.__call__, calls))
@@ -410,7 +410,7 @@ def test_flex_road_with_a_span_equals_the_windowed_reference(
             with torch.no_grad():
                 ref = attend(q, k, v, scheme, 1, ctx, span=span)
                 with monkeypatch.context() as m:
-                    m.setattr(choose, "FLEX_MIN_LEN", {"cpu": 0})
+                    m.setattr(choose, "FLEX_MIN_LEN", {("cpu", torch.float32): 0})
                     m.setattr(flex, "COMPILE", False)
                     state = AttentionState(scheme, ctx)
                     out = attend(q, k, v, scheme, 1, ctx, span=span, state=state)
