@@ -52,10 +52,11 @@ KEY_BIAS_DEVICES: tuple[str, ...] = ("cpu",)
 FP32_GRAD_DEVICES: tuple[str, ...] = ("cpu",)
 FP32_GRAD_MAX_LEN = 256
 # (device type, dtype) where the FlexAttention road is taken -> the shortest length it is taken at. CPU fp32 from 32768
-# tokens: torch 2.13, Intel Xeon (2 shared cores), one thread, batch 1, 4 heads × 32: per call 7x faster than the
-# chunked path for T5 at 32768 (27.9 s vs 197.5 s), 16 MiB instead of 273 MiB, so even the first forward of a 4-layer
-# model, which pays the compile (75-330 s here), is faster; at 8192 it was 0.07-0.55x the chunked path's time per call
-# but the compile outweighs that for a short evaluation. No GPU measured yet (benchmarks/flex_vs_chunked.py).
+# tokens: torch 2.13, Intel Xeon (2 shared cores), one thread, batch 1, 4 heads × 32: 0.14-0.55x the chunked path's
+# time per call at 32768 (T5 27.9 s vs 197.5 s, KERPLE 16.3 vs 29.5, Sandwich 16.8 vs 36.0), 16 MiB instead of
+# 0.3-4 GiB, so the compile (100-330 s here, once per scheme and length) is repaid within a few forwards; at 8192 it
+# was 0.07-0.55x per call, but seconds saved per forward against minutes of compile. ALiBi's key-bias road stays
+# (faster). No GPU measured yet (benchmarks/flex_vs_chunked.py --device cuda).
 FLEX_MIN_LEN: dict[tuple[str, torch.dtype], int] = {("cpu", torch.float32): 32768}
 FLEX_GRAD_DEVICES: tuple[str, ...] = ("cuda",)  # PyTorch 2.13 has no FlexAttention backward on CPU
 
