@@ -12,9 +12,12 @@
 #   4. main-job: the main job (posenc sweep --profile) and its wall time;
 #   5. compile-step: a model=tiny training step eager vs train.compile=true vs reduce-overhead (compile_step.py);
 #   6. sweep-share: a 5-job tiny sweep, one job after another vs 5 at once on the GPU (sweep_share.py);
-#   7. cost-curve: posenc bench --eval-lengths 1k..64k on the GPU, every scheme (time per token, peak memory).
+#   7. cost-curve: posenc bench --eval-lengths 1k..64k on the GPU, every scheme (time per token, peak memory);
+#   8. flex: FlexAttention's CUDA tests (gradients) and flex_vs_chunked.py at 8k and 32k: the numbers that set
+#      attention/choose.py's FLEX_MIN_LEN for cuda.
 # Each step has a time limit (CUDA tests 90 s, suite 180 s, each bench 75 s, main job 110 s, compile 150 s, sweeps
-# 180 s, cost curve 120 s): at most 17 minutes in all, more than one session's device time: pick with --only. Without a GPU (or with CUDA_VISIBLE_DEVICES="") it prints "no GPU: skipped" and
+# 180 s, cost curve 120 s, flex 150 s): at most 20 minutes in all, more than one session's device time: pick with
+# --only. Without a GPU (or with CUDA_VISIBLE_DEVICES="") it prints "no GPU: skipped" and
 # exits 0.
 # Outputs go to GPU_CHECK_OUT (default outputs/gpu-check-<date>-<time>); the summary is also summary.txt there.
 # Exit status: 0 when every step passed (or there is no GPU), 1 otherwise.
@@ -22,7 +25,7 @@ set -u -o pipefail
 
 PY="${PYTHON:-python}"
 CHECK_ONLY=0
-ALL_STEPS=(cuda-tests test-suite bench-fp32 bench-bf16 main-job compile-step sweep-share cost-curve)
+ALL_STEPS=(cuda-tests test-suite bench-fp32 bench-bf16 main-job compile-step sweep-share cost-curve flex)
 STEPS=("${ALL_STEPS[@]}")
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -179,6 +182,17 @@ if timeout 120 "$PY" -m posenc_cli bench --eval-lengths 1024,4096,16384,65536 tr
     note cost-curve PASS "$OUT/cost-curve.json, cost-curve.png ($(seconds "$t") s)"
 else
     note cost-curve FAIL "see $OUT/cost-curve.log ($(seconds "$t") s)"
+fi
+fi
+
+if want flex; then
+echo "== 8. FlexAttention on the GPU: its CUDA tests, then flex vs today's roads at 8k and 32k"
+t=$(date +%s)
+if timeout 150 bash -c "\"$PY\" -m pytest -q -m cuda tests/attention/test_flex.py && \"$PY\" benchmarks/flex_vs_chunked.py \
+    --device cuda --lengths 8192,32768 --timeout 30 --json \"$OUT/flex.json\"" 2>&1 | tee "$OUT/flex.log"; then
+    note flex PASS "$OUT/flex.json: set FLEX_MIN_LEN for cuda from it ($(seconds "$t") s)"
+else
+    note flex FAIL "see $OUT/flex.log ($(seconds "$t") s)"
 fi
 fi
 
