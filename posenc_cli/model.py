@@ -2,11 +2,12 @@
 
 The model never names a scheme: one `PositionalScheme` instance is built from the config, `prepare`d once per
 forward, and then asked to (a) add to the token embeddings, (b) rotate q and k in every layer, (c) bias attention
-scores (see `posenc_cli.attention`). Each layer attends with the scheme's `layer_view` of it: the scheme itself and
-full attention for a plain scheme, and for a scheme that arranges others per layer (`posenc_cli.positional`'s
-hybrids) the layer's own scheme, span and temperature. Schemes that do not use a hook inherit a no-op. Each forward makes one
-`AttentionState` that every layer shares: the attention kernel is chosen there, once, from the scheme's hooks and
-q's dtype and device; the model itself has no branch on a scheme or a road.
+scores (see `posenc_cli.attention`). Schemes that do not use a hook inherit a no-op. Each layer attends with the
+scheme's `layer_view` of it: the scheme itself and full attention for a plain scheme; for a scheme that arranges
+others per layer (`posenc_cli.positional`'s hybrids), the layer's own scheme, span and temperature. Each forward makes
+one `AttentionState` per distinct scheme, which its layers share: the attention kernel is chosen there, once per
+distinct setting, from the scheme's hooks, the layer's span and q's dtype and device; the model itself has no
+branch on a scheme or a road.
 
 `model.embedding` picks the embedding recipe for every scheme alike: `gpt2` (token table N(0, init_std²), used as
 is) or `fairseq` (the baselines of Press et al. 2022, fairseq's `transformer_lm`: token table N(0, 1/D) times √D,
@@ -183,7 +184,8 @@ class GPT(nn.Module):
 
     def layer_attention(self, ctx: PositionContext) -> list[LayerAttention]:
         """Every layer's view of the prepared `ctx` (`PositionalScheme.layer_view`) with one `AttentionState` per
-        distinct (scheme, context): a plain scheme's layers all share one, as layers that a hybrid gives one scheme do."""
+        distinct (scheme, context): a plain scheme's layers all share one, as the layers a hybrid gives one scheme do.
+        """
         states: dict[tuple[int, int], AttentionState] = {}
         out = []
         for i in range(len(self.blocks)):

@@ -77,7 +77,10 @@ def test_rerope_child_equals_its_parent_within_the_window(runs: dict[str, Path],
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--method", "self-extend", "--window", "8", "--group", "4"), "uses pos=alibi; self-extend (a RoPE remapping) applies only to RoPE"),
+        (
+            ("--method", "self-extend", "--window", "8", "--group", "4"),
+            "uses pos=alibi; self-extend (a RoPE remapping) applies only to RoPE",
+        ),
         (("--method", "rerope", "--window", "8"), "uses pos=alibi; rerope (a RoPE remapping) applies only to RoPE"),
         (("--method", "rerope"), "needs --window W"),
         (("--method", "self-extend", "--window", "8"), "needs --group G"),
