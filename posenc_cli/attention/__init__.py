@@ -14,11 +14,11 @@
   (taken where `choose.FLEX_MIN_LEN` lists the device and dtype). Memory stays bounded when a scheme adds a score
   bias (query chunks of `BIAS_CHUNK_BYTES`).
 
-- `windowed`: a layer whose span (`positional.span`, given by a per-layer layout) is a sliding window or fixed
+- `windowed`: a layer whose span (`positional.span`, given per layer by a hybrid) is a sliding window or fixed
   chunks: `Windowed` (query chunks scored against the keys they can see) and `BlockCausal` (the blocks as a batch
   through the fused kernel). `KernelSpec.span` records the span where it hides keys at that length.
 
-A layer attends with its `LayerView` (`positional.base`): the scheme, context, span and temperature a layout gives
+A layer attends with its `LayerView` (`positional.base`): the scheme, context, span and temperature a hybrid gives
 it; `GPT.layer_attention` builds one `AttentionState` per distinct scheme and context, so layers of one scheme share
 tables and kernel choices. Where the next schemes plug in: a scheme that owns the normaliser (stick-breaking, a
 forget gate's bias) declares it as a hook the spec records, and `choose_kernel` routes it to a kernel that calls the

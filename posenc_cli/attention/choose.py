@@ -53,10 +53,10 @@ FP32_GRAD_DEVICES: tuple[str, ...] = ("cpu",)
 FP32_GRAD_MAX_LEN = 256
 # (device type, dtype) where the FlexAttention road is taken -> the shortest length it is taken at. CPU fp32 from 32768
 # tokens: torch 2.13, Intel Xeon (2 shared cores), one thread, batch 1, 4 heads × 32: 0.14-0.55x the chunked path's
-# time per call at 32768 (T5 27.9 s vs 197.5 s, KERPLE 16.3 vs 29.5, Sandwich 16.8 vs 36.0), 16 MiB instead of
+# time per call at 32768 (27.9 s vs 197.5 s, 16.3 vs 29.5, 16.8 vs 36.0: docs/design.md names them), 16 MiB instead of
 # 0.3-4 GiB, so the compile (100-330 s here, once per scheme and length) is repaid within a few forwards; at 8192 it
-# was 0.07-0.55x per call, but seconds saved per forward against minutes of compile. ALiBi's key-bias road stays
-# (faster). No GPU measured yet (benchmarks/flex_vs_chunked.py --device cuda).
+# was 0.07-0.55x per call, but seconds saved per forward against minutes of compile. The key-bias road stays where
+# it applies (faster). No GPU measured yet (benchmarks/flex_vs_chunked.py --device cuda).
 FLEX_MIN_LEN: dict[tuple[str, torch.dtype], int] = {("cpu", torch.float32): 32768}
 FLEX_GRAD_DEVICES: tuple[str, ...] = ("cuda",)  # PyTorch 2.13 has no FlexAttention backward on CPU
 
@@ -217,7 +217,7 @@ def describe(
         bias_shared=scheme.bias_shared_across_layers,
         offers_key_bias=scheme.offers_key_bias,
         offers_score_mod=scheme.offers_score_mod,
-        flex_compiles=scheme.offers_score_mod and can_compile(q.device.type),
+        flex_compiles=scheme.offers_score_mod and flex_length(q, T) and can_compile(q.device.type),
         remap=remap,
         causal=causal,
         q_start=q_start,
@@ -225,6 +225,13 @@ def describe(
         dropout_p=dropout_p,
         span=FULL if span.covers(T) else span,
     )
+
+
+def flex_length(q: Tensor, length: int) -> bool:
+    """Whether `FLEX_MIN_LEN` lists q's device and dtype at `length` tokens: only then is the compiler looked for, so
+    a traced forward (`train.compile`) at other lengths never calls the (cached, untraceable) search."""
+    threshold = FLEX_MIN_LEN.get((q.device.type, q.dtype))
+    return threshold is not None and length >= threshold
 
 
 def attend(

@@ -4,7 +4,7 @@ PyTorch's `torch.nn.attention.flex_attention` (compiled by Inductor into one fus
 score_mod(q·kᵀ/√hd, b, h, i, j) inside the attention loop and skips the key blocks the block mask hides, so neither
 the (B, H, T, T) bias nor a query chunk of it is ever built: memory stays linear in T, and a sliding window or
 fixed chunks cost only their visible blocks. A scheme opts in with `PositionalScheme.score_mod` (`offers_score_mod`);
-ALiBi, T5, KERPLE, FIRE and Sandwich offer it, exactly equal to their `bias` hook.
+the schemes whose bias reads only positions offer it, exactly equal to their `bias` hook (contract tests).
 
 What PyTorch 2.13 does (measured here, see docs/design.md): on CPU the compiled forward works (Inductor's C++ template,
 a C++ compiler needed), the backward does not exist ("FlexAttention does not support backward on CPU"), and the
