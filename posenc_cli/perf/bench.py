@@ -325,18 +325,20 @@ def run_eval_case(case: EvalCase) -> dict[str, float]:
             model(x)
 
     forward(idx[:1, : min(case.length, 64)])  # kernels and allocator warm, no full-length peak yet
-    base = _memory_mib(device, reset=True)
+    base = memory_mib(device, reset=True)
     times = [timed(lambda: forward(idx), device) for _ in range(max(1, case.repeats))]
     seconds = median(times)
     return {
         "tokens_per_s": case.batch * case.length / seconds,
-        "peak_mem_mb": _memory_mib(device),
+        "peak_mem_mb": memory_mib(device),
         "base_mem_mb": base,
         "seconds": seconds,
     }
 
 
-def _memory_mib(device: torch.device, reset: bool = False) -> float:
+def memory_mib(device: torch.device, reset: bool = False) -> float:
+    """Peak memory so far in MiB: the CUDA allocator's peak (`reset`: then start a new one), else the process's peak
+    resident set (`peak_rss_mib`)."""
     if device.type == "cuda":
         value = torch.cuda.max_memory_allocated(device) / 2**20
         if reset:

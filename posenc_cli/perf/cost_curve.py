@@ -44,7 +44,7 @@ import torch
 from posenc_cli.config import Config, ModelConfig, build_dataclass
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
 from posenc_cli.model import GPT
-from posenc_cli.perf.bench import bench_vocab_size, load_average, median, peak_rss_mib, timed
+from posenc_cli.perf.bench import bench_vocab_size, load_average, median, memory_mib, timed
 from posenc_cli.positional import config_class, registry
 from posenc_cli.run.device import autocast, describe_device, resolve_device, resolve_precision, threads
 
@@ -147,7 +147,7 @@ def run_case(case: CurveCase) -> dict[str, Any]:
 
     try:
         forward(idx[:, : min(case.length, WARMUP_TOKENS)])  # kernels and allocator warm, no full-length peak yet
-        base = _memory_mib(device, reset=True)
+        base = memory_mib(device, reset=True)
         times: list[float] = []
         while not times or (sum(times) < case.min_seconds and len(times) < case.max_repeats):
             times.append(timed(lambda: forward(idx), device))
@@ -159,18 +159,9 @@ def run_case(case: CurveCase) -> dict[str, Any]:
         "status": MEASURED,
         "seconds": median(times),
         "repeats": len(times),
-        "peak_mib": _memory_mib(device),
+        "peak_mib": memory_mib(device),
         "base_mib": base,
     }
-
-
-def _memory_mib(device: torch.device, reset: bool = False) -> float:
-    if device.type == "cuda":
-        value = torch.cuda.max_memory_allocated(device) / 2**20
-        if reset:
-            torch.cuda.reset_peak_memory_stats(device)
-        return value
-    return peak_rss_mib()
 
 
 def spawn_case(case: CurveCase, *, timeout_s: float | None, memory_limit_bytes: int, poll_s: float = 0.05) -> dict:

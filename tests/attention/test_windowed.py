@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 import torch
-from scheme_utils import plain_schemes
+from scheme_utils import lively, plain_schemes
 
 from posenc_cli.attention import AttentionState, attend, choose_kernel, describe, fold_causal_mask, merged_scores
 from posenc_cli.attention.windowed import BlockCausal, Windowed
@@ -27,14 +27,6 @@ TINY = ModelConfig(d_model=32, n_layer=2, n_head=2)
 W, C = 5, 4
 SPANS = [Span("sliding", W), Span("chunked", C)]
 LENGTHS = [3, 4, 5, 13]  # below both, at C, at W, beyond both
-
-
-def lively(model: GPT) -> GPT:
-    with torch.no_grad():
-        for p in model.scheme.parameters():
-            if not p.any():  # zero-initialised scheme parameters (CoPE's) act only once drawn
-                p.normal_(std=0.5)
-    return model.eval()
 
 
 def dense_reference(q, k, v, scheme, ctx, span: Span, causal: bool = True) -> torch.Tensor:

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+from scheme_utils import lively
 
 from posenc_cli.config import ModelConfig
 from posenc_cli.kv_cache import KVCache
@@ -23,15 +24,6 @@ TINY = ModelConfig(d_model=32, n_layer=2, n_head=2)
 VOCAB = 48
 TRAIN_LENGTH = 16
 ATOL = 1e-5
-
-
-def lively(model: GPT) -> GPT:
-    """Zero-initialised scheme parameters (CoPE's e, ...) drawn from N(0, 0.5²) so the scheme acts; eval mode."""
-    with torch.no_grad():
-        for p in model.scheme.parameters():
-            if not p.any():
-                p.normal_(std=0.5)
-    return model.eval()
 
 
 def make(pos, model: ModelConfig = TINY, seed: int = 0) -> GPT:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from scheme_utils import hybrid_schemes, n_layer_for, plain_schemes
+from scheme_utils import hybrid_schemes, lively, n_layer_for, plain_schemes
 from train_utils import tiny_overrides, write_corpus
 from typer.testing import CliRunner
 
@@ -31,14 +31,6 @@ runner = CliRunner()
 
 def uniform(name: str) -> LayoutConfig:
     return LayoutConfig(layers=[dataclasses.asdict(config_class(name)())])
-
-
-def lively(model: GPT) -> GPT:
-    with torch.no_grad():
-        for p in model.scheme.parameters():
-            if not p.any():
-                p.normal_(std=0.5)
-    return model.eval()
 
 
 @pytest.mark.parametrize("name", plain_schemes())

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from scheme_utils import n_layer_for, plain_schemes
+from scheme_utils import lively, n_layer_for, plain_schemes
 
 from posenc_cli.config import Config, ModelConfig, TrainConfig, config_to_dict
 from posenc_cli.errors import LengthBeyondScheme
@@ -35,16 +35,6 @@ TRAIN_LENGTH = 16
 def make(name: str, seed: int = 0, train_length: int = TRAIN_LENGTH) -> GPT:
     torch.manual_seed(seed)
     return GPT(TINY, config_class(name)(), VOCAB, train_length)
-
-
-def lively(model: GPT) -> GPT:
-    """Scheme parameters initialised to zero (CoPE's e) drawn from N(0, 0.5²), so that the checks see the scheme act;
-    eval mode."""
-    with torch.no_grad():
-        for p in model.scheme.parameters():
-            if not p.any():
-                p.normal_(std=0.5)
-    return model.eval()
 
 
 def extrapolates(name: str) -> bool:
