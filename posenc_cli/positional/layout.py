@@ -143,6 +143,7 @@ class Layout(PositionalScheme):
 
     def __init__(self, cfg: LayoutConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__(cfg, model, train_length)
+        check_fits(cfg, model.n_layer)  # as the config's resolve does: never a pattern cut short
         entries = cfg.layer_entries(model.n_layer)
         distinct: list[PosConfig] = []
         for e in entries:

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from scheme_utils import n_layer_for
 from torch import nn
 
 from posenc_cli.config import Config, ModelConfig, TokenizerConfig, TrainConfig
@@ -315,7 +316,8 @@ class _Uncached(nn.Module):
 @pytest.mark.parametrize("scheme", sorted(registry()))
 def test_cached_greedy_decoding_generates_what_full_forwards_generate(scheme: str) -> None:
     torch.manual_seed(3)
-    model = GPT(ModelConfig(d_model=32, n_layer=2, n_head=2, init_std=0.3), config_class(scheme)(), 40, 32).eval()
+    model_cfg = ModelConfig(d_model=32, n_layer=n_layer_for(scheme), n_head=2, init_std=0.3)
+    model = GPT(model_cfg, config_class(scheme)(), 40, 32).eval()
     prompts = torch.randint(0, 40, (3, 12), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         cached = pk.greedy_decode(model, prompts, 10)

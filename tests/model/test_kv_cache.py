@@ -27,7 +27,9 @@ ATOL = 1e-5
 
 
 def make(pos, model: ModelConfig = TINY, seed: int = 0) -> GPT:
+    """A lively model of `pos`, deep enough for a layout's whole pattern."""
     torch.manual_seed(seed)
+    model = dataclasses.replace(model, n_layer=max(model.n_layer, len(getattr(pos, "layers", ()))))
     return lively(GPT(model, pos, VOCAB, TRAIN_LENGTH))
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from scheme_utils import n_layer_for
 
 import posenc_cli.attention
 import posenc_cli.model
@@ -109,7 +110,7 @@ def test_gpt2_recipe_is_the_default_and_adds_the_sinusoid_times_init_std() -> No
 @pytest.mark.parametrize("name", sorted(registry()))
 def test_fairseq_recipe_scales_tokens_the_same_for_every_scheme(name: str) -> None:
     """fairseq `transformer_lm` (the ALiBi paper's baselines): token table N(0, 1/D), embeddings × √D."""
-    mc = ModelConfig(d_model=64, n_layer=1, n_head=2, embedding="fairseq")
+    mc = ModelConfig(d_model=64, n_layer=n_layer_for(name, 1), n_head=2, embedding="fairseq")
     model = make(name, mc=mc, vocab=512)
     D = mc.d_model
     assert model.embed_scale == pytest.approx(math.sqrt(D))
@@ -182,7 +183,6 @@ def test_the_forward_compiles_as_one_graph(name: str) -> None:
     import dataclasses as dc
 
     import torch._dynamo
-    from scheme_utils import n_layer_for
 
     torch._dynamo.reset()
     model = GPT(

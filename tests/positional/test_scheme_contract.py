@@ -33,8 +33,9 @@ TRAIN_LENGTH = 16
 
 
 def make(name: str, seed: int = 0, train_length: int = TRAIN_LENGTH) -> GPT:
+    """`name` at TINY's sizes, a layout as deep as its pattern (a pattern must fit the model)."""
     torch.manual_seed(seed)
-    return GPT(TINY, config_class(name)(), VOCAB, train_length)
+    return GPT(dataclasses.replace(TINY, n_layer=n_layer_for(name)), config_class(name)(), VOCAB, train_length)
 
 
 def extrapolates(name: str) -> bool:
