@@ -158,6 +158,9 @@ class TrainConfig:
     # or one of torch.compile's modes; "reduce-overhead" adds CUDA graphs, for small models whose GPU steps are
     # launch-bound. Validation and evaluation stay eager. Changes speed and float rounding, not what is trained.
     compile: bool | str = False
+    # DroPE (Gelberg et al. 2025, arXiv 2512.12167; SakanaAI/DroPE): train with the configured scheme until step k,
+    # then drop every positional signal and keep training (the paper's "recalibration"). 0 = off.
+    drope_at: int = 0
     compile_modes: ClassVar[tuple[str, ...]] = (
         "default",
         "reduce-overhead",
@@ -172,7 +175,7 @@ class TrainConfig:
             )
         positive(self, "train", "seq_len", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches")
         positive(self, "train", "pose_chunks")
-        non_negative(self, "train", "random_positions", "pose_length")
+        non_negative(self, "train", "random_positions", "pose_length", "drope_at")
         for name in ("random_positions", "pose_length"):
             value = getattr(self, name)
             if 0 < value < self.seq_len:

@@ -23,7 +23,12 @@ PLANNED_FILE = "planned.json"  # in a sweep directory: per job, the config it wa
 RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger", "train.compile")
 # Keys added after identities were first written, at the value that does what was done before they existed: left out
 # of an identity at that value, so a sweep planned before the key existed still matches its jobs.
-ADDED_DEFAULTS: dict[str, Any] = {"train.window_start": "uniform", "eval.longppl": True, "extend.layers": "global"}
+ADDED_DEFAULTS: dict[str, Any] = {
+    "train.window_start": "uniform",
+    "eval.longppl": True,
+    "extend.layers": "global",
+    "train.drope_at": 0,
+}
 _ABSENT = object()
 
 
