@@ -39,6 +39,8 @@ class KVCache:
         self.keys: list[Tensor | None] = [None] * n_layer
         self.values: list[Tensor | None] = [None] * n_layer
         self.ids: Tensor | None = None  # (Tc,) or (B, Tc) int64 ids; None: each token's index in the cache
+        # per layer, the scheme's `content` features (B, H, Tc, F) of the cached tokens (None: the scheme has none)
+        self.content: list[Tensor | None] = [None] * n_layer
 
     @property
     def length(self) -> int:
@@ -55,6 +57,14 @@ class KVCache:
         self.keys[layer], self.values[layer] = k, v
         return k, v
 
+    def append_content(self, layer: int, features: Tensor) -> Tensor:
+        """Add the new tokens' `content` features (B, H, Tq, F) to `layer`; returns all (B, H, Tc + Tq, F)."""
+        old = self.content[layer]
+        if old is not None:
+            features = torch.cat([old, features], dim=2)  # (B, H, Tc + Tq, F)
+        self.content[layer] = features
+        return features
+
     def evict(self, keep: Tensor | list[int] | range) -> None:
         """Keep only the cached tokens at indexes `keep` (in cache order), dropping the rest from every layer.
 
@@ -67,6 +77,7 @@ class KVCache:
         index = index.to(self.keys[0].device)
         self.keys = [None if k is None else k.index_select(2, index) for k in self.keys]
         self.values = [None if v is None else v.index_select(2, index) for v in self.values]
+        self.content = [None if c is None else c.index_select(2, index) for c in self.content]
         self.ids = None
 
     def keep_sinks_and_recent(self, sinks: int, recent: int) -> None:

@@ -20,7 +20,7 @@ forward. The device and memory policy the choice follows is written here, as dat
   numbers).
 
 A new road is a new kernel class and one more rule here; a spec field is added only for a fact the rule reads
-(the layer's attention span; next: a scheme that owns the normaliser, ...).
+(the layer's attention span; whether the scheme owns the logits or the normaliser, `scored.Scored`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from posenc_cli.attention.kernels import (
     Rows,
     SharedMask,
 )
+from posenc_cli.attention.scored import Scored
 from posenc_cli.attention.state import AttentionState
 from posenc_cli.attention.windowed import BlockCausal, Windowed
 from posenc_cli.positional.base import PositionalScheme, PositionContext
@@ -65,9 +66,9 @@ FLEX_GRAD_DEVICES: tuple[str, ...] = ("cuda",)  # PyTorch 2.13 has no FlexAttent
 class KernelSpec:
     """Every fact the kernel choice reads, for one layer of one forward.
 
-    has_bias, bias_shared, offers_key_bias, offers_score_mod: the scheme's `has_bias`, `bias_shared_across_layers`,
-    `offers_key_bias`, `offers_score_mod`. flex_compiles: Inductor can build FlexAttention's kernel on the device
-    (`flex.can_compile`; read only for a scheme that offers a score_mod).
+    has_bias, bias_shared, offers_key_bias, offers_score_mod, owns_scores: the scheme's `has_bias`,
+    `bias_shared_across_layers`, `offers_key_bias`, `offers_score_mod`, `owns_scores`. flex_compiles: Inductor can
+    build FlexAttention's kernel on the device (`flex.can_compile`; read only for a scheme that offers a score_mod).
     remap: the scheme remaps positions and some pair of this forward's ids is at least its window apart.
     dtype, device, needs_grad: q's dtype, device type and `requires_grad`. batch, n_head, seq_len: q's (B, H, T).
     causal; q_start: first query row computed (> 0: KV-cache decoding); chunk_size: queries per chunk forced on the
@@ -85,6 +86,7 @@ class KernelSpec:
     bias_shared: bool = False
     offers_key_bias: bool = False
     offers_score_mod: bool = False
+    owns_scores: bool = False
     flex_compiles: bool = False
     remap: bool = False
     causal: bool = True
@@ -98,6 +100,9 @@ def choose_kernel(spec: KernelSpec) -> Kernel:
     """The attention kernel for `spec` (the rules in order; the first that applies wins)."""
     if attends_in_fp32(spec):
         return InFp32(choose_kernel(replace(spec, dtype=torch.float32)))
+    if spec.owns_scores:  # the scheme's logits or normaliser: no fused kernel can run it
+        chunk = queries_per_chunk(spec, BIAS_CHUNK_BYTES // 2)  # logits and weights, two fp32 tensors per chunk
+        return Scored(chunk, causal=spec.causal, dropout_p=spec.dropout_p, q_start=spec.q_start, span=spec.span)
     if spec.remap:
         chunk = queries_per_chunk(spec, BIAS_CHUNK_BYTES // 2)  # two fp32 score tensors per chunk
         return Remapped(chunk, causal=spec.causal, dropout_p=spec.dropout_p, q_start=spec.q_start, span=spec.span)
@@ -217,6 +222,7 @@ def describe(
         bias_shared=scheme.bias_shared_across_layers,
         offers_key_bias=scheme.offers_key_bias,
         offers_score_mod=scheme.offers_score_mod,
+        owns_scores=scheme.owns_scores,
         flex_compiles=scheme.offers_score_mod and flex_length(q, T) and can_compile(q.device.type),
         remap=remap,
         causal=causal,

@@ -73,6 +73,10 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.append(self.layer, k, v)  # (B, H, Tc + T, hd), unrotated keys
             q_start = k.shape[2] - T  # the new tokens' rows of the context
+        if "content" in scheme.hooks:  # per-token features of this layer's input, for the scheme's later hooks
+            features = scheme.content(self.layer, x, ctx)
+            if features is not None:
+                ctx.content[self.layer] = features if cache is None else cache.append_content(self.layer, features)
         q, k = scheme.rotate_rows(q, k, ctx, q_start) if q_start else scheme.rotate(q, k, ctx)
         q = self.length_scale(q, state, q_start)
         if temperature is not None:  # fp32 factors per query row, as transformers' Llama 4 multiplies them

@@ -1,6 +1,9 @@
 """The hooks through which a positional scheme plugs into the model.
 
 A scheme can (a) add to the token embeddings, (b) rotate queries and keys, (c) add a bias to the attention scores.
+A scheme whose positions are computed from the tokens may also (d) read each layer's input (`content`: per-token
+features, kept in the KV cache beside the keys), (e) compute the attention logits itself (`logits`, replacing
+q·kᵀ/√hd + bias) and (f) own the normaliser (`normalise`, replacing the softmax).
 Each hook defaults to doing nothing, so a scheme overrides only what it uses. One scheme instance serves the whole
 model: `prepare` runs once per forward and returns the content-independent tables (rotation angles, ...) that every
 layer then reuses. Tables that depend only on shapes are kept in non-persistent buffers or recomputed, so a
@@ -27,7 +30,8 @@ from posenc_cli.errors import LengthBeyondScheme
 from posenc_cli.positional.span import FULL, Span
 from posenc_cli.positional.temperature import FloorLog
 
-Hook = Literal["embed", "rotate", "bias"]
+Hook = Literal["embed", "rotate", "bias", "content", "logits", "normalise"]
+OWNS_SCORES: tuple[Hook, ...] = ("logits", "normalise")  # hooks that take the attention scores out of SDPA
 # FlexAttention's score_mod: (score, b, h, q_idx, kv_idx) -> score, all 0-d tensors (q_idx, kv_idx: token indexes)
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -41,12 +45,15 @@ class PositionContext:
     index: (T,) token indexes 0..T−1 when the ids were given explicitly; None for the default ids, where `positions`
         is arange(T) and serves as both (nothing extra is built or gathered).
     max_position: the largest id (a host int) when the ids were given explicitly; None for the default ids.
+    content: per layer, the `content` hook's features of all T tokens (B, H, T, F), cached ones included; filled
+        by each attention layer before its bias, logits and normalise hooks run.
     """
 
     positions: Tensor
     tables: dict[str, Any] = field(default_factory=dict)
     index: Tensor | None = None
     max_position: int | None = None
+    content: dict[int, Tensor] = field(default_factory=dict)
 
     @property
     def seq_len(self) -> int:
@@ -120,6 +127,12 @@ class PositionalScheme(nn.Module):
     def has_bias(self) -> bool:
         return "bias" in self.hooks
 
+    @property
+    def owns_scores(self) -> bool:
+        """Whether the scheme computes the logits or the attention weights itself (`logits`, `normalise`): then no
+        fused kernel can run it, and the kernel choice takes `posenc_cli.attention.scored.Scored`."""
+        return any(h in self.hooks for h in OWNS_SCORES)
+
     # -- layers --------------------------------------------------------------------------------------------------
     def layer_view(self, layer: int, ctx: PositionContext) -> LayerView:
         """The scheme, context, span and temperature layer `layer` attends with in the forward of `ctx` (prepared).
@@ -166,6 +179,32 @@ class PositionalScheme(nn.Module):
         model.
         """
         return None
+
+    def content(self, layer: int, x: Tensor, ctx: PositionContext) -> Tensor | None:
+        """Hook (d): per-token features of layer `layer`'s input x (B, T, D), the normed hidden states the layer
+        projects to q, k, v -> (B, H, T, F) fp32, or None. Feature t must read x_t alone (token by token), because
+        with a KV cache x holds only the new tokens and the cached tokens' features are kept (`KVCache.content`).
+        The layer stores the features of all T tokens in `ctx.content[layer]`, where the bias, logits and
+        normalise hooks of that layer read them (e.g. FoX's forget gates, PaTH's Householder vectors); anything
+        that mixes tokens (a cumulative sum, a short convolution) belongs in those hooks."""
+        return None
+
+    def logits(
+        self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext
+    ) -> Tensor:
+        """Hook (e), for a scheme with "logits" in `hooks`: the attention logits of one chunk of queries, replacing
+        q·kᵀ/√hd + bias. q (B, H, Tq, hd), k (B, H, Tk, hd), q_pos (Tq,), k_pos (Tk,) token indexes, as for `bias`
+        -> (B, H, Tq, Tk) fp32, already scaled. The causal mask and the span are applied after it."""
+        raise NotImplementedError(f"scheme '{self.name}' lists no logits hook")
+
+    def normalise(
+        self, layer: int, logits: Tensor, q_pos: Tensor, k_pos: Tensor, visible: Tensor, ctx: PositionContext
+    ) -> Tensor:
+        """Hook (f): attention weights from the logits of one chunk, replacing the softmax. logits (B, H, Tq, Tk)
+        fp32; q_pos (Tq,), k_pos (Tk,) token indexes; visible (Tq, Tk) bool, the keys each query may see (causality
+        and the layer's span) -> weights (B, H, Tq, Tk), zero where not visible; each row is what multiplies the
+        values (it need not sum to 1). Default: the softmax over the visible keys."""
+        return torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
 
     @property
     def remap_window(self) -> int:
