@@ -12,6 +12,10 @@ branch on a scheme or a road.
 `model.embedding` picks the embedding recipe for every scheme alike: `gpt2` (token table N(0, init_std²), used as
 is) or `fairseq` (the baselines of Press et al. 2022, fairseq's `transformer_lm`: token table N(0, 1/D) times √D,
 so tokens start at unit scale, and a sinusoid added unscaled). See `ModelConfig.embed_scale`.
+
+`GPT.drop_positions()` removes every positional signal from a model in place (DroPE, Gelberg et al. 2025, arXiv
+2512.12167): the scheme is replaced by `NoPositions`, the base class's no-op hooks, so no layer embeds, rotates,
+biases, windows or tempers any more, and the scheme's own parameters leave the model.
 """
 
 from __future__ import annotations
@@ -83,6 +87,16 @@ class Block(nn.Module):
         return self(x, view.scheme, view.ctx, causal, cache, layer.state, view.span, view.temperature)
 
 
+class NoPositions(PositionalScheme):
+    """What `GPT.drop_positions` leaves in place of the scheme: the base class's hooks, which do nothing, so every
+    layer attends causally over all earlier tokens (full span, no temperature) and order enters only through the
+    causal mask. It has no parameters and no position limit, and ignores the position ids. Not registered: it is a
+    state a trained model reaches, never a `pos=` choice."""
+
+    name = "dropped"
+    relative = True  # ignores the ids
+
+
 @dataclass(frozen=True, eq=False)
 class LayerAttention:
     """One layer's `LayerView` (scheme, context, span, temperature) and the forward's `AttentionState` for its
@@ -125,6 +139,19 @@ class GPT(nn.Module):
         for block in self.blocks:
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=resid_std)
             nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=resid_std)
+
+    @property
+    def positions_dropped(self) -> bool:
+        """Whether `drop_positions` removed the scheme."""
+        return isinstance(self.scheme, NoPositions)
+
+    def drop_positions(self) -> None:
+        """Remove every positional signal, in place (DroPE's switch): the scheme becomes `NoPositions`, its
+        parameters (a position table, trained slopes, ...) leave `parameters()` and `state_dict()`, and every other
+        weight is kept as it is. Build a new optimizer (and wrappers such as DDP) over the parameters afterwards.
+        Idempotent."""
+        if not self.positions_dropped:
+            self.scheme = NoPositions(self.pos_config, self.config, self.train_length)
 
     def num_parameters(self, include_embedding: bool = True) -> int:
         """Parameter count (tied weights counted once)."""

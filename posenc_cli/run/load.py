@@ -1,4 +1,5 @@
-"""Loading a run: model, config, metadata and tokenizer of a run directory, every file verified (`load_run`)."""
+"""Loading a run: model, config, metadata and tokenizer of a run directory, every file verified (`load_run`). A
+checkpoint whose meta.json says its positions were dropped (train.drope_at) loads as the model without them."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from posenc_cli.data.tokenizer import Tokenizer, load_tokenizer
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.model import build_model
 from posenc_cli.run.config_load import config_from_dict
+from posenc_cli.run.drope import check_dropped
 from posenc_cli.run.journal import committed_file
 from posenc_cli.run.layout import CONFIG_FILE, META_FILE, MODEL_FILE
 from posenc_cli.run.memory import LOAD_BYTES_PER_PARAM, check_fits
@@ -83,6 +85,8 @@ def _load_run_once(run_dir: Path, meta: dict[str, Any], device: str | torch.devi
     check_fits(cfg, tokenizer.vocab_size, LOAD_BYTES_PER_PARAM, f"loading {run_dir}")  # before any allocation
     tensors = load_tensors(run_dir, meta, MODEL_FILE)
     model = build_model(cfg, tokenizer.vocab_size)
+    if check_dropped(cfg, meta, committed_file(run_dir, META_FILE)) is not None:
+        model.drop_positions()  # DroPE: trained on without positions from that step (`posenc_cli.run.drope`)
     load_weights_into(model, tensors, committed_file(run_dir, MODEL_FILE))
     model.to(device)
     model.eval()

@@ -25,6 +25,7 @@ class TrainResult:
     device: str
     stopped_reason: Literal["complete", "already_complete", "interrupted"]
     signal: int | None = None
+    positions_dropped_at: int | None = None  # DroPE: the step after which the model has no positions (train.drope_at)
 
 
 ExtendStatus = Literal["created", "finetuned", "already_complete", "interrupted"]
@@ -69,4 +70,5 @@ def result_from_meta(run_dir: Path, meta: dict[str, Any]) -> TrainResult:
         precision=str(meta.get("precision")),
         device=str(meta.get("device")),
         stopped_reason="already_complete",
+        positions_dropped_at=meta.get("positions_dropped_at"),
     )

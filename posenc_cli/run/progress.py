@@ -104,6 +104,12 @@ class TrainDisplay:
         if self.first_step is None:
             self.first_step = (e["step"], e["elapsed_s"])
 
+    def _on_drope(self, e: dict[str, Any]) -> None:
+        self.print(
+            f"step {e['step']}: positions dropped (train.drope_at); training continues without them | "
+            f"{e['n_params'] / 1e6:.2f}M parameters"
+        )
+
     def _on_eval(self, e: dict[str, Any]) -> None:
         ppl = _ppl(e["val_loss"])
         self.print(f"step {e['step']}: val loss {e['val_loss']:.4f} (ppl {ppl})")
@@ -164,12 +170,14 @@ def summary_table(result: TrainResult) -> Table:
     table = Table(title="training summary", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
+    dropped = result.positions_dropped_at is not None
     rows = [
         ("run directory", str(result.run_dir)),
         ("steps", f"{result.step}/{result.steps} ({result.tokens:,} tokens)"),
         ("final train loss", _fmt(result.train_loss)),
         ("final val loss", f"{_fmt(result.val_loss)} nats/token (perplexity {_ppl(result.val_loss)})"),
         ("best val loss", _fmt(result.best_val_loss)),
+        *([("positions", f"dropped after step {result.positions_dropped_at} (DroPE)")] if dropped else []),
         ("throughput", f"{result.tokens_per_s:,.0f} tokens/s ({result.device}, {result.precision})"),
         ("wall time", _duration(result.wall_time_s)),
     ]

@@ -9,9 +9,11 @@ validation, atomic checkpoints, exact resume, graceful SIGTERM/SIGINT and non-fi
                (since the last logged step), elapsed_s, logged}                             after every update
   eval        {step, val_loss, seconds}               seconds: how long it took (for profiling)
   checkpoint  {step, status, seconds}
+  drope       {step, n_params}                     positions dropped after update `step` (train.drope_at)
   end         {result}
 The CLI renders them (rich progress bar on a terminal, plain lines otherwise). Around the loop: `run_dir` (run
-names, config checks), `outcome` (results), `interrupts` (signals, the run lock), `validation` (the validation loss).
+names, config checks), `outcome` (results), `interrupts` (signals, the run lock), `validation` (the validation loss),
+`drope` (train.drope_at: where the positions are dropped, and how a checkpoint records it).
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ from posenc_cli.run import compile as compiling
 from posenc_cli.run import distributed
 from posenc_cli.run.device import Precision, autocast, resolve_device, resolve_precision, threads
 from posenc_cli.run.distributed import DistInfo
+from posenc_cli.run.drope import DROPPED_KEY, check_drope, dropped_at
 from posenc_cli.run.interrupts import LOCK_FILE, Interrupts, run_lock
 from posenc_cli.run.journal import commit_checkpoint, committed_file, recover
-from posenc_cli.run.layout import CONFIG_FILE, METRICS_FILE, MODEL_FILE, STATE_FILE, STATE_JSON
+from posenc_cli.run.layout import CONFIG_FILE, META_FILE, METRICS_FILE, MODEL_FILE, STATE_FILE, STATE_JSON
 from posenc_cli.run.load import load_run, read_config
 from posenc_cli.run.memory import (
     MAX_STEP_S,
@@ -119,6 +122,7 @@ def train(
     cfg.validate()
     check_budget(cfg)  # before any allocation, and before anything is written
     _check_position_reach(cfg)
+    check_drope(cfg)
     run_dir = Path(out_dir)
     info = distributed.env_info()  # under torchrun: this rank of a data-parallel job (see posenc_cli.run.distributed)
     distributed.check_batch(cfg.train.batch_size, info)
@@ -312,6 +316,11 @@ class _Trainer:
         np.random.seed(seed % 2**32)  # numpy's legacy seed is 32-bit; train.seed goes up to 2**63 - 1
         torch.manual_seed(seed)
         self.model = build_model(cfg, self.tokenizer.vocab_size)
+        if meta is not None and dropped_at(meta, committed_file(run_dir, META_FILE)) is not None:
+            self.model.drop_positions()  # the checkpoint holds the model without its scheme's parameters
+        elif parent is not None and parent.model.positions_dropped:
+            self.model.drop_positions()  # a child of a dropped run starts without positions
+            self.meta_extra = {DROPPED_KEY: 0} | self.meta_extra
         if parent is not None:
             try:
                 self.model.load_state_dict(parent.model.state_dict(), strict=True)
@@ -326,20 +335,48 @@ class _Trainer:
         if meta is not None:
             load_weights_into(self.model, load_tensors(run_dir, meta, MODEL_FILE), committed_file(run_dir, MODEL_FILE))
         self.model.to(self.device)
-        self.ddp = distributed.wrap_model(self.model, info, self.device)  # the model itself without torchrun
-        self.ddp = compiling.compile_model(self.ddp, cfg.train.compile, n_threads)  # training steps only
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self._wrap()
         self.optimizer = build_optimizer(self.model, cfg.train, self.device)
         if meta is not None:
             self._restore(meta)
         elif info.is_main:
             self.metrics.path.unlink(missing_ok=True)  # leftovers of a run killed before its first checkpoint
+        self.dropped_now = self._drop_if_due()  # a run continued past train.drope_at (--force-config, extra steps)
         if info.rank > 0:  # own dropout streams per rank (the sampler stream is shared: see _batch)
             torch.manual_seed(distributed.rank_seed(seed, info.rank, self.step))
         windows = validation_batches(self.corpus.val, self.tc.batch_size, self.tc.seq_len, self.tc.eval_batches)
         self.windows = distributed.shard_rows(windows, info, dim=1).to(self.device)  # (n, B/N, T+1) per rank
         self.saved: tuple[int, str] | None = (self.step, str(self.prev_meta.status)) if meta is not None else None
         compiling.warm_up(self._dummy_forward, self.params, self.device, cfg.train.compile)  # before the clock
+
+    def _wrap(self) -> None:
+        """The training view of `self.model` (DDP in a job, compiled with train.compile) and its parameters."""
+        self.ddp = distributed.wrap_model(self.model, self.dist, self.device)  # the model itself without torchrun
+        self.ddp = compiling.compile_model(self.ddp, self.tc.compile, self.n_threads)  # training steps only
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    def _drop_if_due(self) -> bool:
+        """DroPE's switch (`posenc_cli.run.drope`), once train.drope_at updates are done: the model drops its
+        positions, the wrappers are rebuilt over what is left, and so is AdamW, each kept parameter with its moments
+        and step count and the groups with their settings (the scheme's parameters and their state are gone). Draws
+        no random numbers, so a run resumed across the switch stays bitwise identical. True when it switched."""
+        k = self.tc.drope_at
+        if not k or self.step < k or self.model.positions_dropped:
+            return False
+        self.model.drop_positions()
+        old = self.optimizer
+        self._wrap()
+        self.optimizer = build_optimizer(self.model, self.tc, self.device)
+        for new_group, old_group in zip(self.optimizer.param_groups, old.param_groups, strict=True):
+            new_group.update({key: value for key, value in old_group.items() if key != "params"})
+        for p in self.params:
+            if p in old.state:
+                self.optimizer.state[p] = old.state[p]
+        self.meta_extra = self.meta_extra | {DROPPED_KEY: self.step}
+        return True
+
+    def _emit_drope(self) -> None:
+        self.emit({"event": "drope", "step": self.step, "n_params": sum(p.numel() for p in self.params)})
 
     def _dummy_forward(self) -> Tensor:
         """The training forward on a batch of zeros shaped as this rank's batches (what `warm_up` compiles)."""
@@ -397,6 +434,8 @@ class _Trainer:
                 "seq_len": tc.seq_len,
             }
         )
+        if self.dropped_now:
+            self._emit_drope()
         V = self.tokenizer.vocab_size
         self.model.train()
         with Interrupts(defer=self.dist.enabled) as interrupts:
@@ -444,6 +483,9 @@ class _Trainer:
                 if self.dist.enabled:
                     interrupts.agree(self.dist, self.device)
                 self.step += 1
+                if self._drop_if_due():  # before this step's validation and checkpoint: both see the dropped model
+                    self._emit_drope()
+                    compiling.warm_up(self._dummy_forward, self.params, self.device, tc.compile)
                 self.tokens += tokens_per_step
                 self.session_tokens += tokens_per_step
                 dt = time.perf_counter() - t0
@@ -637,6 +679,7 @@ class _Trainer:
             device=str(self.device),
             stopped_reason=reason,
             signal=signum,
+            positions_dropped_at=self.meta_extra.get(DROPPED_KEY),
         )
         self.emit({"event": "end", "result": result})
         return result

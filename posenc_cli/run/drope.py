@@ -1,0 +1,91 @@
+"""DroPE's training switch (Gelberg et al. 2025, "Extending the Context of Pretrained LLMs by Dropping Their
+Positional Embeddings", arXiv 2512.12167): train with the configured scheme, then remove every positional signal
+and keep training the same weights ("recalibration"); the model that results has no positions at all.
+
+`train.drope_at = k` (0: off). Updates 1..k use the scheme; right after update k (before that step's validation and
+checkpoint) the model drops its positions (`GPT.drop_positions`), and updates k+1.. train it without. So every
+checkpoint at step >= k holds the dropped model, and meta.json records the switch as `positions_dropped_at: k`
+(`DROPPED_KEY`), which is what a loader reads to rebuild it (`dropped_at`). k = train.steps is allowed: dropping with
+no recalibration at all, the control the paper's recalibration is measured against.
+
+What is dropped: the scheme's every hook, in every layer (a layout's schemes, spans and temperatures too), and the
+scheme's own parameters (a learned table, learned slopes), which leave the model, its checkpoint and the optimizer.
+Every other weight and its AdamW moments carry on, under the same learning-rate schedule.
+
+The authors' code (SakanaAI/DroPE 260a8bb) recalibrates a pretrained transformers model: `custom_models/drope.py`
+(lines 104-137) swaps every layer's attention for `custom_models/attention.py`'s NoPE variant, which keeps all
+weights (line 94) and sets RoPE's cos to 1 and sin to 0 (lines 58-63), the identity rotation; training then goes on
+(`train.py`, line 117). posenc does the same within one run, as the paper's from-scratch runs (dropping at step 14K
+of 16K) do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from posenc_cli.config import Config
+from posenc_cli.errors import CheckpointError, ConfigError
+from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme
+from posenc_cli.positional.span import FULL
+from posenc_cli.run.meta import is_whole_number
+
+DROPPED_KEY = "positions_dropped_at"  # meta.json: the step after which the model has no positions
+
+
+def has_positional_signal(scheme: PositionalScheme, n_layer: int) -> bool:
+    """Whether any layer of `scheme` sees positions: a hook, a span other than full attention or a temperature."""
+    ctx = PositionContext(positions=torch.arange(2))
+    scheme.prepare(ctx)
+    for layer in range(n_layer):
+        view = scheme.layer_view(layer, ctx)
+        if view.scheme.hooks or view.span != FULL or view.temperature is not None:
+            return True
+    return False
+
+
+def check_drope(cfg: Config) -> None:
+    """`ConfigError` (one line) when train.drope_at is set but cannot do what it says: a step past the run's end
+    (the switch would never happen, yet the config would say it did), or a scheme with nothing to drop."""
+    k, steps = cfg.train.drope_at, cfg.train.steps
+    if not k:
+        return
+    if k > steps:
+        raise ConfigError(
+            f"train.drope_at={k} is past train.steps={steps}: positions would never be dropped; set "
+            f"train.drope_at to at most {steps}, or 0 (off)"
+        )
+    if not has_positional_signal(build_scheme(cfg.pos, cfg.model, cfg.train.seq_len), cfg.model.n_layer):
+        raise ConfigError(
+            f"train.drope_at={k}: pos={cfg.pos.name} has no positional signal to drop; train with the scheme to "
+            "drop (e.g. pos=rope), or set train.drope_at=0"
+        )
+
+
+def dropped_at(meta: dict[str, Any], path: Any) -> int | None:
+    """The step after which the checkpoint of `meta` (meta.json, read at `path`) has no positions; None if it has
+    them. `CheckpointError` when the field is not a whole number in [0, step]."""
+    value = meta.get(DROPPED_KEY)
+    if value is None:
+        return None
+    if not (is_whole_number(value) and 0 <= value <= meta["step"]):
+        raise CheckpointError(f"{path}: field '{DROPPED_KEY}' is {value!r}, expected a whole number in [0, step]")
+    return int(value)
+
+
+def check_dropped(cfg: Config, meta: dict[str, Any], path: Any) -> int | None:
+    """`dropped_at`, checked against the config: a checkpoint at or past its train.drope_at must say it dropped
+    its positions (one that does not was trained by a posenc that ignored the setting, and would be labelled as
+    what it is not)."""
+    k = dropped_at(meta, path)
+    step, at = int(meta["step"]), cfg.train.drope_at
+    if k is None and at and step >= at:
+        raise CheckpointError(
+            f"{path}: train.drope_at={at} but the checkpoint at step {step} kept its positions (trained by a posenc "
+            "without the switch?); retrain it"
+        )
+    return k
+
+
+__all__ = ["DROPPED_KEY", "check_drope", "check_dropped", "dropped_at", "has_positional_signal"]
