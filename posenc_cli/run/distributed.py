@@ -120,8 +120,14 @@ def process_group(info: DistInfo, device: torch.device) -> Iterator[None]:
     )
     try:
         yield
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        dist.destroy_process_group()  # no barrier: the other ranks may never reach one (torchrun stops them)
+        raise
+    # Leave together: a rank that tears its gloo connections down while another still holds them open (writing the
+    # last checkpoint) can bring that rank down with "connection closed by peer"; PyTorch's guide to
+    # destroy_process_group asks every rank to call it at a point where communication is over.
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def barrier(info: DistInfo) -> None:
