@@ -1,0 +1,251 @@
+"""PaTH: positions as accumulated Householder transforms (Yang et al., NeurIPS 2025, arXiv 2505.16381).
+
+Every token t carries a Householder-like matrix H_t = I − β_t w_t w_tᵀ (per head), built from that layer's input:
+
+    w_t = L2norm(SiLU(shortconv(W_w x_t))),   β_t = 2σ(W_β x_t + b_β) ∈ (0, 2),
+
+and the logit of query i and key j ≤ i is q_iᵀ H_i H_(i−1) ⋯ H_(j+1) k_j / √d: the transforms of the tokens after j
+up to and including i; none for j = i, and never H_j itself. Written with the product ascending,
+k_jᵀ (H_(j+1) ⋯ H_i) q_i, as in the paper, since every H_t is symmetric.
+
+What the reference code (fla-org/flash-linear-attention at bc3b101, `fla/layers/path_attn.py`, "the layer" below)
+fixes, and posenc follows:
+
+- Product order: decoding applies the new token's H_t to every cached key, k_j ← k_j − β_t (k_j·w_t) w_t, and only
+  then appends k_t (the layer, lines 148-159), so key j has met H_(j+1), ..., H_i when query i reads it.
+- w: one vector per head and channel group of the keys, from a low-rank projection D → 32 → H·hd without biases
+  (lines 62-66, `use_low_rank_w=True` at line 39; `pos.w_rank=0` gives the full-rank D → H·hd of lines 69-70),
+  then a causal depthwise convolution of kernel 3 over tokens, per channel, without bias, with SiLU (line 81:
+  `ShortConvolution(kv_dim, conv_size=3, bias=False, activation='silu')`, `fla/modules/conv/short_conv.py` lines
+  52-72: `groups=hidden_size`, left padding kernel − 1), then the L2 norm over each head's hd channels
+  (line 124), x / √(Σx² + 1e−6) (`fla/modules/l2norm.py` lines 43 and 279).
+- β: one per head, 2σ of a linear map with a bias (lines 83 and 111: "allowing negative eigenvalues").
+- Scale 1/√hd (`fla/ops/path_attn/parallel.py`: `scale = k.shape[-1] ** -0.5` when none is given).
+- The optional forget gate (`pos.forget_gate`, off as in the layer's `use_forget_gate=False`, line 36): FoX's
+  g_t = logσ(W_g x_t + b_g) per head (lines 85-86, 112), logits += Σ_(l=j+1..i) g_l, added *before* the 1/√hd scale
+  as the reference kernel does (`fla/ops/path_attn/parallel_path_fwd.py` lines 106-107, `naive.py` lines 94-95).
+- Initialisation: every linear and convolution weight N(0, 0.02²), biases 0 (`fla/models/path_attn/
+  modeling_path_attention.py` lines 187-197, `initializer_range=0.02` in `configuration_path_attention.py` line
+  27); posenc uses `model.init_std` (0.02 by default). So β starts near 1 and H_t near a projection.
+
+How it runs here. `content` returns each token's pre-convolution W_w x_t and its β (and gate) logits, token by
+token, so the KV cache keeps them; `logits` does everything that mixes tokens (the convolution, the products) for
+one chunk of queries against the keys it sees, exactly. It splits the chunk's keys into blocks of C tokens: inside
+a block by a walk over its C positions (all blocks at once), between blocks through the blocks' whole products
+P_b, d × d matrices (`path_scores`; `path_scores_loop` is the plain walk over every key, kept as its reference).
+That is O(T² d) work per layer with about 2C + T/C Python steps, instead of the T steps of the walk. The
+reference's Triton kernel (`fla.ops.path_attn`) is not used: it fuses the softmax and ·v, so it cannot serve a
+hook that returns logits, and it needs CUDA.
+
+Causal only: a logit of a key after its query has no PaTH definition, so a non-causal forward is refused.
+
+Position ids: PaTH ignores them. Its positions are the products over the tokens between query and key, in token
+order (the hooks' q_pos, k_pos are token indexes), never the ids, so PaTH is trivially `relative`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posenc_cli.config import ModelConfig, PosConfig
+from posenc_cli.errors import ConfigError
+from posenc_cli.positional import register
+from posenc_cli.positional.base import PositionalScheme, PositionContext
+
+L2_EPS = 1e-6  # fla/modules/l2norm.py line 279
+BLOCK = 32  # keys per block of `path_scores` (any C gives the same logits up to rounding; chosen for CPU speed)
+
+
+@dataclass(kw_only=True)
+class PathConfig(PosConfig):
+    name: str = "path"
+    w_rank: int = 32  # rank of W_w (the layer's low-rank 32, line 64); 0: full rank
+    conv_size: int = 3  # the short convolution's kernel (line 41); 1: no mixing over tokens
+    forget_gate: bool = False
+
+    def validate(self) -> None:
+        if self.w_rank < 0:
+            raise ConfigError(f"pos.w_rank must be >= 0 (0: full rank), got {self.w_rank}")
+        if self.conv_size < 1:
+            raise ConfigError(f"pos.conv_size must be >= 1, got {self.conv_size}")
+
+
+# -- the maths, as pure functions ------------------------------------------------------------------------------------
+
+
+def short_conv(raw: Tensor, weight: Tensor) -> Tensor:
+    """Causal depthwise convolution over tokens: raw (B, H, K − 1 + n, d), the K − 1 tokens before the n outputs
+    first (zeros before token 0), weight (H, d, K) -> (B, H, n, d), out_t = Σ_m weight[m] · raw[t + m] (PyTorch's
+    conv1d with left padding K − 1)."""
+    K = weight.shape[-1]
+    n = raw.shape[2] - K + 1
+    out = raw[:, :, :n] * weight[None, :, None, :, 0]
+    for m in range(1, K):
+        out = out + raw[:, :, m : m + n] * weight[None, :, None, :, m]
+    return out
+
+
+def householder_vectors(raw: Tensor, conv: Tensor | None) -> Tensor:
+    """raw (B, H, K − 1 + n, d) projections W_w x, conv (H, d, K) or None -> w (B, H, n, d) = L2norm(SiLU(conv(raw)))
+    (no convolution and no SiLU without `conv`, as the layer with `use_w_shortconv=False`)."""
+    w = raw if conv is None else F.silu(short_conv(raw, conv))
+    return w * torch.rsqrt(w.square().sum(-1, keepdim=True) + L2_EPS)
+
+
+def reflect(x: Tensor, w: Tensor, beta: Tensor) -> Tensor:
+    """H x = x − β (x·w) w, row by row: x (..., d), w (..., d) and beta (..., 1) broadcastable to it."""
+    return x - beta * (x * w).sum(-1, keepdim=True) * w
+
+
+def path_scores_loop(q: Tensor, k: Tensor, w: Tensor, beta: Tensor) -> Tensor:
+    """The plain walk: q (B, H, Tq, d), the queries of the last Tq of n tokens, k, w (B, H, n, d), beta (B, H, n) ->
+    (B, H, Tq, n) q_iᵀ H_i ⋯ H_(j+1) k_j (unscaled) for j ≤ i; entries j > i are arbitrary (masked later).
+
+    Walks j from n − 1 down, keeping U_i = H_(j+1) ⋯ H_i q_i for the queries i > j: one step per key."""
+    n, Tq = k.shape[2], q.shape[2]
+    rows = torch.arange(n - Tq, n, device=q.device)  # the queries' token indexes
+    u, cols = q, []
+    for j in range(n - 1, -1, -1):
+        cols.append((u * k[:, :, j, None]).sum(-1))  # (B, H, Tq)
+        if j > 0:  # H_j, for the keys before j; it joins the rows i >= j
+            moved = reflect(u, w[:, :, j, None], beta[:, :, j, None, None])
+            u = torch.where((rows >= j)[:, None], moved, u)
+    return torch.stack(cols[::-1], dim=-1)
+
+
+def path_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, block: int = BLOCK) -> Tensor:
+    """`path_scores_loop`'s scores, by blocks of `block` keys. q (B, H, Tq, d), k, w (B, H, n, d), beta (B, H, n)
+    -> (B, H, Tq, n) fp32 of the inputs' dtype, equal up to rounding where j ≤ i, zero for key blocks after a query
+    block and arbitrary above the diagonal inside a block (masked later).
+
+    The tokens are front-padded with identity transforms (β = 0) to nb blocks of C. For i in block I, j in block J:
+        J = I: the walk of `path_scores_loop` inside the block, all query blocks at once (C steps);
+        J < I: q̂_iᵀ P_(I−1) ⋯ P_(J+1) k̂_j, with q̂_i = H_(IC) ⋯ H_i q_i (the end of that walk),
+               k̂_j = H_((J+1)C−1) ⋯ H_(j+1) k_j and P_b = H_((b+1)C−1) ⋯ H_(bC) (one forward walk over each block,
+               all blocks at once, C steps), then one batched matmul per block distance (nb − 1 steps).
+    """
+    B, H, n, d = k.shape
+    Tq, C = q.shape[2], block
+    pad = (-n) % C
+    L = n + pad
+    nb = L // C
+    first = L - Tq  # frame index of the first query
+    b0 = first // C  # its block
+    nq = nb - b0  # query blocks
+    kf = F.pad(k, (0, 0, pad, 0)).view(B, H, nb, C, d)  # (B, H, nb, C, d)
+    wf = F.pad(w, (0, 0, pad, 0)).view(B, H, nb, C, d)
+    bf = F.pad(beta, (pad, 0)).view(B, H, nb, C, 1)
+    qf = F.pad(q, (0, 0, first - b0 * C, 0)).view(B, H, nq, C, d)  # zero rows before the first query
+
+    # J = I: walk the keys of each query block from its end, U_i = H_(j+1) ⋯ H_i q_i for the rows i > j
+    local = torch.arange(C, device=q.device)
+    kq, wq, bq = kf[:, :, b0:], wf[:, :, b0:], bf[:, :, b0:]
+    u, cols = qf, []
+    for j in range(C - 1, -1, -1):
+        cols.append((u * kq[:, :, :, j, None]).sum(-1))  # (B, H, nq, C)
+        u = torch.where((local >= j)[:, None], reflect(u, wq[:, :, :, j, None], bq[:, :, :, j, None]), u)
+    intra = torch.stack(cols[::-1], dim=-1)  # (B, H, nq, C, C)
+    q_hat = u  # (B, H, nq, C, d): H_(IC) ⋯ H_i q_i
+
+    # every block's keys carried to its end, and its whole product: d identity rows (index −1) before the C keys
+    eye = torch.eye(d, dtype=k.dtype, device=k.device).expand(B, H, nb, d, d)
+    x = torch.cat([eye, kf], dim=3)  # (B, H, nb, d + C, d)
+    index = torch.cat([torch.full((d,), -1, device=k.device), local])  # (d + C,)
+    for t in range(C):  # H_t, in order, reaches the rows before t (H_0 only the identity rows: it is P's alone)
+        x = torch.where((index < t)[:, None], reflect(x, wf[:, :, :, t, None], bf[:, :, :, t, None]), x)
+    prod = x[:, :, :, :d].transpose(-1, -2)  # (B, H, nb, d, d): P_b (its rows were P_bᵀ's)
+    k_hat = x[:, :, :, d:]  # (B, H, nb, C, d)
+
+    out = q.new_zeros(B, H, nq, C, nb, C)
+    out.diagonal(b0, dim1=2, dim2=4).copy_(intra.permute(0, 1, 3, 4, 2))  # blocks (a, b0 + a)
+    r, a0 = q_hat, 0  # r: the query blocks a >= a0 still to score, carried through the blocks between
+    for delta in range(1, nb):
+        a_min = max(0, delta - b0)  # query blocks with a key block delta before them
+        if a_min >= nq:
+            break
+        r, a0 = r[:, :, a_min - a0 :], a_min
+        keys = slice(b0 + a_min - delta, b0 + nq - delta)  # their key blocks J = b0 + a − delta
+        scores = r @ k_hat[:, :, keys].transpose(-1, -2)  # (B, H, m, C, C)
+        out.diagonal(b0 - delta, dim1=2, dim2=4).copy_(scores.permute(0, 1, 3, 4, 2))
+        r = r @ prod[:, :, keys]  # past block J on the way to J − 1
+    out = out.view(B, H, nq * C, L)
+    return out[:, :, first - b0 * C :, pad:]
+
+
+def gate_sums(log_f: Tensor, n_q: int) -> Tensor:
+    """log_f (B, H, n) log forget gates of the chunk's n tokens -> (B, H, n_q, n) Σ_(l=j+1..i) log f_l for the last
+    n_q tokens i (a cumulative-sum difference c_i − c_j; j > i entries are masked later)."""
+    c = log_f.cumsum(-1)  # (B, H, n)
+    return c[:, :, -n_q:, None] - c[:, :, None, :]
+
+
+# -- the scheme ------------------------------------------------------------------------------------------------------
+
+
+@register
+class PaTH(PositionalScheme):
+    name = "path"
+    config_cls = PathConfig
+    hooks = ("content", "logits")
+    paper = "Yang et al. 2025, arXiv:2505.16381"
+    relative = True  # ids are ignored (see the module docstring)
+
+    def __init__(self, cfg: PathConfig, model: ModelConfig, train_length: int) -> None:
+        super().__init__(cfg, model, train_length)
+        L, H, D, hd = model.n_layer, model.n_head, model.d_model, model.head_dim
+        std = model.init_std  # fla: every Linear and Conv1d weight N(0, initializer_range = 0.02)
+        self.conv_size = cfg.conv_size
+        self.forget_gate = cfg.forget_gate
+        self.low_rank = cfg.w_rank > 0
+        if self.low_rank:
+            self.w_down = nn.Parameter(torch.randn(L, cfg.w_rank, D) * std)  # (L, r, D)
+            self.w_up = nn.Parameter(torch.randn(L, H * hd, cfg.w_rank) * std)  # (L, H·hd, r)
+        else:
+            self.w_proj = nn.Parameter(torch.randn(L, H * hd, D) * std)  # (L, H·hd, D)
+        # conv_size 1 is no convolution at all (the layer's use_w_shortconv=False: no SiLU either)
+        self.conv = nn.Parameter(torch.randn(L, H, hd, cfg.conv_size) * std) if cfg.conv_size > 1 else None
+        self.beta_proj = nn.Parameter(torch.randn(L, H, D) * std)  # (L, H, D)
+        self.beta_bias = nn.Parameter(torch.zeros(L, H))
+        if cfg.forget_gate:
+            self.gate_proj = nn.Parameter(torch.randn(L, H, D) * std)
+            self.gate_bias = nn.Parameter(torch.zeros(L, H))
+
+    def content(self, layer: int, x: Tensor, ctx: PositionContext) -> Tensor:
+        """x (B, T, D) -> (B, H, T, hd + 1 [+ 1]) fp32: W_w x_t (before the convolution), the β logit [, the gate
+        logit], each from x_t alone."""
+        B, T, _ = x.shape
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.float()
+            if self.low_rank:
+                raw = F.linear(F.linear(x, self.w_down[layer]), self.w_up[layer])  # (B, T, H·hd)
+            else:
+                raw = F.linear(x, self.w_proj[layer])
+            raw = raw.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+            feats = [raw, F.linear(x, self.beta_proj[layer], self.beta_bias[layer]).transpose(1, 2)[..., None]]
+            if self.forget_gate:
+                feats.append(F.linear(x, self.gate_proj[layer], self.gate_bias[layer]).transpose(1, 2)[..., None])
+            return torch.cat(feats, dim=-1)
+
+    def logits(self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext) -> Tensor:
+        """The chunk's queries q (B, H, Tq, hd) at token indexes q_pos (contiguous) against its keys k (B, H, Tk, hd)
+        at k_pos = [lo, end), the queries last -> (B, H, Tq, Tk) fp32 (q_iᵀ H_i ⋯ H_(j+1) k_j [+ gates]) / √hd."""
+        lo, end = int(k_pos[0]), int(k_pos[-1]) + 1
+        if int(q_pos[-1]) + 1 != end:
+            raise ValueError("PaTH attention is causal: its logits are defined for keys up to the query only")
+        feats = ctx.content[layer]  # (B, H, T, F) all tokens
+        hd, K = self.head_dim, self.conv_size
+        with torch.autocast(q.device.type, enabled=False):
+            start = max(lo - K + 1, 0)
+            raw = F.pad(feats[:, :, start:end, :hd], (0, 0, K - 1 - (lo - start), 0))  # (B, H, K − 1 + Tk, hd)
+            conv = None if self.conv is None else self.conv[layer].float()
+            w = householder_vectors(raw, conv)  # (B, H, Tk, hd)
+            beta = 2 * torch.sigmoid(feats[:, :, lo:end, hd])  # (B, H, Tk)
+            scores = path_scores(q.float(), k.float(), w, beta)  # (B, H, Tq, Tk)
+            if self.forget_gate:
+                scores = scores + gate_sums(F.logsigmoid(feats[:, :, lo:end, hd + 1]), q.shape[2])
+            return scores * (1.0 / math.sqrt(hd))
