@@ -33,6 +33,13 @@ class LoadedRun:
     config: Config
     meta: RunMeta  # the run's identity apart from the record of what made it
     tokenizer: Tokenizer
+    positions_dropped_at: int | None = None  # DroPE: the step after which the model has no positions (None: never)
+
+    @property
+    def scheme_label(self) -> str:
+        """The scheme the loaded model computes with: pos.name, or e.g. 'rope, dropped at 14000' (DroPE)."""
+        name = str(self.config.pos.name)
+        return name if self.positions_dropped_at is None else f"{name}, dropped at {self.positions_dropped_at}"
 
 
 def read_config(run_dir: Path, meta: dict[str, Any]) -> Config:
@@ -85,9 +92,17 @@ def _load_run_once(run_dir: Path, meta: dict[str, Any], device: str | torch.devi
     check_fits(cfg, tokenizer.vocab_size, LOAD_BYTES_PER_PARAM, f"loading {run_dir}")  # before any allocation
     tensors = load_tensors(run_dir, meta, MODEL_FILE)
     model = build_model(cfg, tokenizer.vocab_size)
-    if check_dropped(cfg, meta, committed_file(run_dir, META_FILE)) is not None:
+    dropped = check_dropped(cfg, meta, committed_file(run_dir, META_FILE))
+    if dropped is not None:
         model.drop_positions()  # DroPE: trained on without positions from that step (`posenc_cli.run.drope`)
     load_weights_into(model, tensors, committed_file(run_dir, MODEL_FILE))
     model.to(device)
     model.eval()
-    return LoadedRun(path=run_dir, model=model, config=cfg, meta=RunMeta.from_json(meta), tokenizer=tokenizer)
+    return LoadedRun(
+        path=run_dir,
+        model=model,
+        config=cfg,
+        meta=RunMeta.from_json(meta),
+        tokenizer=tokenizer,
+        positions_dropped_at=dropped,
+    )

@@ -1,0 +1,242 @@
+"""DroPE's switch (train.drope_at): positions dropped after update k, recorded in the run, rebuilt on load, and
+exact resume across the switch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+from train_utils import metrics, same_weights, tiny_config, tiny_overrides, weights, write_corpus
+from typer.testing import CliRunner
+
+from posenc_cli.cli import app
+from posenc_cli.config import ModelConfig
+from posenc_cli.errors import CheckpointError, ConfigError
+from posenc_cli.model import GPT, build_model
+from posenc_cli.positional import config_class
+from posenc_cli.positional.layout import LayoutConfig
+from posenc_cli.run.drope import check_drope
+from posenc_cli.run.journal import committed_file
+from posenc_cli.run.layout import META_FILE, MODEL_FILE, STATE_FILE
+from posenc_cli.run.load import load_run
+from posenc_cli.run.meta import read_meta
+from posenc_cli.run.train import train
+
+runner = CliRunner()
+K = 12  # drope_at: not a save_every multiple, so a resume has to replay the switch
+STEPS = dict(steps=20, save_every=5, grad_accum=2, drope_at=K)
+MODEL = {"dropout": 0.1}  # dropout and accumulation make the comparison sensitive to every RNG stream
+TINY = ModelConfig(d_model=32, n_layer=4, n_head=2)
+VOCAB = 40
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def references(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Uninterrupted runs that drop at step K, per scheme (rope: no scheme parameters; learned: a table)."""
+    root = tmp_path_factory.mktemp("refs")
+    runs = {}
+    for pos in ("rope", "learned"):
+        train(tiny_config(corpus, pos=pos, model=MODEL, **STEPS), root / pos)
+        runs[pos] = root / pos
+    return runs
+
+
+def _signal_at(step: int):
+    def callback(event: dict) -> None:
+        if event["event"] == "step" and event["step"] == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return callback
+
+
+def _file(run: Path, name: str) -> bytes:
+    return committed_file(run, name).read_bytes()
+
+
+def _logits(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model.eval()(idx)
+
+
+# -- the model ---------------------------------------------------------------------------------------------------
+
+
+ROPE_THEN_NOPE = LayoutConfig(layers=[{"name": "rope"}, {"name": "nope"}])
+
+
+@pytest.mark.parametrize("pos", [config_class("rope")(), config_class("learned")(), ROPE_THEN_NOPE])
+def test_dropping_leaves_the_forward_without_positions(pos) -> None:
+    """The dropped model is the position-free forward of the same weights; the scheme's parameters are gone."""
+    torch.manual_seed(0)
+    model = GPT(TINY, pos, VOCAB, 16)
+    idx = torch.randint(0, VOCAB, (2, 12))
+    before = _logits(model, idx)
+    model.drop_positions()
+    model.drop_positions()  # idempotent
+    assert model.positions_dropped and not any(k.startswith("scheme.") for k in model.state_dict())
+    plain = GPT(TINY, config_class("nope")(), VOCAB, 16)
+    plain.load_state_dict(model.state_dict(), strict=True)
+    after = _logits(model, idx)
+    assert torch.equal(after, _logits(plain, idx)) and not torch.allclose(after, before)
+    assert torch.isfinite(_logits(model, torch.randint(0, VOCAB, (1, 40)))).all()  # no position limit (learned: 16)
+
+
+def test_a_window_is_dropped_too() -> None:
+    """A layout's span is position information: every dropped layer attends over all earlier tokens."""
+    torch.manual_seed(0)
+    windowed = GPT(TINY, LayoutConfig(layers=[{"name": "nope", "span": "sliding", "window": 4}]), VOCAB, 16)
+    windowed.drop_positions()
+    plain = GPT(TINY, config_class("nope")(), VOCAB, 16)
+    plain.load_state_dict(windowed.state_dict())
+    idx = torch.randint(0, VOCAB, (1, 10))
+    assert torch.equal(_logits(windowed, idx), _logits(plain, idx))
+
+
+# -- the config --------------------------------------------------------------------------------------------------
+
+
+def test_settings_that_cannot_drop_anything_are_refused(corpus: Path, tmp_path: Path) -> None:
+    check_drope(tiny_config(corpus, pos="rope", steps=8, drope_at=8))  # no recalibration: allowed, the control
+    check_drope(tiny_config(corpus, pos="nope", steps=8))  # off
+    windowed = LayoutConfig(layers=[{"name": "nope", "span": "sliding", "window": 4}])
+    cfg = tiny_config(corpus, pos="rope", steps=8, drope_at=4)
+    check_drope(type(cfg)(model=cfg.model, pos=windowed, data=cfg.data, train=cfg.train))  # a window to drop
+    with pytest.raises(ConfigError, match=r"train.drope_at=9 is past train.steps=8"):
+        check_drope(tiny_config(corpus, pos="rope", steps=8, drope_at=9))
+    with pytest.raises(ConfigError, match=r"pos=nope has no positional signal to drop"):
+        check_drope(tiny_config(corpus, pos="nope", steps=8, drope_at=4))
+    plain_layout = LayoutConfig(layers=[{"name": "nope"}])
+    with pytest.raises(ConfigError, match=r"pos=layout has no positional signal"):
+        check_drope(type(cfg)(model=cfg.model, pos=plain_layout, data=cfg.data, train=cfg.train))
+    with pytest.raises(ConfigError, match="past train.steps"):
+        train(tiny_config(corpus, pos="rope", steps=8, drope_at=9), tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+# -- training ----------------------------------------------------------------------------------------------------
+
+
+def test_the_switch_is_recorded_and_changes_only_what_follows(corpus: Path, references: dict[str, Path], tmp_path):
+    events: list[dict] = []
+    plain = train(tiny_config(corpus, pos="learned", model=MODEL, **{**STEPS, "drope_at": 0}), tmp_path / "plain")
+    dropped = references["learned"]
+    meta = read_meta(dropped)
+    assert meta["positions_dropped_at"] == K and "positions_dropped_at" in meta["extra_keys"]
+    assert meta["n_params"] == read_meta(tmp_path / "plain")["n_params"] - 16 * 32  # the 16 x 32 table is gone
+    assert plain.positions_dropped_at is None and read_meta(tmp_path / "plain").get("positions_dropped_at") is None
+    a, b = metrics(tmp_path / "plain"), metrics(dropped)
+    assert a[:K] == b[:K] and a[K][2] != b[K][2]  # steps 1..K trained with positions; step K+1 without
+    again = train(tiny_config(corpus, pos="learned", model=MODEL, **STEPS), tmp_path / "d", callback=events.append)
+    assert [e["step"] for e in events if e["event"] == "drope"] == [K] and again.positions_dropped_at == K
+    assert train(tiny_config(corpus, pos="learned", model=MODEL, **STEPS), dropped).positions_dropped_at == K
+
+
+@pytest.mark.parametrize(("pos", "stop"), [("rope", 7), ("rope", 16), ("learned", 7), ("learned", K), ("learned", 16)])
+def test_resume_across_the_switch_is_bitwise_identical(
+    corpus: Path, references: dict[str, Path], tmp_path: Path, pos: str, stop: int
+) -> None:
+    """Stopped before, at or after update K: weights, optimizer state and metrics end as the uninterrupted run's."""
+    cfg = tiny_config(corpus, pos=pos, model=MODEL, **STEPS)
+    run = tmp_path / "run"
+    stopped = train(cfg, run, callback=_signal_at(stop))
+    assert stopped.stopped_reason == "interrupted" and stopped.step == stop
+    assert load_run(run, complete_only=False).model.positions_dropped == (stop >= K)
+    assert stopped.positions_dropped_at == (K if stop >= K else None)
+    done = train(cfg, run, resume=True)
+    ref = references[pos]
+    assert done.step == 20 and done.positions_dropped_at == K
+    assert _file(run, MODEL_FILE) == _file(ref, MODEL_FILE) and same_weights(weights(run), weights(ref))
+    ours, theirs = safetensors.torch.load(_file(run, STATE_FILE)), safetensors.torch.load(_file(ref, STATE_FILE))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    state, ref_state = json.loads(_file(run, "state.json")), json.loads(_file(ref, "state.json"))
+    assert state["optimizer"] == ref_state["optimizer"]
+    assert metrics(run) == metrics(ref)
+
+
+def test_a_trained_run_continued_with_more_steps_drops_where_it_resumes(corpus: Path, tmp_path: Path) -> None:
+    """Recalibrating a finished run (the authors' use): --force-config with more steps and drope_at = its step."""
+    run = tmp_path / "run"
+    train(tiny_config(corpus, pos="rope", steps=6, save_every=3), run)
+    with pytest.raises(ConfigError, match="train.drope_at: 0 -> 6"):  # config_diff: a changed drope_at needs it
+        train(tiny_config(corpus, pos="rope", steps=6, save_every=3, drope_at=6), run)
+    done = train(tiny_config(corpus, pos="rope", steps=9, save_every=3, drope_at=6), run, force_config=True)
+    assert done.positions_dropped_at == 6 and load_run(run).model.positions_dropped
+
+
+def test_a_child_of_a_dropped_run_has_no_positions(corpus: Path, references: dict[str, Path], tmp_path: Path) -> None:
+    child = tmp_path / "child"
+    done = train(tiny_config(corpus, pos="learned", steps=2, save_every=2), child, init_from=references["learned"])
+    assert done.positions_dropped_at == 0 and read_meta(child)["positions_dropped_at"] == 0
+    assert load_run(child).model.positions_dropped
+
+
+# -- loading -----------------------------------------------------------------------------------------------------
+
+
+def test_a_dropped_run_loads_as_the_forward_without_positions(references: dict[str, Path]) -> None:
+    loaded = load_run(references["rope"])
+    assert loaded.positions_dropped_at == K and loaded.scheme_label == f"rope, dropped at {K}"
+    idx = torch.randint(0, loaded.tokenizer.vocab_size, (2, 24))
+    got = _logits(loaded.model, idx)
+    cfg = loaded.config
+    plain = GPT(cfg.model, config_class("nope")(), loaded.tokenizer.vocab_size, cfg.train.seq_len)
+    plain.load_state_dict(loaded.model.state_dict(), strict=True)
+    rotated = build_model(cfg, loaded.tokenizer.vocab_size)
+    rotated.load_state_dict(loaded.model.state_dict(), strict=True)
+    assert torch.equal(got, _logits(plain, idx)) and not torch.allclose(got, _logits(rotated, idx))
+
+
+@pytest.mark.parametrize("value", ["absent", -1, 99, "12"])
+def test_a_meta_json_that_misstates_the_switch_is_refused(references: dict[str, Path], tmp_path: Path, value) -> None:
+    import shutil
+
+    run = Path(shutil.copytree(references["rope"], tmp_path / "run"))
+    path = committed_file(run, META_FILE)
+    meta = json.loads(path.read_text())
+    if value == "absent":
+        del meta["positions_dropped_at"]
+    else:
+        meta["positions_dropped_at"] = value
+    path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="positions_dropped_at|kept its positions"):
+        load_run(run)
+
+
+# -- the CLI -----------------------------------------------------------------------------------------------------
+
+
+def _overrides(corpus: Path, pos: str, **train_keys) -> list[str]:
+    return [f"pos={pos}" if o.startswith("pos=") else o for o in tiny_overrides(corpus, **train_keys)]
+
+
+def test_posenc_train_drops_and_says_so(corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["train", *_overrides(corpus, "rope", steps=6, save_every=3, eval_every=3, drope_at=3), "--out", str(out)]
+    result = runner.invoke(app, args, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "step 3: positions dropped" in result.output and "dropped after step 3 (DroPE)" in result.output
+    assert read_meta(out)["positions_dropped_at"] == 3
+    bad = ["train", *_overrides(corpus, "rope", steps=6, drope_at=7), "--out", str(tmp_path / "bad")]
+    refused = runner.invoke(app, bad, terminal_width=200)
+    assert refused.exit_code == 2 and "train.drope_at=7 is past train.steps=6" in refused.output
+    assert "Traceback" not in refused.output and not (tmp_path / "bad").exists()
+
+
+def test_eval_extrapolate_measures_the_dropped_model(references: dict[str, Path], tmp_path: Path) -> None:
+    """The learned table holds 16 positions: only a model without it can be measured at 2x."""
+    out = tmp_path / "ppl.json"
+    args = ["eval-extrapolate", str(references["learned"]), "--protocol", "nonoverlap", "--lengths", "1,2"]
+    result = runner.invoke(app, [*args, "--tokens", "64", "--no-longppl", "--device", "cpu", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(out.read_text())["runs"]
+    assert [(e["length"], e["status"]) for e in run["entries"]] == [(16, "ok"), (32, "ok")]
