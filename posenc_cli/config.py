@@ -40,16 +40,23 @@ class ModelConfig:
     dropout: float = 0.0
     init_std: float = 0.02
     embedding: Literal["gpt2", "fairseq"] = "gpt2"  # the embedding recipe, the same for every scheme
-    # Attention-logit length scaling (posenc_cli/attention.py, `length_scale`): `logn` multiplies query n's logits
-    # by max(1, log n / log L) (Qwen's use_logn_attn), `ssmax` by s_h·log n with s_h learned per head (SSMax).
-    attn_scale: Literal["none", "logn", "ssmax"] = "none"
-    logn_length: int = 0  # L of `logn` / SSMax's initial s_h = 1/log L (0: the training length, written explicitly)
+    # The attention temperature every layer applies (an entry of `posenc_cli.temperatures`): `logn` multiplies
+    # query n's logits by max(1, log n / log L) (Qwen's use_logn_attn), `ssmax` by s_h·log n with s_h learned per
+    # head (SSMax), `drope` by DroPE's β = 1 + c·ln(max(1, n / L)) with c = `temperature_c`, `head-scale` by a
+    # learned λ_h per head (NoPE HeadScale; fitted by `posenc calibrate`).
+    attn_scale: Literal["none", "logn", "ssmax", "drope", "head-scale"] = "none"
+    logn_length: int = 0  # L of the temperature (SSMax: s_h starts at 1/log L); 0: the training length, written
+    temperature_c: float = 0.0  # DroPE's c (model.attn_scale=drope), >= 0; fitted by `posenc calibrate`
 
     def validate(self) -> None:
         positive(self, "model", "d_model", "n_layer", "n_head", "mlp_ratio")
         non_negative(self, "model", "logn_length")
         if self.attn_scale != "none" and self.logn_length == 1:
             raise ConfigError("model.logn_length must be 0 (the training length) or >= 2")
+        if self.temperature_c < 0:
+            raise ConfigError(f"model.temperature_c must be >= 0 (DroPE's c), got {self.temperature_c}")
+        if self.temperature_c and self.attn_scale != "drope":
+            raise ConfigError(f"model.temperature_c (DroPE's c) needs model.attn_scale=drope, not {self.attn_scale}")
         if self.d_model % self.n_head:
             raise ConfigError(f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}")
         if (self.d_model // self.n_head) % 2:

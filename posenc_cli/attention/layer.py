@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
-import torch
 from torch import Tensor, nn
 
 from posenc_cli.attention.choose import attend
@@ -13,7 +10,7 @@ from posenc_cli.config import ModelConfig
 from posenc_cli.kv_cache import KVCache
 from posenc_cli.positional.base import PositionalScheme, PositionContext
 from posenc_cli.positional.span import FULL, Span
-from posenc_cli.positional.temperature import FloorLog
+from posenc_cli.temperatures import Temperature, from_model
 
 
 class CausalSelfAttention(nn.Module):
@@ -30,22 +27,23 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
         self.chunk_size: int | None = None  # None: from BIAS_CHUNK_BYTES; tests force small chunks
-        self.attn_scale = cfg.attn_scale
-        self.logn_length = cfg.logn_length
-        # s_h, initialised to 1/log L so that s·log n = 1 at the training length: posenc's choice, citing nothing (the
-        # SSMax paper, arXiv 2501.19399, learns s per layer and head and states no initial value; its figure uses 0.43)
-        if cfg.attn_scale == "ssmax":
-            self.ssmax_scale = nn.Parameter(torch.full((cfg.n_head,), 1.0 / math.log(max(cfg.logn_length, 2))))
+        # the temperature `model.attn_scale` names (None: none), with its per-head parameter if it learns one, kept
+        # under the entry's name (`blocks.<i>.attn.ssmax_scale`, `blocks.<i>.attn.head_scale`)
+        self.temperature = from_model(cfg)
+        if self.temperature is not None and self.temperature.parameter is not None:
+            init = self.temperature.init_parameter(cfg.n_head)
+            self.register_parameter(self.temperature.parameter, nn.Parameter(init))
+
+    def tempered(self, q: Tensor, temperature: Temperature, state: AttentionState, q_start: int = 0) -> Tensor:
+        """q (B, H, T − q_start, hd), the query rows [q_start, T), times `temperature`'s factors for those rows
+        (its table's rows from `state`, its parameter from this layer)."""
+        param = getattr(self, temperature.parameter) if temperature.parameter is not None else None
+        return temperature.apply(q, state.temperature_rows(temperature, q_start), param)
 
     def length_scale(self, q: Tensor, state: AttentionState, q_start: int = 0) -> Tensor:
-        """q (B, H, T − q_start, hd), the query rows [q_start, T), times each query's logit factor under
+        """q (B, H, T − q_start, hd), the query rows [q_start, T), times each query's factor under
         `model.attn_scale` (q itself for `none`)."""
-        if self.attn_scale == "logn":
-            return q * state.logn(self.logn_length)[..., q_start:, :].to(q.dtype)  # (T', 1) or (B, 1, T', 1)
-        if self.attn_scale == "ssmax":
-            factor = self.ssmax_scale.float()[:, None, None] * state.ssmax()[q_start:, None]  # (H, T', 1)
-            return q * factor.to(q.dtype)
-        return q
+        return q if self.temperature is None else self.tempered(q, self.temperature, state, q_start)
 
     def qkv_heads(
         self,
@@ -54,7 +52,7 @@ class CausalSelfAttention(nn.Module):
         ctx: PositionContext,
         cache: KVCache | None = None,
         state: AttentionState | None = None,
-        temperature: FloorLog | None = None,
+        temperature: Temperature | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, D) -> q, k, v (B, H, T, hd), with q and k already rotated by the scheme (and q length-scaled,
         then multiplied by the layer's `temperature` if it has one).
@@ -79,8 +77,8 @@ class CausalSelfAttention(nn.Module):
                 ctx.content[self.layer] = features if cache is None else cache.append_content(self.layer, features)
         q, k = scheme.rotate_rows(q, k, ctx, q_start) if q_start else scheme.rotate(q, k, ctx)
         q = self.length_scale(q, state, q_start)
-        if temperature is not None:  # fp32 factors per query row, as transformers' Llama 4 multiplies them
-            q = (q * temperature.factor(ctx.token_index[q_start:])[:, None]).to(q.dtype)  # (T', 1) over (B, H, T', hd)
+        if temperature is not None:  # the layer's own (a layout's), e.g. Llama 4's floor-log
+            q = self.tempered(q, temperature, state, q_start)
         return q, k, v
 
     def forward(
@@ -92,7 +90,7 @@ class CausalSelfAttention(nn.Module):
         cache: KVCache | None = None,
         state: AttentionState | None = None,
         span: Span = FULL,
-        temperature: FloorLog | None = None,
+        temperature: Temperature | None = None,
     ) -> Tensor:
         """x (B, T, D) -> (B, T, D). `state`: the forward's `AttentionState` (`GPT.forward` passes one to every
         layer, so tables and the kernel choice are shared); None: a fresh one for this call. `span` and

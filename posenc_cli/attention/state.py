@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from posenc_cli.attention.scale import logn_factor, ssmax_factor
-from posenc_cli.positional.base import PositionalScheme, PositionContext, per_head
+from posenc_cli.positional.base import PositionalScheme, PositionContext
+from posenc_cli.temperatures import Temperature
 
 if TYPE_CHECKING:  # the kernels and their choice import this module
     from posenc_cli.attention.choose import KernelSpec
@@ -38,8 +38,7 @@ class AttentionState:
     _key_bias: Tensor | None = None
     _key_bias_done: bool = False
     _min_id: int | None = None
-    _logn: Tensor | None = None
-    _ssmax: Tensor | None = None
+    _temperature_tables: dict[Temperature, Tensor | None] = field(default_factory=dict)
     _kernels: dict[KernelSpec, Kernel] = field(default_factory=dict)
 
     def kernel(self, spec: KernelSpec) -> Kernel:
@@ -66,15 +65,10 @@ class AttentionState:
             self._min_id = int(self.ctx.positions.min())
         return self._min_id
 
-    def logn(self, length: int) -> Tensor:
-        """Qwen's log-n factor per query (`logn_factor`), broadcastable against (B, H, T, 1): (T, 1) or
-        (B, 1, T, 1) fp32; built once per forward (every layer has the same `length`)."""
-        if self._logn is None:
-            self._logn = per_head(logn_factor(self.ctx.positions, length)[..., None])  # (T, 1) or (B, 1, T, 1)
-        return self._logn
-
-    def ssmax(self) -> Tensor:
-        """SSMax's log n per query (`ssmax_factor`), (T,) fp32 on the positions' device; built once per forward."""
-        if self._ssmax is None:
-            self._ssmax = ssmax_factor(self.ctx.token_index).to(self.ctx.positions.device)  # (T,)
-        return self._ssmax
+    def temperature_rows(self, temperature: Temperature, q_start: int = 0) -> Tensor | None:
+        """The rows [q_start, T) of `temperature`'s table (`Temperature.table`: (T, 1) or (B, 1, T, 1) fp32, None
+        for an entry without one), built once per forward for every layer with equal settings."""
+        if temperature not in self._temperature_tables:
+            self._temperature_tables[temperature] = temperature.table(self.ctx.positions, self.ctx.token_index)
+        table = self._temperature_tables[temperature]
+        return None if table is None else table[..., q_start:, :]

@@ -33,7 +33,7 @@ from posenc_cli.errors import ConfigError
 from posenc_cli.positional import build_scheme, register, scheme_class
 from posenc_cli.positional.base import LayerView, PositionalScheme, PositionContext
 from posenc_cli.positional.span import SPAN_KINDS, Span, SpanKind
-from posenc_cli.positional.temperature import FloorLog
+from posenc_cli.temperatures.floor_log import FloorLog
 
 LAYER_KEYS = ("span", "window", "temperature", "floor_scale")  # an entry's own keys; the rest are the scheme's
 

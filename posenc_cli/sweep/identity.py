@@ -28,6 +28,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "eval.longppl": True,
     "extend.layers": "global",
     "train.drope_at": 0,
+    "model.temperature_c": 0.0,
 }
 _ABSENT = object()
 
