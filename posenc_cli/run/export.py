@@ -458,6 +458,11 @@ def export_run(run_dir: Path | str, out_dir: Path | str, *, to: str = "hf", veri
     _check_out_dir(out)
     run = load_run(run_dir)
     cfg = run.config
+    if run.positions_dropped_at is not None:  # every architecture below encodes positions; this model has none
+        raise NotExportable(
+            f"not exportable: {run_dir} dropped its positions after step {run.positions_dropped_at} "
+            "(train.drope_at); the transformers architectures posenc exports to all encode positions"
+        )
     check_exportable(cfg)
     transformers = _require_transformers()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -133,6 +133,9 @@ def test_the_switch_is_recorded_and_changes_only_what_follows(corpus: Path, refe
     meta = read_meta(dropped)
     assert meta["positions_dropped_at"] == K and "positions_dropped_at" in meta["extra_keys"]
     assert meta["n_params"] == read_meta(tmp_path / "plain")["n_params"] - 16 * 32  # the 16 x 32 table is gone
+    state = safetensors.torch.load(_file(dropped, STATE_FILE))
+    steps = [state[k] for k in state if k.startswith("optim.") and k.endswith(".step")]
+    assert steps and all(int(s) == 20 for s in steps)  # AdamW's moments carried over the switch, not restarted
     assert plain.positions_dropped_at is None and read_meta(tmp_path / "plain").get("positions_dropped_at") is None
     a, b = metrics(tmp_path / "plain"), metrics(dropped)
     assert a[:K] == b[:K] and a[K][2] != b[K][2]  # steps 1..K trained with positions; step K+1 without
@@ -194,6 +197,15 @@ def test_a_dropped_run_loads_as_the_forward_without_positions(references: dict[s
     rotated = build_model(cfg, loaded.tokenizer.vocab_size)
     rotated.load_state_dict(loaded.model.state_dict(), strict=True)
     assert torch.equal(got, _logits(plain, idx)) and not torch.allclose(got, _logits(rotated, idx))
+
+
+def test_a_dropped_run_is_not_exported(references: dict[str, Path], tmp_path: Path) -> None:
+    """Every architecture export writes encodes positions: writing one would put the scheme back."""
+    from posenc_cli.run.export import NotExportable, export_run
+
+    with pytest.raises(NotExportable, match=f"dropped its positions after step {K}"):
+        export_run(references["rope"], tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
 
 
 @pytest.mark.parametrize("value", ["absent", -1, 99, "12"])
