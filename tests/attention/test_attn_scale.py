@@ -1,5 +1,6 @@
 """Attention-logit length scaling: `model.attn_scale=logn` (Qwen's use_logn_attn) and `ssmax` (Nakanishi 2025),
-and log-n as a post-hoc change to a trained run (`extend --logn`)."""
+log-n as a post-hoc change to a trained run (`extend --logn`), DroPE's β and NoPE HeadScale (the registry
+`posenc_cli.temperatures`; its contract: tests/temperatures)."""
 
 from __future__ import annotations
 
@@ -154,3 +155,52 @@ def test_cli_extend_logn(parent: Path, tmp_path: Path) -> None:
     cfg = load_run(out).config
     assert (cfg.model.attn_scale, cfg.model.logn_length, cfg.extend.logn) == ("logn", L, True)
     assert cfg.pos.scaling.method == "linear"  # type: ignore[attr-defined]
+
+
+def test_drope_is_the_plain_model_up_to_L_then_beta_per_query() -> None:
+    """β_i = 1 + c·ln((i + 1)/L) beyond L (DroPE's temperature with s per query), written out."""
+    plain = model("none", pos="nope")
+    cfg = replace(plain.config, attn_scale="drope", temperature_c=0.6, logn_length=L)
+    drope = GPT(cfg, plain.scheme.cfg, 64, L).eval()
+    drope.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 64, (2, 4 * L), generator=torch.Generator().manual_seed(0))
+    n = torch.arange(1, 4 * L + 1, dtype=torch.float64)
+    beta = (1 + 0.6 * (n / L).clamp_min(1).log()).float()[:, None]  # (T, 1)
+    with torch.no_grad():
+        assert torch.equal(drope(idx[:, :L]), plain(idx[:, :L]))
+        torch.testing.assert_close(drope(idx), reference_logits(drope, idx, beta), rtol=1e-4, atol=1e-4)
+
+
+def test_head_scale_multiplies_every_logit_of_a_head() -> None:
+    m = model("head-scale", pos="nope")
+    assert [tuple(b.attn.head_scale.shape) for b in m.blocks] == [(2,), (2,)]
+    with torch.no_grad():
+        idx = torch.randint(0, 64, (2, 2 * L), generator=torch.Generator().manual_seed(1))
+        plain = m(idx)
+        torch.testing.assert_close(plain, reference_logits(m, idx, torch.ones(1, 1, 1)), rtol=1e-4, atol=1e-4)
+        for block in m.blocks:
+            block.attn.head_scale.copy_(torch.tensor([1.7, 0.6]))
+        factor = torch.tensor([1.7, 0.6])[:, None, None]  # (H, 1, 1), the same at every position
+        torch.testing.assert_close(m(idx), reference_logits(m, idx, factor), rtol=1e-4, atol=1e-4)
+
+
+def test_a_run_saved_before_the_registry_loads() -> None:
+    """An ssmax run's config.yaml without `temperature_c` and its weights under `blocks.<i>.attn.ssmax_scale`."""
+    from posenc_cli.run.config_load import config_from_dict
+
+    old = {"model": {"d_model": 32, "n_layer": 2, "n_head": 2, "attn_scale": "ssmax", "logn_length": L},
+           "pos": {"name": "rope"}, "train": {"seq_len": L}}  # fmt: skip
+    cfg = config_from_dict(old)
+    assert cfg.model.temperature_c == 0.0
+    saved = model("ssmax", seed=3).state_dict()
+    assert {k for k in saved if "scale" in k} == {"blocks.0.attn.ssmax_scale", "blocks.1.attn.ssmax_scale"}
+    loaded = build_model(cfg, 64).eval()
+    loaded.load_state_dict(saved)  # strict: the same keys as before
+    assert torch.equal(loaded.blocks[1].attn.ssmax_scale, saved["blocks.1.attn.ssmax_scale"])
+
+
+def test_bad_temperature_settings() -> None:
+    with pytest.raises(ConfigError, match="temperature_c must be >= 0"):
+        ModelConfig(attn_scale="drope", temperature_c=-0.1).validate()
+    with pytest.raises(ConfigError, match="needs model.attn_scale=drope"):
+        ModelConfig(attn_scale="logn", temperature_c=0.3).validate()
