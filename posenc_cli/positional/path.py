@@ -37,7 +37,9 @@ That is O(T² d) work per layer with about 2C + T/C Python steps, instead of the
 reference's Triton kernel (`fla.ops.path_attn`) is not used: it fuses the softmax and ·v, so it cannot serve a
 hook that returns logits, and it needs CUDA.
 
-Causal only: a logit of a key after its query has no PaTH definition, so a non-causal forward is refused.
+Causal only: a key after its query has no PaTH logit. The hook returns NaN there (the causal mask replaces it, and
+no gradient flows through it), so a non-causal forward (`model(idx, causal=False)`) gives NaN instead of a number
+that looks right; a chunk whose keys reach past its last query is refused outright.
 
 Position ids: PaTH ignores them. Its positions are the products over the tokens between query and key, in token
 order (the hooks' q_pos, k_pos are token indexes), never the ids, so PaTH is trivially `relative`.
@@ -233,7 +235,8 @@ class PaTH(PositionalScheme):
 
     def logits(self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext) -> Tensor:
         """The chunk's queries q (B, H, Tq, hd) at token indexes q_pos (contiguous) against its keys k (B, H, Tk, hd)
-        at k_pos = [lo, end), the queries last -> (B, H, Tq, Tk) fp32 (q_iᵀ H_i ⋯ H_(j+1) k_j [+ gates]) / √hd."""
+        at k_pos = [lo, end), the queries last -> (B, H, Tq, Tk) fp32 (q_iᵀ H_i ⋯ H_(j+1) k_j [+ gates]) / √hd, NaN where
+        j > i."""
         lo, end = int(k_pos[0]), int(k_pos[-1]) + 1
         if int(q_pos[-1]) + 1 != end:
             raise ValueError("PaTH attention is causal: its logits are defined for keys up to the query only")
@@ -248,4 +251,5 @@ class PaTH(PositionalScheme):
             scores = path_scores(q.float(), k.float(), w, beta)  # (B, H, Tq, Tk)
             if self.forget_gate:
                 scores = scores + gate_sums(F.logsigmoid(feats[:, :, lo:end, hd + 1]), q.shape[2])
-            return scores * (1.0 / math.sqrt(hd))
+            later = k_pos[None, :] > q_pos[:, None]  # (Tq, Tk): no logit defined
+            return (scores * (1.0 / math.sqrt(hd))).masked_fill(later, float("nan"))
