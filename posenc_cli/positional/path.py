@@ -235,8 +235,8 @@ class PaTH(PositionalScheme):
 
     def logits(self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext) -> Tensor:
         """The chunk's queries q (B, H, Tq, hd) at token indexes q_pos (contiguous) against its keys k (B, H, Tk, hd)
-        at k_pos = [lo, end), the queries last -> (B, H, Tq, Tk) fp32 (q_iᵀ H_i ⋯ H_(j+1) k_j [+ gates]) / √hd, NaN where
-        j > i."""
+        at k_pos = [lo, end), the queries last -> (B, H, Tq, Tk) fp32 (q_iᵀ H_i ⋯ H_(j+1) k_j [+ gates]) / √hd,
+        NaN where j > i."""
         lo, end = int(k_pos[0]), int(k_pos[-1]) + 1
         if int(q_pos[-1]) + 1 != end:
             raise ValueError("PaTH attention is causal: its logits are defined for keys up to the query only")
