@@ -102,6 +102,17 @@ def test_a_window_is_dropped_too() -> None:
     assert torch.equal(_logits(windowed, idx), _logits(plain, idx))
 
 
+def test_a_dropped_model_decodes_with_the_kv_cache() -> None:
+    torch.manual_seed(0)
+    model = GPT(TINY, config_class("learned")(), VOCAB, 16).eval()
+    model.drop_positions()
+    idx = torch.randint(0, VOCAB, (2, 24))  # past the 16-row table the dropped model no longer has
+    cache = model.new_cache()
+    with torch.no_grad():
+        parts = [model(idx[:, :10], cache=cache), *(model(idx[:, t : t + 1], cache=cache) for t in range(10, 24))]
+    torch.testing.assert_close(torch.cat(parts, dim=1), _logits(model, idx), rtol=1e-5, atol=1e-5)
+
+
 # -- the config --------------------------------------------------------------------------------------------------
 
 
@@ -164,6 +175,29 @@ def test_resume_across_the_switch_is_bitwise_identical(
     state, ref_state = json.loads(_file(run, "state.json")), json.loads(_file(ref, "state.json"))
     assert state["optimizer"] == ref_state["optimizer"]
     assert metrics(run) == metrics(ref)
+
+
+def test_a_compiled_run_compiles_the_dropped_model_again(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With Dynamo's eager backend (graph capture, eager kernels): the compiled steps after the switch are the
+    eager run's, so the compiled forward is the dropped model's."""
+    import posenc_cli.run.compile as compiling
+
+    modes: list[str] = []
+    real = torch.compile
+
+    def spy(model, **kwargs):
+        modes.append(kwargs["mode"])
+        return real(model, **kwargs)
+
+    monkeypatch.setattr(compiling, "BACKEND", "eager")
+    monkeypatch.setattr(torch, "compile", spy)
+    common = dict(pos="learned", steps=6, save_every=6, drope_at=3)
+    train(tiny_config(corpus, **common), tmp_path / "eager")
+    train(tiny_config(corpus, compile=True, **common), tmp_path / "compiled")
+    assert modes == ["default", "default"]  # once at the start, once at the switch
+    assert metrics(tmp_path / "compiled") == metrics(tmp_path / "eager")
 
 
 def test_a_trained_run_continued_with_more_steps_drops_where_it_resumes(corpus: Path, tmp_path: Path) -> None:
