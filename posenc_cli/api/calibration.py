@@ -1,0 +1,35 @@
+"""`posenc calibrate` as a function: fit a trained run's evaluation temperature (DroPE's c, NoPE HeadScale) into a
+new child run (`extension.calibrate`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from posenc_cli.extension.calibrate import CalibrateResult
+
+__all__ = ["calibrate"]
+
+
+def calibrate(
+    run: str | Path,
+    temperature: str = "drope",
+    lengths: Sequence[str | int] = ("4x",),
+    out: str | Path | None = None,
+    *,
+    threads: int = 0,
+    progress: Callable[[int, int, float], None] | None = None,
+    **settings: Any,
+) -> CalibrateResult:
+    """Fit `temperature` (drope or head-scale) of run `run` at `lengths` ('4x': a multiple of its training length,
+    or tokens) and write the child (default `<run>-<temperature>x<s>` beside it), as `posenc calibrate` does.
+    `settings`: `extension.calibrate.CalibrateSettings`' other fields (tokens, split, step, c_max, refine, steps,
+    lr, init, batch_size), the command's defaults otherwise. `progress(done, planned, loss)` follows the fit.
+    Idempotent: the same fit of the same parent weights returns the child already there."""
+    # deferred: torch
+    from posenc_cli.extension.calibrate import CalibrateSettings, calibrate_run
+
+    cal = CalibrateSettings(temperature=temperature, lengths=tuple(lengths), **settings)  # type: ignore[arg-type]
+    return calibrate_run(run, cal, out, threads=threads, progress=progress)
