@@ -1,0 +1,65 @@
+"""`posenc calibrate` through Typer's CliRunner: the child it writes is what `eval-extrapolate CHILD` evaluates with
+the fitted temperature; refusals exit 2 with one line and write nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from train_utils import tiny_config, write_corpus
+from typer.testing import CliRunner
+
+import posenc_cli.cli.calibrate  # noqa: F401  (registers the command; see the report: cli/__init__ lists modules)
+from posenc_cli.cli import app
+from posenc_cli.run.load import load_run
+from posenc_cli.run.train import train
+
+runner = CliRunner()
+FAST = ["--tokens", "128", "--step", "0.5", "--c-max", "1", "--refine", "2"]
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli-calibrate")
+    train(tiny_config(write_corpus(root), pos="nope", steps=6), root / "nope")
+    return root / "nope"
+
+
+def invoke(*args: object):
+    return runner.invoke(app, [*map(str, args)], env={"COLUMNS": "200"})
+
+
+def test_calibrate_drope_then_evaluate_the_child(parent: Path, tmp_path: Path) -> None:
+    out = tmp_path / "child"
+    result = invoke("calibrate", parent, "--temperature", "drope", "--length", "4x", "--out", out, *FAST)
+    assert result.exit_code == 0, result.output
+    c = load_run(out).config.model.temperature_c
+    assert f"DroPE c = {c:g}" in result.output and "eval-extrapolate" in result.output
+    again = invoke("calibrate", parent, "--temperature", "drope", "--length", "4x", "--out", out, *FAST)
+    assert again.exit_code == 0 and "already there" in again.output
+    doc = tmp_path / "eval.json"
+    evaluated = invoke("eval-extrapolate", out, "--lengths", "1,4", "--tokens", 64, "--json", doc)
+    assert evaluated.exit_code == 0, evaluated.output
+    assert json.loads(doc.read_text())["runs"][0]["path"].endswith("child")
+
+
+def test_calibrate_head_scale_default_out(parent: Path) -> None:
+    result = invoke("calibrate", parent, "--temperature", "head-scale", "--length", "2x", "--steps", 3, "--tokens", 64)
+    assert result.exit_code == 0, result.output
+    assert "layer 1 λ:" in result.output
+    assert load_run(parent.with_name("nope-head-scalex2")).config.model.attn_scale == "head-scale"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--length", "1x"], "must exceed the training length"),
+        (["--length", "lots"], "multiple of the training length"),
+        (["--temperature", "ssmax"], "calibrate fits drope or head-scale"),
+    ],
+)
+def test_refusals_are_one_line_exit_2(parent: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    result = invoke("calibrate", parent, "--out", tmp_path / "x", *args)
+    assert result.exit_code == 2 and message in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "x").exists()
