@@ -5,18 +5,24 @@ and keep training the same weights ("recalibration"); the model that results has
 `train.drope_at = k` (0: off). Updates 1..k use the scheme; right after update k (before that step's validation and
 checkpoint) the model drops its positions (`GPT.drop_positions`), and updates k+1.. train it without. So every
 checkpoint at step >= k holds the dropped model, and meta.json records the switch as `positions_dropped_at: k`
-(`DROPPED_KEY`), which is what a loader reads to rebuild it (`dropped_at`). k = train.steps is allowed: dropping with
-no recalibration at all, the control the paper's recalibration is measured against.
+(`DROPPED_KEY`), which is what a loader reads to rebuild it (`dropped_at`). In metrics.jsonl, step k's train_loss
+is the last one with positions and its val_loss the first without. k = train.steps is allowed: dropping with no
+recalibration at all, the control the paper's recalibration is measured against. A run continued past k that kept
+its positions (--force-config with a new drope_at, or more steps) drops them when it resumes, and records that step.
 
 What is dropped: the scheme's every hook, in every layer (a layout's schemes, spans and temperatures too), and the
 scheme's own parameters (a learned table, learned slopes), which leave the model, its checkpoint and the optimizer.
-Every other weight and its AdamW moments carry on, under the same learning-rate schedule.
+Every other weight keeps its AdamW moments and step count, under the same learning-rate schedule. Not dropped:
+model.attn_scale (log-n logit scaling is a model setting, not the scheme's). A child trained from a dropped run
+(`train(init_from=...)`) has no positions from its step 0 (`positions_dropped_at: 0`).
 
-The authors' code (SakanaAI/DroPE 260a8bb) recalibrates a pretrained transformers model: `custom_models/drope.py`
-(lines 104-137) swaps every layer's attention for `custom_models/attention.py`'s NoPE variant, which keeps all
-weights (line 94) and sets RoPE's cos to 1 and sin to 0 (lines 58-63), the identity rotation; training then goes on
-(`train.py`, line 117). posenc does the same within one run, as the paper's from-scratch runs (dropping at step 14K
-of 16K) do.
+The authors' code (SakanaAI/DroPE 260a8bb) holds the recalibration of pretrained transformers models only:
+`custom_models/drope.py` (lines 104-137) swaps every layer's attention for `custom_models/attention.py`'s NoPE
+variant, which keeps all weights (line 94) and sets RoPE's cos to 1 and sin to 0 (lines 58-63), the identity
+rotation, and `train.py` (lines 102-117) trains it with a new Trainer, so a new optimizer and schedule
+(`cfgs/run_cfg/smollm_360m_drope.yaml`: lr 3e-4, 120K steps). posenc switches within one run, as the paper's
+from-scratch runs do (dropping at step 14K of 16K), and keeps the optimizer's state there: whether those runs
+restarted the optimizer is not in the released code.
 """
 
 from __future__ import annotations
@@ -74,6 +80,13 @@ def dropped_at(meta: dict[str, Any], path: Any) -> int | None:
     return int(value)
 
 
+def refuse_dropped(path: Any, k: int | None, action: str) -> None:
+    """`ConfigError` (one line) for a command that needs the scheme (`action`, e.g. "there is no RoPE to scale")
+    on a run that dropped its positions after step `k` (None: it kept them, nothing to refuse)."""
+    if k is not None:
+        raise ConfigError(f"{path} dropped its positions after step {k} (train.drope_at): {action}")
+
+
 def check_dropped(cfg: Config, meta: dict[str, Any], path: Any) -> int | None:
     """`dropped_at`, checked against the config: a checkpoint at or past its train.drope_at must say it dropped
     its positions (one that does not was trained by a posenc that ignored the setting, and would be labelled as
@@ -88,4 +101,4 @@ def check_dropped(cfg: Config, meta: dict[str, Any], path: Any) -> int | None:
     return k
 
 
-__all__ = ["DROPPED_KEY", "check_drope", "check_dropped", "dropped_at", "has_positional_signal"]
+__all__ = ["DROPPED_KEY", "check_drope", "check_dropped", "dropped_at", "has_positional_signal", "refuse_dropped"]

@@ -20,7 +20,7 @@ from posenc_cli.errors import CheckpointError, ConfigError
 from posenc_cli.model import GPT, build_model
 from posenc_cli.positional import config_class
 from posenc_cli.positional.layout import LayoutConfig
-from posenc_cli.run.drope import check_drope
+from posenc_cli.run.drope import check_drope, refuse_dropped
 from posenc_cli.run.journal import committed_file
 from posenc_cli.run.layout import META_FILE, MODEL_FILE, STATE_FILE
 from posenc_cli.run.load import load_run
@@ -240,6 +240,13 @@ def test_a_dropped_run_is_not_exported(references: dict[str, Path], tmp_path: Pa
     with pytest.raises(NotExportable, match=f"dropped its positions after step {K}"):
         export_run(references["rope"], tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def test_commands_that_need_the_scheme_can_refuse_a_dropped_run(references: dict[str, Path]) -> None:
+    refuse_dropped(references["rope"], None, "there is no RoPE to scale")  # kept its positions: nothing to refuse
+    k = load_run(references["rope"]).positions_dropped_at
+    with pytest.raises(ConfigError, match=rf"dropped its positions after step {K} \(train.drope_at\): there is no"):
+        refuse_dropped(references["rope"], k, "there is no RoPE to scale")
 
 
 @pytest.mark.parametrize("value", ["absent", -1, 99, "12"])
