@@ -181,6 +181,36 @@ def test_queries_and_keys_double_their_width_and_values_keep_theirs() -> None:
     assert q.shape == k.shape == (1, H, 9, 2 * D) and v.shape == (1, H, 9, D)
 
 
+@pytest.mark.parametrize(
+    "span",
+    [
+        "sliding",
+        pytest.param(
+            "chunked",
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=RuntimeError,
+                reason="BlockCausal (attention/windowed.py) reshapes q and k with v's width; fix proposed to the lead",
+            ),
+        ),
+    ],
+)
+def test_a_layout_layer_with_a_span_attends_with_the_wide_queries(span: str) -> None:
+    """A PoPE layer of `pos=layout` with a window or chunks: its own road (Windowed, BlockCausal) equals the
+    windowed road forced by query chunks."""
+    from posenc_cli.positional import config_class
+
+    torch.manual_seed(0)
+    layers = [{"name": "pope", "span": span, "window": 5, "bias_init": "uniform"}, {"name": "pope"}]
+    model = GPT(TINY, config_class("layout")(layers=layers), 48, 16).eval()
+    idx = torch.randint(0, 48, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model(idx)
+        for block in model.blocks:
+            block.attn.chunk_size = 3
+        torch.testing.assert_close(model(idx), out, rtol=1e-5, atol=1e-5)
+
+
 # -- a run from the CLI, and an exact resume ---------------------------------------------------------------------
 
 
