@@ -60,7 +60,7 @@ from posenc_cli.positional import register
 from posenc_cli.positional.base import PositionalScheme, PositionContext
 
 L2_EPS = 1e-6  # fla/modules/l2norm.py line 279
-BLOCK = 32  # keys per block of `path_scores` (any C gives the same logits up to rounding; chosen for CPU speed)
+BLOCK = 64  # keys per block of `path_scores` (any C gives the same logits up to rounding; chosen for CPU speed)
 
 
 @dataclass(kw_only=True)
@@ -121,15 +121,22 @@ def path_scores_loop(q: Tensor, k: Tensor, w: Tensor, beta: Tensor) -> Tensor:
 
 
 def path_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, block: int = BLOCK) -> Tensor:
-    """`path_scores_loop`'s scores, by blocks of `block` keys. q (B, H, Tq, d), k, w (B, H, n, d), beta (B, H, n)
-    -> (B, H, Tq, n) fp32 of the inputs' dtype, equal up to rounding where j ≤ i, zero for key blocks after a query
-    block and arbitrary above the diagonal inside a block (masked later).
+    """`path_scores_loop`'s scores by blocks of `block` keys, in matrix products. q (B, H, Tq, d), k, w (B, H, n, d),
+    beta (B, H, n) -> (B, H, Tq, n) of the inputs' dtype, equal up to rounding where j ≤ i and arbitrary (even
+    uninitialised) where j > i, which the caller masks.
 
-    The tokens are front-padded with identity transforms (β = 0) to nb blocks of C. For i in block I, j in block J:
-        J = I: the walk of `path_scores_loop` inside the block, all query blocks at once (C steps);
-        J < I: q̂_iᵀ P_(I−1) ⋯ P_(J+1) k̂_j, with q̂_i = H_(IC) ⋯ H_i q_i (the end of that walk),
-               k̂_j = H_((J+1)C−1) ⋯ H_(j+1) k_j and P_b = H_((b+1)C−1) ⋯ H_(bC) (one forward walk over each block,
-               all blocks at once, C steps), then one batched matmul per block distance (nb − 1 steps).
+    The tokens are front-padded with identity transforms (β = 0) to nb blocks of C. Inside a block (local indexes),
+    with G = W Wᵀ, D = diag(β), L = the strictly lower part of G and M = I + L D (unit lower triangular), carrying
+    key j through H_(j+1), ..., H_t gives k_j − Σ_(s=j+1..t) β_s w_s U_sj with U = M⁻¹ · (W Kᵀ, strictly lower)
+    (each coefficient U_sj = w_s·(k_j as H_(s−1) left it) solves a triangular recurrence). So, per block at once:
+
+        J = I:  S = Q Kᵀ − (Q Wᵀ, lower with diagonal) D U                        (scores within the block)
+        k̂_j = H_(C−1) ⋯ H_(j+1) k_j:  K̂ = K − Uᵀ D W;   P = H_(C−1) ⋯ H_0 = I − Wᵀ D M⁻¹ W
+        q̂_i = H_0 ⋯ H_i q_i:  Q̂ = Q − Vᵀ D W,  V = (I + Lᵀ D)⁻¹ · (W Qᵀ, upper with diagonal)
+
+    and for J < I, q_iᵀ H_i ⋯ H_(j+1) k_j = q̂_iᵀ P_(I−1) ⋯ P_(J+1) k̂_j: one batched matmul per block distance
+    (nb − 1 steps). The UT transform of DeltaNet-style kernels (as `fla/ops/path_attn/naive.py` uses); derived and
+    written here from the recurrence above.
     """
     B, H, n, d = k.shape
     Tq, C = q.shape[2], block
@@ -139,42 +146,44 @@ def path_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, block: int = BLOC
     first = L - Tq  # frame index of the first query
     b0 = first // C  # its block
     nq = nb - b0  # query blocks
-    kf = F.pad(k, (0, 0, pad, 0)).view(B, H, nb, C, d)  # (B, H, nb, C, d)
-    wf = F.pad(w, (0, 0, pad, 0)).view(B, H, nb, C, d)
-    bf = F.pad(beta, (pad, 0)).view(B, H, nb, C, 1)
-    qf = F.pad(q, (0, 0, first - b0 * C, 0)).view(B, H, nq, C, d)  # zero rows before the first query
 
-    # J = I: walk the keys of each query block from its end, U_i = H_(j+1) ⋯ H_i q_i for the rows i > j
-    local = torch.arange(C, device=q.device)
-    kq, wq, bq = kf[:, :, b0:], wf[:, :, b0:], bf[:, :, b0:]
-    u, cols = qf, []
-    for j in range(C - 1, -1, -1):
-        cols.append((u * kq[:, :, :, j, None]).sum(-1))  # (B, H, nq, C)
-        u = torch.where((local >= j)[:, None], reflect(u, wq[:, :, :, j, None], bq[:, :, :, j, None]), u)
-    intra = torch.stack(cols[::-1], dim=-1)  # (B, H, nq, C, C)
-    q_hat = u  # (B, H, nq, C, d): H_(IC) ⋯ H_i q_i
+    def blocks(x: Tensor, front: int) -> Tensor:  # (B, H, N, X) -> (nb', B·H, C, X): block first, so slices of
+        x = F.pad(x, (0, 0, front, 0))  # blocks stay contiguous for the batched matmuls
+        return x.reshape(B * H, -1, C, x.shape[-1]).transpose(0, 1).contiguous()
 
-    # every block's keys carried to its end, and its whole product: d identity rows (index −1) before the C keys
-    eye = torch.eye(d, dtype=k.dtype, device=k.device).expand(B, H, nb, d, d)
-    x = torch.cat([eye, kf], dim=3)  # (B, H, nb, d + C, d)
-    index = torch.cat([torch.full((d,), -1, device=k.device), local])  # (d + C,)
-    for t in range(C):  # H_t, in order, reaches the rows before t (H_0 only the identity rows: it is P's alone)
-        x = torch.where((index < t)[:, None], reflect(x, wf[:, :, :, t, None], bf[:, :, :, t, None]), x)
-    prod = x[:, :, :, :d].transpose(-1, -2)  # (B, H, nb, d, d): P_b (its rows were P_bᵀ's)
-    k_hat = x[:, :, :, d:]  # (B, H, nb, C, d)
+    kf, wf = blocks(k, pad), blocks(w, pad)  # (nb, B·H, C, d)
+    bw = blocks(beta[..., None], pad) * wf  # D W
+    qf = blocks(q, first - b0 * C)  # (nq, B·H, C, d), zero rows before the first query
 
-    out = q.new_zeros(B, H, nq, C, nb, C)
-    out.diagonal(b0, dim1=2, dim2=4).copy_(intra.permute(0, 1, 3, 4, 2))  # blocks (a, b0 + a)
+    eye = torch.eye(C, dtype=k.dtype, device=k.device)
+    strict = torch.ones(C, C, dtype=torch.bool, device=k.device).tril(-1)  # (C, C) s > r
+    gram = wf @ bw.transpose(-1, -2)  # (nb, B·H, C, C): G D, (s, r) -> w_s·w_r β_r
+    lower = eye + gram.masked_fill(~strict, 0.0)  # M = I + L D
+    upper = eye + gram.masked_fill(~strict.T, 0.0)  # I + Lᵀ D (G is symmetric)
+    rhs = torch.cat([(wf @ kf.transpose(-1, -2)).masked_fill(~strict, 0.0), wf], dim=-1)  # (.., C, C + d)
+    solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+    u, m_w = solved[..., :C], solved[..., C:]  # U (.., C, C), M⁻¹ W (.., C, d)
+    k_hat = kf - u.transpose(-1, -2) @ bw  # (nb, B·H, C, d)
+    prod = torch.eye(d, dtype=k.dtype, device=k.device) - bw.transpose(-1, -2) @ m_w  # (nb, B·H, d, d): P_b
+
+    kq, wq, bwq, uq = kf[b0:], wf[b0:], bw[b0:], u[b0:]
+    intra = qf @ kq.transpose(-1, -2) - (qf @ bwq.transpose(-1, -2)).tril() @ uq  # (nq, B·H, C, C)
+    b_q = (wq @ qf.transpose(-1, -2)).triu()  # (s, i) -> w_s·q_i for s <= i
+    v = torch.linalg.solve_triangular(upper[b0:], b_q, upper=True, unitriangular=True)
+    q_hat = qf - v.transpose(-1, -2) @ bwq  # (nq, B·H, C, d)
+
+    out = q.new_empty(B * H, nq, C, nb, C)  # blocks after a query block stay unwritten (masked later)
+    out.diagonal(b0, dim1=1, dim2=3).copy_(intra.permute(1, 2, 3, 0))  # blocks (a, b0 + a)
     r, a0 = q_hat, 0  # r: the query blocks a >= a0 still to score, carried through the blocks between
     for delta in range(1, nb):
         a_min = max(0, delta - b0)  # query blocks with a key block delta before them
         if a_min >= nq:
             break
-        r, a0 = r[:, :, a_min - a0 :], a_min
+        r, a0 = r[a_min - a0 :], a_min
         keys = slice(b0 + a_min - delta, b0 + nq - delta)  # their key blocks J = b0 + a − delta
-        scores = r @ k_hat[:, :, keys].transpose(-1, -2)  # (B, H, m, C, C)
-        out.diagonal(b0 - delta, dim1=2, dim2=4).copy_(scores.permute(0, 1, 3, 4, 2))
-        r = r @ prod[:, :, keys]  # past block J on the way to J − 1
+        scores = r @ k_hat[keys].transpose(-1, -2)  # (m, B·H, C, C)
+        out.diagonal(b0 - delta, dim1=1, dim2=3).copy_(scores.permute(1, 2, 3, 0))
+        r = r @ prod[keys]  # past block J on the way to J − 1
     out = out.view(B, H, nq * C, L)
     return out[:, :, first - b0 * C :, pad:]
 
@@ -248,8 +257,9 @@ class PaTH(PositionalScheme):
             conv = None if self.conv is None else self.conv[layer].float()
             w = householder_vectors(raw, conv)  # (B, H, Tk, hd)
             beta = 2 * torch.sigmoid(feats[:, :, lo:end, hd])  # (B, H, Tk)
-            scores = path_scores(q.float(), k.float(), w, beta)  # (B, H, Tq, Tk)
+            scale = 1.0 / math.sqrt(hd)
+            scores = path_scores(q.float() * scale, k.float(), w, beta)  # (B, H, Tq, Tk), scaled: the scale is linear
             if self.forget_gate:
-                scores = scores + gate_sums(F.logsigmoid(feats[:, :, lo:end, hd + 1]), q.shape[2])
+                scores = scores + gate_sums(F.logsigmoid(feats[:, :, lo:end, hd + 1]), q.shape[2]) * scale
             later = k_pos[None, :] > q_pos[:, None]  # (Tq, Tk): no logit defined
-            return (scores * (1.0 / math.sqrt(hd))).masked_fill(later, float("nan"))
+            return scores.masked_fill_(later, float("nan"))  # in place: scores is this hook's own tensor
