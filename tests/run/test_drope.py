@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
+from scheme_utils import lively, n_layer_for
 from train_utils import metrics, same_weights, tiny_config, tiny_overrides, weights, write_corpus
 from typer.testing import CliRunner
 
@@ -18,7 +19,7 @@ from posenc_cli.cli import app
 from posenc_cli.config import ModelConfig
 from posenc_cli.errors import CheckpointError, ConfigError
 from posenc_cli.model import GPT, build_model
-from posenc_cli.positional import config_class
+from posenc_cli.positional import config_class, registry
 from posenc_cli.positional.layout import LayoutConfig
 from posenc_cli.run.drope import check_drope, refuse_dropped
 from posenc_cli.run.journal import committed_file
@@ -89,6 +90,22 @@ def test_dropping_leaves_the_forward_without_positions(pos) -> None:
     after = _logits(model, idx)
     assert torch.equal(after, _logits(plain, idx)) and not torch.allclose(after, before)
     assert torch.isfinite(_logits(model, torch.randint(0, VOCAB, (1, 40)))).all()  # no position limit (learned: 16)
+
+
+@pytest.mark.parametrize("name", sorted(set(registry()) - {"nope"}))
+def test_every_scheme_drops_to_the_forward_without_positions(name: str) -> None:
+    """Registry contract: whatever a scheme hooks into (embeddings, q/k, biases, content, logits, normaliser, a
+    layout's spans), the dropped model computes what a NoPE model with the same remaining weights computes."""
+    torch.manual_seed(0)
+    mc = ModelConfig(d_model=32, n_layer=n_layer_for(name, 4), n_head=2)
+    model = lively(GPT(mc, config_class(name)(), VOCAB, 16))
+    idx = torch.randint(0, VOCAB, (2, 12))
+    before = _logits(model, idx)
+    model.drop_positions()
+    plain = GPT(mc, config_class("nope")(), VOCAB, 16)
+    plain.load_state_dict(model.state_dict(), strict=True)
+    after = _logits(model, idx)
+    assert torch.equal(after, _logits(plain, idx)) and not torch.allclose(after, before)
 
 
 def test_a_window_is_dropped_too() -> None:
