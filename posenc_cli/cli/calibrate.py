@@ -127,9 +127,10 @@ def summary_lines(result: CalibrateResult) -> list[str]:
     lines = [f"{head} {escape(str(result.out_dir))} (parent {escape(str(result.parent_dir))}, L={L})"]
     if result.c is not None:
         betas = ", ".join(f"β({n / L:g}×)={1 + result.c * math.log(n / L):.4f}" for n in result.lengths)
-        lines.append(
-            f"DroPE c = {result.c:g}: {betas}" + (" (the grid's upper edge: raise --c-max)" if result.at_edge else "")
-        )
+        edge = " (the grid's upper edge: raise --c-max)" if result.at_edge else ""
+        if result.c == 0:
+            edge = " (no β > 1 lowers the loss at these lengths: the child evaluates as its parent)"
+        lines.append(f"DroPE c = {result.c:g}: {betas}{edge}")
     if result.head_scale is not None:
         for i, scales in enumerate(result.head_scale):
             lines.append(f"layer {i} λ: " + " ".join(f"{x:.3f}" for x in scales))
