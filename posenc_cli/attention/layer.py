@@ -77,7 +77,7 @@ class CausalSelfAttention(nn.Module):
                 ctx.content[self.layer] = features if cache is None else cache.append_content(self.layer, features)
         q, k = scheme.rotate_rows(q, k, ctx, q_start) if q_start else scheme.rotate(q, k, ctx)
         q = self.length_scale(q, state, q_start)
-        if temperature is not None:  # the layer's own (a layout's), e.g. Llama 4's floor-log
+        if temperature is not None:  # the layer's own, from its LayerView (e.g. Llama 4's floor-log)
             q = self.tempered(q, temperature, state, q_start)
         return q, k, v
 
