@@ -14,10 +14,11 @@ is not public; both references are lucidrains', by commit):
   lines 98, 107; x-transformers@9252ed7 `x_transformers/x_transformers.py` line 888, 891).
 - softplus on the whole raw q and k, in fp32 (pope.py line 60; x_transformers.py lines 917-919).
 - δ: a learned (H, d) phase bias on the keys only (pope.py lines 56, 77; x_transformers.py line 2371), one per head
-  and component, shared by every layer (one module per model: x_transformers.py line 2790; PoPE-pytorch's
-  `train_enwik8.py` builds one `PoPE` for all layers). Initialised to zeros, or uniform on [−2π, 0] with
-  `pos.bias_init=uniform` (pope.py lines 113-116; x_transformers.py lines 894-897), and clamped to [−2π, 0] in the
-  forward, the parameter itself left as the optimiser moves it (pope.py line 145; x_transformers.py line 908).
+  and component, shared by every layer (one module per model: x_transformers.py line 2790; PoPE-pytorch@0d4db2c
+  `train_enwik8.py`, `SimpleTransformer.__init__`, builds one `PoPE` for all layers). Initialised to zeros, or
+  uniform on [−2π, 0] with `pos.bias_init=uniform` (pope.py lines 113-116; x_transformers.py lines 894-897), and
+  clamped to [−2π, 0] in the forward, the parameter itself left as the optimiser moves it (pope.py line 145;
+  x_transformers.py line 908).
   Beyond the range the clamp passes no gradient, so a δ pushed out stays at the bound (no weight decay acts on
   scheme parameters, `run/optim.py`).
 - The scale is 1/√d, d the head dim before the doubling: PoPE-pytorch computes its softmax scale from q before
@@ -32,7 +33,8 @@ q's dtype. The tables (H·T·2d for the keys) are built once per forward and sha
 
 Position ids: t and s are the tokens' ids, (T,) or (B, T) (relative: the logit reads only s − t, up to the fp32
 rounding of the phases). KV-cache decoding rotates the new query rows alone from the same tables
-(`rotate_rows`); cached keys are stored raw, as for RoPE.
+(`rotate_rows`: the last rows' phases, as pope.py line 64 and x_transformers.py line 915 slice them); cached keys
+are stored raw, as for RoPE.
 """
 
 from __future__ import annotations
@@ -99,8 +101,9 @@ def row_by_row(x: Tensor) -> Tensor:
     PyTorch's CPU kernels merge adjacent rows into one loop and compute the loop's last few elements with scalar
     code, whose softplus differs from the vectorised one in the last bit; where a loop ends would then depend on
     how many rows are computed together, and `rotate_rows` would not be `rotate`'s rows bit for bit. With rows
-    apart, every row is its own loop (single-threaded; measured +12% on this op, forward and backward). GPU
-    kernels compute every element alike: unchanged there."""
+    apart, every row is its own loop (single-threaded). Measured on one thread: +12% on this op, forward and
+    backward, and no change beyond noise in a model=tiny training step. GPU kernels compute every element alike:
+    unchanged there."""
     return F.pad(x, (0, 1))[..., :-1] if x.device.type == "cpu" else x
 
 
