@@ -7,20 +7,19 @@ and the logit is Re(q̃_tᴴ k̃_s)/√d:
     logit_ts = Σ_c softplus(q_tc)·softplus(k_sc)·cos((s − t)·θ_c + δ_c) / √d
 
 (= cos((t − s)·θ_c − δ_c): δ shifts the key's phase). RoPE's pairs rotate the content's own angle; here content
-cannot move a phase, which is the paper's "what/where" decoupling. What the defaults follow (the paper's own code
-is not public; both references are lucidrains', by commit):
+cannot move a phase, which is the paper's "what/where" decoupling. What the defaults follow (two implementations
+by lucidrains, cited by commit; posenc read no code of the authors'):
 
 - θ_c = base^(−c/d), c = 0..d−1: d frequencies, not d/2, base 10000 (PoPE-pytorch@ee11cab `PoPE_pytorch/pope.py`
-  lines 98, 107; x-transformers@9252ed7 `x_transformers/x_transformers.py` line 888, 891).
+  lines 98, 107; x-transformers@9252ed7 `x_transformers/x_transformers.py` lines 888, 891).
 - softplus on the whole raw q and k, in fp32 (pope.py line 60; x_transformers.py lines 917-919).
 - δ: a learned (H, d) phase bias on the keys only (pope.py lines 56, 77; x_transformers.py line 2371), one per head
   and component, shared by every layer (one module per model: x_transformers.py line 2790; PoPE-pytorch@0d4db2c
   `train_enwik8.py`, `SimpleTransformer.__init__`, builds one `PoPE` for all layers). Initialised to zeros, or
   uniform on [−2π, 0] with `pos.bias_init=uniform` (pope.py lines 113-116; x_transformers.py lines 894-897), and
   clamped to [−2π, 0] in the forward, the parameter itself left as the optimiser moves it (pope.py line 145;
-  x_transformers.py line 908).
-  Beyond the range the clamp passes no gradient, so a δ pushed out stays at the bound (no weight decay acts on
-  scheme parameters, `run/optim.py`).
+  x_transformers.py line 908). Beyond the range the clamp passes no gradient, so a δ pushed out stays at the bound
+  (no weight decay acts on scheme parameters, `run/optim.py`).
 - The scale is 1/√d, d the head dim before the doubling: PoPE-pytorch computes its softmax scale from q before
   applying PoPE (`PoPE_pytorch/attention.py` lines 88, 114); x-transformers keeps `dim_head ** -0.5`
   (x_transformers.py line 1843) and multiplies q by that over (2d)^−½ (`x_transformers/attend.py` lines 375-377).
