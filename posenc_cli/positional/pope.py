@@ -7,8 +7,8 @@ and the logit is Re(q̃_tᴴ k̃_s)/√d:
     logit_ts = Σ_c softplus(q_tc)·softplus(k_sc)·cos((s − t)·θ_c + δ_c) / √d
 
 (= cos((t − s)·θ_c − δ_c): δ shifts the key's phase). RoPE's pairs rotate the content's own angle; here content
-cannot move a phase, which is the paper's "what/where" decoupling. What the defaults follow (two implementations
-by lucidrains, cited by commit; posenc read no code of the authors'):
+cannot move a phase, which is the paper's "what/where" decoupling. What the defaults follow (lucidrains' two
+implementations, cited by commit):
 
 - θ_c = base^(−c/d), c = 0..d−1: d frequencies, not d/2, base 10000 (PoPE-pytorch@ee11cab `PoPE_pytorch/pope.py`
   lines 98, 107; x-transformers@9252ed7 `x_transformers/x_transformers.py` lines 888, 891).
