@@ -15,12 +15,13 @@ fixes, and posenc follows:
   then appends k_t (the layer, lines 148-159), so key j has met H_(j+1), ..., H_i when query i reads it.
 - w: one vector per head and channel group of the keys, from a low-rank projection D → 32 → H·hd without biases
   (lines 62-66, `use_low_rank_w=True` at line 39; `pos.w_rank=0` gives the full-rank D → H·hd of lines 69-70),
-  then a causal depthwise convolution of kernel 3 over tokens, per channel, without bias, with SiLU (line 81:
-  `ShortConvolution(kv_dim, conv_size=3, bias=False, activation='silu')`, `fla/modules/conv/short_conv.py` lines
-  52-72: `groups=hidden_size`, left padding kernel − 1), then the L2 norm over each head's hd channels
+  then a causal depthwise convolution of kernel 3 over tokens, per channel, without bias, with SiLU (line 81, a
+  `ShortConvolution` over kv_dim channels with `conv_size` 3 and `conv_bias` False from lines 41-42 and
+  `activation='silu'`; `fla/modules/conv/short_conv.py` lines 52-72: `groups=hidden_size`, left padding kernel
+  − 1), then the L2 norm over each head's hd channels
   (line 124), x / √(Σx² + 1e−6) (`fla/modules/l2norm.py` lines 43 and 279).
 - β: one per head, 2σ of a linear map with a bias (lines 83 and 111: "allowing negative eigenvalues").
-- Scale 1/√hd (`fla/ops/path_attn/parallel.py`: `scale = k.shape[-1] ** -0.5` when none is given).
+- Scale 1/√hd (`fla/ops/path_attn/parallel.py` lines 265-266, when none is given, as line 125 of the layer does).
 - The optional forget gate (`pos.forget_gate`, off as in the layer's `use_forget_gate=False`, line 36): FoX's
   g_t = logσ(W_g x_t + b_g) per head (lines 85-86, 112), logits += Σ_(l=j+1..i) g_l, added *before* the 1/√hd scale
   as the reference kernel does (`fla/ops/path_attn/parallel_path_fwd.py` lines 106-107, `naive.py` lines 94-95).
