@@ -108,7 +108,7 @@ def test_ssmax_parameters_are_trained_and_saved(tmp_path: Path) -> None:
 
 def test_default_model_has_no_scale_parameters() -> None:
     m = model("none")
-    assert not any("ssmax" in name for name, _ in m.named_parameters())
+    assert not any("ssmax" in name or "head_scale" in name for name, _ in m.named_parameters())
     assert Config().model.logn_length == 0  # unchanged default config
 
 
