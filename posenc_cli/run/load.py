@@ -14,7 +14,7 @@ from torch import nn
 from posenc_cli.config import Config
 from posenc_cli.data.tokenizer import Tokenizer, load_tokenizer
 from posenc_cli.errors import CheckpointError, UserError
-from posenc_cli.model import build_model
+from posenc_cli.model import GPT, build_model
 from posenc_cli.run.config_load import config_from_dict
 from posenc_cli.run.drope import check_dropped
 from posenc_cli.run.journal import committed_file
@@ -40,6 +40,17 @@ class LoadedRun:
         """The scheme the loaded model computes with: pos.name, or e.g. 'rope, dropped at 14000' (DroPE)."""
         name = str(self.config.pos.name)
         return name if self.positions_dropped_at is None else f"{name}, dropped at {self.positions_dropped_at}"
+
+
+def model_like(run: LoadedRun, cfg: Config | None = None) -> GPT:
+    """A new model of `cfg` (default: the run's config) in the run's state: without positions when the run dropped
+    them (DroPE), so that `load_state_dict(run.model.state_dict())` gives the run's model under `cfg`. What code that
+    rebuilds a loaded run's model with changed settings (a temperature, a scaling) must build instead of
+    `build_model`, which would give a dropped run its scheme back."""
+    model = build_model(cfg if cfg is not None else run.config, run.tokenizer.vocab_size)
+    if run.positions_dropped_at is not None:
+        model.drop_positions()
+    return model
 
 
 def read_config(run_dir: Path, meta: dict[str, Any]) -> Config:

@@ -24,7 +24,7 @@ from posenc_cli.positional.layout import LayoutConfig
 from posenc_cli.run.drope import check_drope, refuse_dropped
 from posenc_cli.run.journal import committed_file
 from posenc_cli.run.layout import META_FILE, MODEL_FILE, STATE_FILE
-from posenc_cli.run.load import load_run
+from posenc_cli.run.load import load_run, model_like
 from posenc_cli.run.meta import read_meta
 from posenc_cli.run.train import train
 
@@ -248,6 +248,15 @@ def test_a_dropped_run_loads_as_the_forward_without_positions(references: dict[s
     rotated = build_model(cfg, loaded.tokenizer.vocab_size)
     rotated.load_state_dict(loaded.model.state_dict(), strict=True)
     assert torch.equal(got, _logits(plain, idx)) and not torch.allclose(got, _logits(rotated, idx))
+
+
+def test_a_rebuilt_model_of_a_dropped_run_stays_dropped(references: dict[str, Path]) -> None:
+    """model_like: what a command that rebuilds a loaded run's model under changed settings builds."""
+    loaded = load_run(references["learned"])
+    rebuilt = model_like(loaded)
+    rebuilt.load_state_dict(loaded.model.state_dict(), strict=True)  # no position table to miss
+    idx = torch.randint(0, loaded.tokenizer.vocab_size, (1, 40))  # past the table the run had
+    assert torch.equal(_logits(rebuilt, idx), _logits(loaded.model, idx))
 
 
 def test_a_dropped_run_is_not_exported(references: dict[str, Path], tmp_path: Path) -> None:
