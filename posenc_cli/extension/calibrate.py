@@ -58,12 +58,12 @@ from posenc_cli.extension.child_run import (
     write_scaled_copy,
     writer_lock,
 )
-from posenc_cli.model import GPT, build_model
+from posenc_cli.model import GPT
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.journal import commit_checkpoint
 from posenc_cli.run.layout import CONFIG_FILE, MODEL_FILE
-from posenc_cli.run.load import load_run
+from posenc_cli.run.load import load_run, model_like
 from posenc_cli.run.meta import RunMeta
 from posenc_cli.run.run_dir import claim_run_dir
 from posenc_cli.run.verified import read_verified
@@ -264,7 +264,7 @@ def fit_drope_c(
 
     def score(c: float) -> float:
         if c not in scored:
-            model = build_model(with_temperature(run.config, "drope", train_length, c), run.tokenizer.vocab_size)
+            model = model_like(run, with_temperature(run.config, "drope", train_length, c))  # a DroPE run: no PE
             model.load_state_dict(state)
             model.to(device).eval()
             per = {n: mean_loss(model, w) for n, w in windows.items()}
@@ -293,7 +293,7 @@ def fit_head_scale(
     """The parent's model with λ_h per layer and head trained on `windows` (N, s·L + 1), everything else frozen
     (module doc): (that model, eval mode; the loss of every step)."""
     device = next(run.model.parameters()).device
-    model = build_model(with_temperature(run.config, "head-scale", train_length), run.tokenizer.vocab_size)
+    model = model_like(run, with_temperature(run.config, "head-scale", train_length))  # a DroPE run: no PE
     missing, unexpected = model.load_state_dict(run.model.state_dict(), strict=False)
     if unexpected or any(not k.endswith(".attn.head_scale") for k in missing):
         raise ConfigError(f"{run.path}: its weights do not fit a head-scale model ({(missing + unexpected)[:3]})")

@@ -119,3 +119,19 @@ def test_a_child_is_not_calibrated_again_and_the_parent_is_not_the_out(parent: P
     calibrate_run(parent, DROPE, tmp_path / "c")
     with pytest.raises(ConfigError, match="already has a temperature"):
         calibrate_run(tmp_path / "c", DROPE, tmp_path / "cc")
+
+
+def test_a_drope_run_is_fitted_and_written_without_its_positions(tmp_path: Path) -> None:
+    """A run that dropped RoPE (train.drope_at): the fits score, and the children hold, the model without positions."""
+    train(tiny_config(write_corpus(tmp_path), pos="rope", steps=6, drope_at=4), tmp_path / "drope")
+    parent = load_run(tmp_path / "drope")
+    assert parent.positions_dropped_at == 4
+    for settings, name in ((DROPE, "c"), (HEAD, "hs")):
+        result = calibrate_run(tmp_path / "drope", settings, tmp_path / name)
+        child = load_run(tmp_path / name)
+        assert child.positions_dropped_at == 4 and child.config.model.attn_scale == settings.temperature
+        (n,) = result.lengths
+        windows, _ = fit_windows(child, n, settings.tokens, "train")
+        assert math.isclose(mean_loss(child.model, windows), result.loss_after[n], rel_tol=1e-6)
+        if name == "c":  # c = 0 is the parent itself: the recorded loss there is the dropped model's
+            assert math.isclose(result.history[0]["loss"], mean_loss(parent.model, windows), rel_tol=1e-6)
