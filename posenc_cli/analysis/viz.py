@@ -197,11 +197,19 @@ def _draw_nothing(ax: Any, data: EncodingData) -> None:
     ax.imshow(mask, cmap=_cmap("Greys"), vmin=0, vmax=2, interpolation="nearest", extent=(0, n, n, 0))
     ax.set_xlabel("key position j")
     ax.set_ylabel("query position i")
-    ax.set_title(
-        f"pos={data.scheme} uses no embed, rotate or bias hook:\nthere is no encoding to draw. Order enters only\n"
-        f"through the causal mask (dark: query i may attend to key j;\nfirst {n} positions shown).",
-        fontsize="medium",
-    )
+    ax.set_title(f"{nothing_to_draw(data, wrap=True)}\n(dark: query i may attend to key j; first {n} positions)",
+                 fontsize="medium")  # fmt: skip
+
+
+def nothing_to_draw(data: EncodingData, wrap: bool = False) -> str:
+    """Why a scheme has no encoding picture: no hook at all (order only through the causal mask), or hooks that read
+    the content (positions computed from the tokens, drawn only from a trained run's attention)."""
+    sep = "\n" if wrap else " "
+    if data.hooks:
+        return (f"pos={data.scheme} computes its positions from the content ({', '.join(data.hooks)}):{sep}no fixed "
+                f"encoding to draw; a trained run's attention by distance:{sep}posenc viz RUN")  # fmt: skip
+    return (f"pos={data.scheme} uses no embed, rotate or bias hook: there is no encoding to draw;{sep}"
+            "order enters only through the causal mask.")  # fmt: skip
 
 
 def _parts(data: EncodingData) -> list[str]:
@@ -339,12 +347,7 @@ def terminal_grids(data: EncodingData, size: int = 8) -> list[Any]:
         note = ", random q/k" if b.content_dependent else ""
         out.append(_grid_table(b.by_distance[:size, :size].T, f"{data.scheme}: score bias{note}", "distance", "head"))
     if data.empty:
-        out.append(
-            Text(
-                f"pos={data.scheme} has no embed, rotate or bias hook: nothing to draw; "
-                "order enters only through the causal mask."
-            )
-        )
+        out.append(Text(nothing_to_draw(data)))
     return out
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from posenc_cli.attention import bias_chunk_size, fold_causal_mask, merged_scores, remap_applies
+from posenc_cli.attention.scored import chunk_logits, visible_keys
 from posenc_cli.config import Config
 from posenc_cli.data.cache import eval_windows
 from posenc_cli.errors import ConfigError, DataError, LengthBeyondScheme
@@ -133,7 +134,10 @@ def rotary_pairs(scheme: PositionalScheme, head: int = 0) -> list[tuple[int, int
     hd = scheme.head_dim
     ctx = prepared_context(scheme, 2)
     probes = torch.eye(hd)[:, None, None, :].expand(hd, scheme.n_head, 2, hd).contiguous()  # (hd, H, 2, hd)
-    cols = _rotate_q(scheme, probes, ctx)[:, head, 1, :].double().abs()  # (hd, hd): row a = R(1)·e_a
+    out = _rotate_q(scheme, probes, ctx)  # (hd, H, 2, hd), or 2·hd wide for a polar scheme
+    if out.shape[-1] == 2 * hd:  # polar (PoPE): component c's Cartesian pair is (c, c + hd), cos half then sin half
+        return [(c, c + hd) for c in range(hd)]
+    cols = out[:, head, 1, :].double().abs()  # (hd, hd): row a = R(1)·e_a
     cols.fill_diagonal_(0.0)
     partner = cols.argmax(dim=1).tolist()
     moved = (cols.max(dim=1).values > 0).tolist()
@@ -191,6 +195,9 @@ def bias_data(
     q, k, q2, k2 = (torch.randn(1, H, T, hd, generator=gen) for _ in range(4))  # (1, H, T, hd) each
     pos = ctx.token_index  # bias hooks and the causal mask take token indexes (ids: ctx.ids_at)
     with torch.no_grad():
+        if "content" in scheme.hooks and layer not in ctx.content:  # a bias read from a layer input: draw one too
+            x = torch.randn(1, T, scheme.d_model, generator=gen)
+            ctx.content[layer] = scheme.content(layer, x, ctx)
         last = _broadcast_bias(scheme.bias(layer, q[:, :, -1:], k, pos[-1:], pos, ctx), H, 1, T)  # (H, 1, T)
         other = _broadcast_bias(scheme.bias(layer, q2[:, :, -1:], k2, pos[-1:], pos, ctx), H, 1, T)
         M = min(T, matrix_length)
@@ -432,6 +439,11 @@ def attention_chunks(
         end = min(start + chunk, T)
         qc, kc = q[:, :, start:end], k[:, :, :end]  # (B, H, Tq, hd), (B, H, Tk, hd)
         q_pos, k_pos = pos[start:end], pos[:end]
+        if scheme.owns_scores:  # the scheme's own logits and/or weights, as the Scored road computes them
+            logits = chunk_logits(scheme, layer, qc, kc, q_pos, k_pos, ctx)
+            visible = visible_keys(q_pos, k_pos, True, span)
+            yield start, scheme.normalise(layer, logits, q_pos, k_pos, visible, ctx)
+            continue
         if window:  # the normal and the remapped scores, merged by distance as `attention.attend_remapped` does
             scores = merged_scores(q.float(), k.float(), q2, k2, window, ctx, start, end, end)  # (B, H, Tq, Tk)
         else:

@@ -9,7 +9,7 @@
   gathers them. The device and memory policy (`BIAS_CHUNK_BYTES`, `KEY_BIAS_DEVICES`, `FP32_GRAD_DEVICES`) lives
   there.
 - `kernels`: the roads, one class each with one interface, `kernel(q, k, v, state, layer)`: fused SDPA, the
-  key-bias road, a shared mask, the chunked bias path, query rows for the KV cache, position remapping, and the
+  key-bias road, a shared mask, the chunked bias road, query rows for the KV cache, position remapping, and the
   fp32 wrapper for bf16 training on CPU; `flex.Flex`, FlexAttention with the scheme's `score_mod` and a block mask
   (taken where `choose.FLEX_MIN_LEN` lists the device and dtype). Memory stays bounded when a scheme adds a score
   bias (query chunks of `BIAS_CHUNK_BYTES`).

@@ -4,9 +4,9 @@
 its shape) plus the layer's settings; `AttentionState.kernel` calls `choose_kernel` once per distinct spec and
 forward. The device and memory policy the choice follows is written here, as data:
 
-- `BIAS_CHUNK_BYTES`: budget for one chunk's fp32 bias, (B, H, chunk, T) · 4 bytes. SDPA's math path allocates a
+- `BIAS_CHUNK_BYTES`: budget for one chunk's fp32 bias, (B, H, chunk, T) · 4 bytes. SDPA's math kernel allocates a
   few tensors of the same size (scores, softmax), so the transient peak is a small multiple of this.
-- `KEY_BIAS_DEVICES`: where an offered `key_bias` replaces the chunked bias path (fp32/fp64 only; see
+- `KEY_BIAS_DEVICES`: where an offered `key_bias` replaces the chunked bias road (fp32/fp64 only; see
   `kernels.KeyBias`).
 - `FP32_GRAD_DEVICES`, `FP32_GRAD_MAX_LEN`: where SDPA's backward is slower in bf16 than in fp32, training under
   bf16 autocast attends in fp32 (forward-only calls stay in bf16). PyTorch's fused CPU kernel, AMD EPYC with
@@ -53,7 +53,7 @@ KEY_BIAS_DEVICES: tuple[str, ...] = ("cpu",)
 FP32_GRAD_DEVICES: tuple[str, ...] = ("cpu",)
 FP32_GRAD_MAX_LEN = 256
 # (device type, dtype) where the FlexAttention road is taken -> the shortest length it is taken at. CPU fp32 from 32768
-# tokens: torch 2.13, Intel Xeon (2 shared cores), one thread, batch 1, 4 heads × 32: 0.14-0.55x the chunked path's
+# tokens: torch 2.13, Intel Xeon (2 shared cores), one thread, batch 1, 4 heads × 32: 0.14-0.55x the chunked road's
 # time per call at 32768 (27.9 s vs 197.5 s, 16.3 vs 29.5, 16.8 vs 36.0: docs/design.md names them), 16 MiB instead of
 # 0.3-4 GiB, so the compile (100-330 s here, once per scheme and length) is repaid within a few forwards; at 8192 it
 # was 0.07-0.55x per call, but seconds saved per forward against minutes of compile. The key-bias road stays where
@@ -72,7 +72,7 @@ class KernelSpec:
     remap: the scheme remaps positions and some pair of this forward's ids is at least its window apart.
     dtype, device, needs_grad: q's dtype, device type and `requires_grad`. batch, n_head, seq_len: q's (B, H, T).
     causal; q_start: first query row computed (> 0: KV-cache decoding); chunk_size: queries per chunk forced on the
-    bias path (None: from `BIAS_CHUNK_BYTES`, or the key-bias road where it applies); dropout_p.
+    bias road (None: from `BIAS_CHUNK_BYTES`, or the key-bias road where it applies); dropout_p.
     span: the layer's attention span where it hides keys at this length (`describe` records `FULL` otherwise).
     """
 
@@ -259,7 +259,7 @@ def attend(
     (B, H, T, hd) -> (B, H, T − q_start, hd), through the kernel that `choose_kernel` picks for this call
     (`state`: the forward's, whose kernels and tables it reuses; None: a fresh one for `scheme` and `ctx`).
 
-    `chunk_size` forces the number of queries per chunk on the bias path. `q_start` > 0 (decoding with a KV cache,
+    `chunk_size` forces the number of queries per chunk on the bias road. `q_start` > 0 (decoding with a KV cache,
     causal): q holds only the query rows [q_start, T), attended against every key. `span`: the layer's attention
     span (`positional.span`; full by default).
     """

@@ -18,19 +18,19 @@ hd) the query rows [q_start, T) (all T by default), k, v (B, H, T, hd) -> (B, H,
   chunks: chunk c of queries [s, e) only sees keys [0, e), so no full-length score or bias tensor ever exists once
   the (B, H, T, T) bias would exceed `BIAS_CHUNK_BYTES`. The Python loop runs over chunks of queries, never tokens.
 - `Rows`, `LastRow`: decoding with a KV cache, only the query rows [q_start, T) against every key, as one query
-  chunk of the bias path (`LastRow`: one row without a bias sees every key, so no mask).
+  chunk of the bias road (`LastRow`: one row without a bias sees every key, so no mask).
 - `Remapped`: position remapping (Self-Extend, ReRoPE: a scheme with `remap_window` W > 0): two score matrices,
   the normal one and the one of the scheme's remapped q and k, merged before the softmax (normal where the id
-  distance i − j < W), in query chunks like the bias path.
+  distance i − j < W), in query chunks like the bias road.
 - `Windowed`, `BlockCausal` (`attention.windowed`): a layer whose span is a sliding window or fixed chunks
   (`positional.span`); the KV-cache rows and `Remapped` take the span's mask too.
 - `Scored` (`attention.scored`): a scheme that owns the logits or the normaliser (`PositionalScheme.owns_scores`:
-  PaTH's Householder products, stick-breaking's weights): weights·v by query chunks, full forward and KV-cache rows.
+  Householder products between key and query, stick-breaking's weights): weights·v by query chunks, full forward and KV-cache rows.
 - `InFp32`: another kernel run in fp32 with autocast off, the result cast back (bf16 training on CPU, see
   `choose.FP32_GRAD_DEVICES`).
 
 Position ids (see `posenc_cli.positional.base`): the causal mask and the chunks follow token order, always; the
-bias hooks receive token indexes and read the chunk's ids from the context, so with per-token ids the chunked path
+bias hooks receive token indexes and read the chunk's ids from the context, so with per-token ids the chunked road
 still builds only (B, H, chunk, T) biases, and `key_bias` may be per row, (B, H, T).
 """
 
@@ -121,7 +121,7 @@ class ChunkedBias(Kernel):
 @dataclass(frozen=True)
 class Rows(Kernel):
     """Causal attention of the query rows [q_start, T) against all T keys (KV cache decoding): one query chunk of
-    the bias path (the scheme's `bias` hook, as in the full forward's chunks), or SDPA with the causal rows of the
+    the bias road (the scheme's `bias` hook, as in the full forward's chunks), or SDPA with the causal rows of the
     mask for a scheme without a bias."""
 
     q_start: int

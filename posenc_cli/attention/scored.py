@@ -1,8 +1,8 @@
-"""The road of a scheme that owns the attention scores (`PositionalScheme.owns_scores`): its own logits (PaTH's
-Householder products), its own normaliser (stick-breaking), or both.
+"""The road of a scheme that owns the attention scores (`PositionalScheme.owns_scores`): its own logits (Householder
+products between key and query), its own normaliser (stick-breaking), or both.
 
 No fused kernel can run such a scheme, so `Scored` computes weights·v itself, by chunks of queries like the bias
-path: chunk [s, e) of the query rows scores the keys it can see, [span.first_key(s), e) causally, so memory stays
+road: chunk [s, e) of the query rows scores the keys it can see, [span.first_key(s), e) causally, so memory stays
 (B, H, chunk, T) and no full-length score tensor exists beyond `BIAS_CHUNK_BYTES`. Per chunk:
 
 1. logits: the scheme's `logits` hook, or q·kᵀ/√hd plus the scheme's `bias` (if it has one), in fp32;

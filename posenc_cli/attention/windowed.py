@@ -59,14 +59,16 @@ class BlockCausal(Kernel):
     dropout_p: float = 0.0
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor:
-        B, H, T, hd = q.shape
+        B, H, T, _ = q.shape
         C = self.size
         n = -(-T // C)  # blocks, the last one padded
         outs = []
-        for x in (q, k, v):
+        for x in (q, k, v):  # each at its own width: a scheme may widen q and k beyond v's (a polar one: 2·hd)
+            d = x.shape[-1]
             if n * C != T:
-                x = torch.cat([x, x.new_zeros(B, H, n * C - T, hd)], dim=2)  # (B, H, n·C, hd)
-            outs.append(x.view(B, H, n, C, hd).transpose(1, 2).reshape(B * n, H, C, hd))  # (B·n, H, C, hd)
-        y = F.scaled_dot_product_attention(*outs, dropout_p=self.dropout_p, is_causal=True)  # (B·n, H, C, hd)
-        y = y.view(B, n, H, C, hd).transpose(1, 2).reshape(B, H, n * C, hd)  # (B, H, n·C, hd)
+                x = torch.cat([x, x.new_zeros(B, H, n * C - T, d)], dim=2)  # (B, H, n·C, d)
+            outs.append(x.view(B, H, n, C, d).transpose(1, 2).reshape(B * n, H, C, d))  # (B·n, H, C, d)
+        y = F.scaled_dot_product_attention(*outs, dropout_p=self.dropout_p, is_causal=True)  # (B·n, H, C, dv)
+        dv = v.shape[-1]
+        y = y.view(B, n, H, C, dv).transpose(1, 2).reshape(B, H, n * C, dv)  # (B, H, n·C, dv)
         return y[:, :, :T]

@@ -282,12 +282,13 @@ def attend_key_bias(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor, dropout_p
 
 
 def legacy_length_scale(attn: Any, q: Tensor, ctx: PositionContext) -> Tensor:
-    """`CausalSelfAttention.length_scale` as it was."""
-    if attn.attn_scale == "logn":
+    """`CausalSelfAttention.length_scale` as it was (the layer's setting now read from its registry entry)."""
+    name = None if attn.temperature is None else attn.temperature.name
+    if name == "logn":
         if _LOGN not in ctx.tables:  # once per forward, shared by the layers
-            ctx.tables[_LOGN] = per_head(logn_factor(ctx.positions, attn.logn_length)[..., None])  # (.., T, 1)
+            ctx.tables[_LOGN] = per_head(logn_factor(ctx.positions, attn.temperature.length)[..., None])  # (.., T, 1)
         return q * ctx.tables[_LOGN].to(q.dtype)
-    if attn.attn_scale == "ssmax":
+    if name == "ssmax":
         if _SSMAX not in ctx.tables:  # once per forward, shared by the layers
             ctx.tables[_SSMAX] = ssmax_factor(ctx.token_index).to(q.device)  # (T,)
         factor = attn.ssmax_scale.float()[:, None, None] * ctx.tables[_SSMAX][:, None]  # (H, T, 1)

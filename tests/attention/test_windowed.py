@@ -40,10 +40,15 @@ def dense_reference(q, k, v, scheme, ctx, span: Span, causal: bool = True) -> to
     elif span.kind == "chunked":
         allowed = allowed & (i // span.size == j // span.size)
     pos = ctx.token_index
-    bias = scheme.bias(0, q, k, pos, pos, ctx) if scheme.has_bias else None
-    scores = (q.double() @ k.double().transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if bias is not None:
-        scores = scores + bias.double()
+    if "logits" in scheme.hooks:  # the scheme's own logits (defined where causal attention looks)
+        scores = scheme.logits(0, q, k, pos, pos, ctx).double()
+    else:
+        bias = scheme.bias(0, q, k, pos, pos, ctx) if scheme.has_bias else None
+        scores = (q.double() @ k.double().transpose(-1, -2)) * q.shape[-1] ** -0.5
+        if bias is not None:
+            scores = scores + bias.double()
+    if "normalise" in scheme.hooks:  # the scheme's own weights over the allowed keys
+        return scheme.normalise(0, scores.masked_fill(~allowed, 0.0), pos, pos, allowed, ctx) @ v.double()
     scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v.double()
 
@@ -57,6 +62,9 @@ def check(model: GPT, span: Span, T: int, chunk_size: int | None = None, ids: to
     idx = torch.zeros(2, T, dtype=torch.long)
     ctx = model.context(idx, ids)
     scheme = model.scheme
+    if "content" in scheme.hooks:  # what the attention layer stores before attending: features of an input
+        x = torch.randn(2, T, TINY.d_model, generator=torch.Generator().manual_seed(1))
+        ctx.content[0] = scheme.content(0, x, ctx)
     q, k, v = qkv(T)
     out = attend(q, k, v, scheme, 0, ctx, span=span, chunk_size=chunk_size)  # (B, H, T, hd)
     grad = torch.randn_like(out)
