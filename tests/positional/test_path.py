@@ -22,6 +22,7 @@ from posenc_cli.model import GPT
 from posenc_cli.positional.base import PositionContext
 from posenc_cli.positional.nope import NopeConfig
 from posenc_cli.positional.path import PaTH, PathConfig, path_scores, path_scores_loop
+from posenc_cli.positional.span import Span
 
 TINY = ModelConfig(d_model=32, n_layer=2, n_head=2)
 
@@ -247,6 +248,28 @@ def test_position_ids_change_nothing() -> None:
     idx = torch.randint(0, 48, (2, 12), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         torch.testing.assert_close(gpt(idx, position_ids=torch.arange(12).flip(0) * 7), gpt(idx), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("span", [Span("sliding", 4), Span("chunked", 5)], ids=lambda s: s.kind)
+def test_a_span_hides_keys_but_leaves_the_seen_logits_as_in_full_attention(span: Span) -> None:
+    """Through the Scored kernel in chunks of 3 queries, each chunk's keys start at the span's first key (> 0), and
+    the output equals softmax over the full-attention logits masked by the span (the products do not depend on
+    which keys a chunk was given)."""
+    from posenc_cli.attention import attend
+
+    s, T, layer = scheme(), 14, 1
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, T, TINY.d_model, generator=g)
+    q, k, v = (torch.randn(2, TINY.n_head, T, TINY.head_dim, generator=g) for _ in range(3))
+    ctx = PositionContext(torch.arange(T))
+    ctx.content[layer] = s.content(layer, x, ctx)
+    pos = torch.arange(T)
+    with torch.no_grad():
+        out = attend(q, k, v, s, layer, ctx, chunk_size=3, span=span)
+        logits = s.logits(layer, q, k, pos, pos, ctx)
+    visible = (pos[None, :] <= pos[:, None]) & span.visible(pos, pos)
+    ref = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1) @ v
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
 # -- training from the CLI -------------------------------------------------------------------------------------------
