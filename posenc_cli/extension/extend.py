@@ -45,6 +45,7 @@ from posenc_cli.extension.rope_layers import (
 from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import RopeScalingConfig, method_names
 from posenc_cli.run.device import threads as use_threads
+from posenc_cli.run.drope import refuse_dropped
 from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.layout import MODEL_FILE
 from posenc_cli.run.load import load_run
@@ -247,6 +248,7 @@ def extend_run(
         return extend_hf_dir(parent_path, out, ext)
     with use_threads(threads):
         parent = load_run(parent_path)
+    refuse_dropped(parent_path, parent.positions_dropped_at, "there are no RoPE frequencies to scale")
     cfg = parent.config
     entries = rope_entries(cfg, ext.layers, parent_path)  # [] for a plain RoPE run
     if ext.logn and cfg.model.attn_scale != "none":

@@ -49,6 +49,7 @@ from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import NONE, RopeScalingConfig, scaled_inv_freq
 from posenc_cli.rope_scaling.longrope import LongRopeParams
 from posenc_cli.run.device import threads as use_threads
+from posenc_cli.run.drope import refuse_dropped
 from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.layout import MODEL_FILE
 from posenc_cli.run.load import load_run
@@ -327,6 +328,7 @@ def _searchable_run(parent_dir: Path | str, ext: ExtendConfig, budget: int, toke
     if is_hf_dir(Path(parent_dir)):
         raise ConfigError("--search needs a posenc run (it scores candidates on the run's own training data)")
     run = load_run(parent_dir)
+    refuse_dropped(parent_dir, run.positions_dropped_at, "there are no RoPE frequencies to search")
     require_rope(run.config, parent_dir)
     return run
 

@@ -23,6 +23,7 @@ from posenc_cli.extension.child_run import (
 from posenc_cli.extension.rope_layers import describe_entries, rope_entries, selected_settings, with_rope_options
 from posenc_cli.positional.remap import RemapConfig, remapped_distance
 from posenc_cli.run.device import threads as use_threads
+from posenc_cli.run.drope import refuse_dropped
 from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.layout import MODEL_FILE
 from posenc_cli.run.load import load_run
@@ -97,6 +98,7 @@ def remap_run(
         raise ConfigError(f"{remap.method} applies to posenc runs only; transformers directories have no remapping")
     with use_threads(threads):
         parent = load_run(parent_path)
+    refuse_dropped(parent_path, parent.positions_dropped_at, "there are no RoPE positions to remap")
     cfg = parent.config
     entries = rope_entries(cfg, layers, parent_path, f"{remap.method} (a RoPE remapping)")  # [] for a plain RoPE run
     for rope in selected_settings(cfg, entries):

@@ -28,6 +28,7 @@ from posenc_cli.errors import ConfigError
 from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.run.compile import check_compile
 from posenc_cli.run.device import resolve_device
+from posenc_cli.run.drope import check_drope
 from posenc_cli.run.meta import is_run_dir
 from posenc_cli.run.train import check_budget
 from posenc_cli.sweep.hydra_bridge import compose_config, job_name, parse_overrides
@@ -199,6 +200,7 @@ def validate_plan(plans: list[StagePlan], user_config_dir: Path | None) -> dict[
             try:
                 cfg = compose_config(job.overrides, user_config_dir)
                 check_budget(cfg)  # as run.train.train does before allocating
+                check_drope(cfg)  # a train.drope_at that could not do what it says
                 if cfg.train.compile and cfg.train.device in ("auto", "cpu"):  # a missing compiler fails here
                     check_compile(cfg.train.compile, resolve_device(cfg.train.device))  # (a cuda job: at its run)
             except ConfigError as e:
