@@ -232,11 +232,15 @@ def with_temperature(cfg: Config, temperature: str, train_length: int, c: float 
 def golden_section(f: Callable[[float], float], low: float, high: float, n: int, digits: int = 4) -> None:
     """`n` more scores of f on [low, high] by golden-section search, each point rounded to `digits` (f records
     what it scores; a point already scored is looked up by f, not found here)."""
+    if n < 2:  # one score (or none): the bracket's middle
+        if n == 1:
+            f(round((low + high) / 2, digits))
+        return
     inv = (math.sqrt(5) - 1) / 2
     a, b = low, high
     x1, x2 = round(b - inv * (b - a), digits), round(a + inv * (b - a), digits)
     f1, f2 = f(x1), f(x2)
-    for _ in range(max(0, n - 2)):
+    for _ in range(n - 2):
         if f1 <= f2:
             b, x2, f2 = x2, x1, f1
             x1 = round(b - inv * (b - a), digits)

@@ -55,6 +55,10 @@ def test_golden_section_narrows_onto_the_minimum() -> None:
     golden_section(f, 0.2, 0.4, 14)
     assert len(seen) == 14 and abs(min(seen, key=seen.__getitem__) - 0.3137) < 1e-3
     assert all(round(x, 4) == x for x in seen)  # every scored point is a recordable value
+    for n in (0, 1, 2, 5):
+        seen.clear()
+        golden_section(f, 0.2, 0.4, n)
+        assert len(seen) == n  # exactly the scores asked for
 
 
 def test_drope_child_holds_the_fitted_c_and_the_parent_weights(parent: Path, tmp_path: Path) -> None:
