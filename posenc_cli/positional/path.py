@@ -35,7 +35,7 @@ one chunk of queries against the keys it sees, exactly. It splits the chunk's ke
 `BLOCK` = 128): inside every block at once by matrix products and two unit-triangular solves (the UT transform),
 between blocks through the blocks' whole products P_b, d × d matrices (`path_scores`); `path_scores_loop`, the
 plain walk over every key (one Python step per key), is kept as its reference. O(T² d) work per layer, T/C Python
-steps. On one CPU thread a `model=tiny` forward at 2048 tokens takes about 6× RoPE's (docs/commands/schemes.md).
+steps; the measured cost against RoPE's is in docs/commands/schemes.md.
 The reference's Triton kernel (`fla.ops.path_attn`) is not used: it fuses the softmax and ·v, so it cannot serve a
 hook that returns logits, and it needs CUDA.
 
