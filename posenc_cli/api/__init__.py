@@ -20,6 +20,7 @@ nothing that this module does not.
 from __future__ import annotations
 
 from posenc_cli.analysis.compare import Comparison
+from posenc_cli.api.calibration import calibrate
 from posenc_cli.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison
 from posenc_cli.api.evaluation import Evaluation, eval_config, evaluate, evaluate_passkey
 from posenc_cli.api.extension import extend
@@ -43,6 +44,7 @@ __all__ = [
     "SweepReport",
     "SweepRun",
     "TextTable",
+    "calibrate",
     "compare",
     "comparison",
     "eval_config",

@@ -18,6 +18,7 @@ _COMMAND_MODULES = (
     "tasks",
     "algorithmic",
     "extend",
+    "calibrate",
     "sweep",
     "compare",
     "schemes",
