@@ -47,15 +47,15 @@ def reference_vectors(s: PaTH, layer: int, x: torch.Tensor) -> tuple[torch.Tenso
     x = x.double()
     W = (s.w_up[layer].double() @ s.w_down[layer].double()) if s.low_rank else s.w_proj[layer].double()  # (H·hd, D)
     raw = (x @ W.T).view(B, T, H, hd)  # (B, T, H, hd)
+    if s.conv is not None:  # fla's ShortConvolution: nn.Conv1d over H·hd channels, groups = channels, the first T
+        kern = s.conv[layer].double().reshape(H * hd, 1, -1)  # outputs of padding K − 1 (causal)
+        conv = torch.nn.functional.conv1d(
+            raw.reshape(B, T, H * hd).transpose(1, 2), kern, padding=kern.shape[-1] - 1, groups=H * hd
+        )[..., :T]  # (B, H·hd, T)
+        raw = torch.nn.functional.silu(conv.transpose(1, 2)).view(B, T, H, hd)
     w = torch.zeros(B, H, T, hd, dtype=torch.float64)
     for t in range(T):
-        if s.conv is None:
-            v = raw[:, t]
-        else:
-            kern = s.conv[layer].double()  # (H, hd, K): tap m reads token t − (K − 1) + m
-            K = kern.shape[-1]
-            v = sum(kern[..., m] * raw[:, t - K + 1 + m] for m in range(K) if t - K + 1 + m >= 0)
-            v = v * torch.sigmoid(v)  # SiLU
+        v = raw[:, t]  # (B, H, hd)
         w[:, :, t] = v / torch.sqrt((v * v).sum(-1, keepdim=True) + 1e-6)
     beta = 2 * torch.sigmoid(x @ s.beta_proj[layer].double().T + s.beta_bias[layer].double()).transpose(1, 2)
     gate = None
