@@ -127,8 +127,8 @@ def path_scores_loop(q: Tensor, k: Tensor, w: Tensor, beta: Tensor) -> Tensor:
 
 def path_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, block: int = BLOCK) -> Tensor:
     """`path_scores_loop`'s scores by blocks of `block` keys, in matrix products. q (B, H, Tq, d), k, w (B, H, n, d),
-    beta (B, H, n) -> (B, H, Tq, n) of the inputs' dtype, equal up to rounding where j ≤ i and arbitrary (even
-    uninitialised) where j > i, which the caller masks.
+    beta (B, H, n) -> (B, H, Tq, n) of the inputs' dtype, equal up to rounding where j ≤ i, NaN where j > i (no
+    logit: PaTH is causal).
 
     The tokens are front-padded with identity transforms (β = 0) to nb blocks of C. Inside a block (local indexes),
     with G = W Wᵀ, D = diag(β), L = the strictly lower part of G and M = I + L D (unit lower triangular), carrying
@@ -173,11 +173,12 @@ def path_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, block: int = BLOC
 
     kq, wq, bwq, uq = kf[b0:], wf[b0:], bw[b0:], u[b0:]
     intra = qf @ kq.transpose(-1, -2) - (qf @ bwq.transpose(-1, -2)).tril() @ uq  # (nq, B·H, C, C)
+    intra = intra.masked_fill(strict.T, float("nan"))  # j > i: no logit
     b_q = (wq @ qf.transpose(-1, -2)).triu()  # (s, i) -> w_s·q_i for s <= i
     v = torch.linalg.solve_triangular(upper[b0:], b_q, upper=True, unitriangular=True)
     q_hat = qf - v.transpose(-1, -2) @ bwq  # (nq, B·H, C, d)
 
-    out = q.new_empty(B * H, nq, C, nb, C)  # blocks after a query block stay unwritten (masked later)
+    out = q.new_full((B * H, nq, C, nb, C), float("nan"))  # blocks after a query block stay NaN
     out.diagonal(b0, dim1=1, dim2=3).copy_(intra.permute(1, 2, 3, 0))  # blocks (a, b0 + a)
     r, a0 = q_hat, 0  # r: the query blocks a >= a0 still to score, carried through the blocks between
     for delta in range(1, nb):
@@ -267,5 +268,4 @@ class PaTH(PositionalScheme):
             scores = path_scores(q.float() * scale, k.float(), w, beta, block)  # (B, H, Tq, Tk), scale is linear
             if self.forget_gate:
                 scores = scores + gate_sums(F.logsigmoid(feats[:, :, lo:end, hd + 1]), q.shape[2]) * scale
-            later = k_pos[None, :] > q_pos[:, None]  # (Tq, Tk): no logit defined
-            return scores.masked_fill_(later, float("nan"))  # in place: scores is this hook's own tensor
+            return scores  # NaN where j > i (`path_scores`)
