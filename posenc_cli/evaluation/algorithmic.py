@@ -295,7 +295,7 @@ def evaluate_algorithmic_run(
             return [replace(cell, reason=str(e))]
         return [replace(cell, status="ok", **measured)]
 
-    header = results_header(run.path.name, str(run.config.pos.name), train_length, base_length)
+    header = results_header(run.path.name, run.scheme_label, train_length, base_length)  # DroPE: "rope, dropped at k"
     done = measure(
         run.path / ALGORITHMIC_FILE, COMMAND, header, checkpoint, cells(), measure_cell, key=entry_key, force=force
     )

@@ -458,7 +458,7 @@ def evaluate_passkey_run(
         keys = ("correct", "accuracy", "token_accuracy", "samples")
         return [replace(c, status="ok", **{k: m[k] for k in keys}) for c, m in zip(cells, measured, strict=True)]
 
-    header = results_header(run.path.name, str(run.config.pos.name), train_length, base_length)
+    header = results_header(run.path.name, run.scheme_label, train_length, base_length)  # DroPE: "rope, dropped at k"
     done = measure(
         results_path(run.path),
         "eval-passkey",

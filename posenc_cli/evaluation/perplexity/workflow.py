@@ -155,7 +155,7 @@ def evaluate_run(
             return [replace(entry, status=BEYOND_SCHEME, reason=e.reason)]
         return [filled(entry, result)]
 
-    header = results_header(run.path.name, str(run.config.pos.name), train_length, base_length)
+    header = results_header(run.path.name, run.scheme_label, train_length, base_length)  # DroPE: "rope, dropped at k"
     done = measure(
         results_path(run.path),
         "eval-extrapolate",

@@ -23,7 +23,7 @@ Sketch (`passkey.evaluate_passkey_run` and `perplexity.evaluate_run` are the ful
             train_length, base_length = run.meta.lengths(run.config)   # posenc_cli.run.meta
             checkpoint = checkpoint_identity(run.meta)
             plan = ([MyEntry(length=n, ..., checkpoint=checkpoint)] for n, _ in plan_lengths(cfg.eval, base_length))
-            header = results_header(run.path.name, run.config.pos.name, train_length, base_length)
+            header = results_header(run.path.name, run.scheme_label, train_length, base_length)
             done = measure(run.path / cls.results_file, cls.command, header, checkpoint, plan, measure_one, key=key)
             return {**done.header, "path": str(run.path), "reused": done.reused, "entries": done.entries}
 

@@ -342,7 +342,7 @@ def evaluate_tasks_run(
     hay_ids, hay_label = None, "filler"
     if cfg.haystack == "corpus":
         hay_ids, hay_label = corpus_haystack(run, 8 * max(n for n, _ in planned))
-    header = results_header(run.path.name, str(run.config.pos.name), train_length, base_length)
+    header = results_header(run.path.name, run.scheme_label, train_length, base_length)  # DroPE: "rope, dropped at k"
     entries: list[dict[str, Any]] = []
     reused, not_saved = 0, None
     for task in tasks:
