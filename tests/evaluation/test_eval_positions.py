@@ -38,7 +38,7 @@ def run_with(tmp_path: Path, random_positions: int, name: str = "run") -> Simple
     model = GPT(cfg.model, cfg.pos, V, T).eval()
     meta = RunMeta(step=0, train_length=T, base_length=T)
     tok = SimpleNamespace(token_bytes=BYTES, fingerprint="byte")
-    return SimpleNamespace(path=path, model=model, config=cfg, meta=meta, tokenizer=tok)
+    return SimpleNamespace(path=path, model=model, config=cfg, meta=meta, tokenizer=tok, scheme_label=cfg.pos.name)
 
 
 def corpus(n: int = 3000) -> SimpleNamespace:

@@ -201,7 +201,9 @@ def fake_run(tmp_path: Path, scheme: str = "nope", name: str = "run-a", precisio
     )
     tok = SimpleNamespace(token_bytes=BYTE_TOKEN_BYTES, fingerprint="byte")
     meta = RunMeta(step=0, train_length=TRAIN_LEN, base_length=TRAIN_LEN, record={"precision": precision})
-    return SimpleNamespace(path=path, model=tiny_model(scheme), config=cfg, meta=meta, tokenizer=tok)
+    return SimpleNamespace(
+        path=path, model=tiny_model(scheme), config=cfg, meta=meta, tokenizer=tok, scheme_label=scheme
+    )
 
 
 def fake_corpus(n: int = 2000, fingerprint: str = "fp-1") -> SimpleNamespace:
