@@ -125,57 +125,85 @@ def path_scores_loop(q: Tensor, k: Tensor, w: Tensor, beta: Tensor) -> Tensor:
     return torch.stack(cols[::-1], dim=-1)
 
 
-def path_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, block: int = BLOCK) -> Tensor:
+def carry_blocks(k: Tensor, w: Tensor, bw: Tensor) -> tuple[Tensor, Tensor]:
+    """Blocks of keys k, w (..., C, d) and D W = bw (..., C, d) -> (k̂, P): every key carried to its block's end,
+    k̂_j = H_(C−1) ⋯ H_(j+1) k_j (..., C, d), and the block's whole product P = H_(C−1) ⋯ H_0 (..., d, d)."""
+    C, d = k.shape[-2:]
+    strict = torch.ones(C, C, dtype=torch.bool, device=k.device).tril(-1)  # (C, C) s > r
+    lower = torch.eye(C, dtype=k.dtype, device=k.device) + (w @ bw.transpose(-1, -2)).masked_fill(~strict, 0.0)
+    rhs = torch.cat([(w @ k.transpose(-1, -2)).masked_fill(~strict, 0.0), w], dim=-1)  # (.., C, C + d)
+    solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+    u, m_w = solved[..., :C], solved[..., C:]  # U (.., C, C), M⁻¹ W (.., C, d)
+    return k - u.transpose(-1, -2) @ bw, torch.eye(d, dtype=k.dtype, device=k.device) - bw.transpose(-1, -2) @ m_w
+
+
+def path_scores(
+    q: Tensor,
+    k: Tensor,
+    w: Tensor,
+    beta: Tensor,
+    block: int = BLOCK,
+    lead: int = 0,
+    carried: dict[str, Tensor] | None = None,
+) -> Tensor:
     """`path_scores_loop`'s scores by blocks of `block` keys, in matrix products. q (B, H, Tq, d), k, w (B, H, n, d),
     beta (B, H, n) -> (B, H, Tq, n) of the inputs' dtype, equal up to rounding where j ≤ i, NaN where j > i (no
     logit: PaTH is causal).
 
-    The tokens are front-padded with identity transforms (β = 0) to nb blocks of C. Inside a block (local indexes),
-    with G = W Wᵀ, D = diag(β), L = the strictly lower part of G and M = I + L D (unit lower triangular), carrying
-    key j through H_(j+1), ..., H_t gives k_j − Σ_(s=j+1..t) β_s w_s U_sj with U = M⁻¹ · (W Kᵀ, strictly lower)
-    (each coefficient U_sj = w_s·(k_j as H_(s−1) left it) solves a triangular recurrence). So, per block at once:
+    The n tokens are padded with identity transforms (β = 0) to nb blocks of C: `lead` of them before (so that
+    blocks can follow absolute token indexes), the rest after. Inside a block (local indexes), with G = W Wᵀ,
+    D = diag(β), L = the strictly lower part of G and M = I + L D (unit lower triangular), carrying key j through
+    H_(j+1), ..., H_t gives k_j − Σ_(s=j+1..t) β_s w_s U_sj with U = M⁻¹ · (W Kᵀ, strictly lower) (each coefficient
+    U_sj = w_s·(k_j as H_(s−1) left it) solves a triangular recurrence). So, per block at once:
 
         J = I:  S = Q Kᵀ − (Q Wᵀ, lower with diagonal) D U                        (scores within the block)
-        k̂_j = H_(C−1) ⋯ H_(j+1) k_j:  K̂ = K − Uᵀ D W;   P = H_(C−1) ⋯ H_0 = I − Wᵀ D M⁻¹ W
+        k̂_j = H_(C−1) ⋯ H_(j+1) k_j:  K̂ = K − Uᵀ D W;   P = H_(C−1) ⋯ H_0 = I − Wᵀ D M⁻¹ W   (`carry_blocks`)
         q̂_i = H_0 ⋯ H_i q_i:  Q̂ = Q − Vᵀ D W,  V = (I + Lᵀ D)⁻¹ · (W Qᵀ, upper with diagonal)
 
     and for J < I, q_iᵀ H_i ⋯ H_(j+1) k_j = q̂_iᵀ P_(I−1) ⋯ P_(J+1) k̂_j: one batched matmul per block distance
     (nb − 1 steps). The UT transform of DeltaNet-style kernels (as `fla/ops/path_attn/naive.py` uses); derived and
     written here from the recurrence above.
+
+    carried: {"k_hat", "prod"} of the first blocks of these same tokens from an earlier call (a longer prefix of the
+    same keys, same `block` and `lead`), reused and extended in place; the caller vouches that the data are the same.
     """
-    B, H, n, d = k.shape
+    B, H, n, _ = k.shape
     Tq, C = q.shape[2], block
-    pad = (-n) % C
-    L = n + pad
-    nb = L // C
-    first = L - Tq  # frame index of the first query
+    nb = -(-(lead + n) // C)
+    tail = nb * C - lead - n
+    first = lead + n - Tq  # frame index of the first query
     b0 = first // C  # its block
     nq = nb - b0  # query blocks
 
     def blocks(x: Tensor, front: int) -> Tensor:  # (B, H, N, X) -> (nb', B·H, C, X): block first, so slices of
-        x = F.pad(x, (0, 0, front, 0))  # blocks stay contiguous for the batched matmuls
+        x = F.pad(x, (0, 0, front, tail))  # blocks stay contiguous for the batched matmuls
         return x.reshape(B * H, -1, C, x.shape[-1]).transpose(0, 1).contiguous()
 
-    kf, wf = blocks(k, pad), blocks(w, pad)  # (nb, B·H, C, d)
-    bw = blocks(beta[..., None], pad) * wf  # D W
+    kf, wf = blocks(k, lead), blocks(w, lead)  # (nb, B·H, C, d)
+    bw = blocks(beta[..., None], lead) * wf  # D W
     qf = blocks(q, first - b0 * C)  # (nq, B·H, C, d), zero rows before the first query
+
+    need = nb - 1  # every block but the last is a key block of some later query block
+    done = 0 if carried is None or "k_hat" not in carried else min(carried["k_hat"].shape[0], need)
+    k_hat, prod = carry_blocks(kf[done:need], wf[done:need], bw[done:need])  # (m, B·H, C, d), (m, B·H, d, d)
+    if done:
+        k_hat = torch.cat([carried["k_hat"][:done], k_hat])  # type: ignore[index]
+        prod = torch.cat([carried["prod"][:done], prod])  # type: ignore[index]
+    if carried is not None and need > done:
+        carried.update(k_hat=k_hat, prod=prod)
 
     eye = torch.eye(C, dtype=k.dtype, device=k.device)
     strict = torch.ones(C, C, dtype=torch.bool, device=k.device).tril(-1)  # (C, C) s > r
-    gram = wf @ bw.transpose(-1, -2)  # (nb, B·H, C, C): G D, (s, r) -> w_s·w_r β_r
+    kq, wq, bwq = kf[b0:], wf[b0:], bw[b0:]
+    gram = wq @ bwq.transpose(-1, -2)  # (nq, B·H, C, C): G D, (s, r) -> w_s·w_r β_r
     lower = eye + gram.masked_fill(~strict, 0.0)  # M = I + L D
-    upper = eye + gram.masked_fill(~strict.T, 0.0)  # I + Lᵀ D (G is symmetric)
-    rhs = torch.cat([(wf @ kf.transpose(-1, -2)).masked_fill(~strict, 0.0), wf], dim=-1)  # (.., C, C + d)
-    solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-    u, m_w = solved[..., :C], solved[..., C:]  # U (.., C, C), M⁻¹ W (.., C, d)
-    k_hat = kf - u.transpose(-1, -2) @ bw  # (nb, B·H, C, d)
-    prod = torch.eye(d, dtype=k.dtype, device=k.device) - bw.transpose(-1, -2) @ m_w  # (nb, B·H, d, d): P_b
-
-    kq, wq, bwq, uq = kf[b0:], wf[b0:], bw[b0:], u[b0:]
-    intra = qf @ kq.transpose(-1, -2) - (qf @ bwq.transpose(-1, -2)).tril() @ uq  # (nq, B·H, C, C)
+    a_q = (wq @ kq.transpose(-1, -2)).masked_fill(~strict, 0.0)  # (s, j) -> w_s·k_j for s > j
+    u = torch.linalg.solve_triangular(lower, a_q, upper=False, unitriangular=True)  # U
+    intra = qf @ kq.transpose(-1, -2) - (qf @ bwq.transpose(-1, -2)).tril() @ u  # (nq, B·H, C, C)
     intra = intra.masked_fill(strict.T, float("nan"))  # j > i: no logit
+    upper = eye + gram.masked_fill(~strict.T, 0.0)  # I + Lᵀ D (G is symmetric)
     b_q = (wq @ qf.transpose(-1, -2)).triu()  # (s, i) -> w_s·q_i for s <= i
-    v = torch.linalg.solve_triangular(upper[b0:], b_q, upper=True, unitriangular=True)
+    v = torch.linalg.solve_triangular(upper, b_q, upper=True, unitriangular=True)
     q_hat = qf - v.transpose(-1, -2) @ bwq  # (nq, B·H, C, d)
 
     out = q.new_full((B * H, nq, C, nb, C), float("nan"))  # blocks after a query block stay NaN
@@ -190,8 +218,9 @@ def path_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, block: int = BLOC
         scores = r @ k_hat[keys].transpose(-1, -2)  # (m, B·H, C, C)
         out.diagonal(b0 - delta, dim1=1, dim2=3).copy_(scores.permute(1, 2, 3, 0))
         r = r @ prod[keys]  # past block J on the way to J − 1
-    out = out.view(B, H, nq * C, L)
-    return out[:, :, first - b0 * C :, pad:]
+    out = out.view(B, H, nq * C, nb * C)
+    rows = first - b0 * C
+    return out[:, :, rows : rows + Tq, lead : lead + n]
 
 
 def gate_sums(log_f: Tensor, n_q: int) -> Tensor:
@@ -265,7 +294,26 @@ class PaTH(PositionalScheme):
             beta = 2 * torch.sigmoid(feats[:, :, lo:end, hd])  # (B, H, Tk)
             scale = 1.0 / math.sqrt(hd)
             block = min(DECODE_BLOCK if q.shape[2] < DECODE_BLOCK else BLOCK, 1 << max(3, (end - lo - 1).bit_length()))
-            scores = path_scores(q.float() * scale, k.float(), w, beta, block)  # (B, H, Tq, Tk), scale is linear
+            carried = self.carried(layer, k, ctx, block) if lo == 0 else None
+            scores = path_scores(q.float() * scale, k.float(), w, beta, block, carried=carried)  # (B, H, Tq, Tk)
             if self.forget_gate:
                 scores = scores + gate_sums(F.logsigmoid(feats[:, :, lo:end, hd + 1]), q.shape[2]) * scale
             return scores  # NaN where j > i (`path_scores`)
+
+    def carried(self, layer: int, k: Tensor, ctx: PositionContext, block: int) -> dict[str, Tensor]:
+        """The carried keys and block products of layer `layer`'s earlier chunks in this forward (`path_scores`'s
+        `carried`), kept in `ctx.tables`: chunks of one forward see prefixes [0, end) of the same keys, so each block
+        is carried once instead of once per chunk. A new entry whenever the keys (the tensor they are a view of, its
+        offset and version), the layer's content features or the block size differ."""
+        base = k if k._base is None else k._base
+        stamp = (block, k.storage_offset(), k.stride(), k.dtype, base._version)
+        store = ctx.tables.setdefault("path_carried", {})
+        entry = store.get(layer)
+        if (
+            entry is None
+            or entry["base"] is not base
+            or entry["feats"] is not ctx.content[layer]
+            or entry["stamp"] != stamp
+        ):
+            entry = store[layer] = {"base": base, "feats": ctx.content[layer], "stamp": stamp, "data": {}}
+        return entry["data"]

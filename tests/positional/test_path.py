@@ -180,6 +180,58 @@ def test_blocked_scores_equal_the_walk_with_gradients(n: int, Tq: int, block: in
         torch.testing.assert_close(gb, ga, rtol=1e-10, atol=1e-10)
 
 
+def test_chunks_reuse_the_carried_blocks_of_earlier_chunks_exactly() -> None:
+    """Chunks of 5 queries over the prefixes of 23 keys, blocks of 4 following absolute token indexes (`lead`), each
+    chunk extending the carried blocks of the ones before: every chunk equals the walk."""
+    g = torch.Generator().manual_seed(8)
+    q, k, w = (torch.randn(2, 3, 23, 6, generator=g, dtype=torch.float64) for _ in range(3))
+    w = torch.nn.functional.normalize(w, dim=-1)
+    beta = 2 * torch.rand(2, 3, 23, generator=g, dtype=torch.float64)
+    ref, carried = path_scores_loop(q, k, w, beta), {}
+    for start in range(0, 23, 5):
+        end = min(start + 5, 23)
+        out = path_scores(q[:, :, start:end], k[:, :, :end], w[:, :, :end], beta[:, :, :end], 4, carried=carried)
+        seen = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
+        torch.testing.assert_close(out[..., seen], ref[:, :, start:end, :end][..., seen], rtol=1e-12, atol=1e-12)
+        assert out[..., ~seen].isnan().all()
+        assert carried["k_hat"].shape[0] == (end - 1) // 4  # the blocks before the last query's
+    for lead in (1, 3):
+        out = path_scores(q[:, :, 9:], k[:, :, 2:], w[:, :, 2:], beta[:, :, 2:], 4, lead=lead)
+        torch.testing.assert_close(
+            out,
+            path_scores_loop(q[:, :, 9:], k[:, :, 2:], w[:, :, 2:], beta[:, :, 2:]).masked_fill(
+                out.isnan(), float("nan")
+            ),
+            rtol=1e-12,
+            atol=1e-12,
+            equal_nan=True,
+        )
+
+
+def test_carried_blocks_are_not_reused_for_other_keys() -> None:
+    """One context, the logits of other keys (another tensor, or the same one changed in place) are computed afresh:
+    10 queries against 70 keys run in blocks of 32, so two blocks are carried and kept in the context."""
+    s, T, layer = scheme(), 70, 0
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(1, T, TINY.d_model, generator=g)
+    q, k1, k2 = (torch.randn(1, TINY.n_head, T, TINY.head_dim, generator=g) for _ in range(3))
+    q, rows, pos = q[:, :, 60:], torch.arange(60, T), torch.arange(T)
+    shared = PositionContext(pos)
+    shared.content[layer] = s.content(layer, x, shared)
+
+    def fresh(k: torch.Tensor) -> torch.Tensor:
+        ctx = PositionContext(pos)
+        ctx.content[layer] = shared.content[layer]
+        return s.logits(layer, q, k, rows, pos, ctx)
+
+    with torch.no_grad():
+        for k in (k1, k2):
+            torch.testing.assert_close(s.logits(layer, q, k, rows, pos, shared), fresh(k), equal_nan=True)
+        assert shared.tables["path_carried"][layer]["data"]["k_hat"].shape[0] == 2
+        k2.mul_(2.0)  # in place: a new version of the same tensor
+        torch.testing.assert_close(s.logits(layer, q, k2, rows, pos, shared), fresh(k2), equal_nan=True)
+
+
 # -- inside the model ------------------------------------------------------------------------------------------------
 
 
