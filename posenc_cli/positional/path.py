@@ -34,8 +34,9 @@ token, so the KV cache keeps them; `logits` does everything that mixes tokens (t
 one chunk of queries against the keys it sees, exactly. It splits the chunk's keys into blocks of C tokens (up to
 `BLOCK` = 128): inside every block at once by matrix products and two unit-triangular solves (the UT transform),
 between blocks through the blocks' whole products P_b, d × d matrices (`path_scores`); `path_scores_loop`, the
-plain walk over every key (one Python step per key), is kept as its reference. O(T² d) work per layer, T/C Python
-steps; the measured cost against RoPE's is in docs/commands/schemes.md.
+plain walk over every key (one Python step per key), is kept as its reference. The blocks follow token indexes, so
+the chunks of one forward (which see prefixes of the same keys) carry each key block once (`PaTH.carried`). O(T² d)
+work per layer, T/C Python steps; the measured cost against RoPE's is in docs/commands/schemes.md.
 The reference's Triton kernel (`fla.ops.path_attn`) is not used: it fuses the softmax and ·v, so it cannot serve a
 hook that returns logits, and it needs CUDA.
 
