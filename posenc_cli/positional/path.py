@@ -51,6 +51,7 @@ order (the hooks' q_pos, k_pos are token indexes), never the ids, so PaTH is tri
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -304,17 +305,18 @@ class PaTH(PositionalScheme):
     def carried(self, layer: int, k: Tensor, ctx: PositionContext, block: int) -> dict[str, Tensor]:
         """The carried keys and block products of layer `layer`'s earlier chunks in this forward (`path_scores`'s
         `carried`), kept in `ctx.tables`: chunks of one forward see prefixes [0, end) of the same keys, so each block
-        is carried once instead of once per chunk. A new entry whenever the keys (the tensor they are a view of, its
-        offset and version), the layer's content features or the block size differ."""
+        is carried once instead of once per chunk. A new entry whenever the layer, the keys (the tensor they are a
+        view of, held weakly, its offset and version), the layer's content features or the block size differ, so
+        only the current layer's blocks are kept."""
         base = k if k._base is None else k._base
-        stamp = (block, k.storage_offset(), k.stride(), k.dtype, base._version)
-        store = ctx.tables.setdefault("path_carried", {})
-        entry = store.get(layer)
+        stamp = (layer, block, k.storage_offset(), k.stride(), k.dtype, base._version)
+        entry = ctx.tables.get("path_carried")
         if (
             entry is None
-            or entry["base"] is not base
+            or entry["base"]() is not base
             or entry["feats"] is not ctx.content[layer]
             or entry["stamp"] != stamp
         ):
-            entry = store[layer] = {"base": base, "feats": ctx.content[layer], "stamp": stamp, "data": {}}
+            entry = {"base": weakref.ref(base), "feats": ctx.content[layer], "stamp": stamp, "data": {}}
+            ctx.tables["path_carried"] = entry
         return entry["data"]

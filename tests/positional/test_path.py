@@ -227,7 +227,7 @@ def test_carried_blocks_are_not_reused_for_other_keys() -> None:
     with torch.no_grad():
         for k in (k1, k2):
             torch.testing.assert_close(s.logits(layer, q, k, rows, pos, shared), fresh(k), equal_nan=True)
-        assert shared.tables["path_carried"][layer]["data"]["k_hat"].shape[0] == 2
+        assert shared.tables["path_carried"]["data"]["k_hat"].shape[0] == 2
         k2.mul_(2.0)  # in place: a new version of the same tensor
         torch.testing.assert_close(s.logits(layer, q, k2, rows, pos, shared), fresh(k2), equal_nan=True)
 
