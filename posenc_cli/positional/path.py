@@ -32,7 +32,7 @@ fixes, and posenc follows:
 How it runs here. `content` returns each token's pre-convolution W_w x_t and its β (and gate) logits, token by
 token, so the KV cache keeps them; `logits` does everything that mixes tokens (the convolution, the products) for
 one chunk of queries against the keys it sees, exactly. It splits the chunk's keys into blocks of C tokens (up to
-`BLOCK` = 128): inside every block at once by matrix products and two unit-triangular solves (the UT transform),
+`BLOCK` = 64): inside every block at once by matrix products and two unit-triangular solves (the UT transform),
 between blocks through the blocks' whole products P_b, d × d matrices (`path_scores`); `path_scores_loop`, the
 plain walk over every key (one Python step per key), is kept as its reference. The blocks follow token indexes, so
 the chunks of one forward (which see prefixes of the same keys) carry each key block once (`PaTH.carried`). O(T² d)
@@ -64,9 +64,9 @@ from posenc_cli.positional import register
 from posenc_cli.positional.base import PositionalScheme, PositionContext
 
 L2_EPS = 1e-6  # fla/modules/l2norm.py line 279
-BLOCK = 128  # most keys per block of `path_scores` (any C gives the same logits up to rounding; CPU speed: 64 and
-# 128 tie at 2048 tokens, 128 is 1.2x faster than 64 in a model=tiny training step at 128); no more than a chunk's
-# keys need (a power of two)
+BLOCK = 64  # most keys per block of `path_scores` (any C gives the same logits up to rounding; for CPU speed: 32, 64
+# and 128 came within 15% of each other, in either order, in model=tiny forwards at 2048 and training steps at 128 on
+# one shared thread); no more than a chunk's keys need (a power of two)
 DECODE_BLOCK = 32  # the same for a chunk of fewer queries (KV-cache decoding): about 2x faster than 128 at 2048 keys
 
 
