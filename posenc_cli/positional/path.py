@@ -309,7 +309,10 @@ class PaTH(PositionalScheme):
         view of, held weakly, its offset and version), the layer's content features or the block size differ, so
         only the current layer's blocks are kept."""
         base = k if k._base is None else k._base
-        stamp = (layer, block, k.storage_offset(), k.stride(), k.dtype, base._version)
+        # inference tensors (torch.inference_mode, as evaluation runs) keep no version counter; they cannot be changed
+        # in place outside inference mode, and a forward never changes its keys in place, so identity must do there
+        version = -1 if base.is_inference() else base._version
+        stamp = (layer, block, k.storage_offset(), k.stride(), k.dtype, version)
         entry = ctx.tables.get("path_carried")
         if (
             entry is None

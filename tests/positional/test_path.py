@@ -365,3 +365,18 @@ def test_sizes_follow_the_model() -> None:
     s = PaTH(PathConfig(), dataclasses.replace(TINY, d_model=64, n_head=4), 16)
     assert s.w_down.shape == (2, 32, 64) and s.w_up.shape == (2, 64, 32) and s.conv.shape == (2, 4, 16, 3)
     assert s.beta_proj.shape == (2, 4, 64) and not s.beta_bias.any()
+
+
+def test_inference_mode_forward_by_chunks_equals_the_no_grad_one() -> None:
+    """Evaluation runs under torch.inference_mode, whose tensors keep no version counter: the carried blocks of a
+    chunked forward must work there and give the no_grad logits (a sweep's evaluation failed on it)."""
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(d_model=16, n_layer=2, n_head=2), PathConfig(), 11, 8).eval()
+    for block in model.blocks:
+        block.attn.chunk_size = 4  # several query chunks, so blocks are carried between them
+    idx = torch.randint(0, 11, (2, 21))
+    with torch.no_grad():
+        ref = model(idx)
+    with torch.inference_mode():
+        got = model(idx)
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
