@@ -25,7 +25,8 @@ hd) the query rows [q_start, T) (all T by default), k, v (B, H, T, hd) -> (B, H,
 - `Windowed`, `BlockCausal` (`attention.windowed`): a layer whose span is a sliding window or fixed chunks
   (`positional.span`); the KV-cache rows and `Remapped` take the span's mask too.
 - `Scored` (`attention.scored`): a scheme that owns the logits or the normaliser (`PositionalScheme.owns_scores`:
-  Householder products between key and query, stick-breaking's weights): weights·v by query chunks, full forward and KV-cache rows.
+  Householder products between key and query, stick-breaking's weights): weights·v by query chunks, for the full
+  forward and the KV-cache rows.
 - `InFp32`: another kernel run in fp32 with autocast off, the result cast back (bf16 training on CPU, see
   `choose.FP32_GRAD_DEVICES`).
 

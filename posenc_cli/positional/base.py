@@ -189,9 +189,7 @@ class PositionalScheme(nn.Module):
         that mixes tokens (a cumulative sum, a short convolution) belongs in those hooks."""
         return None
 
-    def logits(
-        self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext
-    ) -> Tensor:
+    def logits(self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext) -> Tensor:
         """Hook (e), for a scheme with "logits" in `hooks`: the attention logits of one chunk of queries, replacing
         q·kᵀ/√hd + bias. q (B, H, Tq, hd), k (B, H, Tk, hd), q_pos (Tq,), k_pos (Tk,) token indexes, as for `bias`
         -> (B, H, Tq, Tk) fp32, already scaled. The causal mask and the span are applied after it."""
