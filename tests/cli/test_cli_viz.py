@@ -42,7 +42,7 @@ def test_encoding_png_and_terminal_grid(scheme: str, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:4] == b"\x89PNG" and f"wrote {out}" in result.output
     if scheme == "nope":
-        assert "nothing to draw" in result.output
+        assert "no encoding to draw" in result.output
     else:
         assert "position" in result.output or "distance" in result.output
         rows = [line for line in result.output.splitlines() if line.strip()[:1].isdigit()]
