@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from posenc_cli.config import ModelConfig, PosConfig
+from posenc_cli.config import ModelConfig
+from posenc_cli.errors import ConfigError
 from posenc_cli.model import GPT
 from posenc_cli.positional.fox import FoxConfig, forget_bias, log_forget_gates
 from posenc_cli.run.config_load import config_from_dict
@@ -95,4 +97,6 @@ def test_rope_option_rotates_and_the_plain_one_does_not() -> None:
 def test_config_from_the_command_line() -> None:
     cfg = config_from_dict({"pos": {"name": "fox", "rope": True}})
     assert isinstance(cfg.pos, FoxConfig) and cfg.pos.rope
-    assert not isinstance(PosConfig(), FoxConfig)
+    assert not config_from_dict({"pos": {"name": "fox"}}).pos.rope  # off by default, as the reference's use_rope
+    with pytest.raises(ConfigError, match="window"):  # a misspelt option is refused, not ignored
+        config_from_dict({"pos": {"name": "fox", "window": 4}})
