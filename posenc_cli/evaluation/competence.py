@@ -1,0 +1,281 @@
+"""In-distribution accuracy of a run on a task, and the competence gate built on it (issue #38, item 2).
+
+A beyond-L score means something only for a model that learned the task at the lengths it was trained on: a run
+that finds the needle 10% of the time at 1× "does not extrapolate" only in the sense that it never learned. So every
+task table prints, beside the beyond-L cells, the run's accuracy in distribution, and flags a run below a threshold
+(`report.gate.DEFAULT_COMPETENCE`, 0.9) as "not learned"; a run whose training data never held the task is "not
+trained on this task" instead (that label takes precedence). In distribution means:
+
+- algorithmic tasks (`eval/algorithmic.json`): exact match averaged over the instance lengths the run trained on,
+  the least training length (a cell's `train_min_length`, else `data.min_length`, else 1) to `data.max_length` = L,
+  each length weighing the same (equal examples per cell);
+- RULER-style retrieval tasks (`eval/tasks.json`) and passkey (`eval/passkey.json`): the mean score (RULER's, or the
+  exact-match accuracy) over the cells (length × depth) at lengths ≤ the training length, i.e. multiples ≤ 1×.
+
+n/a cells (the scheme cannot read the length) are left out of the mean; with none measured the state is "cannot
+measure" (every in-distribution cell n/a) or "not measured" (none stored). The gate compares with `>=`.
+
+The pure functions take stored entries and the run's data config; `assess_run(run_dir, task)` and `competence(run_dir,
+task)` read a run directory (its config and the task's results file, cells of its current checkpoint only), for the
+commands and for a sweep's selection stage, which picks each scheme's setting by `competence`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from posenc_cli.data.algorithmic import registry as algorithmic_registry
+from posenc_cli.data.algorithmic.base import GENERATOR_VERSION as ALGORITHMIC_GENERATOR
+from posenc_cli.data.ruler import registry as ruler_registry
+from posenc_cli.data.ruler.base import GENERATOR_VERSION as RULER_GENERATOR
+from posenc_cli.data.sources.algorithmic import AlgorithmicDataConfig
+from posenc_cli.data.sources.passkey import PasskeyDataConfig
+from posenc_cli.data.sources.tasks import TasksDataConfig
+from posenc_cli.errors import CheckpointError, ConfigError, UserError
+from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, read_results_file
+from posenc_cli.report.gate import (
+    CANNOT_MEASURE,
+    DEFAULT_COMPETENCE,
+    LEARNED,
+    NOT_LEARNED,
+    NOT_MEASURED,
+    NOT_TRAINED,
+    GateStatus,
+    gate_text,
+)
+from posenc_cli.run.hf_run import is_hf_dir
+from posenc_cli.run.load import read_config
+from posenc_cli.run.meta import read_meta, read_run_meta
+
+__all__ = [
+    "ALGORITHMIC",
+    "DEFAULT_COMPETENCE",
+    "NO_TASKS",
+    "PASSKEY",
+    "Competence",
+    "algorithmic_competence",
+    "assess_run",
+    "check_threshold",
+    "competence",
+    "gate_status",
+    "in_distribution",
+    "result_data_config",
+    "retrieval_competence",
+    "run_data_config",
+    "task_family",
+    "trained_on",
+]
+
+ALGORITHMIC = "algorithmic"  # the evaluation task of all algorithmic tasks: the mean over the run's tasks
+PASSKEY = "passkey"
+NO_TASKS = object()  # the "data config" of a transformers directory: it trained on none of posenc's tasks
+
+
+@dataclass(frozen=True)
+class Competence:
+    """A run's in-distribution accuracy on one task and the gate's verdict (`status`, see `report.gate`); `lengths`:
+    the (lowest, highest) length counted as in distribution, None where nothing was."""
+
+    task: str
+    status: GateStatus
+    accuracy: float | None
+    threshold: float
+    lengths: tuple[int, int] | None = None
+
+    @property
+    def learned(self) -> bool:
+        return self.status == LEARNED
+
+    @property
+    def text(self) -> str:
+        """'97%', '43% ✗ not learned', '⊘ not trained on this task', ... (`report.gate.gate_text`)."""
+        return gate_text(self.status, self.accuracy)
+
+
+def check_threshold(threshold: float, flag: str = "--competence") -> None:
+    """ConfigError unless `threshold` is an accuracy in [0, 1]."""
+    if not 0.0 <= threshold <= 1.0:
+        raise ConfigError(f"{flag} must be an accuracy in [0, 1], got {threshold}")
+
+
+def gate_status(accuracy: float | None, *, trained: bool, cells: int, threshold: float) -> GateStatus:
+    """The gate's verdict: not trained (first), not measured (no in-distribution cell), cannot measure (cells, all
+    n/a), else learned when `accuracy >= threshold`."""
+    if not trained:
+        return NOT_TRAINED
+    if accuracy is None:
+        return CANNOT_MEASURE if cells else NOT_MEASURED
+    return LEARNED if accuracy >= threshold else NOT_LEARNED
+
+
+def in_distribution(
+    entries: Iterable[dict[str, Any]], low: float, high: float, metric: str
+) -> tuple[float | None, int]:
+    """(mean `metric` over the measured cells with `low <= length <= high`, number of such cells, n/a included);
+    the mean is None when none was measured."""
+    inside = [e for e in entries if low <= int(e["length"]) <= high]
+    values = [float(e[metric]) for e in inside if e.get("status") == "ok" and e.get(metric) is not None]
+    return (sum(values) / len(values) if values else None), len(inside)
+
+
+def trained_on(data: Any, task: str) -> bool:
+    """Whether a run whose data config is `data` trained on `task` (an algorithmic task or "algorithmic", a RULER-style
+    task, "passkey"). `data` None (a config that cannot be read) counts as trained: the accuracy decides."""
+    if data is None:
+        return True
+    if isinstance(data, AlgorithmicDataConfig):
+        return task == ALGORITHMIC or task in data.tasks
+    if isinstance(data, TasksDataConfig):
+        return task in data.tasks
+    if isinstance(data, PasskeyDataConfig):
+        return task == PASSKEY
+    return False
+
+
+def algorithmic_competence(
+    entries: Sequence[dict[str, Any]], task: str, data: Any, threshold: float = DEFAULT_COMPETENCE
+) -> Competence:
+    """Exact match of `task`'s cells averaged over the training lengths min_length..L (`data.min_length` of a
+    `data=algorithmic` run, else 1; L the cells' `train_max_length`); the latest cell per length counts. `task`
+    "algorithmic": the mean over the tasks the entries hold (each task weighs the same), learned only when every
+    task is."""
+    if task == ALGORITHMIC:
+        tasks = list(dict.fromkeys(str(e["task"]) for e in entries))
+        parts = [algorithmic_competence(entries, t, data, threshold) for t in tasks]
+        measured = [p.accuracy for p in parts if p.accuracy is not None]
+        accuracy = sum(measured) / len(measured) if measured else None
+        status = gate_status(accuracy, trained=trained_on(data, task), cells=len(parts), threshold=threshold)
+        if status == LEARNED and any(not p.learned for p in parts):
+            status = NOT_LEARNED
+        spans = [p.lengths for p in parts if p.lengths is not None]
+        lengths = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
+        return Competence(task, status, accuracy, threshold, lengths)
+    latest = {int(e["length"]): e for e in entries if str(e["task"]) == task}
+    if not latest:
+        status = gate_status(None, trained=trained_on(data, task), cells=0, threshold=threshold)
+        return Competence(task, status, None, threshold)
+    high = max(int(e["train_max_length"]) for e in latest.values())
+    low = min(_least_length(e, data) for e in latest.values())
+    accuracy, cells = in_distribution(latest.values(), low, high, "accuracy")
+    status = gate_status(accuracy, trained=trained_on(data, task), cells=cells, threshold=threshold)
+    return Competence(task, status, accuracy, threshold, (low, high))
+
+
+def _least_length(entry: dict[str, Any], data: Any) -> int:
+    """The least training length of a cell's task: the cell's `train_min_length` where it records one, else the
+    run's `data.min_length` (a `data=algorithmic` run that sets it), else 1."""
+    if entry.get("train_min_length") is not None:
+        return int(entry["train_min_length"])
+    if isinstance(data, AlgorithmicDataConfig) and isinstance(data.min_length, int):
+        return min(data.min_length, int(entry["train_max_length"]))
+    return 1
+
+
+def retrieval_competence(
+    entries: Sequence[dict[str, Any]],
+    task: str,
+    data: Any,
+    train_length: int | None,
+    threshold: float = DEFAULT_COMPETENCE,
+    metric: str = "score",
+) -> Competence:
+    """A RULER-style task's (`metric` "score") or passkey's ("accuracy") mean over the cells at lengths <=
+    `train_length` (None: the cells at multiples <= 1×), every depth. Pass the cells of one scoring."""
+    mine = [e for e in entries if str(e.get("task", PASSKEY)) == task]
+    if train_length is None:
+        inside = [e for e in mine if float(e["multiple"]) <= 1.0 + 1e-9]
+        high = max((int(e["length"]) for e in inside), default=0)
+    else:
+        inside, high = [e for e in mine if int(e["length"]) <= train_length], int(train_length)
+    accuracy, cells = in_distribution(inside, 0, high, metric)
+    status = gate_status(accuracy, trained=trained_on(data, task), cells=cells, threshold=threshold)
+    low = min((int(e["length"]) for e in inside), default=None)
+    return Competence(task, status, accuracy, threshold, None if low is None else (low, high))
+
+
+def task_family(task: str) -> str:
+    """Which results file holds `task`: "algorithmic" (a task of `data.algorithmic` or "algorithmic"), "passkey" or
+    "retrieval" (a task of `data.ruler`); ConfigError for any other name."""
+    if task == ALGORITHMIC or task in algorithmic_registry():
+        return ALGORITHMIC
+    if task == PASSKEY:
+        return PASSKEY
+    if task in ruler_registry():
+        return "retrieval"
+    known = [ALGORITHMIC, *algorithmic_registry(), PASSKEY, *ruler_registry()]
+    raise ConfigError(f"unknown task {task!r} for the competence gate (known: {', '.join(known)})")
+
+
+def run_data_config(run_dir: Path | str) -> Any:
+    """The data config a run trained on: `NO_TASKS` for a transformers directory (trained on none of posenc's
+    tasks), None when its config cannot be read (`trained_on` then lets the accuracy decide)."""
+    run_dir = Path(run_dir)
+    if is_hf_dir(run_dir):
+        return NO_TASKS
+    try:
+        return read_config(run_dir, read_meta(run_dir)).data
+    except UserError:
+        return None
+
+
+def _current_cells(run_dir: Path, doc: dict[str, Any], generator: int | None) -> list[dict[str, Any]]:
+    """The stored cells of the run's current checkpoint (all of a transformers directory's) and of `generator`."""
+    entries = list(doc.get("entries") or [])
+    if not is_hf_dir(run_dir):
+        current = checkpoint_key({"checkpoint": checkpoint_identity(read_run_meta(run_dir))})
+        entries = [e for e in entries if checkpoint_key(e) == current]
+    if generator is not None:
+        entries = [e for e in entries if e.get("generator", 1) == generator]
+    return entries
+
+
+def assess_run(
+    run_dir: Path | str, task: str, threshold: float = DEFAULT_COMPETENCE, scoring: str = "contains"
+) -> Competence:
+    """The gate of `task` for the run in `run_dir`, from its stored cells (nothing is measured): `task` an algorithmic
+    task or "algorithmic" (the mean over the run's tasks), "passkey", or a RULER-style task (its `scoring` cells:
+    "contains", RULER's, or "exact"). "not measured" when the results file holds no cell of it."""
+    # deferred: these modules import torch; the gate of a stored file needs neither
+    from posenc_cli.evaluation.algorithmic import ALGORITHMIC_FILE
+    from posenc_cli.evaluation.algorithmic import COMMAND as ALGORITHMIC_COMMAND
+    from posenc_cli.evaluation.passkey import PASSKEY_FILE
+    from posenc_cli.evaluation.tasks.retrieval import COMMAND as TASKS_COMMAND
+    from posenc_cli.evaluation.tasks.retrieval import TASKS_FILE
+
+    check_threshold(threshold)
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: no such run directory")
+    family = task_family(task)
+    data = run_data_config(run_dir)
+    if family == ALGORITHMIC:
+        doc = read_results_file(run_dir / ALGORITHMIC_FILE, ALGORITHMIC_COMMAND)
+        entries = _current_cells(run_dir, doc, ALGORITHMIC_GENERATOR) if doc else []
+        return algorithmic_competence(entries, task, data, threshold)
+    if family == PASSKEY:
+        doc = read_results_file(run_dir / PASSKEY_FILE, "eval-passkey")
+        entries = _current_cells(run_dir, doc, None) if doc else []
+        train_length = doc.get("train_length") if doc else None
+        return retrieval_competence(entries, PASSKEY, data, train_length, threshold, metric="accuracy")
+    doc = read_results_file(run_dir / TASKS_FILE, TASKS_COMMAND)
+    entries = _current_cells(run_dir, doc, RULER_GENERATOR) if doc else []
+    entries = [e for e in entries if str(e.get("scoring", "exact")) == scoring]
+    latest = {(e["task"], int(e["length"]), e.get("depth")): e for e in entries}  # the file's order: last wins
+    train_length = doc.get("train_length") if doc else None
+    return retrieval_competence(list(latest.values()), task, data, train_length, threshold)
+
+
+def competence(run_dir: Path | str, task: str, scoring: str = "contains") -> float | None:
+    """A run's in-distribution accuracy on `task` from its stored cells (see `assess_run`): None when none was
+    measured. What a sweep's selection stage ranks settings by; the gate's threshold plays no part in it."""
+    return assess_run(run_dir, task, DEFAULT_COMPETENCE, scoring).accuracy
+
+
+def result_data_config(result: dict[str, Any]) -> Any:
+    """The data config of the run behind an evaluation result doc (its "path"); None without one (the accuracy
+    decides)."""
+    path = result.get("path") or result.get("run_dir")
+    return run_data_config(path) if path else None

@@ -1,0 +1,84 @@
+"""The competence gate's words and looks: what a task table says of a run's in-distribution accuracy.
+
+A beyond-L score means something only for a model that learned the task at lengths it was trained on (issue #38):
+a run scoring below the threshold in distribution is "not learned", a run whose training data never held the task
+is "not trained on this task" (that label takes precedence), and the two empty states every table already has stay
+as they were: "cannot measure" (n/a: the scheme cannot read the length) and "not measured" (no cell). Each looks
+different (`GATE_STYLE`); the numbers of a flagged row are still shown. `evaluation.competence` decides the state;
+this module only names and styles it, so that the report layer and the CLI render it alike.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = [
+    "CANNOT_MEASURE",
+    "DEFAULT_COMPETENCE",
+    "GATE_LEGEND",
+    "GATE_STYLE",
+    "LEARNED",
+    "NOT_LEARNED",
+    "NOT_MEASURED",
+    "NOT_TRAINED",
+    "GateStatus",
+    "gate_note",
+    "gate_text",
+    "is_flagged",
+]
+
+DEFAULT_COMPETENCE = 0.9  # issue #38: a run below 90% in distribution has not learned the task
+
+GateStatus = Literal["learned", "not learned", "not trained on this task", "cannot measure", "not measured"]
+LEARNED: GateStatus = "learned"
+NOT_LEARNED: GateStatus = "not learned"
+NOT_TRAINED: GateStatus = "not trained on this task"
+CANNOT_MEASURE: GateStatus = "cannot measure"  # every in-distribution cell is n/a (the scheme cannot read it)
+NOT_MEASURED: GateStatus = "not measured"  # no in-distribution cell stored
+
+# rich styles: each state looks different from the others and from a plain score.
+GATE_STYLE: dict[str, str] = {
+    LEARNED: "green",
+    NOT_LEARNED: "bold yellow",
+    NOT_TRAINED: "italic magenta",
+    CANNOT_MEASURE: "dim",
+    NOT_MEASURED: "dim italic",
+}
+# markdown and plain text: the marks of a flagged row
+GATE_MARK: dict[str, str] = {
+    LEARNED: "",
+    NOT_LEARNED: "✗ not learned",
+    NOT_TRAINED: "⊘ not trained on this task",
+    CANNOT_MEASURE: "n/a (cannot measure)",
+    NOT_MEASURED: "– (not measured)",
+}
+GATE_LEGEND = (
+    "≤L: accuracy in distribution (the lengths the run trained on); ✗ not learned: below the competence threshold "
+    "there, so its beyond-L numbers measure a task never learned, not extrapolation; ⊘ not trained on this task: "
+    "its training data never held the task; n/a: the scheme cannot read those lengths; –: not measured"
+)
+
+
+def is_flagged(status: str) -> bool:
+    """True for a row whose beyond-L numbers must not be read as extrapolation (anything but "learned")."""
+    return status != LEARNED
+
+
+def gate_text(status: str, accuracy: float | None) -> str:
+    """The in-distribution cell as text: '97%' for a learned run, '43% ✗ not learned', '⊘ not trained on this task'
+    (its accuracy, when measured, too), 'n/a (cannot measure)', '– (not measured)'."""
+    if status == NOT_TRAINED:
+        return GATE_MARK[NOT_TRAINED] if accuracy is None else f"{accuracy:.0%} {GATE_MARK[NOT_TRAINED]}"
+    if accuracy is None:
+        return GATE_MARK.get(status, status)
+    mark = GATE_MARK.get(status, "")
+    return f"{accuracy:.0%}" + (f" {mark}" if mark else "")
+
+
+def gate_note(threshold: float) -> str:
+    """The caption line that says what the gate is."""
+    return (
+        f"Competence gate: a run scoring below {threshold:.0%} at the lengths it trained on (≤L, --competence) is "
+        "marked ✗ not learned; a run never trained on the task ⊘ not trained on this task; their beyond-L numbers "
+        "are shown but measure no learned skill."
+    )

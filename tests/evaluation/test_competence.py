@@ -1,0 +1,121 @@
+"""The competence gate's arithmetic (`evaluation.competence`): in-distribution accuracy over the training lengths,
+the verdicts (learned, not learned, not trained on this task, cannot measure, not measured), and reading a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from posenc_cli.cli import app
+from posenc_cli.data.algorithmic.base import GENERATOR_VERSION
+from posenc_cli.data.sources.algorithmic import AlgorithmicDataConfig
+from posenc_cli.data.sources.passkey import PasskeyDataConfig
+from posenc_cli.data.sources.tasks import TasksDataConfig
+from posenc_cli.errors import ConfigError
+from posenc_cli.evaluation.competence import (
+    algorithmic_competence,
+    assess_run,
+    check_threshold,
+    competence,
+    retrieval_competence,
+    trained_on,
+)
+from posenc_cli.evaluation.results import checkpoint_identity
+from posenc_cli.run.meta import read_run_meta
+
+runner = CliRunner()
+
+
+def alg(task: str, n: int, accuracy: float | None, limit: int = 4) -> dict:
+    status = "ok" if accuracy is not None else "n/a"
+    return {"task": task, "length": n, "train_max_length": limit, "status": status, "accuracy": accuracy}
+
+
+def test_algorithmic_mean_is_over_the_training_lengths_only() -> None:
+    data = AlgorithmicDataConfig(tasks=["copy"], min_length=2, max_length=4)
+    entries = [alg("copy", 1, 0.0), alg("copy", 2, 1.0), alg("copy", 3, 1.0), alg("copy", 4, 0.7)]
+    entries += [alg("copy", n, 0.0) for n in range(5, 9)]  # beyond L: never part of it
+    c = algorithmic_competence(entries, "copy", data, threshold=0.9)
+    assert c.accuracy == pytest.approx(0.9) and c.lengths == (2, 4)  # length 1 is below data.min_length
+    recorded = [{**e, "train_min_length": 3} for e in entries]  # a cell's own record wins
+    assert algorithmic_competence(recorded, "copy", data).accuracy == pytest.approx(0.85)
+    assert c.status == "learned" and c.learned  # >= the threshold passes
+    assert algorithmic_competence(entries, "copy", data, threshold=0.95).status == "not learned"
+
+
+def test_a_run_never_trained_on_the_task_says_so_first() -> None:
+    data = AlgorithmicDataConfig(tasks=["copy"], max_length=4)
+    entries = [alg("reverse", n, 1.0) for n in range(1, 5)]
+    c = algorithmic_competence(entries, "reverse", data)
+    assert c.status == "not trained on this task" and c.accuracy == 1.0  # the number stays, the label wins
+    assert "not trained on this task" in c.text and "100%" in c.text
+    assert not trained_on(TasksDataConfig(tasks=["niah-single"]), "niah-multikey")
+    assert trained_on(TasksDataConfig(tasks=["niah-single"]), "niah-single")
+    assert trained_on(PasskeyDataConfig(), "passkey") and not trained_on(PasskeyDataConfig(), "copy")
+    assert trained_on(None, "copy")  # a config that cannot be read: the accuracy decides
+
+
+def test_unmeasurable_and_unmeasured_are_told_apart() -> None:
+    data = AlgorithmicDataConfig(tasks=["copy"], max_length=2)
+    cannot = algorithmic_competence([alg("copy", 1, None, 2), alg("copy", 2, None, 2)], "copy", data)
+    assert cannot.status == "cannot measure" and cannot.accuracy is None
+    assert algorithmic_competence([], "copy", data).status == "not measured"
+    texts = {cannot.text, algorithmic_competence([], "copy", data).text}
+    assert len(texts) == 2
+
+
+def test_all_algorithmic_tasks_learned_only_when_each_is() -> None:
+    data = AlgorithmicDataConfig(tasks=["copy", "reverse"], max_length=2)
+    entries = [alg("copy", n, 1.0, 2) for n in (1, 2)] + [alg("reverse", n, 0.84, 2) for n in (1, 2)]
+    c = algorithmic_competence(entries, "algorithmic", data, threshold=0.9)
+    assert c.accuracy == pytest.approx(0.92) and c.status == "not learned"
+
+
+def cell(length: int, multiple: float, score: float | None, depth: float = 0.0) -> dict:
+    status = "ok" if score is not None else "n/a"
+    return {"task": "niah-single", "length": length, "multiple": multiple, "depth": depth, "status": status,
+            "score": score}  # fmt: skip
+
+
+def test_retrieval_counts_the_lengths_up_to_the_training_length() -> None:
+    data = TasksDataConfig(tasks=["niah-single"])
+    entries = [cell(64, 0.5, 1.0), cell(128, 1.0, 0.8, 0.0), cell(128, 1.0, 1.0, 1.0), cell(256, 2.0, 0.0)]
+    c = retrieval_competence(entries, "niah-single", data, 128, threshold=0.9)
+    assert c.accuracy == pytest.approx((1.0 + 0.8 + 1.0) / 3) and c.status == "learned" and c.lengths == (64, 128)
+    by_multiple = retrieval_competence(entries, "niah-single", data, None, threshold=0.95)
+    assert by_multiple.accuracy == c.accuracy and by_multiple.status == "not learned"
+
+
+def test_the_threshold_is_an_accuracy() -> None:
+    check_threshold(0.0)
+    with pytest.raises(ConfigError, match="--competence must be an accuracy in"):
+        check_threshold(1.5)
+
+
+def test_a_run_directory_is_read_at_its_current_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    tiny = ["model=tiny", "model.d_model=16", "model.n_layer=1", "model.n_head=2", "train.seq_len=32"]
+    data = ["data=algorithmic", "data.tasks=[copy]", "data.examples=200", "data.max_length=2"]
+    trained = runner.invoke(
+        app, ["train", *tiny, *data, "train.steps=1", "train.batch_size=2", "train.threads=1", "--out", str(run)]
+    )
+    assert trained.exit_code == 0, trained.output
+    assert competence(run, "copy") is None and assess_run(run, "copy").status == "not measured"
+    checkpoint = checkpoint_identity(read_run_meta(run))
+    entries = [
+        {**alg("copy", n, a, 2), "generator": GENERATOR_VERSION, "checkpoint": checkpoint}
+        for n, a in [(1, 1.0), (2, 0.5)]
+    ]
+    entries.append({**alg("copy", 2, 1.0, 2), "generator": GENERATOR_VERSION, "checkpoint": {**checkpoint, "step": -1}})
+    (run / "eval").mkdir(exist_ok=True)
+    doc = {"schema_version": 1, "run": "run", "scheme": "rope", "entries": entries}
+    (run / "eval" / "algorithmic.json").write_text(json.dumps(doc))
+    assert competence(run, "copy") == pytest.approx(0.75)  # the other checkpoint's cell is not counted
+    assert assess_run(run, "copy", threshold=0.7).learned
+    assert assess_run(run, "reverse").status == "not trained on this task"
+    assert assess_run(run, "passkey").status == "not trained on this task"
+    with pytest.raises(ConfigError, match="unknown task"):
+        assess_run(run, "copi")
