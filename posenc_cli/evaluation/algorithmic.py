@@ -10,9 +10,14 @@ reference compares the whole generated output with the target (McGill-NLP/length
 decoded in groups of equal token length (no padding, so every row sees exactly its own tokens at positions 0..).
 
 Cells go to `eval/algorithmic.json` through the shared loop (`loop.measure`), keyed by task, length, examples,
-seed, generator version, precision and checkpoint; each records L and whether n is in distribution (n <= L, the
-lengths of training) or beyond it (L+1..2L, the paper's test split). A cell whose longest example needs more positions
-than the scheme can read is n/a with the reason every evaluation gives.
+seed, generator version, precision, the least training length and checkpoint; each records L, the least training
+length (`train_min_length`: `data.min_length`, else the task's builder default `train_min`;
+`data.algorithmic.in_distribution_lengths`) and whether n is in distribution (train_min..L, the lengths of training)
+or not (beyond: L+1..2L, the paper's test split; lengths below train_min are measured but in neither mean). The
+means weigh each length as the reference's splits do (`AlgorithmicTask.length_weight`, a property of the task: the
+number of equally filled builder bins of that length, 1 for every task but addition, whose 2(n − train_min) + 1
+operand-length pairs each hold as many examples; `make_addition_dataset.py:86-133`). A cell whose longest example
+needs more positions than the scheme can read is n/a with the reason every evaluation gives.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ import numpy as np
 import torch
 
 from posenc_cli import __version__
+from posenc_cli.data.algorithmic import in_distribution_lengths, task_class
 from posenc_cli.data.algorithmic import registry as task_registry
-from posenc_cli.data.algorithmic import task_class
 from posenc_cli.data.algorithmic.base import GENERATOR_VERSION, MAX_LENGTH, Example
 from posenc_cli.data.sources.algorithmic import PAPER_MAX_LENGTH, AlgorithmicDataConfig
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
@@ -93,12 +98,14 @@ class AlgorithmicEvalConfig:
 
 @dataclass(frozen=True)
 class Plan:
-    """What one run is asked: tasks, instance lengths, L (training's longest length) and examples per cell."""
+    """What one run is asked: tasks, instance lengths, L (training's longest length), examples per cell and each
+    task's least training length (its in-distribution lengths are least[task]..L)."""
 
     tasks: list[str]
     lengths: list[int]
     max_length: int
     examples: int
+    least: dict[str, int]
 
 
 def plan_for(cfg: AlgorithmicEvalConfig, data: Any) -> Plan:
@@ -109,15 +116,18 @@ def plan_for(cfg: AlgorithmicEvalConfig, data: Any) -> Plan:
     top = trained.test_max_length if trained and cfg.max_length is None else 2 * max_length
     lengths = sorted(set(cfg.lengths)) if cfg.lengths else list(range(1, top + 1))
     examples = cfg.examples or (trained.eval_examples if trained else DEFAULT_EXAMPLES)
-    return Plan(tasks, lengths, max_length, examples)
+    min_length = trained.min_length if trained else None
+    least = {t: in_distribution_lengths(t, max_length, min_length)[0] for t in tasks}
+    return Plan(tasks, lengths, max_length, examples, least)
 
 
-def cell_examples(task: str, length: int, n: int, seed: int) -> list[Example]:
-    """The `n` examples of one cell: they depend only on (seed, generator version, task, length), not on the other
-    cells asked, and never on a training stream (those are seeded with three numbers, these with five)."""
+def cell_examples(task: str, length: int, n: int, seed: int, least: int | None = None) -> list[Example]:
+    """The `n` examples of one cell, drawn as a split whose lengths start at `least` (None: the task's `train_min`)
+    draws them: they depend only on (seed, generator version, task, length, least), not on the other cells asked,
+    and never on a training stream (those are seeded with three numbers, these with five)."""
     cls = task_class(task)
     rng = np.random.default_rng([seed, GENERATOR_VERSION, 2, zlib.crc32(task.encode()), length])
-    return [cls.sample(rng, length) for _ in range(n)]
+    return [cls.sample_in(rng, length, cls.train_min if least is None else least) for _ in range(n)]
 
 
 def encode_example(tokenizer: Tokenizer, example: Example) -> tuple[np.ndarray, np.ndarray]:
@@ -203,7 +213,8 @@ def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
     """Two entries measure the same cell when these agree (the checkpoint too: see `results.checkpoint_key`)."""
     cell = (entry["task"], entry["length"], entry["examples"], entry["seed"], entry["generator"], entry["dtype"])
     cell = (*cell, entry.get("measures", 1))  # cells stored before token_accuracy existed are measured again
-    return (*cell, entry["train_max_length"], *positions_key(entry), *checkpoint_key(entry))
+    lengths = (entry.get("train_min_length", 1), entry["train_max_length"])  # addition's examples follow the first
+    return (*cell, *lengths, *positions_key(entry), *checkpoint_key(entry))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,7 +223,8 @@ class AlgorithmicEntry(Entry):
 
     task: str
     length: int
-    train_max_length: int  # L: lengths <= L are in distribution
+    train_max_length: int  # L
+    train_min_length: int  # the least training length: train_min_length..L are in distribution
     in_distribution: bool
     examples: int
     seed: int
@@ -263,7 +275,8 @@ def evaluate_algorithmic_run(
                         task=task,
                         length=n,
                         train_max_length=plan.max_length,
-                        in_distribution=n <= plan.max_length,
+                        train_min_length=plan.least[task],
+                        in_distribution=plan.least[task] <= n <= plan.max_length,
                         examples=plan.examples,
                         seed=cfg.seed,
                         generator=GENERATOR_VERSION,
@@ -276,7 +289,7 @@ def evaluate_algorithmic_run(
 
     def measure_cell(group: Sequence[AlgorithmicEntry]) -> list[AlgorithmicEntry]:
         (cell,) = group
-        examples = cell_examples(cell.task, cell.length, cell.examples, cell.seed)
+        examples = cell_examples(cell.task, cell.length, cell.examples, cell.seed, cell.train_min_length)
         try:
             measured = evaluate_cell(
                 run.model,
@@ -335,17 +348,29 @@ def load_algorithmic_results(run_dir: Path | str) -> dict[str, Any] | None:
 @dataclass(frozen=True)
 class TaskSummary:
     """One task of one run: accuracy per measured length (None: n/a), and the mean accuracy over the measured
-    lengths <= L (in distribution) and over L+1..2L (beyond; the paper's test split), None when none was measured."""
+    lengths min_length..L (in distribution) and over L+1..2L (beyond; the paper's test split), each length weighed
+    as the reference's split weighs it (`split_mean`), None when none was measured."""
 
     task: str
     max_length: int
     accuracy: dict[int, float | None]
     in_distribution: float | None
     beyond: float | None
+    min_length: int = 1
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+def length_weight(task: str, length: int, least: int) -> int:
+    """The weight of `length` in `task`'s split means (`AlgorithmicTask.length_weight`; 1 for an unknown task)."""
+    cls = task_registry().get(task)
+    return cls.length_weight(length, least) if cls is not None else 1
+
+
+def split_mean(task: str, accuracy: dict[int, float | None], low: int, high: int, least: int) -> float | None:
+    """The mean of the measured accuracies at lengths low..high, each weighed by its number of builder bins in a split
+    whose lengths start at `least` (the share of the reference's split at that length); None when none was measured."""
+    cells = [(length_weight(task, n, least), a) for n, a in accuracy.items() if low <= n <= high and a is not None]
+    total = sum(w for w, _ in cells)
+    return sum(w * a for w, a in cells) / total if total else None
 
 
 def summarize(entries: Sequence[dict[str, Any]]) -> list[TaskSummary]:
@@ -364,9 +389,10 @@ def summarize(entries: Sequence[dict[str, Any]]) -> list[TaskSummary]:
             n: (float(e["accuracy"]) if e.get("status") == "ok" and e.get("accuracy") is not None else None)
             for n, e in sorted(cells.items())
         }
-        inside = [a for n, a in accuracy.items() if n <= limit and a is not None]
-        beyond = [a for n, a in accuracy.items() if limit < n <= 2 * limit and a is not None]
-        out.append(TaskSummary(task, limit, accuracy, _mean(inside), _mean(beyond)))
+        least = min(int(e.get("train_min_length", 1)) for e in cells.values())  # 1: stored before train_min
+        inside = split_mean(task, accuracy, least, limit, least)
+        beyond = split_mean(task, accuracy, limit + 1, 2 * limit, least)
+        out.append(TaskSummary(task, limit, accuracy, inside, beyond, least))
     return out
 
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from posenc_cli.config import Config, ModelConfig, TrainConfig
 from posenc_cli.data.algorithmic import task_class
-from posenc_cli.data.algorithmic.base import SORT_SYMBOLS, number_to_string, random_number
+from posenc_cli.data.algorithmic.base import GENERATOR_VERSION, SORT_SYMBOLS, number_to_string, random_number
 from posenc_cli.data.sources import open_source
 from posenc_cli.data.sources.algorithmic import AlgorithmicDataConfig, make_documents
 from posenc_cli.data.sources.stdlib import StdlibDataConfig
@@ -55,16 +55,17 @@ def test_random_number_has_exactly_its_digits() -> None:
     assert all(len(str(random_number(rng, d))) == d for d in (2, 19, 40) for _ in range(20))  # past int64 too
 
 
+def _operand_pairs(examples: list) -> set[tuple[int, int]]:
+    found = [re.fullmatch(r"Compute ([\d ]+) \+ ([\d ]+) \?", e.prompt).groups() for e in examples]  # type: ignore[union-attr]
+    return {(len(a.split()), len(b.split())) for a, b in found}
+
+
 def test_addition_length_is_the_longer_operand() -> None:
-    rng = np.random.default_rng(0)
-    pairs = set()
-    for _ in range(400):
-        e = task_class("addition").sample(rng, 4)
-        a, b = re.fullmatch(r"Compute ([\d ]+) \+ ([\d ]+) \?", e.prompt).groups()  # type: ignore[union-attr]
-        digits = (len(a.split()), len(b.split()))
-        assert max(digits) == 4
-        pairs.add(digits)
-    assert pairs == {(4, k) for k in range(1, 5)} | {(k, 4) for k in range(1, 5)}  # every pair with max 4
+    rng, task = np.random.default_rng(0), task_class("addition")
+    every = _operand_pairs([task.sample_in(rng, 4, 1) for _ in range(400)])
+    assert every == {(4, k) for k in range(1, 5)} | {(k, 4) for k in range(1, 5)}  # every pair with max 4
+    builders = _operand_pairs([task.sample(rng, 6) for _ in range(400)])  # the builder's operands of >= 4 digits
+    assert builders == {(6, k) for k in range(4, 7)} | {(k, 6) for k in range(4, 7)}
 
 
 def test_texts_are_the_references() -> None:
@@ -73,7 +74,7 @@ def test_texts_are_the_references() -> None:
     assert re.fullmatch(r"Copy: \w \w \w \[SEP\] \w \w \w", copy.text)
     parity = task_class("parity").solve("Is the number of 1's even in the sequence [ 1, 0, 1 ] ?")
     assert parity == " The answer is Yes."  # even -> Yes (parity_instance_processor.py NICE_VALUES)
-    assert task_class("summation").solve("Compute: 9 + 9 + 4 . [SEP]") == " The answer is 2 ."  # 22 mod 10
+    assert task_class("summation").solve("Compute: 9 + 9 + 4 .[SEP]") == " The answer is 2 ."  # 22 mod 10
     poly = task_class("polynomial").solve("Evaluate at x = - 2 in 3 * x ** 2 + - 1 * x ** 0 ?")
     assert poly == " The answer is 1."  # 12 - 1 = 11, mod 10
     assert task_class("polynomial").solve("Evaluate at x = 1 in - 3 * x ** 0 ?") == " The answer is 7."  # -3 mod 10
@@ -187,7 +188,8 @@ def _run(path: Path, model: nn.Module, data: AlgorithmicDataConfig, step: int = 
 def _oracle_run(tmp_path: Path, lengths: list[int], stops: bool = True) -> tuple[LoadedRun, AlgorithmicEvalConfig]:
     data = AlgorithmicDataConfig(tasks=["addition", "copy", "polynomial"], max_length=3)
     cfg = AlgorithmicEvalConfig(lengths=lengths, examples=6, seed=5)
-    examples = [e for t in data.tasks for n in lengths for e in cell_examples(t, n, 6, 5)]
+    # L = 3 is below every builder's train_min: the runs train on length 3 alone, operands of 3 digits or more
+    examples = [e for t in data.tasks for n in lengths for e in cell_examples(t, n, 6, 5, 3)]
     return _run(tmp_path / "run", Oracle(examples, stops), data), cfg
 
 
@@ -196,8 +198,10 @@ def test_an_oracle_scores_every_cell_and_the_means_split_at_L(tmp_path: Path) ->
     result = evaluate_algorithmic_run(run, cfg, device="cpu")
     cells = result["entries"]
     assert len(cells) == 3 * 5 and all(e["status"] == "ok" and e["accuracy"] == 1.0 for e in cells)
-    assert {(e["length"], e["in_distribution"]) for e in cells} == {(1, 1), (2, 1), (3, 1), (4, 0), (6, 0)}
-    assert all(e["correct"] == e["examples"] == 6 and e["train_max_length"] == 3 for e in cells)
+    assert {(e["length"], e["in_distribution"]) for e in cells} == {(1, 0), (2, 0), (3, 1), (4, 0), (6, 0)}
+    assert all(
+        e["correct"] == e["examples"] == 6 and e["train_max_length"] == e["train_min_length"] == 3 for e in cells
+    )
     assert all(e["token_accuracy"] == 1.0 and e["measures"] == 2 for e in cells)
     summary = {s.task: s for s in summarize(cells)}
     assert summary["copy"].in_distribution == summary["copy"].beyond == 1.0
@@ -212,7 +216,8 @@ def test_an_answer_that_does_not_stop_is_wrong(tmp_path: Path) -> None:
     # every answer token right but the closing end-of-document one: per-token accuracy (n - 1) / n per example
     tok = ByteTokenizer()
     for e in cells:
-        sizes = [len(encode_example(tok, x)[1]) for x in cell_examples(e["task"], e["length"], 6, 5)]
+        examples = cell_examples(e["task"], e["length"], 6, 5, e["train_min_length"])
+        sizes = [len(encode_example(tok, x)[1]) for x in examples]
         assert e["token_accuracy"] == pytest.approx(float(np.mean([(n - 1) / n for n in sizes])))
 
 
@@ -225,6 +230,18 @@ def test_cells_stored_before_per_token_accuracy_are_measured_again(tmp_path: Pat
     (run.path / ALGORITHMIC_FILE).write_text(json.dumps(doc))
     again = evaluate_algorithmic_run(run, cfg, device="cpu")
     assert again["reused"] == 0 and all(e["token_accuracy"] == 1.0 for e in again["entries"])
+
+
+def test_cells_of_an_older_generator_are_measured_again(tmp_path: Path) -> None:
+    run, cfg = _oracle_run(tmp_path, [1, 4])
+    evaluate_algorithmic_run(run, cfg, device="cpu")
+    doc = json.loads((run.path / ALGORITHMIC_FILE).read_text())
+    for e in doc["entries"]:  # as posenc wrote them before addition's bins and summation's '.[SEP]'
+        e["generator"] = GENERATOR_VERSION - 1
+        del e["train_min_length"]
+    (run.path / ALGORITHMIC_FILE).write_text(json.dumps(doc))
+    assert evaluate_algorithmic_run(run, cfg, device="cpu")["reused"] == 0
+    assert evaluate_algorithmic_run(run, cfg, device="cpu")["reused"] == 6
 
 
 def test_cells_are_stored_reused_and_measured_again_for_another_checkpoint(tmp_path: Path) -> None:

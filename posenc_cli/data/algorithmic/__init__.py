@@ -16,7 +16,7 @@ from posenc_cli.data.algorithmic.base import AlgorithmicTask, Example
 from posenc_cli.errors import ConfigError
 from posenc_cli.registry import Registry
 
-__all__ = ["AlgorithmicTask", "Example", "register", "registry", "task_class"]
+__all__ = ["AlgorithmicTask", "Example", "in_distribution_lengths", "register", "registry", "task_class"]
 
 _TASKS: Registry[type[AlgorithmicTask]] = Registry(__name__, "algorithmic task")
 register = _TASKS.register  # class decorator: make `cls` an algorithmic task named `cls.name`
@@ -35,3 +35,13 @@ def task_class(name: str, what: str = "algorithmic task") -> type[AlgorithmicTas
     close = difflib.get_close_matches(str(name), list(entries), n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     raise ConfigError(f"unknown {what} '{name}'{hint} (available: {', '.join(entries)})")
+
+
+def in_distribution_lengths(task: str, max_length: int, min_length: int | None = None) -> tuple[int, int]:
+    """[low, high] instance lengths of `task` that training draws, i.e. its in-distribution lengths: from
+    `min_length` (None: the task's builder default `train_min`, capped at `max_length`; never below the task's
+    `min_length`) to `max_length` = L. Training (`data.sources.algorithmic`) and the evaluation's means both read it."""
+    cls = task_class(task)
+    low = min(cls.train_min, max_length) if min_length is None else min_length
+    low = max(low, cls.min_length)
+    return low, max(low, max_length)

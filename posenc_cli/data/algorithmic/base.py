@@ -15,6 +15,13 @@ Each task's `length` is the instance length as the reference defines it (its `ca
 `sample(rng, length)` draws one example; `solve(prompt)` reads the input back from the prompt with a regular
 expression and computes the answer independently of the generator (the contract test checks that they agree).
 
+Splits as the reference's builders (`scripts/dataset_builders/make_*_dataset.py`, `main`) cut them: training and
+validation on lengths `train_min`..L (each builder's own `--train_min` default), test on L+1..2L, every builder bin
+holding the same number of examples. A bin is one length for every task but addition, whose bins are pairs of
+operand lengths; `sample_in(rng, length, least)` draws as a split whose lengths start at `least` does, and
+`length_weight(length, least)` says how many bins of such a split have that length (the weight of the length in
+the split's mean accuracy).
+
 Symbols: the reference draws copy/reverse items from 100 and sorting items from 50 single-token words of the T5
 vocabulary (`get_unique_tokens`); with posenc's byte tokenizer a word would be several tokens, so the items here are
 single characters (`SYMBOLS`: 62 letters and digits; `SORT_SYMBOLS`: their first 50 in ASCII order).
@@ -28,7 +35,9 @@ from typing import ClassVar
 
 import numpy as np
 
-GENERATOR_VERSION = 1  # bump when any task's text or sampling changes (part of the data and cell fingerprints)
+# bump when any task's text or sampling changes (part of the data and cell fingerprints); 2: addition drawn by
+# operand-length bins, summation's '.[SEP]', training from each builder's train_min
+GENERATOR_VERSION = 2
 SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 SORT_SYMBOLS = "".join(sorted(SYMBOLS))[:50]  # 0-9, A-Z, a-n: sorted means ASCII order
 MAX_LENGTH = 1024  # instance lengths at most (a 2L = 2048-item prompt is far beyond any tiny model)
@@ -57,11 +66,24 @@ class AlgorithmicTask:
     summary: ClassVar[str]
     unit: ClassVar[str] = "items"
     min_length: ClassVar[int] = 1
+    train_min: ClassVar[int]  # the builder's `--train_min` default: training (in distribution) is train_min..L
     reference: ClassVar[str] = ""
 
     @classmethod
     def sample(cls, rng: np.random.Generator, length: int) -> Example:
         raise NotImplementedError
+
+    @classmethod
+    def sample_in(cls, rng: np.random.Generator, length: int, least: int) -> Example:
+        """An example of length `length` drawn as a split whose lengths start at `least` draws it: `sample` for a
+        task whose builder bins by length alone."""
+        return cls.sample(rng, length)
+
+    @classmethod
+    def length_weight(cls, length: int, least: int) -> int:
+        """The number of equally filled builder bins of length `length` in a split whose lengths start at `least`,
+        i.e. the length's weight in the split's mean: 1 for a task whose builder bins by length alone."""
+        return 1
 
     @classmethod
     def solve(cls, prompt: str) -> str:

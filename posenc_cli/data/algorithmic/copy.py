@@ -22,6 +22,7 @@ PROMPT = re.compile(r"Copy: (.+) \[SEP\]")
 class Copy(AlgorithmicTask):
     name = "copy"
     summary = "repeat the list of symbols"
+    train_min = 4  # make_copy_dataset.py --train_min
     reference = "scripts/dataset_builders/make_copy_dataset.py (copy_multi_char)"
 
     @classmethod

@@ -27,6 +27,7 @@ class Parity(AlgorithmicTask):
     name = "parity"
     summary = "is the number of ones even? (Yes/No)"
     unit = "bits"
+    train_min = 3  # make_parity_dataset.py --train_min
     reference = "scripts/dataset_builders/make_parity_dataset.py"
 
     @classmethod

@@ -38,6 +38,7 @@ class Polynomial(AlgorithmicTask):
     name = "polynomial"
     summary = "a polynomial of `length` terms at x, modulo 10"
     unit = "terms"
+    train_min = 4  # make_poly_dataset.py --train_min
     reference = "scripts/dataset_builders/make_poly_dataset.py"
 
     @classmethod

@@ -22,6 +22,7 @@ PROMPT = re.compile(r"Reverse: (.+) \[SEP\]")
 class Reverse(AlgorithmicTask):
     name = "reverse"
     summary = "the list of symbols reversed"
+    train_min = 4  # make_reverse_dataset.py --train_min
     reference = "scripts/dataset_builders/make_reverse_dataset.py (multi_char)"
 
     @classmethod

@@ -26,6 +26,7 @@ def answer_text(items: list[str]) -> str:
 class Sorting(AlgorithmicTask):
     name = "sorting"
     summary = "the list of symbols sorted"
+    train_min = 4  # make_sort_dataset.py --train_min
     reference = "scripts/dataset_builders/make_sort_dataset.py (single_digit)"
 
     @classmethod

@@ -1,11 +1,14 @@
 """`data=algorithmic`: seeded examples of the algorithmic tasks of Kazemnejad et al. 2023
 (`posenc_cli.data.algorithmic`) of instance lengths <= L, one document each.
 
-Each document draws a task uniformly from `data.tasks` and an instance length uniformly from
-[max(data.min_length, the task's least), data.max_length = L] (the reference generates the same number of examples per
-length bin: McGill-NLP/length-generalization 40f8a44, `scripts/dataset_builders/make_*_dataset.py`, `main`), then one
-example; its text is the prompt and the answer (`Example.text`). The paper trains on L = 20 (L = 8 with a
-scratchpad, not built here) and tests on 1..2L (`posenc eval-algorithmic`, `posenc_cli.evaluation.algorithmic`).
+Each document draws a task uniformly from `data.tasks` and an instance length from the task's training lengths
+[data.min_length (None: the task's builder default `train_min`, 3 for parity, 4 for the others), data.max_length = L]
+(`in_distribution_lengths`), each length in proportion to its number of builder bins (`length_weight`: 1 per length,
+for addition one per operand-length pair; the reference generates the same number of examples per bin:
+McGill-NLP/length-generalization 40f8a44, `scripts/dataset_builders/make_*_dataset.py`, `main`), then one example
+of that length as the split draws it (`sample_in`); its text is the prompt and the answer (`Example.text`). The
+paper trains on L = 20 (L = 8 with a scratchpad, not built here) and tests on L+1..2L (`posenc eval-algorithmic`,
+`posenc_cli.evaluation.algorithmic`, measures 1..2L).
 
 How examples reach the model (and where that deviates from the paper): the documents are tokenized by the ordinary
 token cache, each followed by the end-of-document token, into one stream per split; training draws windows of
@@ -34,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from posenc_cli.config import DataConfig, non_negative, positive
+from posenc_cli.data.algorithmic import in_distribution_lengths, task_class
 from posenc_cli.data.algorithmic import registry as task_registry
-from posenc_cli.data.algorithmic import task_class
 from posenc_cli.data.algorithmic.base import GENERATOR_VERSION, MAX_LENGTH
 from posenc_cli.data.sources import register
 from posenc_cli.data.sources.base import (
@@ -58,8 +61,8 @@ EVAL_SETTINGS = ("eval_examples", "eval_max_length")  # read by eval-algorithmic
 @dataclass(kw_only=True)
 class AlgorithmicDataConfig(DataConfig):
     """`data=algorithmic`: the tasks (default all), the number of examples (both splits), the instance-length range
-    [min_length, max_length = L] of training, the generator's seed; and, for `posenc eval-algorithmic` on a run
-    trained on it, examples per task × length and the longest test length (None: 2L).
+    [min_length (None: each task's builder default), max_length = L] of training, the generator's seed; and, for
+    `posenc eval-algorithmic` on a run trained on it, examples per task × length and the longest test length (None: 2L).
 
     Its Hydra group node is generated from these defaults (no `configs/data/algorithmic.yaml`), so a new task file
     joins the default mixture with no other edit. E.g. `posenc train data=algorithmic 'data.tasks=[copy,reverse]'
@@ -68,7 +71,7 @@ class AlgorithmicDataConfig(DataConfig):
     source: str = "algorithmic"
     tasks: list[str] = field(default_factory=lambda: list(ALL_TASKS))
     examples: int = 100_000  # the paper's 100K training examples (per task there; see the module docstring)
-    min_length: int = 1
+    min_length: int | None = None  # None: each task's `train_min` (the reference builders' default)
     max_length: int = PAPER_MAX_LENGTH
     seed: int = 0
     eval_examples: int = 100
@@ -76,7 +79,9 @@ class AlgorithmicDataConfig(DataConfig):
 
     def validate(self) -> None:
         super().validate()
-        positive(self, "data", "examples", "min_length", "max_length", "eval_examples")
+        positive(self, "data", "examples", "max_length", "eval_examples")
+        if self.min_length is not None:
+            positive(self, "data", "min_length")
         non_negative(self, "data", "seed")
         if not self.tasks:
             raise ConfigError("data.tasks needs at least one task")
@@ -84,7 +89,7 @@ class AlgorithmicDataConfig(DataConfig):
             task_class(name, "task in data.tasks")
         if len(set(self.tasks)) != len(self.tasks):
             raise ConfigError(f"data.tasks names a task twice: {self.tasks}")
-        if self.max_length < self.min_length:
+        if self.min_length is not None and self.max_length < self.min_length:
             raise ConfigError(f"data.max_length={self.max_length} is below data.min_length={self.min_length}")
         if self.max_length > MAX_LENGTH:
             raise ConfigError(f"data.max_length must be at most {MAX_LENGTH}, got {self.max_length}")
@@ -98,9 +103,19 @@ class AlgorithmicDataConfig(DataConfig):
 
 
 def length_range(data: AlgorithmicDataConfig, name: str) -> tuple[int, int]:
-    """[low, high] instance lengths of training examples of task `name`."""
-    low = max(data.min_length, task_class(name).min_length)
-    return low, max(low, data.max_length)
+    """[low, high] instance lengths of training examples of task `name` (`in_distribution_lengths`)."""
+    return in_distribution_lengths(name, data.max_length, data.min_length)
+
+
+def cumulative_weights(name: str, low: int, high: int) -> np.ndarray:
+    """The running sum of the weights of lengths low..high in training (`length_weight`: each length's number of
+    builder bins), integers so that a draw below the total picks a length exactly."""
+    return np.cumsum([task_class(name).length_weight(k, low) for k in range(low, high + 1)])
+
+
+def draw_length(rng: np.random.Generator, low: int, cumulative: np.ndarray) -> int:
+    """A length low.. with the chances `cumulative` gives: the first whose running weight exceeds a uniform draw."""
+    return low + int(np.searchsorted(cumulative, rng.integers(0, cumulative[-1]), side="right"))
 
 
 def make_documents(data: AlgorithmicDataConfig, n: int, seed_part: int) -> list[str]:
@@ -108,11 +123,13 @@ def make_documents(data: AlgorithmicDataConfig, n: int, seed_part: int) -> list[
     rng = np.random.default_rng([data.seed, GENERATOR_VERSION, seed_part])
     tasks = [task_class(name) for name in data.tasks]
     ranges = [length_range(data, name) for name in data.tasks]
+    weights = [cumulative_weights(name, *span) for name, span in zip(data.tasks, ranges, strict=True)]
     docs = []
     for _ in range(n):  # one step per document
         i = int(rng.integers(0, len(tasks)))
-        low, high = ranges[i]
-        docs.append(tasks[i].sample(rng, int(rng.integers(low, high + 1))).text)
+        low = ranges[i][0]
+        example = tasks[i].sample_in(rng, draw_length(rng, low, weights[i]), low)
+        docs.append(example.text)
     return docs
 
 
