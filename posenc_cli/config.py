@@ -42,19 +42,21 @@ class ModelConfig:
     embedding: Literal["gpt2", "fairseq"] = "gpt2"  # the embedding recipe, the same for every scheme
     # The attention temperature every layer applies (an entry of `posenc_cli.temperatures`): `logn` multiplies
     # query n's logits by max(1, log n / log L) (Qwen's use_logn_attn), `ssmax` by s_h·log n with s_h learned per
-    # head (SSMax), `drope` by DroPE's β = 1 + c·ln(max(1, n / L)) with c = `temperature_c`, `head-scale` by a
-    # learned λ_h per head (NoPE HeadScale; fitted by `posenc calibrate`).
+    # head (SSMax), `drope` by DroPE's β = 1 + c·ln(max(1, s)) with c = `temperature_c` (s: the evaluation cell's
+    # length over L, or the query's n / L with temperature_form=query), `head-scale` by a learned λ_h per head (NoPE
+    # HeadScale; fitted by `posenc calibrate`).
     attn_scale: Literal["none", "logn", "ssmax", "drope", "head-scale"] = "none"
     logn_length: int = 0  # L of the temperature (SSMax: s_h starts at 1/log L); 0: the training length, written
-    temperature_c: float = 0.0  # DroPE's c (model.attn_scale=drope), >= 0; fitted by `posenc calibrate`
+    temperature_c: float = 0.0  # DroPE's c (model.attn_scale=drope), any sign; fitted by `posenc calibrate`
+    # DroPE's s: `cell` one β per evaluation cell (the reference's), `query` per query (a saved drope config without
+    # the key: `legacy_model_defaults`)
+    temperature_form: Literal["cell", "query"] = "cell"
 
     def validate(self) -> None:
         positive(self, "model", "d_model", "n_layer", "n_head", "mlp_ratio")
         non_negative(self, "model", "logn_length")
         if self.attn_scale != "none" and self.logn_length == 1:
             raise ConfigError("model.logn_length must be 0 (the training length) or >= 2")
-        if self.temperature_c < 0:
-            raise ConfigError(f"model.temperature_c must be >= 0 (DroPE's c), got {self.temperature_c}")
         if self.temperature_c and self.attn_scale != "drope":
             raise ConfigError(f"model.temperature_c (DroPE's c) needs model.attn_scale=drope, not {self.attn_scale}")
         if self.d_model % self.n_head:
@@ -86,6 +88,14 @@ class ModelConfig:
     def sinusoid_scale(self) -> float:
         """Factor on a fixed sinusoid added to the embeddings (unless the scheme sets its own)."""
         return 1.0 if self.embedding == "fairseq" else self.init_std
+
+
+def legacy_model_defaults(raw: dict[str, Any]) -> dict[str, Any]:
+    """A saved config's `model` mapping with the keys it lacks set to what the posenc that wrote it did: a DroPE
+    temperature saved before `temperature_form` existed was applied per query."""
+    if raw.get("attn_scale") == "drope" and "temperature_form" not in raw:
+        return {**raw, "temperature_form": "query"}
+    return raw
 
 
 @dataclass(kw_only=True)

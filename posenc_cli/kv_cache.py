@@ -19,9 +19,17 @@ tokens, with their K/V as first computed, and the kept tokens take the positions
 Position ids: by default (`ids` None) a cached token's id is its index in the cache, and the new tokens continue
 from there. A forward given explicit `position_ids` stores every token's id, and later forwards must give theirs.
 
-One exception to exactness: with dynamic NTK scaling beyond the original length, the full forward at length T
-recomputes every earlier token at T's frequencies, while the cache keeps each token's K/V (and the hidden states
-behind layer 2 and up) as computed at its own step, as `transformers`' dynamic caches do.
+The evaluation cell: a cell-level temperature (DroPE's β, `temperatures.drope`) reads the cell's length, which the
+cache holds (`cell_length`: given to `GPT.new_cache`, else its first forward's length) and hands to every forward,
+so a decoding step of one token is scored as a token of that cell, as the full forward given that length scores it.
+
+One exception to exactness: dynamic NTK scaling beyond the original length. Its frequencies follow each forward's
+total length Tc + Tq (`PositionContext.length`), and since keys are cached unrotated, every cached key is rotated
+again at the current frequencies, as the full forward rotates them. What the cache cannot redo is everything
+computed *from* the earlier rotations: a cached token's K and V in layer 2 and up come from its hidden state, which
+attended in the layers below with the frequencies of the step that read it (a shorter total length, smaller
+factors). The full forward at length T recomputes those hidden states at T's frequencies; the cache keeps them.
+(`transformers` caches keys after rotation, so there the cached keys keep their own step's frequencies too.)
 """
 
 from __future__ import annotations
@@ -35,12 +43,23 @@ __all__ = ["KVCache"]
 class KVCache:
     """Per-layer unrotated keys and values (B, H, Tc, hd) of the Tc tokens read so far, and their position ids."""
 
-    def __init__(self, n_layer: int) -> None:
+    def __init__(self, n_layer: int, cell_length: int | None = None) -> None:
         self.keys: list[Tensor | None] = [None] * n_layer
         self.values: list[Tensor | None] = [None] * n_layer
         self.ids: Tensor | None = None  # (Tc,) or (B, Tc) int64 ids; None: each token's index in the cache
         # per layer, the scheme's `content` features (B, H, Tc, F) of the cached tokens (None: the scheme has none)
         self.content: list[Tensor | None] = [None] * n_layer
+        self.cell_length = cell_length  # the evaluation cell's tokens (`cell`); None until given or first read
+
+    def cell(self, given: int | None, length: int) -> int:
+        """The evaluation cell's length for a forward over `length` tokens (cached + new): the one this cache
+        holds, else `given`, else (its first forward) `length`; fixed from then on, so every decoding step reads the
+        same cell. ValueError for a `given` other than the one held."""
+        if self.cell_length is None:
+            self.cell_length = length if given is None else given
+        elif given is not None and given != self.cell_length:
+            raise ValueError(f"this cache decodes a cell of {self.cell_length} tokens, not {given}")
+        return self.cell_length
 
     @property
     def length(self) -> int:

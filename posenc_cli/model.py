@@ -158,11 +158,14 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n if include_embedding else n - self.wte.weight.numel()
 
-    def context(self, idx: Tensor, position_ids: Tensor | None = None) -> PositionContext:
+    def context(
+        self, idx: Tensor, position_ids: Tensor | None = None, *, cell_length: int | None = None
+    ) -> PositionContext:
         """Check the length and build the per-forward position context (position ids, scheme tables).
 
         position_ids: None for 0..T−1 (nothing extra is computed), or int ids (T,), (1, T) or (B, T), non-negative,
         one per token of idx (B, T); a scheme with a position limit (`max_length`) refuses ids at or past it.
+        cell_length: the evaluation cell's length in tokens (`PositionContext.cell_length`; None: T).
         """
         T = idx.shape[1]
         if position_ids is None:
@@ -173,6 +176,10 @@ class GPT(nn.Module):
             self.scheme.check_length(max_position + 1)
             index = torch.arange(T, device=idx.device)
             ctx = PositionContext(positions=ids, index=index, max_position=max_position)
+        if cell_length is not None:
+            if cell_length < 1:
+                raise ValueError(f"cell_length must be >= 1, got {cell_length}")
+            ctx.cell_length = int(cell_length)
         self.scheme.prepare(ctx)
         return ctx
 
@@ -190,6 +197,7 @@ class GPT(nn.Module):
         causal: bool = True,
         position_ids: Tensor | None = None,
         cache: KVCache | None = None,
+        cell_length: int | None = None,
     ) -> Tensor:
         """idx (B, T) int64 -> logits (B, T, V). `causal=False` drops the mask (analysis/tests only).
 
@@ -199,10 +207,14 @@ class GPT(nn.Module):
         cache: incremental decoding (`new_cache`, `posenc_cli.kv_cache`). idx are then the tokens after the Tc
         cached ones; their logits equal the full forward's over all Tc + T tokens (causal only, eval mode), and
         their keys and values are appended to the cache. position_ids, if given, are the new tokens' ids.
+
+        cell_length: the tokens of the evaluation cell (a cell-level temperature's s, `PositionContext.cell_length`);
+        None: T, or with a cache the length the cache holds (`KVCache.cell`), so that full and cached forwards of one
+        cell given the same length compute the same.
         """
         if cache is not None:
-            return self._forward_cached(idx, cache, position_ids)
-        ctx = self.context(idx, position_ids)
+            return self._forward_cached(idx, cache, position_ids, cell_length)
+        ctx = self.context(idx, position_ids, cell_length=cell_length)
         layers = self.layer_attention(ctx)  # each layer's scheme, span, and the shared tables and kernel choices
         x = self.embed(idx, ctx)  # (B, T, D)
         for block, layer in zip(self.blocks, layers, strict=True):
@@ -223,11 +235,14 @@ class GPT(nn.Module):
             out.append(LayerAttention(view, states[key]))
         return out
 
-    def new_cache(self) -> KVCache:
-        """An empty key/value cache for `forward(..., cache=)`."""
-        return KVCache(len(self.blocks))
+    def new_cache(self, cell_length: int | None = None) -> KVCache:
+        """An empty key/value cache for `forward(..., cache=)`, for an evaluation cell of `cell_length` tokens (None:
+        its first forward's length)."""
+        return KVCache(len(self.blocks), cell_length)
 
-    def _forward_cached(self, idx: Tensor, cache: KVCache, position_ids: Tensor | None) -> Tensor:
+    def _forward_cached(
+        self, idx: Tensor, cache: KVCache, position_ids: Tensor | None, cell_length: int | None = None
+    ) -> Tensor:
         """The new tokens idx (B, Tq) after cache's Tc: one context over all Tc + Tq positions, layers on the new
         rows only (the scheme's embed hook sees the whole length, the cached rows zero, so that position tables
         line up)."""
@@ -245,7 +260,7 @@ class GPT(nn.Module):
             if old_ids.dim() != new_ids.dim():  # (T,) beside (B, T): give both a batch dimension
                 old_ids, new_ids = old_ids.expand(B, Tc), new_ids.expand(B, Tq)
             ids = torch.cat([old_ids, new_ids], dim=-1)  # (Tc + Tq,) or (B, Tc + Tq)
-        ctx = self.context(full, ids)  # checks the length before anything is appended to the cache
+        ctx = self.context(full, ids, cell_length=cache.cell(cell_length, Tc + Tq))  # checks the length first
         tokens = self.wte(idx)  # (B, Tq, D)
         if self.embed_scale != 1.0:
             tokens = tokens * self.embed_scale

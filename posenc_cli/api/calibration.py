@@ -25,8 +25,9 @@ def calibrate(
 ) -> CalibrateResult:
     """Fit `temperature` (drope or head-scale) of run `run` at `lengths` ('4x': a multiple of its training length,
     or tokens) and write the child (default `<run>-<temperature>x<s>` beside it), as `posenc calibrate` does.
-    `settings`: `extension.calibrate.CalibrateSettings`' other fields (tokens, split, step, c_max, refine, steps,
-    lr, init, batch_size), the command's defaults otherwise. `progress(done, planned, loss)` follows the fit.
+    `settings`: `extension.calibrate.CalibrateSettings`' other fields (tokens, split, step, c_min, c_max, refine,
+    form, steps, lr, init, batch_size), the command's defaults otherwise. `progress(done, planned, loss)` follows
+    the fit.
     Idempotent: the same fit of the same parent weights returns the child already there."""
     # deferred: torch
     from posenc_cli.extension.calibrate import CalibrateSettings, calibrate_run

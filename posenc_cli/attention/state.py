@@ -69,6 +69,7 @@ class AttentionState:
         """The rows [q_start, T) of `temperature`'s table (`Temperature.table`: (T, 1) or (B, 1, T, 1) fp32, None
         for an entry without one), built once per forward for every layer with equal settings."""
         if temperature not in self._temperature_tables:
-            self._temperature_tables[temperature] = temperature.table(self.ctx.positions, self.ctx.token_index)
+            ctx = self.ctx
+            self._temperature_tables[temperature] = temperature.table(ctx.positions, ctx.token_index, ctx.cell_tokens)
         table = self._temperature_tables[temperature]
         return None if table is None else table[..., q_start:, :]

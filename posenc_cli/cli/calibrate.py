@@ -53,10 +53,23 @@ def calibrate_command(
         ),
     ] = "train",
     step: Annotated[float, typer.Option("--step", help="Grid step of c.", rich_help_panel=_DROPE)] = 0.1,
+    c_min: Annotated[
+        float,
+        typer.Option("--c-min", help="Smallest c of the grid (cut where β would reach 0).", rich_help_panel=_DROPE),
+    ] = -0.5,
     c_max: Annotated[float, typer.Option("--c-max", help="Largest c of the grid.", rich_help_panel=_DROPE)] = 2.0,
     refine: Annotated[
         int, typer.Option("--refine", metavar="N", help="Golden-section scores after the grid.", rich_help_panel=_DROPE)
     ] = 10,
+    form: Annotated[
+        str,
+        typer.Option(
+            "--form",
+            metavar="cell|query",
+            help="One β per evaluation cell (s = cell length / L, the reference's) or per query (s = (i+1) / L).",
+            rich_help_panel=_DROPE,
+        ),
+    ] = "cell",
     steps: Annotated[int, typer.Option("--steps", metavar="N", help="Training steps.", rich_help_panel=_HS)] = 200,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.", rich_help_panel=_HS)] = 0.05,
     init: Annotated[float, typer.Option("--init", help="Initial λ of every head.", rich_help_panel=_HS)] = 1.0,
@@ -70,8 +83,9 @@ def calibrate_command(
 ) -> None:
     """Fit a trained run's attention temperature into a new run directory.
 
-    drope: DroPE's β = 1 + c·ln(s) (s: the query's keys over the training length), c found by a grid then a
-    golden-section search minimising the loss at the fit lengths. head-scale: one learned λ per layer and head
+    drope: DroPE's β = 1 + c·ln(s) (s: the evaluation cell's length over the training length; --form query: the
+    query's keys over it), c of either sign found by a grid then a golden-section search minimising the loss at the
+    fit lengths. head-scale: one learned λ per layer and head
     (NoPE HeadScale), trained at the fit length with the model frozen. The child's config records the temperature,
     its meta.json the parent and the fit; `posenc eval-extrapolate CHILD` applies it. Re-running the same command
     returns the child already there.
@@ -103,8 +117,10 @@ def calibrate_command(
             tokens=tokens,
             split=split,
             step=step,
+            c_min=c_min,
             c_max=c_max,
             refine=refine,
+            form=form,
             steps=steps,
             lr=lr,
             init=init,
@@ -120,6 +136,18 @@ def calibrate_command(
         _evaluate_both(result, threads)  # type: ignore[arg-type]
 
 
+def edge_note(result: CalibrateResult) -> str:
+    """What the fitted c means when it is not an interior minimum: an end of the searched range, or c = 0."""
+    c, bounds = result.c, result.c_range
+    if result.at_edge and bounds:
+        side, flag = ("lower", "--c-min") if c is not None and c <= sum(bounds) / 2 else ("upper", "--c-max")
+        span = f"[{bounds[0]:g}, {bounds[-1]:g}]"
+        return f" (c = {c:g} is the {side} edge of the search {span}: a bound, not a minimum; widen {flag})"
+    if c == 0:
+        return " (neither sign of c lowers the loss at these lengths: the child evaluates as its parent)"
+    return ""
+
+
 def summary_lines(result: CalibrateResult) -> list[str]:
     """What was written and fitted: the child, the temperature, the loss (and perplexity) at each fit length."""
     L = result.train_length
@@ -127,10 +155,8 @@ def summary_lines(result: CalibrateResult) -> list[str]:
     lines = [f"{head} {escape(str(result.out_dir))} (parent {escape(str(result.parent_dir))}, L={L})"]
     if result.c is not None:
         betas = ", ".join(f"β({n / L:g}×)={1 + result.c * math.log(n / L):.4f}" for n in result.lengths)
-        edge = " (the grid's upper edge: raise --c-max)" if result.at_edge else ""
-        if result.c == 0:
-            edge = " (no β > 1 lowers the loss at these lengths: the child evaluates as its parent)"
-        lines.append(f"DroPE c = {result.c:g}: {betas}{edge}")
+        form = " per query" if result.form == "query" else ""
+        lines.append(f"DroPE c = {result.c:g}{form}: {betas}{edge_note(result)}")
     if result.head_scale is not None:
         for i, scales in enumerate(result.head_scale):
             lines.append(f"layer {i} λ: " + " ".join(f"{x:.3f}" for x in scales))

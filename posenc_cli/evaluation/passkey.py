@@ -147,6 +147,7 @@ def greedy_decode(
     *,
     use_bf16: bool = False,
     position_ids: torch.Tensor | None = None,
+    cell_length: int | None = None,
 ) -> torch.Tensor:
     """Append `steps` argmax tokens to `prompts` (B, P) -> (B, steps).
 
@@ -154,10 +155,12 @@ def greedy_decode(
     token against the KV cache (`posenc_cli.kv_cache`: the same logits as a full forward, to rounding); any other
     model (a `transformers` checkpoint) is run whole over the prompt and the tokens so far at every step.
     `position_ids` (B, P + steps): the ids of the prompt and of every generated token (a randomized-position run's
-    draws, `evaluation.positions`); None: 0..P+steps−1.
+    draws, `evaluation.positions`); None: 0..P+steps−1. `cell_length`: the evaluation cell's tokens, which every
+    forward of the decode reads (DroPE's cell temperature, `GPT.forward`); None: P + steps.
     """
     if hasattr(model, "new_cache"):
-        return _greedy_cached(model, prompts, steps, use_bf16=use_bf16, position_ids=position_ids)
+        cell = prompts.shape[1] + steps if cell_length is None else cell_length
+        return _greedy_cached(model, prompts, steps, use_bf16=use_bf16, position_ids=position_ids, cell_length=cell)
     x = prompts
     for _ in range(steps):
         ids = None if position_ids is None else position_ids[:, : x.shape[1]]  # (B, T)
@@ -169,10 +172,17 @@ def greedy_decode(
 
 
 def _greedy_cached(
-    model: nn.Module, prompts: torch.Tensor, steps: int, *, use_bf16: bool, position_ids: torch.Tensor | None
+    model: nn.Module,
+    prompts: torch.Tensor,
+    steps: int,
+    *,
+    use_bf16: bool,
+    position_ids: torch.Tensor | None,
+    cell_length: int,
 ) -> torch.Tensor:
-    """`greedy_decode` through the KV cache: the prompt once, then one (B, 1) forward per generated token."""
-    cache = model.new_cache()
+    """`greedy_decode` through the KV cache (held for a cell of `cell_length` tokens): the prompt once, then one
+    (B, 1) forward per generated token."""
+    cache = model.new_cache(cell_length)
     out = prompts.new_empty(prompts.shape[0], steps)  # (B, steps)
     x, start = prompts, 0
     for i in range(steps):
@@ -243,7 +253,9 @@ def decode_prompts(
                 ids = None
                 if draws is not None and positions is not None:
                     ids = positions.draw(len(x), width + steps, draws).to(device)  # (B, P + steps)
-                out = greedy_decode(model, x, steps, use_bf16=dtype == "bf16", position_ids=ids)  # (B, steps)
+                out = greedy_decode(
+                    model, x, steps, use_bf16=dtype == "bf16", position_ids=ids, cell_length=length
+                )  # (B, steps)
                 generated[i : i + per_batch] = out.cpu().numpy()
                 if progress is not None:
                     progress(label, min(i + per_batch, n), n)

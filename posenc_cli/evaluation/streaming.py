@@ -185,7 +185,7 @@ def evaluate_streaming(
         with torch.inference_mode():
             for first_row in range(0, n_streams, per_batch):
                 rows = streams[first_row : first_row + per_batch].to(device)  # (B, L+1)
-                cache = model.new_cache()
+                cache = model.new_cache(length)  # the cell: the stream (a cell-level temperature reads it)
                 stream_nll = torch.zeros(len(rows), length, dtype=torch.float32)  # (B, L) NLL at each position
                 for t0, size in pieces:
                     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):

@@ -2,14 +2,19 @@
 
 Two entries of the temperature registry (`posenc_cli.temperatures`) are fitted on a frozen model:
 
-- `drope`, DroPE's β = 1 + c·ln(s) (Gelberg et al. 2025, arXiv 2512.12167; s per query, see `temperatures.drope`):
-  c is the one number fitted, by minimising the mean token loss at the fit lengths s·L (s > 1). A 1-D search: a grid
-  c = 0, step, 2·step, ..., c_max (default 0, 0.1, ..., 2), then golden-section search on the grid's best bracket
+- `drope`, DroPE's β = 1 + c·ln(s) (Gelberg et al. 2025, arXiv 2512.12167; `temperatures.drope`), by default in
+  the reference's form, one β per evaluation cell with s = the cell's length over L (`form="cell"`; `"query"`:
+  posenc's earlier per-query s, recorded in the child's `model.temperature_form`). c is the one number fitted, by
+  minimising the mean token loss at the fit lengths s·L (s > 1). A 1-D search: a grid of the multiples of `step`
+  from c_min to c_max (default −0.5, −0.4, ..., 2, so c = 0, the parent, is always scored), cut below where β
+  would reach 0 at the longest fit length (c > −1/ln s), then golden-section search on the grid's best bracket
   [c* − step, c* + step] (`refine` more scores; every candidate rounded to 4 decimals before it is scored, so the
-  recorded c is a scored value). The paper states that c is fitted on held-out data (its c: 0.412 from scratch,
-  0.103 for SmolLM) but neither it nor `SakanaAI/DroPE` gives the search (the repository only sets a constant
-  `softmax_scale`, `custom_models/attention.py:95-97`); the grid and the golden section are posenc's. With several
-  lengths, the objective is the mean over lengths of each length's mean token loss.
+  recorded c is a scored value). A c below 0 (β < 1, flatter attention) is fitted when it lowers the loss; a best c
+  at either end of the searched range is reported as that edge (`at_edge`, `c_range`), not as a minimum. The paper
+  states that c is fitted on held-out data (its c: 0.412 from scratch, 0.103 for SmolLM) but neither it nor
+  `SakanaAI/DroPE` gives the search (the repository only sets a constant `softmax_scale`,
+  `custom_models/attention.py:95-97`); the grid and the golden section are posenc's. With several lengths, the
+  objective is the mean over lengths of each length's mean token loss.
 - `head-scale`, NoPE HeadScale (Wang et al. 2024, arXiv 2404.12224): λ_h per layer and head trained at the longer
   length with every other weight frozen, as `AntNLP/nope_head_scale` does (`models/llama_nope.py:64-71`): AdamW with
   betas (0.9, 0.95), no weight decay, gradient norm clipped at 1, linear warm-up over the first 10% of the steps then
@@ -68,6 +73,7 @@ from posenc_cli.run.meta import RunMeta
 from posenc_cli.run.run_dir import claim_run_dir
 from posenc_cli.run.verified import read_verified
 from posenc_cli.run.weights import model_file_bytes
+from posenc_cli.temperatures.drope import FORMS
 
 if TYPE_CHECKING:
     from posenc_cli.run.load import LoadedRun
@@ -94,16 +100,18 @@ Progress = Callable[[int, int, float], None]  # (scores or steps done, planned, 
 class CalibrateSettings:
     """What to fit and how. `lengths`: the fit lengths, in tokens or as '4x' (`fit_lengths`; each beyond the
     training length L; head-scale: one).
-    `tokens`: tokens scored per length (windows from the start of `split`). drope: `step`, `c_max`, `refine`.
-    head-scale: `steps`, `lr`, `init`, `batch_size`."""
+    `tokens`: tokens scored per length (windows from the start of `split`). drope: `step`, `c_min`, `c_max`,
+    `refine` and `form` (`cell` or `query`, `temperatures.drope`). head-scale: `steps`, `lr`, `init`, `batch_size`."""
 
     temperature: Literal["drope", "head-scale"]
     lengths: tuple[int | str, ...]
     tokens: int = 8192
     split: Literal["train", "val"] = "train"
     step: float = 0.1
+    c_min: float = -0.5
     c_max: float = 2.0
     refine: int = 10
+    form: Literal["cell", "query"] = "cell"
     steps: int = 200
     lr: float = 0.05
     init: float = 1.0
@@ -122,8 +130,12 @@ class CalibrateSettings:
         if self.tokens < 1:
             raise ConfigError(f"--tokens must be >= 1, got {self.tokens}")
         if self.temperature == "drope":
-            if not (self.step > 0 and self.c_max >= self.step):
-                raise ConfigError(f"--step {self.step} and --c-max {self.c_max}: need 0 < step <= c-max")
+            if not (self.step > 0 and self.c_max - self.c_min >= self.step):
+                raise ConfigError(
+                    f"--step {self.step}, --c-min {self.c_min} and --c-max {self.c_max}: need 0 < step <= c-max - c-min"
+                )
+            if self.form not in FORMS:
+                raise ConfigError(f"--form {self.form}: DroPE's temperature is applied per cell or per query")
             if self.refine < 0:
                 raise ConfigError(f"--refine must be >= 0, got {self.refine}")
         else:
@@ -136,7 +148,8 @@ class CalibrateSettings:
 
     def record(self) -> dict[str, Any]:
         """The settings that decide the fit (the child's identity), without the other entry's."""
-        keep = ("step", "c_max", "refine") if self.temperature == "drope" else ("steps", "lr", "init", "batch_size")
+        drope = ("step", "c_min", "c_max", "refine", "form")
+        keep = drope if self.temperature == "drope" else ("steps", "lr", "init", "batch_size")
         own = {k: getattr(self, k) for k in keep}
         return {
             "temperature": self.temperature,
@@ -163,7 +176,9 @@ class CalibrateResult:
     loss_before: dict[int, float] = field(default_factory=dict)
     loss_after: dict[int, float] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
-    at_edge: bool = False  # drope: the best c is the grid's upper edge (raise --c-max)
+    at_edge: bool = False  # drope: the best c is an end of the searched range (`c_range`), a bound, not a minimum
+    c_range: list[float] | None = None  # drope: the grid's [lowest, highest] c
+    form: str | None = None  # drope: `cell` or `query` (`temperatures.drope`)
     seconds: float = 0.0
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -223,10 +238,20 @@ def mean_loss(model: GPT, windows: torch.Tensor, batch_tokens: int = 16384) -> f
     return total / count
 
 
-def with_temperature(cfg: Config, temperature: str, train_length: int, c: float = 0.0) -> Config:
-    """The parent's config with `model.attn_scale=temperature` (L = the training length; c for drope)."""
-    model = replace(cfg.model, attn_scale=temperature, logn_length=train_length, temperature_c=float(c))
+def with_temperature(cfg: Config, temperature: str, train_length: int, c: float = 0.0, form: str = "cell") -> Config:
+    """The parent's config with `model.attn_scale=temperature` (L = the training length; c and form for drope)."""
+    model = replace(
+        cfg.model, attn_scale=temperature, logn_length=train_length, temperature_c=float(c), temperature_form=form
+    )
     return replace(cfg, model=model)
+
+
+def c_grid(step: float, c_min: float, c_max: float, longest: float) -> list[float]:
+    """The multiples of `step` in [c_min, c_max] (rounded to 4 decimals) at which β = 1 + c·ln s stays > 0 at the
+    longest fit length's s = `longest` (> 1)."""
+    floor = -1.0 / math.log(longest)  # β(s) = 0 there
+    low, high = math.ceil(c_min / step - 1e-9), math.floor(c_max / step + 1e-9)
+    return [c for k in range(low, high + 1) if (c := round(k * step, 4)) > floor]
 
 
 def golden_section(f: Callable[[float], float], low: float, high: float, n: int, digits: int = 4) -> None:
@@ -257,18 +282,21 @@ def fit_drope_c(
     train_length: int,
     settings: CalibrateSettings,
     progress: Progress | None = None,
-) -> tuple[float, dict[int, float], list[dict[str, float]], bool]:
+) -> tuple[float, dict[int, float], list[dict[str, float]], list[float]]:
     """DroPE's c minimising the mean over lengths of the mean token loss at each length (module doc): (c, loss per
-    length at c, every scored (c, loss), whether c is the grid's upper edge)."""
+    length at c, every scored (c, loss), the grid's [lowest, highest] c)."""
     state = run.model.state_dict()
     device = next(run.model.parameters()).device
     scored: dict[float, tuple[float, dict[int, float]]] = {}
-    grid = [round(k * settings.step, 4) for k in range(math.floor(settings.c_max / settings.step + 1e-9) + 1)]
+    grid = c_grid(settings.step, settings.c_min, settings.c_max, max(windows) / train_length)
+    if not grid:
+        raise ConfigError(f"--c-min {settings.c_min} .. --c-max {settings.c_max}: no c keeps β > 0 at the fit length")
     planned = len(grid) + settings.refine
 
     def score(c: float) -> float:
         if c not in scored:
-            model = model_like(run, with_temperature(run.config, "drope", train_length, c))  # a DroPE run: no PE
+            cfg = with_temperature(run.config, "drope", train_length, c, settings.form)
+            model = model_like(run, cfg)  # a DroPE run: no PE
             model.load_state_dict(state)
             model.to(device).eval()
             per = {n: mean_loss(model, w) for n, w in windows.items()}
@@ -281,10 +309,10 @@ def fit_drope_c(
         score(c)
     best = min(grid, key=lambda c: scored[c][0])
     if settings.refine:
-        golden_section(score, max(0.0, best - settings.step), min(grid[-1], best + settings.step), settings.refine)
-    c = min(scored, key=lambda x: (scored[x][0], x))  # ties: the smaller c
+        golden_section(score, max(grid[0], best - settings.step), min(grid[-1], best + settings.step), settings.refine)
+    c = min(scored, key=lambda x: (scored[x][0], abs(x), x))  # ties: the c nearest 0 (the parent)
     history = [{"c": k, "loss": v} for k, (v, _) in sorted(scored.items())]
-    return c, scored[c][1], history, c >= grid[-1] - settings.step / 2
+    return c, scored[c][1], history, [grid[0], grid[-1]]
 
 
 def fit_head_scale(
@@ -393,9 +421,10 @@ def calibrate_run(
         result.data = {str(n): d for n, (_, d) in fits.items()}
         result.loss_before = {n: mean_loss(parent.model, w) for n, w in windows.items()}
         if settings.temperature == "drope":
-            c, after, history, edge = fit_drope_c(parent, windows, train_length, settings, progress)
-            result.c, result.loss_after, result.history, result.at_edge = c, after, history, edge
-            child_cfg = with_temperature(cfg, "drope", train_length, c)
+            c, after, history, bounds = fit_drope_c(parent, windows, train_length, settings, progress)
+            result.c, result.loss_after, result.history, result.c_range = c, after, history, bounds
+            result.at_edge, result.form = at_edge(c, bounds, settings.step), settings.form
+            child_cfg = with_temperature(cfg, "drope", train_length, c, settings.form)
             fitted = None
         else:
             [(n, w)] = windows.items()
@@ -405,7 +434,9 @@ def calibrate_run(
             child_cfg = with_temperature(cfg, "head-scale", train_length)
     result.seconds = round(time.perf_counter() - t0, 3)
     record["temperature"] = {"name": settings.temperature, "c": result.c, "head_scale": result.head_scale}
-    kept = ("loss_before", "loss_after", "at_edge", "history", "seconds", "data")
+    if result.form is not None:
+        record["temperature"]["form"] = result.form
+    kept = ("loss_before", "loss_after", "at_edge", "c_range", "history", "seconds", "data")
     record["result"] = {k: v for k, v in result.to_json().items() if k in kept}
     extra = {"parent": str(parent_path.resolve()), "base_length": base_length, "extend": record}
     with writer_lock(out):
@@ -432,6 +463,11 @@ def _write_fitted(parent: LoadedRun, out: Path, cfg: Config, model: GPT, extra: 
     commit_checkpoint(out, files, RunMeta.scaled_copy(parent.meta, train_length=length, extra=extra, now=now))
 
 
+def at_edge(c: float, bounds: Sequence[float], step: float) -> bool:
+    """Whether `c` lies within half a step of either end of the searched range `bounds` [lowest, highest]."""
+    return c <= bounds[0] + step / 2 or c >= bounds[-1] - step / 2
+
+
 def _recorded(result: CalibrateResult, meta: dict[str, Any]) -> CalibrateResult:
     """`result` filled from the child already there (the fit it recorded), status "already_complete"."""
     rec = recorded_extension(meta)
@@ -441,5 +477,6 @@ def _recorded(result: CalibrateResult, meta: dict[str, Any]) -> CalibrateResult:
     result.loss_before = {int(k): v for k, v in (done.get("loss_before") or {}).items()}
     result.loss_after = {int(k): v for k, v in (done.get("loss_after") or {}).items()}
     result.history, result.at_edge = done.get("history") or [], bool(done.get("at_edge"))
+    result.c_range, result.form = done.get("c_range"), temperature.get("form")
     result.seconds, result.data = float(done.get("seconds") or 0.0), done.get("data") or {}
     return result

@@ -47,6 +47,8 @@ class PositionContext:
     max_position: the largest id (a host int) when the ids were given explicitly; None for the default ids.
     content: per layer, the `content` hook's features of all T tokens (B, H, T, F), cached ones included; filled
         by each attention layer before its bias, logits and normalise hooks run.
+    cell_length: the tokens of the evaluation cell this forward belongs to, which a cell-level temperature reads
+        (DroPE's β, `temperatures.drope`); None: the forward's own T (`cell_tokens`).
     """
 
     positions: Tensor
@@ -54,6 +56,7 @@ class PositionContext:
     index: Tensor | None = None
     max_position: int | None = None
     content: dict[int, Tensor] = field(default_factory=dict)
+    cell_length: int | None = None
 
     @property
     def seq_len(self) -> int:
@@ -64,6 +67,11 @@ class PositionContext:
     def length(self) -> int:
         """Positions the ids reach, max id + 1 (T for the default ids): what a length-dependent scaling sees."""
         return self.seq_len if self.max_position is None else self.max_position + 1
+
+    @property
+    def cell_tokens(self) -> int:
+        """The evaluation cell's length in tokens: `cell_length`, or T when none was given."""
+        return self.seq_len if self.cell_length is None else self.cell_length
 
     @property
     def token_index(self) -> Tensor:

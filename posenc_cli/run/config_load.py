@@ -15,7 +15,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.config import ROOT_CONFIG, Config, ModelConfig, build_dataclass, config_dir, unknown_key_message
+from posenc_cli.config import (
+    ROOT_CONFIG,
+    Config,
+    ModelConfig,
+    build_dataclass,
+    config_dir,
+    legacy_model_defaults,
+    unknown_key_message,
+)
 from posenc_cli.data.sources import build_data_config
 from posenc_cli.data.sources import config_class as data_config_class
 from posenc_cli.errors import ConfigError, UserError
@@ -39,6 +47,8 @@ def config_from_dict(raw: dict[str, Any], *, saved: bool = False) -> Config:
     pos = build_dataclass(pos_cls, pos_raw, "pos")
     if saved:
         pos.legacy_defaults(build_dataclass(ModelConfig, raw.get("model", {}) or {}, "model"))
+        if isinstance(raw.get("model"), dict):
+            raw["model"] = legacy_model_defaults(raw["model"])
     raw["pos"] = pos
     raw["data"] = build_data_config(raw.get("data", {}) or {}, drop_foreign=saved)
     cfg = build_dataclass(Config, raw, "")

@@ -29,6 +29,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "extend.layers": "global",
     "train.drope_at": 0,
     "model.temperature_c": 0.0,
+    "model.temperature_form": "cell",
 }
 _ABSENT = object()
 

@@ -4,8 +4,8 @@ An entry is a frozen dataclass of its settings (hashable: a forward builds each 
 layout's layers with equal settings share one), plus, for a learned one, a per-head parameter that the attention
 layer owns under `parameter` (checkpoint key `blocks.<i>.attn.<parameter>`). Its factor for query rows is built
 in two steps: `table` (the parameter-free part for the whole context, fp32, built once per forward from the position
-ids and token indexes) and `query_factor` (those rows' part times the parameter), so the KV cache's new rows
-[q_start, T) get exactly the full forward's factors.
+ids, the token indexes and the evaluation cell's length) and `query_factor` (those rows' part times the parameter),
+so the KV cache's new rows [q_start, T) get exactly the full forward's factors.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ class Temperature:
         """The initial (H,) fp32 parameter of a learned entry (None: the entry has none)."""
         return None
 
-    def table(self, positions: Tensor, token_index: Tensor) -> Tensor | None:
+    def table(self, positions: Tensor, token_index: Tensor, cell_length: int) -> Tensor | None:
         """The parameter-free part of every query's factor, fp32, query dim second to last: (T, 1) or (B, 1, T, 1)
-        (positions (T,) or (B, T) ids, token_index (T,) the order causality uses); None: the entry has none."""
+        (positions (T,) or (B, T) ids, token_index (T,) the order causality uses, cell_length the tokens of the
+        evaluation cell the forward belongs to: `PositionContext.cell_tokens`); None: the entry has none."""
         return None
 
     def query_factor(self, rows: Tensor | None, param: Tensor | None) -> Tensor:

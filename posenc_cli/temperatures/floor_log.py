@@ -30,7 +30,7 @@ class FloorLog(Temperature):
         n = token_index.to(torch.float32)
         return torch.log1p(torch.floor((n + 1.0) / self.floor)) * self.scale + 1.0
 
-    def table(self, positions: Tensor, token_index: Tensor) -> Tensor:
+    def table(self, positions: Tensor, token_index: Tensor, cell_length: int) -> Tensor:
         return self.factor(token_index)[:, None]  # (T, 1)
 
     def apply(self, q: Tensor, rows: Tensor | None, param: Tensor | None) -> Tensor:

@@ -34,7 +34,7 @@ class LogN(Temperature):
     def from_model(cls, cfg: ModelConfig) -> LogN:
         return cls(cfg.logn_length)
 
-    def table(self, positions: Tensor, token_index: Tensor) -> Tensor:
+    def table(self, positions: Tensor, token_index: Tensor, cell_length: int) -> Tensor:
         f = logn_factor(positions, self.length)[..., None]  # (T, 1) or (B, T, 1)
         return f if f.dim() == 2 else f.unsqueeze(-3)  # (T, 1) or (B, 1, T, 1)
 

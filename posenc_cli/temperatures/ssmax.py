@@ -37,7 +37,7 @@ class SSMax(Temperature):
     def init_parameter(self, n_head: int) -> Tensor:
         return torch.full((n_head,), 1.0 / math.log(max(self.length, 2)))
 
-    def table(self, positions: Tensor, token_index: Tensor) -> Tensor:
+    def table(self, positions: Tensor, token_index: Tensor, cell_length: int) -> Tensor:
         return ssmax_factor(token_index).to(positions.device)[:, None]  # (T, 1)
 
     def query_factor(self, rows: Tensor | None, param: Tensor | None) -> Tensor:

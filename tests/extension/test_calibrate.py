@@ -14,6 +14,7 @@ from train_utils import tiny_config, write_corpus
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.calibrate import (
     CalibrateSettings,
+    c_grid,
     calibrate_run,
     fit_lengths,
     fit_windows,
@@ -67,12 +68,13 @@ def test_drope_child_holds_the_fitted_c_and_the_parent_weights(parent: Path, tmp
     result = calibrate_run(parent, DROPE, out)
     assert result.status == "created" and result.lengths == [4 * L]
     losses = {h["c"]: h["loss"] for h in result.history}
-    assert {0.0, 0.5, 1.0} <= set(losses) and len(losses) == 3 + 3
-    assert result.c == min(losses, key=lambda c: (losses[c], c))
+    assert {-0.5, 0.0, 0.5, 1.0} <= set(losses) and len(losses) == 4 + 3
+    assert result.c == min(losses, key=lambda c: (losses[c], abs(c), c))
+    assert result.c_range == [-0.5, 1.0] and result.form == "cell"
     assert result.loss_before[4 * L] >= result.loss_after[4 * L]  # c = 0 (the parent) is a candidate
     child = load_run(out)
     m = child.config.model
-    assert (m.attn_scale, m.temperature_c, m.logn_length) == ("drope", result.c, L)
+    assert (m.attn_scale, m.temperature_c, m.logn_length, m.temperature_form) == ("drope", result.c, L, "cell")
     meta, parent_meta = read_meta(out), read_meta(parent)
     assert meta["parent"] == str(parent.resolve()) and meta["extend"]["method"] == "calibrate"
     assert meta["extend"]["fit"]["lengths"] == [4 * L] and meta["extend"]["fit"]["split"] == "train"
@@ -106,6 +108,9 @@ def test_head_scale_child_trains_only_the_scales(parent: Path, tmp_path: Path) -
     [
         (CalibrateSettings("drope", ("1x",)), "must exceed the training length"),
         (CalibrateSettings("drope", ("4x",), step=0.0), "need 0 < step"),
+        (CalibrateSettings("drope", ("4x",), c_min=1.0, c_max=1.0), "need 0 < step"),
+        (CalibrateSettings("drope", ("4x",), form="token"), "per cell or per query"),  # type: ignore[arg-type]
+        (CalibrateSettings("drope", ("4x",), c_min=-2.0, c_max=-1.0), "no c keeps β > 0"),
         (CalibrateSettings("head-scale", ("2x", "4x")), "one length"),
         (CalibrateSettings("logn", ("2x",)), "calibrate fits drope or head-scale"),  # type: ignore[arg-type]
         (CalibrateSettings("drope", ("2x",), split="test"), "train or val split"),  # type: ignore[arg-type]
@@ -138,4 +143,52 @@ def test_a_drope_run_is_fitted_and_written_without_its_positions(tmp_path: Path)
         windows, _ = fit_windows(child, n, settings.tokens, "train")
         assert math.isclose(mean_loss(child.model, windows), result.loss_after[n], rel_tol=1e-6)
         if name == "c":  # c = 0 is the parent itself: the recorded loss there is the dropped model's
-            assert math.isclose(result.history[0]["loss"], mean_loss(parent.model, windows), rel_tol=1e-6)
+            at_zero = next(h["loss"] for h in result.history if h["c"] == 0.0)
+            assert math.isclose(at_zero, mean_loss(parent.model, windows), rel_tol=1e-6)
+
+
+def test_c_grid_holds_zero_both_signs_and_stops_where_beta_would_vanish() -> None:
+    assert c_grid(0.1, -0.5, 0.3, 4.0) == [-0.5, -0.4, -0.3, -0.2, -0.1, 0.0, 0.1, 0.2, 0.3]
+    assert c_grid(0.25, -1.0, 0.5, 16.0) == [-0.25, 0.0, 0.25, 0.5]  # β(16) = 1 + c·ln 16 > 0 needs c > -0.361
+    assert 0.0 in c_grid(0.3, -0.5, 1.0, 4.0)  # the parent is always a candidate
+
+
+def test_a_negative_c_is_found_when_it_lowers_the_loss(parent: Path, tmp_path: Path, monkeypatch) -> None:
+    """A stub loss lowest at c = -0.15 (as the data-dependent sweep's DroPE run was at 4x): the search returns c < 0,
+    an interior minimum (not an edge), and the child holds it."""
+    import posenc_cli.extension.calibrate as calibrate
+
+    def stub_loss(model, windows, batch_tokens: int = 16384) -> float:
+        t = model.blocks[0].attn.temperature
+        c = 0.0 if t is None else t.c  # the parent (loss_before) has no temperature: c = 0
+        return 2.66 + (c + 0.15) ** 2
+
+    monkeypatch.setattr(calibrate, "mean_loss", stub_loss)
+    settings = CalibrateSettings("drope", ("4x",), tokens=64, step=0.1, refine=8)
+    result = calibrate_run(parent, settings, tmp_path / "neg")
+    assert result.c is not None and -0.2 < result.c < -0.1 and abs(result.c + 0.15) < 0.01
+    assert not result.at_edge and result.loss_after[4 * L] < result.loss_before[4 * L]
+    assert load_run(tmp_path / "neg").config.model.temperature_c == result.c
+
+
+def test_a_best_c_at_the_end_of_the_search_is_reported_as_that_edge(parent: Path, tmp_path: Path, monkeypatch) -> None:
+    import posenc_cli.extension.calibrate as calibrate
+
+    def falling(model, windows, batch_tokens: int = 16384) -> float:
+        t = model.blocks[0].attn.temperature
+        return 3.0 + (0.0 if t is None else t.c)  # lower and lower as c falls
+
+    monkeypatch.setattr(calibrate, "mean_loss", falling)
+    settings = CalibrateSettings("drope", ("4x",), tokens=64, step=0.1, c_min=-0.3, c_max=0.5, refine=2)
+    result = calibrate_run(parent, settings, tmp_path / "edge")
+    assert result.c == -0.3 and result.at_edge and result.c_range == [-0.3, 0.5]
+
+
+def test_the_per_query_form_is_fitted_and_recorded_when_asked(parent: Path, tmp_path: Path) -> None:
+    settings = CalibrateSettings("drope", ("4x",), tokens=128, step=0.5, c_max=1.0, refine=0, form="query")
+    result = calibrate_run(parent, settings, tmp_path / "q")
+    child = load_run(tmp_path / "q")
+    assert child.config.model.temperature_form == "query" and result.form == "query"
+    assert read_meta(tmp_path / "q")["extend"]["temperature"]["form"] == "query"
+    windows, _ = fit_windows(child, 4 * L, 128, "train")
+    assert math.isclose(mean_loss(child.model, windows), result.loss_after[4 * L], rel_tol=1e-6)

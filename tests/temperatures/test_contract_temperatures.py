@@ -47,7 +47,7 @@ def parameter(t: Temperature, seed: int = 0) -> torch.Tensor | None:
 def table_rows(t: Temperature, T: int, q_start: int = 0, batched: bool = False) -> torch.Tensor | None:
     """Rows [q_start, T) of the entry's table for T tokens at the default ids ((B, T) ids when `batched`)."""
     index = torch.arange(T)
-    table = t.table(index.expand(2, T) if batched else index, index)
+    table = t.table(index.expand(2, T) if batched else index, index, T)
     return None if table is None else table[..., q_start:, :]
 
 
@@ -106,8 +106,8 @@ def test_cached_decoding_equals_the_full_forward(name: str) -> None:
     model = lively(GPT(model_config(name), config_class("nope")(), VOCAB, L))
     idx = torch.randint(0, VOCAB, (2, 3 * L), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        reference = model(idx)
-        cache, out, start = model.new_cache(), [], 0
+        reference = model(idx)  # the cell: its own 3L tokens, which the cache is given
+        cache, out, start = model.new_cache(3 * L), [], 0
         for n in (L + 1, 1, 3, 3 * L - L - 5):
             out.append(model(idx[:, start : start + n], cache=cache))
             start += n
