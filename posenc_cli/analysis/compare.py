@@ -16,6 +16,7 @@ import functools
 import io
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,9 @@ from posenc_cli.analysis.gather import (
     sweep_lengths,
 )
 from posenc_cli.analysis.rows import RunRecord, labelled_series, positions_text
+from posenc_cli.analysis.task_results import task_frame, task_rows
 from posenc_cli.errors import UserError
+from posenc_cli.report.gate import DEFAULT_COMPETENCE
 from posenc_cli.report.output_files import staged_files
 from posenc_cli.report.tables import (
     LEGEND,
@@ -117,10 +120,13 @@ def records_to_json(records: list[RunRecord]) -> list[dict[str, Any]]:
     return out
 
 
-def to_csv(rows_json: list[dict[str, Any]]) -> str:
-    """results.csv: the entry fields flattened, the corpus as `data` (its name) and `data_fingerprint`."""
+def to_csv(rows_json: list[dict[str, Any]], task_rows: Sequence[dict[str, Any]] = ()) -> str:
+    """results.csv: the entry fields flattened, the corpus as `data` (its name) and `data_fingerprint`; then the
+    stored task cells (`analysis.task_results.task_rows`: one row per run × task × scoring × length, its score, and
+    the run's in-distribution accuracy and competence-gate state on the task, "not learned" rows kept and flagged)."""
     columns = ["label", "stage", "job", "scheme", "job_status", "error", "train_length", "base_length", "row", "seed",
-               "data", "data_fingerprint", "positions", *ENTRY_FIELDS]  # fmt: skip
+               "data", "data_fingerprint", "positions", *ENTRY_FIELDS, "task", "scoring", "score", "in_distribution",
+               "competence"]  # fmt: skip
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
@@ -130,6 +136,8 @@ def to_csv(rows_json: list[dict[str, Any]]) -> str:
         if "protocol" in rec:  # an entry: its positions as text ("sequential" for 0..L-1)
             flat["positions"] = positions_text(rec) or "sequential"
         writer.writerow({k: flat.get(k) for k in columns})
+    for rec in task_rows:
+        writer.writerow({k: rec.get(k) for k in columns})
     return buf.getvalue()
 
 
@@ -236,9 +244,10 @@ def to_markdown(columns: list[Any], rows: list[Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(records: list[RunRecord], out_dir: Path) -> list[Path]:
+def write_outputs(records: list[RunRecord], out_dir: Path, competence: float = DEFAULT_COMPETENCE) -> list[Path]:
     """results.json, results.csv, extrapolation.png and per_position.png in `out_dir`, all moved into place together
-    at the end (`output_files.staged_files`: a kill leaves none half-written and no temporary the next write keeps)."""
+    at the end (`output_files.staged_files`: a kill leaves none half-written and no temporary the next write keeps).
+    results.csv also holds the runs' stored task cells, each flagged by the competence gate at `competence`."""
     # deferred: keeps matplotlib off posenc --help start-up
     from posenc_cli.report.plots import per_position_figure, ppl_vs_length_figure, write_figure
 
@@ -248,7 +257,7 @@ def write_outputs(records: list[RunRecord], out_dir: Path) -> list[Path]:
     names = ["results.json", "results.csv"] + (["extrapolation.png", "per_position.png"] if measured else [])
     with staged_files(out_dir) as stage:
         stage("results.json").write_text(json.dumps(rows_json, indent=2) + "\n")
-        stage("results.csv").write_text(to_csv(rows_json))
+        stage("results.csv").write_text(to_csv(rows_json, task_rows(records, competence)))
         if measured:
             write_figure(ppl_vs_length_figure(measured), stage("extrapolation.png"))
             write_figure(per_position_figure(measured), stage("per_position.png"))
@@ -337,12 +346,14 @@ def seed_lines(results: list[dict[str, Any]]) -> list[str]:
 class Comparison:
     """The runs gathered from disk (`gather`) and how they are compared: `metric` per length, every cell divided by
     `baseline`'s when given. The table is built on first use (`table`), so the JSON and CSV views work whatever
-    `baseline` says. `written`: the files `write_outputs` wrote for it, if any."""
+    `baseline` says. `written`: the files `write_outputs` wrote for it, if any. `competence`: the competence gate's
+    threshold for the runs' stored task cells (the CSV's task rows, `task_frame`); the perplexity table ignores it."""
 
     records: list[RunRecord]
     metric: str = "ppl"
     baseline: str | None = None
     written: list[Path] = field(default_factory=list)
+    competence: float = DEFAULT_COMPETENCE
 
     @functools.cached_property
     def table(self) -> tuple[list[Column], list[TableRow], str]:
@@ -362,7 +373,12 @@ class Comparison:
         return records_to_json(self.records)
 
     def to_csv(self) -> str:
-        return to_csv(self.to_json())
+        return to_csv(self.to_json(), task_rows(self.records, self.competence))
+
+    def task_frame(self) -> pd.DataFrame:
+        """The runs' stored task cells, one row per run × task × scoring, with the competence gate's in-distribution
+        accuracy and state (`analysis.task_results.task_frame`)."""
+        return task_frame(self.records, self.competence)
 
     def to_markdown(self) -> str:
         """The bold title, the markdown table, then the legend and caption lines (two spaces: markdown breaks)."""

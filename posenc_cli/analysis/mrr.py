@@ -16,6 +16,14 @@ column averages the ranks of tied schemes (`method="average"`) instead.
 
 The spread is over seeds: the MRR of each seed's queries (its tasks), then their standard deviation.
 
+The competence gate (issue #38; `evaluation.competence`): a run ranks in a query only when it learned the task in
+distribution, its exact match over the training lengths at least `competence` (default 0.9), and it was trained on
+the task; a scheme that never learned a task would otherwise win or lose its rank on beyond-L numbers that measure
+nothing. Queries are those every scheme of the pool measured; within each, the runs that learned it are ranked among
+themselves, and a scheme's MRR is the mean over the queries it ranked in (NaN for none). `DataFrame.attrs["per_task"]`
+counts the runs included and excluded per task, `attrs["excluded"]` names them; `include_unlearned` ranks every run,
+as the paper's notebook does.
+
 `score="token"` ranks by per-token accuracy instead (the fraction of answer tokens right, the measure of Ruoss et
 al. 2023, arXiv 2305.16843): posenc's addition, not the paper's, for models small enough that exact match beyond L
 is 0 for every scheme and the ranks are decided by ties alone.
@@ -33,6 +41,7 @@ import pandas as pd
 
 from posenc_cli.errors import UserError
 from posenc_cli.evaluation.algorithmic import load_algorithmic_results
+from posenc_cli.evaluation.competence import DEFAULT_COMPETENCE, algorithmic_competence, check_threshold, gate_status
 from posenc_cli.evaluation.runs import find_runs
 from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.load import read_config
@@ -51,7 +60,8 @@ SCORES = ("exact", "token")
 @dataclass(frozen=True)
 class QueryScore:
     """One run's score on one task: mean exact-match accuracy over lengths <= L and over L+1..2L, and the same of
-    per-token accuracy (None when a cell was stored before posenc measured it); n/a cells count as 0."""
+    per-token accuracy (None when a cell was stored before posenc measured it); n/a cells count as 0. `competence`
+    and `trained`: what the competence gate reads (the exact match over the training lengths, n/a cells left out)."""
 
     scheme: str
     seed: int
@@ -62,6 +72,8 @@ class QueryScore:
     run: str
     token_in_distribution: float | None = None
     token_beyond: float | None = None
+    competence: float | None = None  # the gate's accuracy (`evaluation.competence`); None: in_distribution's
+    trained: bool = True  # whether the run's training data held the task
 
 
 def _cell_settings(entry: dict[str, Any]) -> tuple[Any, ...]:
@@ -96,6 +108,7 @@ def run_query_scores(run_dir: Path) -> tuple[list[QueryScore], set[tuple[Any, ..
                 f"{run_dir}: task {task} has no cell at length(s) {missing[:5]} of 1..{2 * limit} "
                 "(run posenc eval-algorithmic on it)"
             )
+        gate = algorithmic_competence(list(cells.values()), task, cfg.data)
         acc = {n: _accuracy(cells[n]) for n in range(1, 2 * limit + 1)}
         tok = {n: _accuracy(cells[n], "token_accuracy") for n in range(1, 2 * limit + 1)}
         settings.update(_cell_settings(cells[n]) for n in acc)
@@ -113,6 +126,8 @@ def run_query_scores(run_dir: Path) -> tuple[list[QueryScore], set[tuple[Any, ..
                 run=str(run_dir),
                 token_in_distribution=sum(tok_inside) / len(tok_inside) if has_tokens else None,
                 token_beyond=sum(tok_beyond) / len(tok_beyond) if has_tokens else None,
+                competence=gate.accuracy,
+                trained=gate.status != "not trained on this task",
             )
         )
     return out, settings
@@ -167,17 +182,29 @@ def reciprocal_ranks(frame: pd.DataFrame, method: str) -> pd.Series:
     return 1.0 / ranks
 
 
-def mrr_table(scores: Sequence[QueryScore], pool: str = "paper", score: str = "exact") -> pd.DataFrame:
+def mrr_table(
+    scores: Sequence[QueryScore],
+    pool: str = "paper",
+    score: str = "exact",
+    *,
+    competence: float = DEFAULT_COMPETENCE,
+    include_unlearned: bool = False,
+) -> pd.DataFrame:
     """One row per scheme of the pool, best MRR first: columns scheme, paper (the paper's MRR, NaN when it has none),
-    mrr, mrr_sd (over seeds; NaN with one seed), mrr_ties_averaged, queries, seeds, in_distribution and beyond (mean
-    accuracies over all its queries), ties (queries where its beyond-L score equals another scheme's).
+    mrr, mrr_sd (over seeds; NaN with one seed), mrr_ties_averaged, queries (those it was ranked in), not_learned
+    (queries it was left out of by the gate), seeds, in_distribution and beyond (mean accuracies over all its
+    measured queries), ties (ranked queries where its beyond-L score equals another ranked scheme's).
 
-    Only queries (task, seed) that every scheme of the pool has are ranked; `DataFrame.attrs` records the pool and
-    the number of queries. `score="token"` ranks, and reports, per-token accuracies instead of exact match."""
+    Only queries (task, seed) that every scheme of the pool measured count; within each, only the runs that learned
+    the task (the module docstring's gate at `competence`) are ranked unless `include_unlearned`. `DataFrame.attrs`:
+    pool, queries, schemes, score, competence, include_unlearned, per_task {task: (included, excluded)} and excluded
+    [(scheme, seed, task, in-distribution accuracy, state)]. `score="token"` ranks, and reports, per-token accuracies
+    instead of exact match (the gate stays exact match: it asks whether the task was learned)."""
     if pool not in POOLS:
         raise UserError(f"pool must be one of {', '.join(POOLS)}, got {pool}")
     if score not in SCORES:
         raise UserError(f"score must be one of {', '.join(SCORES)}, got {score}")
+    check_threshold(competence)
     frame = pd.DataFrame([vars(q) for q in scores])
     if score == "token":
         lacking = frame[frame["token_beyond"].isna()]
@@ -186,6 +213,13 @@ def mrr_table(scores: Sequence[QueryScore], pool: str = "paper", score: str = "e
                 f"{lacking['run'].iloc[0]}: its cells hold no per-token accuracy (measured before posenc recorded it); "
                 "run posenc eval-algorithmic on it again"
             )
+    gate_accuracy = frame["competence"].where(frame["competence"].notna(), frame["in_distribution"])
+    frame["state"] = [
+        gate_status(None if pd.isna(a) else float(a), trained=bool(t), cells=1, threshold=competence)
+        for a, t in zip(gate_accuracy, frame["trained"], strict=True)
+    ]
+    frame["gate_accuracy"] = gate_accuracy
+    if score == "token":
         frame["in_distribution"], frame["beyond"] = frame["token_in_distribution"], frame["token_beyond"]
     if pool == "paper":
         frame = frame[frame["scheme"].isin(list(PAPER_MRR))]
@@ -200,32 +234,64 @@ def mrr_table(scores: Sequence[QueryScore], pool: str = "paper", score: str = "e
     if frame.empty:
         raise UserError(f"no (task, seed) was measured for every scheme of {schemes}")
     frame = frame.sort_values(["task", "seed", "scheme"], kind="stable").reset_index(drop=True)
-    frame["rr"] = reciprocal_ranks(frame, "first")
-    frame["rr_avg"] = reciprocal_ranks(frame, "average")
-    frame["tied"] = frame.groupby(["task", "seed"])["beyond"].transform(lambda s: s.duplicated(keep=False))
+    frame["ranked"] = True if include_unlearned else frame["state"] == "learned"
+    ranked = frame[frame["ranked"]].copy()
+    ranked["rr"] = reciprocal_ranks(ranked, "first")
+    ranked["rr_avg"] = reciprocal_ranks(ranked, "average")
+    ranked["tied"] = ranked.groupby(["task", "seed"])["beyond"].transform(lambda s: s.duplicated(keep=False))
     rows = []
     for scheme, g in frame.groupby("scheme", sort=True):
-        per_seed = g.groupby("seed")["rr"].mean().tolist()
+        r = ranked[ranked["scheme"] == scheme]
+        per_seed = r.groupby("seed")["rr"].mean().tolist()
         rows.append(
             {
                 "scheme": scheme,
                 "paper": PAPER_MRR.get(str(scheme), float("nan")),
-                "mrr": float(g["rr"].mean()),
+                "mrr": float(r["rr"].mean()) if len(r) else float("nan"),
                 "mrr_sd": statistics.stdev(per_seed) if len(per_seed) > 1 else float("nan"),
-                "mrr_ties_averaged": float(g["rr_avg"].mean()),
-                "queries": len(g),
-                "seeds": len(per_seed),
+                "mrr_ties_averaged": float(r["rr_avg"].mean()) if len(r) else float("nan"),
+                "queries": len(r),
+                "not_learned": int((~g["ranked"]).sum()),
+                "seeds": int(g["seed"].nunique()),
                 "in_distribution": float(g["in_distribution"].mean()),
                 "beyond": float(g["beyond"].mean()),
-                "ties": int(g["tied"].sum()),
+                "ties": int(r["tied"].sum()),
             }
         )
-    table = pd.DataFrame(rows).sort_values(["mrr", "scheme"], ascending=[False, True], kind="stable")
+    table = pd.DataFrame(rows).sort_values(
+        ["mrr", "scheme"], ascending=[False, True], kind="stable", na_position="last"
+    )
     table = table.reset_index(drop=True)
-    table.attrs.update(pool=pool, queries=len(keep), schemes=schemes, score=score)
+    per_task = {
+        str(task): (int(g["ranked"].sum()), int((~g["ranked"]).sum())) for task, g in frame.groupby("task", sort=True)
+    }
+    excluded = [
+        (str(x.scheme), int(x.seed), str(x.task), None if pd.isna(x.gate_accuracy) else float(x.gate_accuracy), x.state)
+        for x in frame[~frame["ranked"]].itertuples()
+    ]
+    table.attrs.update(
+        pool=pool,
+        queries=len(keep),
+        schemes=schemes,
+        score=score,
+        competence=competence,
+        include_unlearned=include_unlearned,
+        per_task=per_task,
+        excluded=excluded,
+    )
     return table
 
 
-def nope_mrr(paths: Sequence[Path | str], pool: str = "paper", score: str = "exact") -> pd.DataFrame:
-    """`mrr_table` of the runs below `paths` (e.g. a `posenc sweep algorithmic` directory)."""
-    return mrr_table(query_scores(paths), pool=pool, score=score)
+def nope_mrr(
+    paths: Sequence[Path | str],
+    pool: str = "paper",
+    score: str = "exact",
+    *,
+    competence: float = DEFAULT_COMPETENCE,
+    include_unlearned: bool = False,
+) -> pd.DataFrame:
+    """`mrr_table` of the runs below `paths` (e.g. a `posenc sweep algorithmic` directory), ranking only the runs
+    that learned each task (exact match over the training lengths >= `competence`) unless `include_unlearned`."""
+    return mrr_table(
+        query_scores(paths), pool=pool, score=score, competence=competence, include_unlearned=include_unlearned
+    )

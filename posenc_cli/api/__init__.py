@@ -11,6 +11,7 @@ kind), and take the commands' defaults::
     child = api.extend(run.run_dir, method="yarn", factor=4.0).result  # runs/rope-yarnx4
     api.evaluate([run.run_dir, child.out_dir], lengths=[1, 2, 4])
     api.compare([run.run_dir, child.out_dir])  # a pandas DataFrame: one row per run, one column per length
+    api.task_scores(["sweeps/tasks"])  # task cells per run × task, with the competence gate's verdict
     report = api.sweep("extrapolation", ["train.steps=200"], out="sweeps/main")  # report.comparison.to_frame()
 
 Layout follows litgpt's `api.py` beside its `__main__.py` (commands as plain typed functions): the command decides
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from posenc_cli.analysis.compare import Comparison
 from posenc_cli.api.calibration import calibrate
-from posenc_cli.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison
+from posenc_cli.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison, task_scores
 from posenc_cli.api.evaluation import Evaluation, eval_config, evaluate, evaluate_passkey
 from posenc_cli.api.extension import extend
 from posenc_cli.api.sweeps import (
@@ -55,6 +56,7 @@ __all__ = [
     "run_planned_sweep",
     "sweep",
     "sweep_report",
+    "task_scores",
     "train",
     "train_config",
     "train_warning",

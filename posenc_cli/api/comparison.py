@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from posenc_cli.analysis.compare import METRICS, Comparison, gather, to_results, write_outputs
 from posenc_cli.errors import ConfigError, UserError
+from posenc_cli.evaluation.competence import check_threshold
+from posenc_cli.report.gate import DEFAULT_COMPETENCE
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
     from posenc_cli.perf.costs import RunCost
     from posenc_cli.report.reference_tables import ReferenceTable
 
-__all__ = ["REFERENCES", "CompareReport", "TextTable", "compare", "comparison", "reference_view"]
+__all__ = ["REFERENCES", "CompareReport", "TextTable", "compare", "comparison", "reference_view", "task_scores"]
 
 PathLike = str | Path
 
@@ -56,13 +58,18 @@ def comparison(
     out: PathLike | None = None,
     reference: str | None = None,
     costs: bool = False,
+    competence: float = DEFAULT_COMPETENCE,
+    include_unlearned: bool = False,
 ) -> CompareReport:
     """Gather the runs below `runs` (`analysis.compare.gather`) and compare them in `metric` (ppl, bpb, nll or
     longppl), divided by `baseline`'s row (a label or run directory); with `out`, write results.csv/json and the
-    plots there (`analysis.compare.write_outputs`). Every refusal comes before anything is written."""
+    plots there (`analysis.compare.write_outputs`). `competence`: the competence gate's threshold (a run whose
+    in-distribution accuracy on a task is below it is "not learned" in the task tables and left out of the NoPE-paper
+    MRR unless `include_unlearned`; `evaluation.competence`). Every refusal comes before anything is written."""
     # deferred: perf and reference tables are only needed when asked for
     from posenc_cli.report.reference_tables import REFERENCE_TABLES, reference_table
 
+    check_threshold(competence)
     if metric not in METRICS:
         raise UserError(f"--metric must be {', '.join(list(METRICS)[:-1])} or {list(METRICS)[-1]}, got {metric}")
     if out is not None:
@@ -71,7 +78,7 @@ def comparison(
 
         check_writable_dir(Path(out))  # before anything is gathered or written
     records = gather([Path(p) for p in runs], all_lengths=all_lengths)
-    report = CompareReport(Comparison(records, metric=metric, baseline=baseline))
+    report = CompareReport(Comparison(records, metric=metric, baseline=baseline, competence=competence))
     if reference is not None and reference not in REFERENCES:
         if reference not in REFERENCE_TABLES:
             known = ", ".join([*REFERENCE_TABLES, *REFERENCES])
@@ -80,13 +87,13 @@ def comparison(
     if reference == "nope-mrr":
         from posenc_cli.analysis.mrr import nope_mrr  # deferred: pandas
 
-        report.mrr = nope_mrr([Path(p) for p in runs])
+        report.mrr = nope_mrr([Path(p) for p in runs], competence=competence, include_unlearned=include_unlearned)
     if costs:
         from posenc_cli.perf.costs import run_costs  # deferred: only with --costs
 
         report.costs = run_costs((r.label, r.run_dir) for r in records)
     if out is not None:
-        report.comparison.written = write_outputs(records, Path(out))
+        report.comparison.written = write_outputs(records, Path(out), competence)
     return report
 
 
@@ -99,6 +106,18 @@ def reference_view(table: ReferenceTable, records: list[RunRecord]) -> TextTable
     headers, rows = side_by_side(table, results)
     caption = "\n".join([table.citation, *length_notes(table, results)])
     return TextTable(f"ppl(L') / ppl(L): posenc / paper ({table.name})", headers, rows, caption)
+
+
+def task_scores(
+    runs: Sequence[PathLike], *, competence: float = DEFAULT_COMPETENCE, all_lengths: bool = False
+) -> pd.DataFrame:
+    """The task cells the runs below `runs` stored (eval-tasks, eval-passkey, eval-algorithmic) as a DataFrame, one
+    row per run × task × scoring (`analysis.task_results.task_frame`): in_distribution (the accuracy at the lengths
+    the run trained on), competence (the gate's state at threshold `competence`: "learned", "not learned", "not
+    trained on this task", "cannot measure", "not measured"), learned (bool) and beyond (the mean beyond the training
+    length). A flagged row keeps its numbers."""
+    check_threshold(competence)
+    return Comparison(gather([Path(p) for p in runs], all_lengths=all_lengths), competence=competence).task_frame()
 
 
 def compare(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -23,6 +22,7 @@ from posenc_cli.cli.eval_shared import (
     report,
 )
 from posenc_cli.errors import ConfigError
+from posenc_cli.report.gate import DEFAULT_COMPETENCE
 from posenc_cli.run.device import resolve_device
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ _EXAMPLES = """
   posenc eval-algorithmic alg                       [dim](the run's tasks at 1..2L, L = its data.max_length)[/]
   posenc eval-algorithmic alg --tasks copy --lengths 1-40 --examples 500
   posenc eval-algorithmic outputs/sweeps/algorithmic --json algorithmic.json
+  posenc eval-algorithmic alg --competence 0.95   [dim](flag tasks below 95% exact match in distribution)[/]
 """
 
 
@@ -70,13 +71,24 @@ def _percent(value: float | None) -> Any:
     return Text(f"{value * 100:.0f}", style=f"bold {_ink(value)} on {accuracy_colour(value)}")
 
 
-def run_tables(results: Sequence[dict[str, Any]]) -> list[Table]:
+def _gates(result: dict[str, Any], competence: float) -> dict[str, Any]:
+    """Task -> the competence gate of one run's result doc (`evaluation.competence`)."""
+    # deferred: keeps this command's modules off posenc --help start-up
+    from posenc_cli.analysis.task_results import result_competence
+
+    tasks = dict.fromkeys(str(e["task"]) for e in result["entries"])
+    return {t: result_competence(result, t, "algorithmic", competence) for t in tasks}
+
+
+def run_tables(results: Sequence[dict[str, Any]], competence: float = DEFAULT_COMPETENCE) -> list[Table]:
     """One table per run: rows = tasks, columns = instance lengths (exact-match %), then the means in distribution
-    (lengths <= L) and beyond (L+1..2L)."""
+    (lengths <= L) and beyond (L+1..2L), and the competence gate's verdict at `competence` (a task the run did not
+    learn in distribution, or was never trained on, is marked: its beyond-L numbers measure no learned skill)."""
     # deferred: keeps this command's modules off posenc --help start-up
     from rich.table import Table
 
     from posenc_cli.evaluation.algorithmic import summarize
+    from posenc_cli.report.gate import NOT_TRAINED, gate_note, state_cell
     from posenc_cli.report.tables import fit_to_content, run_label
 
     tables = []
@@ -84,6 +96,7 @@ def run_tables(results: Sequence[dict[str, Any]]) -> list[Table]:
         summaries = summarize(r["entries"])
         if not summaries:
             continue
+        gates = _gates(r, competence)
         lengths = sorted({n for s in summaries for n in s.accuracy})
         limit = summaries[0].max_length
         examples = sorted({int(e["examples"]) for e in r["entries"]})
@@ -93,14 +106,22 @@ def run_tables(results: Sequence[dict[str, Any]]) -> list[Table]:
             table.add_column(str(n), justify="right", no_wrap=True, style="dim" if n > limit else "")
         table.add_column("≤L", justify="right", no_wrap=True)
         table.add_column("L+1..2L", justify="right", no_wrap=True)
+        table.add_column("gate", no_wrap=True)
         for s in summaries:
             cells = [_percent(s.accuracy.get(n)) if n in s.accuracy else "" for n in lengths]
-            table.add_row(s.task, *cells, _percent(s.in_distribution), _percent(s.beyond))
+            table.add_row(
+                s.task, *cells, _percent(s.in_distribution), _percent(s.beyond), state_cell(gates[s.task].status)
+            )
         reasons = sorted({str(e["reason"]) for e in r["entries"] if e.get("status") != "ok" and e.get("reason")})
+        if all(g.status == NOT_TRAINED for g in gates.values()):  # L is the asked (or the paper's) length, not its own
+            where = f"L = {limit} (asked; ⊘ not trained on this task: the run never trained on these tasks)"
+        else:
+            where = f"L = {limit} (trained on lengths <= L)"
         table.caption = "\n".join(
             [
-                f"Exact-match accuracy (%) of greedy answers per instance length; L = {limit} (trained on lengths "
-                f"<= L); {'/'.join(map(str, examples))} examples per cell.",
+                f"Exact-match accuracy (%) of greedy answers per instance length; {where}; "
+                f"{'/'.join(map(str, examples))} examples per cell.",
+                gate_note(competence),
                 *(f"n/a: {reason}" for reason in reasons),
             ]
         )
@@ -108,33 +129,38 @@ def run_tables(results: Sequence[dict[str, Any]]) -> list[Table]:
     return tables
 
 
-def summary_table(results: Sequence[dict[str, Any]]) -> Table | None:
-    """Many runs at a glance: rows = runs, columns = tasks, cells = in-distribution / beyond-L mean accuracy."""
+def summary_table(results: Sequence[dict[str, Any]], competence: float = DEFAULT_COMPETENCE) -> Table | None:
+    """Many runs at a glance: rows = runs, columns = tasks, cells = in-distribution / beyond-L mean accuracy, with the
+    competence gate's mark (at `competence`) after a task the run did not learn or never trained on."""
     # deferred: keeps this command's modules off posenc --help start-up
     from rich.table import Table
     from rich.text import Text
 
     from posenc_cli.evaluation.algorithmic import summarize
+    from posenc_cli.report.gate import GATE_MARK, GATE_STYLE, gate_note, is_flagged
     from posenc_cli.report.tables import LABEL_MAX_WIDTH, fit_to_content, run_label
 
-    rows: list[tuple[str, dict[str, TaskSummary]]] = []
+    rows: list[tuple[str, dict[str, TaskSummary], dict[str, Any]]] = []
     for r in results:
-        rows.append((run_label(r), {s.task: s for s in summarize(r["entries"])}))
-    tasks = list(dict.fromkeys(t for _, by_task in rows for t in by_task))
+        rows.append((run_label(r), {s.task: s for s in summarize(r["entries"])}, _gates(r, competence)))
+    tasks = list(dict.fromkeys(t for _, by_task, _ in rows for t in by_task))
     if len(rows) < 2 or not tasks:
         return None
     table = Table(title="≤L / L+1..2L exact match (%)", title_justify="left", header_style="bold")
+    table.caption, table.caption_justify = gate_note(competence), "left"
     table.add_column("run", no_wrap=True, overflow="ellipsis", max_width=LABEL_MAX_WIDTH)
     for t in tasks:
         table.add_column(t, justify="center", no_wrap=True)
-    for label, by_task in rows:
+    for label, by_task, gates in rows:
         cells: list[Any] = [label]
         for t in tasks:
             s = by_task.get(t)
             if s is None:
                 cells.append("")
                 continue
-            cells.append(Text.assemble(_percent(s.in_distribution), " / ", _percent(s.beyond)))
+            status = gates[t].status
+            mark = Text(f" {GATE_MARK[status]}", style=GATE_STYLE[status]) if is_flagged(status) else ""
+            cells.append(Text.assemble(_percent(s.in_distribution), " / ", _percent(s.beyond), mark))
         table.add_row(*cells)
     return fit_to_content(table)
 
@@ -164,6 +190,13 @@ def eval_algorithmic_command(
     device: DeviceOption = "auto",
     threads: ThreadsOption = 0,
     force: Annotated[bool, force_option("eval/algorithmic.json")] = False,
+    competence: Annotated[
+        float,
+        typer.Option(
+            help="Competence gate: a task whose exact match over the training lengths is below this is marked 'not "
+            "learned' (its beyond-L accuracy measures no learned skill)."
+        ),
+    ] = DEFAULT_COMPETENCE,
     json_path: JsonOption = None,
 ) -> None:
     """Algorithmic tasks (copy, reverse, addition, ...) per instance length; accuracy stored in
@@ -171,6 +204,7 @@ def eval_algorithmic_command(
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.data.algorithmic import task_class
     from posenc_cli.evaluation.algorithmic import AlgorithmicEvalConfig, combined_json, evaluate_algorithmic_paths
+    from posenc_cli.evaluation.competence import check_threshold
 
     paths = paths or []
     check_run_args(paths, "eval-algorithmic")
@@ -188,6 +222,7 @@ def eval_algorithmic_command(
         force=force,
     )
     cfg.validate()
+    check_threshold(competence)
     run_device = resolve_device(device, "--device")
     results, seconds = evaluate_timed(
         "examples",
@@ -198,11 +233,11 @@ def eval_algorithmic_command(
     # deferred: keeps this command's modules off posenc --help start-up
     from rich.console import Group
 
-    summary = summary_table(results)
+    summary = summary_table(results, competence)
     report(
         results,
         seconds,
-        table=Group(*run_tables(results), *([summary] if summary is not None else [])),
+        table=Group(*run_tables(results, competence), *([summary] if summary is not None else [])),
         results_file="eval/algorithmic.json",
         plot=None,
         write_plot=lambda path: [],
@@ -218,32 +253,17 @@ def eval_algorithmic_command(
 def stored_algorithmic_results(records: Sequence[Any]) -> list[dict[str, Any]]:
     """eval-algorithmic results read from disk for the runs of `compare.gather`'s records that have
     eval/algorithmic.json: the cells of the run's current checkpoint and of the current generator, under the record's
-    label. Failed jobs and runs without cells are left out."""
+    label (`analysis.task_results.stored_algorithmic_results`). Failed jobs and runs without cells are left out."""
     # deferred: keeps this command's modules off posenc --help start-up
+    from posenc_cli.analysis.task_results import stored_algorithmic_results as stored
 
-    from posenc_cli.analysis.compare import current_checkpoint
-    from posenc_cli.data.algorithmic.base import GENERATOR_VERSION
-    from posenc_cli.evaluation.algorithmic import ALGORITHMIC_FILE, COMMAND
-    from posenc_cli.evaluation.results import checkpoint_key, read_results_file
-
-    results = []
-    for record in records:
-        if record.status == "failed":
-            continue
-        doc = read_results_file(Path(record.run_dir) / ALGORITHMIC_FILE, COMMAND)
-        if doc is None:
-            continue
-        current = current_checkpoint(Path(record.run_dir))
-        cells = [e for e in doc["entries"] if checkpoint_key(e) == current and e.get("generator") == GENERATOR_VERSION]
-        if cells:
-            scheme = record.scheme or str(doc.get("scheme", ""))
-            results.append({"run": record.label, "scheme": scheme, "entries": cells})
-    return results
+    return stored(records)
 
 
-def print_algorithmic_summary(records: Sequence[Any], console: Any) -> None:
-    """After a sweep's (or `compare`'s) perplexity table: in-distribution / beyond-L accuracy per run and task."""
+def print_algorithmic_summary(records: Sequence[Any], console: Any, competence: float = DEFAULT_COMPETENCE) -> None:
+    """After a sweep's (or `compare`'s) perplexity table: in-distribution / beyond-L accuracy per run and task, with
+    the competence gate at `competence`."""
     results = stored_algorithmic_results(records)
-    table = summary_table(results) if len(results) > 1 else (run_tables(results) or [None])[0]
+    table = summary_table(results, competence) if len(results) > 1 else (run_tables(results, competence) or [None])[0]
     if table is not None:
         console.print(table)

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from posenc_cli.cli.app import app, console, handles_errors
 from posenc_cli.errors import UserError
+from posenc_cli.report.gate import DEFAULT_COMPETENCE
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -79,14 +80,32 @@ def _frame_cell(value: Any) -> str:
 
 
 def mrr_caption(frame: pd.DataFrame) -> str:
-    """Under the MRR table: what was ranked, and where the paper's numbers come from."""
+    """Under the MRR table: what was ranked, which runs the competence gate left out (per task), and where the
+    paper's numbers come from."""
     pool = frame.attrs.get("pool", "paper")
     schemes = ", ".join(map(str, frame.attrs.get("schemes", [])))
-    return (
+    lines = [
         f"Mean reciprocal rank of the beyond-L accuracy (L+1..2L) over {frame.attrs.get('queries', '?')} queries "
         f"(task × seed), ranked among {schemes} (pool {pool}); ties to the first alphabetically, "
         "mrr_ties_averaged averages tied ranks; paper: Kazemnejad et al. 2023 (arXiv 2305.19466), figure 1."
-    )
+    ]
+    per_task = frame.attrs.get("per_task") or {}
+    threshold = frame.attrs.get("competence")
+    if frame.attrs.get("include_unlearned"):
+        lines.append("Every run ranked (--include-unlearned), whether or not it learned the task in distribution.")
+    elif per_task and threshold is not None:
+        counts = "; ".join(f"{task} {kept} included, {out} excluded" for task, (kept, out) in per_task.items())
+        lines.append(
+            f"Ranked: only runs that learned each task (exact match over the training lengths >= {threshold:.0%}, "
+            f"--competence; not_learned counts the rest, --include-unlearned ranks them): {counts}."
+        )
+        lines += [
+            f"excluded: {scheme} seed {seed} {task}: "
+            + (f"{accuracy:.0%} in distribution, " if accuracy is not None else "")
+            + state
+            for scheme, seed, task, accuracy, state in frame.attrs.get("excluded", [])
+        ]
+    return "\n".join(lines)
 
 
 @app.command("compare", context_settings=_EXTRA)
@@ -120,6 +139,18 @@ def compare_command(
             "paper's mean reciprocal rank over the algorithmic tasks of the runs, from eval-algorithmic).",
         ),
     ] = None,
+    competence: Annotated[
+        float,
+        typer.Option(
+            "--competence",
+            help="Competence gate: a run whose in-distribution accuracy on a task is below this is 'not learned' in "
+            "the task tables and results.csv, and left out of the nope-mrr ranking.",
+        ),
+    ] = DEFAULT_COMPETENCE,
+    include_unlearned: Annotated[
+        bool,
+        typer.Option("--include-unlearned", help="nope-mrr: rank every run, also those that did not learn the task."),
+    ] = False,
     costs: Annotated[
         bool,
         typer.Option(
@@ -146,14 +177,22 @@ def compare_command(
     if fmt not in FORMATS:
         raise UserError(f"--format must be table, csv, json or markdown, got {fmt}")
     report = api.comparison(
-        paths, metric=metric, baseline=baseline, all_lengths=all_lengths, out=out, reference=reference, costs=costs
+        paths,
+        metric=metric,
+        baseline=baseline,
+        all_lengths=all_lengths,
+        out=out,
+        reference=reference,
+        costs=costs,
+        competence=competence,
+        include_unlearned=include_unlearned,
     )
     print_comparison(report.comparison, fmt)
     if fmt == "table":
         # deferred: keeps this command's modules off posenc --help start-up
         from posenc_cli.cli.tasks import print_task_summary
 
-        print_task_summary(report.comparison.records, console)
+        print_task_summary(report.comparison.records, console, competence=competence)
     if report.reference is not None:
         console.print(text_table(report.reference))
     if report.mrr is not None:

@@ -26,6 +26,7 @@ from posenc_cli.cli.eval_shared import (
 )
 from posenc_cli.errors import ConfigError
 from posenc_cli.report.effective_length import RULER_THRESHOLD, effective_length
+from posenc_cli.report.gate import DEFAULT_COMPETENCE
 from posenc_cli.run.device import resolve_device
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ _EXAMPLES = """
   posenc eval-tasks RUN --tokens-to-generate 32 --sizes keys=2,hops=2   [dim](smaller than RULER's)[/]
   posenc eval-tasks RUN --tasks common-words,frequent-words,kv-retrieval --abs-lengths 512,1024,2048
   posenc eval-tasks RUN --threshold 0.5   [dim](effective length: the longest length scoring >= 50%)[/]
+  posenc eval-tasks RUN --competence 0.8   [dim](flag runs below 80% at lengths <= the training length)[/]
 """
 
 SCORING_TEXT = {
@@ -136,14 +138,20 @@ def _grid(
 
 
 def tasks_tables(
-    results: Sequence[dict[str, Any]], tasks: Sequence[str], threshold: float = RULER_THRESHOLD
+    results: Sequence[dict[str, Any]],
+    tasks: Sequence[str],
+    threshold: float = RULER_THRESHOLD,
+    competence: float = DEFAULT_COMPETENCE,
 ) -> list[Table]:
-    """One table per task: rows = run × length, columns = depths, their mean and (on a run's first row) RULER's
-    effective length at `threshold`; n/a dimmed with its reason."""
+    """One table per task: rows = run × length, columns = depths, their mean and (on a run's first row) the run's
+    in-distribution score with the competence gate's verdict at `competence` (≤L) and RULER's effective length at
+    `threshold` (marked for a run that did not learn the task); n/a dimmed with its reason."""
     # deferred: keeps this command's modules off posenc --help start-up
     from rich.table import Table
     from rich.text import Text
 
+    from posenc_cli.analysis.task_results import result_competence
+    from posenc_cli.report.gate import effective_cell, gate_cell, gate_note
     from posenc_cli.report.passkey_report import _ink, accuracy_colour
     from posenc_cli.report.tables import LABEL_MAX_WIDTH, fit_to_content, run_label
 
@@ -159,6 +167,7 @@ def tasks_tables(
         for d in cols:
             table.add_column(depth_label(d), justify="center", no_wrap=True)
         table.add_column("mean", justify="right")
+        table.add_column("≤L", justify="right", no_wrap=True)
         table.add_column(f"effective (≥ {threshold_text(threshold)})", justify="right", no_wrap=True)
         notes = []
         for n, r in enumerate(results):
@@ -166,7 +175,8 @@ def tasks_tables(
                 table.add_section()
             rows, rcols, grid, reasons = _grid(r, task, scoring)
             own = [e for e in r["entries"] if e["task"] == task and scoring_of(e) == scoring]
-            effective = effective_length(length_scores(own), threshold).label
+            gate = result_competence(r, task, "retrieval", competence, scoring)
+            effective = effective_cell(effective_length(length_scores(own), threshold).label, gate.status)
             for i, (length, multiple) in enumerate(rows):
                 cells: list[Any] = [run_label(r) if i == 0 else "", f"{multiple:g}× · {length}"]
                 for d in cols:
@@ -177,6 +187,7 @@ def tasks_tables(
                         cells.append(Text(f" {value:.0%} ", style=f"bold {_ink(value)} on {accuracy_colour(value)}"))
                 full = grid[i].size > 0 and not np.isnan(grid[i]).any()
                 cells.append(f"{grid[i].mean():.0%}" if full else Text("n/a", style="dim"))
+                cells.append(gate_cell(gate.status, gate.accuracy) if i == 0 else "")
                 cells.append(effective if i == 0 else "")
                 table.add_row(*cells)
             notes += [f"n/a for {run_label(r)} at {reason}" for reason in reasons]
@@ -184,6 +195,7 @@ def tasks_tables(
             [
                 f"{scoring_note(mine)}, {'/'.join(map(str, trials))} trials per cell; columns: depth "
                 "of the first needle or asked pair (—: a task without depth); rows: prompt + generated tokens.",
+                f"≤L: the mean score at lengths up to the training length. {gate_note(competence)}",
                 EFFECTIVE_NOTE.format(threshold=threshold_text(threshold)),
                 *notes,
             ]
@@ -198,12 +210,18 @@ def task_scorings(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> li
     return [(t, s) for t in tasks for s in ("contains", "exact") if (t, s) in present]
 
 
-def tasks_figure(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> Figure:
-    """Heatmaps: one row per run, one column per task (lengths × depths, RdYlGn from 0 to 1, n/a grey)."""
+def tasks_figure(
+    results: Sequence[dict[str, Any]], tasks: Sequence[str], competence: float = DEFAULT_COMPETENCE
+) -> Figure:
+    """Heatmaps: one row per run, one column per task (lengths × depths, RdYlGn from 0 to 1, n/a grey); the panel of
+    a run that did not learn the task (competence gate at `competence`) or never trained on it is hatched over and
+    says so in its title, with a legend entry per such state."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from posenc_cli.analysis.task_results import result_competence
+    from posenc_cli.report.gate import gate_legend, mark_panel
     from posenc_cli.report.tables import run_label
 
     nrows, ncols = max(len(results), 1), max(len(tasks), 1)
@@ -211,6 +229,7 @@ def tasks_figure(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> Fig
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     image = None
+    states = []
     for a, r in enumerate(results):
         for b, task in enumerate(tasks):
             ax = axes[a, b]
@@ -222,8 +241,14 @@ def tasks_figure(results: Sequence[dict[str, Any]], tasks: Sequence[str]) -> Fig
             ax.set_xticks(range(len(cols)), [depth_label(d) for d in cols])
             ax.set_yticks(range(len(rows)), [f"{m:g}× · {n}" for n, m in rows])
             ax.set_title(f"{run_label(r)} · {task}", fontsize=9)
+            scorings = {scoring_of(e) for e in r["entries"] if e["task"] == task}
+            if scorings:
+                scoring = "contains" if "contains" in scorings else "exact"
+                states.append(result_competence(r, task, "retrieval", competence, scoring).status)
+                mark_panel(ax, states[-1])
     if image is not None:
         fig.colorbar(image, ax=axes.ravel().tolist(), label="RULER score", shrink=0.9)
+    gate_legend(fig, states, competence)
     return fig
 
 
@@ -283,12 +308,20 @@ def eval_tasks_command(
             "0.856, Llama-2-7B at 4K)."
         ),
     ] = RULER_THRESHOLD,
+    competence: Annotated[
+        float,
+        typer.Option(
+            help="Competence gate: a run scoring below this at lengths <= its training length is marked 'not "
+            "learned' (its beyond-L scores measure no learned skill)."
+        ),
+    ] = DEFAULT_COMPETENCE,
     plot: Annotated[Path | None, option("Write a PNG heatmap (run × task) here.", dir_okay=False)] = None,
     json_path: JsonOption = None,
 ) -> None:
     """RULER-style retrieval and tracking tasks per length × depth; scores stored in RUN/eval/tasks.json."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
     from posenc_cli.data.ruler import registry
+    from posenc_cli.evaluation.competence import check_threshold
     from posenc_cli.evaluation.tasks.retrieval import (
         TasksEvalConfig,
         combined_json,
@@ -318,6 +351,7 @@ def eval_tasks_command(
     )
     set_grid(cfg, lengths, abs_lengths, depths)
     cfg.validate()
+    check_threshold(competence)
     run_device = resolve_device(device, "--device")
     results, seconds = evaluate_timed(
         "prompts",
@@ -331,10 +365,10 @@ def eval_tasks_command(
     report(
         results,
         seconds,
-        table=Group(*tasks_tables(results, names, threshold)),
+        table=Group(*tasks_tables(results, names, threshold, competence)),
         results_file="eval/tasks.json",
         plot=plot,
-        write_plot=lambda path: [save_figure(tasks_figure(results, names), path)],
+        write_plot=lambda path: [save_figure(tasks_figure(results, names, competence), path)],
         json_path=json_path,
         combined=combined_json(results),
     )
@@ -346,41 +380,28 @@ def eval_tasks_command(
 
 def stored_task_results(records: Sequence[Any]) -> list[dict[str, Any]]:
     """eval-tasks results read from disk for the runs of `compare.gather`'s records that have eval/tasks.json: the
-    cells of the run's current checkpoint (the latest cell per task × length × depth), under the record's label.
-    Failed jobs and runs without retrieval cells are left out."""
+    cells of the run's current checkpoint (the latest cell per task × length × depth), under the record's label
+    (`analysis.task_results.stored_task_results`). Failed jobs and runs without retrieval cells are left out."""
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.analysis.compare import current_checkpoint
-    from posenc_cli.data.ruler.base import GENERATOR_VERSION
-    from posenc_cli.evaluation.results import checkpoint_key, read_results_file
-    from posenc_cli.evaluation.tasks.retrieval import COMMAND, TASKS_FILE
+    from posenc_cli.analysis.task_results import stored_task_results as stored
 
-    results = []
-    for record in records:
-        if record.status == "failed":
-            continue
-        doc = read_results_file(Path(record.run_dir) / TASKS_FILE, COMMAND)
-        if doc is None:
-            continue
-        current = current_checkpoint(Path(record.run_dir))
-        # cells of this checkpoint whose prompts the current generator writes (older versions asked other text)
-        ours = [
-            e for e in doc["entries"] if checkpoint_key(e) == current and e.get("generator", 1) == GENERATOR_VERSION
-        ]
-        cells = {(e["task"], scoring_of(e), int(e["length"]), depth_of(e)): e for e in ours}
-        if cells:
-            scheme = record.scheme or str(doc.get("scheme", ""))
-            results.append({"run": record.label, "scheme": scheme, "entries": list(cells.values())})
-    return results
+    return stored(records)
 
 
-def task_summary_tables(results: Sequence[dict[str, Any]], threshold: float = RULER_THRESHOLD) -> list[Table]:
+def task_summary_tables(
+    results: Sequence[dict[str, Any]], threshold: float = RULER_THRESHOLD, competence: float = DEFAULT_COMPETENCE
+) -> list[Table]:
     """One compact table per task for many runs: rows = runs, columns = lengths, cells = the mean score over the
-    measured depths (`posenc eval-tasks DIR` prints every depth), then RULER's effective length at `threshold`."""
+    measured depths (`posenc eval-tasks DIR` prints every depth), then the in-distribution score with the competence
+    gate's verdict at `competence` (≤L) and RULER's effective length at `threshold`, marked for a run that did not
+    learn the task."""
     # deferred: keeps this command's modules off posenc --help start-up
     from rich.table import Table
     from rich.text import Text
 
+    from posenc_cli.analysis.task_results import result_competence
     from posenc_cli.data.ruler import registry
+    from posenc_cli.report.gate import effective_cell, gate_cell, gate_note
     from posenc_cli.report.passkey_report import _ink, accuracy_colour
     from posenc_cli.report.tables import LABEL_MAX_WIDTH, fit_to_content, run_label
 
@@ -395,6 +416,7 @@ def task_summary_tables(results: Sequence[dict[str, Any]], threshold: float = RU
         table.add_column("run", no_wrap=True, overflow="ellipsis", max_width=LABEL_MAX_WIDTH)
         for m in multiples:
             table.add_column(f"{m:g}×", justify="center", no_wrap=True)
+        table.add_column("≤L", justify="right", no_wrap=True)
         table.add_column(f"effective (≥ {threshold_text(threshold)})", justify="right", no_wrap=True)
         for r in results:
             mine = [e for e in r["entries"] if e["task"] == task and scoring_of(e) == scoring]
@@ -409,19 +431,30 @@ def task_summary_tables(results: Sequence[dict[str, Any]], threshold: float = RU
                     continue
                 value = sum(scores) / len(scores)
                 cells.append(Text(f" {value:.0%} ", style=f"bold {_ink(value)} on {accuracy_colour(value)}"))
-            cells.append(effective_length(length_scores(mine), threshold).label)
+            gate = result_competence(r, task, "retrieval", competence, scoring)
+            cells.append(gate_cell(gate.status, gate.accuracy))
+            cells.append(effective_cell(effective_length(length_scores(mine), threshold).label, gate.status))
             table.add_row(*cells)
         table.caption = (
             f"{scoring_note([e for _, e in entries])}; depths {', '.join(map(depth_label, depths))}; "
             f"{'/'.join(map(str, trials))} trials per cell; n/a: a length the scheme cannot read or that cannot hold "
-            "the prompt (reasons: posenc eval-tasks DIR). " + EFFECTIVE_NOTE.format(threshold=threshold_text(threshold))
+            "the prompt (reasons: posenc eval-tasks DIR). "
+            + EFFECTIVE_NOTE.format(threshold=threshold_text(threshold))
+            + f"\n≤L: the mean score at lengths up to the training length. {gate_note(competence)}"
         )
         tables.append(fit_to_content(table))
     return tables
 
 
-def print_task_summary(records: Sequence[Any], console: Any, threshold: float = RULER_THRESHOLD) -> None:
+def print_task_summary(
+    records: Sequence[Any], console: Any, threshold: float = RULER_THRESHOLD, competence: float = DEFAULT_COMPETENCE
+) -> None:
     """After a sweep's (or `compare`'s) perplexity table: the retrieval tables of the runs that have task cells, with
-    RULER's effective length at `threshold`."""
-    for table in task_summary_tables(stored_task_results(records), threshold):
+    RULER's effective length at `threshold` and the competence gate at `competence`; then the algorithmic summary
+    of the runs that have algorithmic cells (`cli.algorithmic.print_algorithmic_summary`)."""
+    # deferred: keeps this command's modules off posenc --help start-up
+    from posenc_cli.cli.algorithmic import print_algorithmic_summary
+
+    for table in task_summary_tables(stored_task_results(records), threshold, competence):
         console.print(table)
+    print_algorithmic_summary(records, console, competence)

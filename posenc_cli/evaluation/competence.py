@@ -8,7 +8,8 @@ trained on this task" instead (that label takes precedence). In distribution mea
 
 - algorithmic tasks (`eval/algorithmic.json`): exact match averaged over the instance lengths the run trained on,
   the least training length (a cell's `train_min_length`, else `data.min_length`, else 1) to `data.max_length` = L,
-  each length weighing the same (equal examples per cell);
+  each length weighed as the reference's split weighs it (`AlgorithmicTask.length_weight`: 1 but for addition), as
+  eval-algorithmic's ≤L column (`evaluation.algorithmic.split_mean`);
 - RULER-style retrieval tasks (`eval/tasks.json`) and passkey (`eval/passkey.json`): the mean score (RULER's, or the
   exact-match accuracy) over the cells (length × depth) at lengths ≤ the training length, i.e. multiples ≤ 1×.
 
@@ -159,9 +160,18 @@ def algorithmic_competence(
         return Competence(task, status, None, threshold)
     high = max(int(e["train_max_length"]) for e in latest.values())
     low = min(_least_length(e, data) for e in latest.values())
-    accuracy, cells = in_distribution(latest.values(), low, high, "accuracy")
+    cls = algorithmic_registry().get(task)
+    inside = {n: e for n, e in latest.items() if low <= n <= high}
+    weights = {n: cls.length_weight(n, low) if cls is not None else 1 for n in inside}
+    measured = [(weights[n], float(e["accuracy"])) for n, e in inside.items() if _ok(e, "accuracy")]
+    total = sum(w for w, _ in measured)
+    accuracy, cells = (sum(w * a for w, a in measured) / total if total else None), len(inside)
     status = gate_status(accuracy, trained=trained_on(data, task), cells=cells, threshold=threshold)
     return Competence(task, status, accuracy, threshold, (low, high))
+
+
+def _ok(entry: dict[str, Any], metric: str) -> bool:
+    return entry.get("status") == "ok" and entry.get(metric) is not None
 
 
 def _least_length(entry: dict[str, Any], data: Any) -> int:

@@ -10,7 +10,10 @@ this module only names and styles it, so that the report layer and the CLI rende
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from rich.text import Text
 
 __all__ = [
     "CANNOT_MEASURE",
@@ -22,9 +25,14 @@ __all__ = [
     "NOT_MEASURED",
     "NOT_TRAINED",
     "GateStatus",
+    "effective_cell",
+    "gate_cell",
+    "gate_legend",
     "gate_note",
     "gate_text",
     "is_flagged",
+    "mark_panel",
+    "state_cell",
 ]
 
 DEFAULT_COMPETENCE = 0.9  # issue #38: a run below 90% in distribution has not learned the task
@@ -82,3 +90,60 @@ def gate_note(threshold: float) -> str:
         "marked ✗ not learned; a run never trained on the task ⊘ not trained on this task; their beyond-L numbers "
         "are shown but measure no learned skill."
     )
+
+
+def gate_cell(status: str, accuracy: float | None) -> Text:
+    """The in-distribution cell of a rich table, styled by state (`GATE_STYLE`)."""
+    return Text(gate_text(status, accuracy), style=GATE_STYLE.get(status, ""))
+
+
+def effective_cell(label: str, status: str) -> Text | str:
+    """RULER's effective length as a cell: as is for a learned run, else the gate's mark first (an effective length
+    of a task never learned says nothing of extrapolation), the length kept in brackets."""
+    if not is_flagged(status) or status in (CANNOT_MEASURE, NOT_MEASURED):
+        return label
+    return Text(f"{GATE_MARK[status]} ({label})", style=GATE_STYLE[status])
+
+
+GATE_HATCH = {NOT_LEARNED: "//", NOT_TRAINED: "xx"}  # a heatmap panel of a flagged run is hatched over
+
+
+def mark_panel(ax: Any, status: str) -> None:
+    """Hatch a flagged run's heatmap panel over (its numbers stay readable) and say its state in the title."""
+    # deferred: keeps matplotlib off posenc --help start-up
+    from matplotlib.patches import Rectangle
+
+    if status not in GATE_HATCH:
+        return
+    ax.add_patch(
+        Rectangle(
+            (0, 0),
+            1,
+            1,
+            transform=ax.transAxes,
+            fill=False,
+            hatch=GATE_HATCH[status],
+            edgecolor="0.35",
+            linewidth=0,
+            label=GATE_MARK[status],
+            zorder=3,
+        )
+    )
+    ax.set_title(f"{ax.get_title()}\n{GATE_MARK[status]}", fontsize=9)
+
+
+def gate_legend(fig: Any, statuses: Iterable[str], threshold: float) -> None:
+    """A figure legend entry per flagged state shown (none when every panel learned its task)."""
+    # deferred: keeps matplotlib off posenc --help start-up
+    from matplotlib.patches import Patch
+
+    shown = [s for s in (NOT_LEARNED, NOT_TRAINED) if s in set(statuses)]
+    words = {NOT_LEARNED: f"{GATE_MARK[NOT_LEARNED]} (≤L below {threshold:.0%})", NOT_TRAINED: GATE_MARK[NOT_TRAINED]}
+    handles = [Patch(facecolor="white", edgecolor="0.35", hatch=GATE_HATCH[s], label=words[s]) for s in shown]
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
+
+
+def state_cell(status: str) -> Text:
+    """The gate's verdict alone as a cell ('✓ learned', '✗ not learned', ...), styled by state."""
+    return Text(GATE_MARK.get(status) or f"✓ {status}", style=GATE_STYLE.get(status, ""))

@@ -428,10 +428,14 @@ def test_reference_nope_mrr_prints_the_ranking(sweep_dir: Path, monkeypatch: pyt
     scores = [mrr.QueryScore(scheme=s, seed=0, task="copy", max_length=8, in_distribution=1.0, beyond=b, run=s)
               for s, b in beyond.items()]  # fmt: skip
     table = mrr.mrr_table(scores)
-    monkeypatch.setattr(mrr, "nope_mrr", lambda paths: asked.append(paths) or table)
+    monkeypatch.setattr(mrr, "nope_mrr", lambda paths, **gate: asked.append((paths, gate)) or table)
     result = runner.invoke(app, ["compare", str(sweep_dir), "--reference", "nope-mrr"], terminal_width=200)
     assert result.exit_code == 0, result.output
-    assert asked == [[sweep_dir]]
+    assert asked == [([sweep_dir], {"competence": 0.9, "include_unlearned": False})]
+    assert "copy 3 included, 0 excluded" in " ".join(result.output.split())  # the gate's count per task
+    flags = ["--competence", "0.5", "--include-unlearned"]
+    again = runner.invoke(app, ["compare", str(sweep_dir), "--reference", "nope-mrr", *flags], terminal_width=200)
+    assert again.exit_code == 0 and asked[-1][1] == {"competence": 0.5, "include_unlearned": True}, again.output
     ranking = result.output[result.output.index("Mean reciprocal rank") :]
     rows = [x.split("│")[1:-1] for x in ranking.splitlines() if x.startswith("│")]
     cells = [[c.strip() for c in r[:3]] for r in rows]  # scheme, paper, mrr: best first

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from posenc_cli.analysis.mrr import QueryScore, mrr_table, nope_mrr
 from posenc_cli.cli import app
-from posenc_cli.errors import UserError
+from posenc_cli.errors import ConfigError, UserError
 
 # (scheme, seed, task) -> beyond-L accuracy; ties broken alphabetically (alibi < nope < rope) as the reference's
 # rank(method="first") breaks them by row order.
@@ -59,6 +59,35 @@ def test_mrr_matches_the_hand_computed_ranks() -> None:
     assert table.attrs["queries"] == 4 and table.attrs["pool"] == "paper"
 
 
+def test_runs_that_did_not_learn_a_task_are_not_ranked_in_it() -> None:
+    # rope did not learn copy (seed 0) in distribution, alibi was never trained on reverse (seed 1)
+    scores = [
+        dataclasses.replace(q, competence=0.5)
+        if (q.scheme, q.seed, q.task) == ("rope", 0, "copy")
+        else dataclasses.replace(q, trained=False)
+        if (q.scheme, q.seed, q.task) == ("alibi", 1, "reverse")
+        else q
+        for q in _scores()
+    ]
+    table = mrr_table(scores).set_index("scheme")
+    # s0 copy: nope 1, alibi 2 (rope out); s1 reverse: nope 1, rope 2 (alibi out); the others as without the gate
+    assert table.loc["rope", "mrr"] == pytest.approx((1 + 1 / 3 + 1 / 2) / 3)
+    assert table.loc["alibi", "mrr"] == pytest.approx((1 / 2 + 1 / 2 + 1) / 3)
+    assert table.loc["nope", "mrr"] == pytest.approx((1 + 1 / 3 + 1 / 2 + 1) / 4)
+    assert table["queries"].to_dict() == {"nope": 4, "alibi": 3, "rope": 3}
+    assert table["not_learned"].to_dict() == {"nope": 0, "alibi": 1, "rope": 1}
+    assert table.attrs["per_task"] == {"copy": (5, 1), "reverse": (5, 1)}
+    assert sorted(table.attrs["excluded"]) == [
+        ("alibi", 1, "reverse", 1.0, "not trained on this task"),
+        ("rope", 0, "copy", 0.5, "not learned"),
+    ]
+    everyone = mrr_table(scores, include_unlearned=True).set_index("scheme")
+    assert everyone["mrr"].to_dict() == pytest.approx(mrr_table(_scores()).set_index("scheme")["mrr"].to_dict())
+    assert mrr_table(scores, competence=0.4).loc[lambda t: t["scheme"] == "rope", "queries"].item() == 4
+    with pytest.raises(ConfigError, match="--competence must be an accuracy"):
+        mrr_table(scores, competence=2.0)
+
+
 def test_token_scores_rank_by_per_token_accuracy() -> None:
     exact = _scores()
     # per-token accuracies ordered the other way round from exact match in every query: rope > alibi > nope
@@ -103,8 +132,12 @@ def test_nope_mrr_reads_evaluated_runs(tmp_path: Path) -> None:
         nope_mrr([tmp_path / "sweep"])
     evaluated = runner.invoke(app, ["eval-algorithmic", str(tmp_path / "sweep"), "--examples", "2", "--device", "cpu"])
     assert evaluated.exit_code == 0, evaluated.output
-    table = nope_mrr([tmp_path / "sweep"])
+    gated = nope_mrr([tmp_path / "sweep"], competence=1.0)  # two steps learn no task: both left out, and counted
+    assert gated["queries"].tolist() == [0, 0] and gated["not_learned"].tolist() == [1, 1]
+    assert gated["mrr"].isna().all() and gated.attrs["per_task"] == {"copy": (0, 2)}
+    table = nope_mrr([tmp_path / "sweep"], include_unlearned=True)
     assert sorted(table["scheme"]) == ["nope", "rope"]
     assert table["queries"].tolist() == [1, 1] and sorted(table["mrr"]) == [0.5, 1.0]
     assert table["in_distribution"].between(0, 1).all() and table["beyond"].between(0, 1).all()
-    assert nope_mrr([tmp_path / "sweep"], score="token")["beyond"].between(0, 1).all()
+    token = nope_mrr([tmp_path / "sweep"], score="token", include_unlearned=True)
+    assert token["beyond"].between(0, 1).all()

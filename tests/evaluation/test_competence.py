@@ -119,3 +119,13 @@ def test_a_run_directory_is_read_at_its_current_checkpoint(tmp_path: Path) -> No
     assert assess_run(run, "passkey").status == "not trained on this task"
     with pytest.raises(ConfigError, match="unknown task"):
         assess_run(run, "copi")
+
+
+def test_addition_weighs_lengths_as_its_split_does() -> None:
+    # addition's split holds 2(n - least) + 1 operand-length bins of length n: length 5 weighs 3, length 4 weighs 1
+    entries = [
+        {**alg("addition", 4, 1.0, 5), "train_min_length": 4},
+        {**alg("addition", 5, 0.0, 5), "train_min_length": 4},
+    ]
+    c = algorithmic_competence(entries, "addition", AlgorithmicDataConfig(tasks=["addition"], max_length=5))
+    assert c.accuracy == pytest.approx(0.25) and c.lengths == (4, 5)

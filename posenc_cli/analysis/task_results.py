@@ -1,0 +1,222 @@
+"""The task cells runs already stored (RULER-style retrieval, passkey, algorithmic), gathered for a sweep's or
+`compare`'s records, with the competence gate of each run × task (`evaluation.competence`).
+
+`stored_task_results` / `stored_passkey_results` / `stored_algorithmic_results` read each record's results file
+(cells of the run's current checkpoint and of the current prompt generator, the latest per cell) as result docs
+with the record's label, its "path" and training length; `task_rows` flattens them into one row per run × task ×
+scoring × length (the mean over depths) with the run's in-distribution accuracy and gate state beside every row,
+for results.csv; `task_frame` is one row per run × task × scoring, for the API. The numbers of a flagged run stay:
+only its `competence` column says "not learned" or "not trained on this task".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from posenc_cli.analysis.gather import current_checkpoint
+from posenc_cli.evaluation.competence import (
+    Competence,
+    algorithmic_competence,
+    check_threshold,
+    result_data_config,
+    retrieval_competence,
+)
+from posenc_cli.evaluation.results import checkpoint_key, read_results_file
+from posenc_cli.report.gate import DEFAULT_COMPETENCE
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "TASK_FIELDS",
+    "result_competence",
+    "scoring_of",
+    "stored_algorithmic_results",
+    "stored_passkey_results",
+    "stored_task_results",
+    "task_frame",
+    "task_rows",
+]
+
+# The columns results.csv gives a task row (besides the run's label, stage, job, scheme...).
+TASK_FIELDS = ("task", "scoring", "length", "multiple", "score", "in_distribution", "competence")
+
+
+def scoring_of(entry: dict[str, Any]) -> str:
+    """A stored retrieval cell's scoring (cells from before it was recorded were "exact")."""
+    return str(entry.get("scoring", "exact"))
+
+
+def _stored(records: Sequence[Any], path: Path, command: str, generator: int | None, key: Any) -> list[dict[str, Any]]:
+    """Result docs of `path` (inside each run) for the records that have it: the latest cell per `key(entry)` among
+    those of the run's current checkpoint (and of `generator`, when given). Failed jobs are left out."""
+    results = []
+    for record in records:
+        if record.status == "failed":
+            continue
+        doc = read_results_file(Path(record.run_dir) / path, command)
+        if doc is None:
+            continue
+        current = current_checkpoint(Path(record.run_dir))
+        ours = [
+            e
+            for e in doc["entries"]
+            if checkpoint_key(e) == current and (generator is None or e.get("generator", 1) == generator)
+        ]
+        cells = {key(e): e for e in ours}
+        if cells:
+            results.append(
+                {
+                    "run": record.label,
+                    "scheme": record.scheme or str(doc.get("scheme", "")),
+                    "path": str(record.run_dir),
+                    "train_length": doc.get("train_length"),
+                    "base_length": doc.get("base_length"),
+                    "entries": list(cells.values()),
+                }
+            )
+    return results
+
+
+def stored_task_results(records: Sequence[Any]) -> list[dict[str, Any]]:
+    """eval-tasks cells (eval/tasks.json) of the records' runs: the latest per task × scoring × length × depth."""
+    # deferred: the retrieval evaluation imports torch
+    from posenc_cli.data.ruler.base import GENERATOR_VERSION
+    from posenc_cli.evaluation.tasks.retrieval import COMMAND, TASKS_FILE
+
+    def key(e: dict[str, Any]) -> tuple[Any, ...]:
+        return e["task"], scoring_of(e), int(e["length"]), None if e.get("depth") is None else float(e["depth"])
+
+    return _stored(records, TASKS_FILE, COMMAND, GENERATOR_VERSION, key)
+
+
+def stored_passkey_results(records: Sequence[Any]) -> list[dict[str, Any]]:
+    """eval-passkey cells (eval/passkey.json) of the records' runs: the latest per length × depth."""
+    # deferred: the passkey evaluation imports torch
+    from posenc_cli.evaluation.passkey import PASSKEY_FILE
+
+    return _stored(records, PASSKEY_FILE, "eval-passkey", None, lambda e: (int(e["length"]), float(e["depth"])))
+
+
+def stored_algorithmic_results(records: Sequence[Any]) -> list[dict[str, Any]]:
+    """eval-algorithmic cells (eval/algorithmic.json) of the records' runs, of the current generator."""
+    # deferred: the algorithmic evaluation imports torch
+    from posenc_cli.data.algorithmic.base import GENERATOR_VERSION
+    from posenc_cli.evaluation.algorithmic import ALGORITHMIC_FILE, COMMAND
+
+    return _stored(records, ALGORITHMIC_FILE, COMMAND, GENERATOR_VERSION, lambda e: (e["task"], int(e["length"])))
+
+
+def result_competence(
+    result: dict[str, Any], task: str, family: str, threshold: float = DEFAULT_COMPETENCE, scoring: str | None = None
+) -> Competence:
+    """The gate of one result doc's `task`: `family` "algorithmic", "passkey" or "retrieval" (its `scoring` cells)."""
+    data = result_data_config(result)
+    entries = result["entries"]
+    if family == "algorithmic":
+        return algorithmic_competence(entries, task, data, threshold)
+    if family == "passkey":
+        return retrieval_competence(entries, "passkey", data, result.get("train_length"), threshold, "accuracy")
+    mine = [e for e in entries if scoring is None or scoring_of(e) == scoring]
+    return retrieval_competence(mine, task, data, result.get("train_length"), threshold)
+
+
+def _length_rows(result: dict[str, Any], task: str, family: str, scoring: str | None) -> list[dict[str, Any]]:
+    """(length, multiple, mean score over depths; None when a depth is n/a) of one run × task × scoring."""
+    metric = "score" if family == "retrieval" else "accuracy"
+    mine = [
+        e
+        for e in result["entries"]
+        if (family == "passkey" or e["task"] == task) and (scoring is None or scoring_of(e) == scoring)
+    ]
+    by_length: dict[int, list[dict[str, Any]]] = {}
+    for e in mine:
+        by_length.setdefault(int(e["length"]), []).append(e)
+    rows = []
+    for length, cells in sorted(by_length.items()):
+        values = [float(e[metric]) for e in cells if e.get("status") == "ok" and e.get(metric) is not None]
+        score = sum(values) / len(values) if values and len(values) == len(cells) else None
+        multiple = cells[0].get("multiple")
+        rows.append({"length": length, "multiple": None if multiple is None else float(multiple), "score": score})
+    return rows
+
+
+def _units(records: Sequence[Any]) -> list[tuple[dict[str, Any], str, str, str | None]]:
+    """(result doc, task, family, scoring) for every run × task × scoring the records' runs stored."""
+    units: list[tuple[dict[str, Any], str, str, str | None]] = []
+    for r in stored_task_results(records):
+        pairs = dict.fromkeys((str(e["task"]), scoring_of(e)) for e in r["entries"])
+        units += [(r, task, "retrieval", scoring) for task, scoring in pairs]
+    units += [(r, "passkey", "passkey", None) for r in stored_passkey_results(records)]
+    for r in stored_algorithmic_results(records):
+        units += [(r, task, "algorithmic", None) for task in dict.fromkeys(str(e["task"]) for e in r["entries"])]
+    return units
+
+
+def task_rows(records: Sequence[Any], threshold: float = DEFAULT_COMPETENCE) -> list[dict[str, Any]]:
+    """One row per run × task × scoring × length of the records' stored task cells: label, run_dir, scheme, task,
+    scoring ("contains"/"exact" for retrieval, "" otherwise), length, multiple (None for algorithmic instance
+    lengths), score (exact match or RULER's score, the mean over depths), and the run's in_distribution accuracy and
+    competence state on that task (`report.gate`)."""
+    check_threshold(threshold)
+    rows = []
+    for result, task, family, scoring in _units(records):
+        gate = result_competence(result, task, family, threshold, scoring)
+        for cell in _length_rows(result, task, family, scoring):
+            rows.append(
+                {
+                    "label": result["run"],
+                    "run_dir": result["path"],
+                    "scheme": result["scheme"],
+                    "task": task,
+                    "scoring": scoring or "",
+                    **cell,
+                    "multiple": cell["multiple"] if family != "algorithmic" else None,
+                    "in_distribution": gate.accuracy,
+                    "competence": gate.status,
+                }
+            )
+    return rows
+
+
+def task_frame(records: Sequence[Any], threshold: float = DEFAULT_COMPETENCE) -> pd.DataFrame:
+    """One row per run × task × scoring: columns run, task, scoring, in_distribution (the gate's accuracy, NaN when
+    none), competence (the gate's state: learned, not learned, not trained on this task, cannot measure, not
+    measured), learned (bool), beyond (the mean score beyond the training length: L+1..2L for algorithmic tasks,
+    lengths above the training length otherwise; NaN when none measured). `attrs["competence"]`: the threshold."""
+    # deferred: pandas costs seconds of start-up
+    import pandas as pd
+
+    check_threshold(threshold)
+    rows = []
+    for result, task, family, scoring in _units(records):
+        gate = result_competence(result, task, family, threshold, scoring)
+        cells = _length_rows(result, task, family, scoring)
+        if family == "algorithmic":
+            limit = max(int(e["train_max_length"]) for e in result["entries"] if e["task"] == task)
+            beyond = [c["score"] for c in cells if limit < c["length"] <= 2 * limit and c["score"] is not None]
+        else:
+            top = result.get("train_length")
+            beyond = [
+                c["score"]
+                for c in cells
+                if c["score"] is not None
+                and (c["length"] > top if top is not None else (c["multiple"] or 0.0) > 1.0 + 1e-9)
+            ]
+        rows.append(
+            {
+                "run": result["run"],
+                "task": task,
+                "scoring": scoring or "",
+                "in_distribution": float("nan") if gate.accuracy is None else gate.accuracy,
+                "competence": gate.status,
+                "learned": gate.learned,
+                "beyond": sum(beyond) / len(beyond) if beyond else float("nan"),
+            }
+        )
+    columns = ["run", "task", "scoring", "in_distribution", "competence", "learned", "beyond"]
+    frame = pd.DataFrame(rows, columns=columns)
+    frame.attrs["competence"] = threshold
+    return frame
