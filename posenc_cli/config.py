@@ -171,6 +171,15 @@ class TrainConfig:
     # reference trains one example per sequence from position 0: McGill-NLP/length-generalization 40f8a44,
     # configs/data/seq2seq.jsonnet, decoder_only_group_samples: false). Needs documents shorter than seq_len.
     window_start: Literal["uniform", "document"] = "uniform"
+    # What the loss trains on (posenc_cli/data/rows.py): "all" tokens, or the "answer": the tokens a data source
+    # marks as scored (a prompt/answer example's answer and its end-of-document token; plain text: every token), as
+    # the NoPE paper's reference does (McGill-NLP/length-generalization 40f8a44, decoder_only_mask_inputs: true).
+    loss_on: Literal["all", "answer"] = "all"
+    # How examples fill the rows of a batch: "stream" (windows of the concatenated token stream, window_start as
+    # above), "none" (one example per row from position 0 after an end-of-document token, right-padded: the
+    # reference's decoder_only_group_samples: false) or "document" (whole examples packed into a row, positions
+    # restarting at 0 and attention kept within each example by a block-diagonal mask).
+    packing: Literal["stream", "none", "document"] = "stream"
     # torch.compile of the model's training steps (posenc_cli/run/compile.py): false (eager), true (mode "default"),
     # or one of torch.compile's modes; "reduce-overhead" adds CUDA graphs, for small models whose GPU steps are
     # launch-bound. Validation and evaluation stay eager. Changes speed and float rounding, not what is trained.
@@ -199,6 +208,13 @@ class TrainConfig:
                 raise ConfigError(f"train.{name}={value} must be 0 (off) or >= train.seq_len={self.seq_len}")
         if self.random_positions and self.pose_length:
             raise ConfigError("train.random_positions and train.pose_length exclude each other; set one to 0")
+        if self.packing != "stream":
+            for name, off in (("random_positions", 0), ("pose_length", 0), ("window_start", "uniform")):
+                if getattr(self, name) != off:
+                    raise ConfigError(
+                        f"train.packing={self.packing} sets each example's positions itself; train.{name} needs "
+                        f"train.packing=stream (or train.{name}={off})"
+                    )
         if self.pose_length and self.pose_chunks > self.seq_len:
             raise ConfigError(f"train.pose_chunks={self.pose_chunks} must be <= train.seq_len={self.seq_len}")
         positive(self, "train", "save_every")

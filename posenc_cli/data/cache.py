@@ -3,8 +3,11 @@
 The corpus sources (stdlib, text, hf, passkey; one module each) and their train/validation split live in
 `posenc_cli.data.sources`.
 Each split is tokenized once into a flat array of ids, stored as raw `uint16`/`int32` under
-`<cache>/tokens/<key>/` with key = hash(source fingerprint, tokenizer fingerprint), and memory-mapped afterwards.
-Arrays are written atomically and the manifest last: an entry without a matching manifest is never trusted.
+`<cache>/tokens/<key>/` with key = hash(source fingerprint, tokenizer fingerprint, `LAYOUT`), and memory-mapped
+afterwards. Beside the ids of a split whose documents have unscored parts (`data.sources.base.Marked`: the prompts of
+prompt/answer examples) lies its scored mask, one `uint8` per id (1: a target `train.loss_on=answer` trains on);
+a split without one is scored everywhere. Arrays are written atomically and the manifest last: an entry without a
+matching manifest is never trusted.
 """
 
 from __future__ import annotations
@@ -42,22 +45,28 @@ __all__ = [
     "eval_windows",
     "load_corpus",
     "sample_batch",
+    "window_index",
 ]
 
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 BPE_TRAIN_BYTES = 4_000_000  # BPE is trained on an evenly strided sample of about this much training text
+BATCH_TOKENS = 1 << 22  # ones written at a time when a mask starts after unmasked documents
+LAYOUT = 2  # bump when an entry's files change (2: the scored mask beside the ids); part of the key
 
 
 @dataclass
 class Corpus:
-    """Token ids of both splits (1-D, memory-mapped), the tokenizer that made them, and a JSON-safe summary."""
+    """Token ids of both splits (1-D, memory-mapped), the tokenizer that made them, a JSON-safe summary, and each
+    split's scored mask (1-D uint8 beside the ids, memory-mapped; None: every token scored)."""
 
     train: np.ndarray
     val: np.ndarray
     tokenizer: Tokenizer
     info: dict[str, Any]
+    train_scored: np.ndarray | None = None
+    val_scored: np.ndarray | None = None
 
 
 def cache_root(data: DataConfig) -> Path:
@@ -103,9 +112,10 @@ def _corpus_tokenizer(
     return bpe
 
 
-def tokenize(tokenizer: Tokenizer, docs: Sequence[str]) -> np.ndarray:
-    """Ids of `docs`, each followed by end-of-document (the one place the cache builder tokenizes)."""
-    return tokenizer.encode_documents(docs)
+def tokenize(tokenizer: Tokenizer, docs: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Ids of `docs`, each followed by end-of-document, and their scored marks (uint8; `Tokenizer.encode_scored`):
+    the one place the cache builder tokenizes."""
+    return tokenizer.encode_scored(docs)
 
 
 def write_ids(f: Any, ids: np.ndarray) -> None:
@@ -115,19 +125,21 @@ def write_ids(f: Any, ids: np.ndarray) -> None:
 
 
 def _cache_key(source_fp: str, tokenizer_fp: str) -> str:
-    return short_hash("tokens", FORMAT_VERSION, source_fp, tokenizer_fp)
+    return short_hash("tokens", FORMAT_VERSION, LAYOUT, source_fp, tokenizer_fp)
 
 
 def read_manifest(entry: Path, key: str) -> dict[str, Any] | None:
     """The manifest of a complete cache entry, or None when anything is missing or does not match."""
     try:
         manifest = load_json(entry / MANIFEST, what="token cache manifest", max_bytes=2**20, error=DataError)
-        if manifest["format"] != FORMAT_VERSION or manifest["key"] != key:
+        if manifest["format"] != FORMAT_VERSION or manifest.get("layout") != LAYOUT or manifest["key"] != key:
             return None
         itemsize = np.dtype(manifest["dtype"]).itemsize
         for split in SPLITS:
             meta = manifest["splits"][split]
             if (entry / meta["file"]).stat().st_size != meta["tokens"] * itemsize:
+                return None
+            if meta["scored_file"] is not None and (entry / meta["scored_file"]).stat().st_size != meta["tokens"]:
                 return None
     except (UserError, OSError, ValueError, KeyError, TypeError):
         return None
@@ -145,19 +157,39 @@ def _build_entry(
     done = 0
     splits: dict[str, Any] = {}
     for i, (name, docs) in enumerate((("train", train), ("val", val))):
-        n_tokens = n_bytes = 0
-        with atomic_path(entry / f"{name}.bin") as tmp, open(tmp, "wb") as f:
+        n_tokens = n_bytes = n_scored = 0
+        mask_path = entry / f"{name}.scored.bin"
+        mask_path.unlink(missing_ok=True)
+        with contextlib.ExitStack() as files:
+            f = files.enter_context(open(files.enter_context(atomic_path(entry / f"{name}.bin")), "wb"))
+            mask_f = None  # opened at the first unscored token, with ones for the tokens before it
             for batch in docs.batches():
-                ids = tokenize(tokenizer, batch)
+                ids, scored = tokenize(tokenizer, batch)
                 write_ids(f, ids.astype(tokenizer.dtype, copy=False))
+                if mask_f is None and not scored.all():
+                    mask_f = files.enter_context(open(files.enter_context(atomic_path(mask_path)), "wb"))
+                    for at in range(0, n_tokens, BATCH_TOKENS):
+                        write_ids(mask_f, np.ones(min(BATCH_TOKENS, n_tokens - at), dtype=np.uint8))
+                if mask_f is not None:
+                    write_ids(mask_f, scored)
                 n_tokens += int(ids.size)
                 n_bytes += int(tokenizer.token_bytes[ids].sum())
+                n_scored += int(scored.sum())
                 done += len(batch)
                 report_progress(progress, "tokenizing", done, total)
-        splits[name] = {"file": f"{name}.bin", "documents": docs.count, "tokens": n_tokens, "bytes": n_bytes}
+        masked = n_scored < n_tokens  # a split scored everywhere keeps no mask
+        splits[name] = {
+            "file": f"{name}.bin",
+            "documents": docs.count,
+            "tokens": n_tokens,
+            "bytes": n_bytes,
+            "scored_file": mask_path.name if masked else None,
+            "scored_tokens": n_scored,
+        }
         report_progress(progress, "writing", i + 1, 3)
     manifest = {
         "format": FORMAT_VERSION,
+        "layout": LAYOUT,
         "key": key,
         "dtype": tokenizer.dtype.name,
         "split_method": method,
@@ -176,6 +208,14 @@ def _open_split(entry: Path, manifest: dict[str, Any], split: str) -> np.ndarray
     if meta["tokens"] == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(entry / meta["file"], dtype=dtype, mode="r", shape=(meta["tokens"],))
+
+
+def _open_scored(entry: Path, manifest: dict[str, Any], split: str) -> np.ndarray | None:
+    """The split's scored mask (uint8, one per id), None when every token is scored."""
+    meta = manifest["splits"][split]
+    if meta["scored_file"] is None:
+        return None
+    return np.memmap(entry / meta["scored_file"], dtype=np.uint8, mode="r", shape=(meta["tokens"],))
 
 
 def load_corpus(
@@ -211,6 +251,7 @@ def load_corpus(
         "documents": {s: splits[s]["documents"] for s in SPLITS},
         "bytes": {s: splits[s]["bytes"] for s in SPLITS},
         "tokens": {s: splits[s]["tokens"] for s in SPLITS},
+        "scored_tokens": {s: splits[s]["scored_tokens"] for s in SPLITS},
         "tokenizer": tokenizer.kind,
         "vocab_size": tokenizer.vocab_size,
         "tokenizer_fingerprint": tokenizer.fingerprint,
@@ -220,7 +261,14 @@ def load_corpus(
     }
     info.setdefault("python_version", platform.python_version())
     info["seconds"] = round(time.perf_counter() - t0, 3)
-    return Corpus(_open_split(entry, manifest, "train"), _open_split(entry, manifest, "val"), tokenizer, info)
+    return Corpus(
+        _open_split(entry, manifest, "train"),
+        _open_split(entry, manifest, "val"),
+        tokenizer,
+        info,
+        train_scored=_open_scored(entry, manifest, "train"),
+        val_scored=_open_scored(entry, manifest, "val"),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -239,17 +287,22 @@ def sample_batch(
     Start offsets are uniform over [0, len - seq_len - 1], or, given `starts` (`document_starts`), drawn uniformly
     from those offsets; either way drawn with `generator` (same state => same batch).
     """
-    n = len(tokens)
+    index = window_index(len(tokens), batch_size, seq_len, generator, starts)  # (B, T+1)
+    windows = torch.from_numpy(np.asarray(tokens[index]).astype(np.int64))  # (B, T+1)
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+def window_index(
+    n: int, batch_size: int, seq_len: int, generator: torch.Generator, starts: np.ndarray | None = None
+) -> np.ndarray:
+    """The offsets (B, seq_len + 1) of `sample_batch`'s windows into a split of `n` tokens (its random draws)."""
     if n < seq_len + 1:
         raise DataError(f"the split has {n} tokens, fewer than seq_len + 1 = {seq_len + 1}")
     if starts is None:
         offsets = torch.randint(0, n - seq_len, (batch_size,), generator=generator, device=generator.device)
-        index = offsets.cpu().numpy()[:, None] + np.arange(seq_len + 1)  # (B, T+1)
-    else:
-        pick = torch.randint(0, len(starts), (batch_size,), generator=generator, device=generator.device)
-        index = starts[pick.cpu().numpy()][:, None] + np.arange(seq_len + 1)  # (B, T+1)
-    windows = torch.from_numpy(np.asarray(tokens[index]).astype(np.int64))  # (B, T+1)
-    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+        return offsets.cpu().numpy()[:, None] + np.arange(seq_len + 1)  # (B, T+1)
+    pick = torch.randint(0, len(starts), (batch_size,), generator=generator, device=generator.device)
+    return starts[pick.cpu().numpy()][:, None] + np.arange(seq_len + 1)  # (B, T+1)
 
 
 def document_starts(tokens: np.ndarray, eod_id: int, seq_len: int) -> np.ndarray:

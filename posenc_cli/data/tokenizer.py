@@ -52,6 +52,26 @@ class Tokenizer:
         """Ids of every document each followed by `eod_id`, concatenated: shape (sum n_i + len(texts),)."""
         raise NotImplementedError
 
+    def encode_scored(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """`encode_documents(texts)` and, per id, whether it is scored (uint8, same shape): every token of a plain
+        `str`; of a document with `pieces` (`data.sources.base.Marked`), the tokens of its scored pieces, and each
+        end-of-document token when its document's last piece is scored. The ids are exactly `encode_documents`'s.
+
+        A piece's tokens are found by encoding the text up to each piece boundary: the tokens that text shares with
+        the whole document's belong to the pieces before the boundary, so a token a tokenizer merges across the
+        boundary belongs to the later piece (a prompt's last byte merged into the answer's first token is scored)."""
+        ids = self.encode_documents(texts)
+        scored = np.ones(ids.size, dtype=np.uint8)
+        if not any(hasattr(t, "pieces") for t in texts):
+            return ids, scored
+        ends = np.flatnonzero(ids == self.eod_id)  # (D,): only the pipeline places end-of-document tokens
+        starts = np.concatenate([[0], ends[:-1] + 1])  # (D,)
+        for text, start, end in zip(texts, starts.tolist(), ends.tolist(), strict=True):  # one step per document
+            pieces = getattr(text, "pieces", None)
+            if pieces is not None:
+                scored[start : end + 1] = _piece_marks(self, pieces, np.asarray(ids[start:end], dtype=np.int64))
+        return ids, scored
+
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
         """Text of `ids`; end-of-document renders as `<|endoftext|>`, broken UTF-8 as U+FFFD."""
         raise NotImplementedError
@@ -61,6 +81,24 @@ class Tokenizer:
 
     def describe(self) -> str:
         return f"{self.kind} (vocab {self.vocab_size})"
+
+
+def _piece_marks(tokenizer: Tokenizer, pieces: Sequence[tuple[str, bool]], whole: np.ndarray) -> np.ndarray:
+    """Scored marks (uint8) of one document's `whole` ids and its end-of-document token (`Tokenizer.encode_scored`)."""
+    marks = np.zeros(whole.size + 1, dtype=np.uint8)
+    start, prefix = 0, ""
+    for i, (text, scored) in enumerate(pieces):  # one step per piece
+        prefix += text
+        if i + 1 < len(pieces):
+            head = tokenizer.encode(prefix)
+            n = min(head.size, whole.size)
+            same = head[:n] == whole[:n]
+            end = n if same.all() else int(np.argmin(same))  # tokens shared with the whole document's
+        else:
+            end = whole.size + 1  # the last piece owns the end-of-document token
+        marks[start:end] = scored
+        start = max(start, end)
+    return marks
 
 
 class ByteTokenizer(Tokenizer):
@@ -88,6 +126,19 @@ class ByteTokenizer(Tokenizer):
         out[is_byte] = np.frombuffer(b"".join(raw), dtype=np.uint8)
         out[ends] = self.eod_id
         return out
+
+    def encode_scored(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """As `Tokenizer.encode_scored`, from the pieces' byte lengths (a byte is a token)."""
+        ids = self.encode_documents(texts)
+        if not any(hasattr(t, "pieces") for t in texts):
+            return ids, np.ones(ids.size, dtype=np.uint8)
+        marks: list[np.ndarray] = []
+        for text in texts:  # one step per document
+            pieces = getattr(text, "pieces", None) or [(text, True)]
+            for piece, scored in pieces:
+                marks.append(np.full(len(piece.encode("utf-8")), scored, dtype=np.uint8))
+            marks.append(np.array([pieces[-1][1]], dtype=np.uint8))  # the end-of-document token
+        return ids, np.concatenate(marks)
 
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
         arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64).ravel()

@@ -7,18 +7,21 @@ validation, atomic checkpoints, exact resume, graceful SIGTERM/SIGINT and non-fi
                n_params, tokens_per_step, seq_len}
   step        {step, steps, loss, lr, grad_norm, tokens, tokens_per_s (session mean), interval_tokens_per_s
                (since the last logged step), elapsed_s, logged}                             after every update
+              (tokens: input tokens processed, padding not counted; loss: mean NLL per scored target)
   eval        {step, val_loss, seconds}               seconds: how long it took (for profiling)
   checkpoint  {step, status, seconds}
   drope       {step, n_params}                     positions dropped after update `step` (train.drope_at)
   end         {result}
 The CLI renders them (rich progress bar on a terminal, plain lines otherwise). Around the loop: `run_dir` (run
 names, config checks), `outcome` (results), `interrupts` (signals, the run lock), `validation` (the validation loss),
-`drope` (train.drope_at: where the positions are dropped, and how a checkpoint records it).
+`drope` (train.drope_at: where the positions are dropped, and how a checkpoint records it), `data.rows` (the rows
+of a batch by train.packing, and the targets train.loss_on counts).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -26,6 +29,7 @@ import platform
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -37,17 +41,26 @@ from torch import Tensor
 
 from posenc_cli import __version__
 from posenc_cli.config import Config, config_to_yaml
-from posenc_cli.data.cache import document_starts, load_corpus, sample_batch
+from posenc_cli.data.cache import document_starts, load_corpus
+from posenc_cli.data.rows import (
+    Rows,
+    check_examples_fit,
+    draw_examples,
+    example_rows,
+    find_examples,
+    packed_rows,
+    stream_rows,
+)
 from posenc_cli.data.tokenizer import load_tokenizer
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
-from posenc_cli.model import build_model
+from posenc_cli.model import GPT, build_model
 from posenc_cli.positional import build_scheme
 from posenc_cli.positional.ids import pose_position_ids, random_position_ids
 from posenc_cli.run import compile as compiling
 from posenc_cli.run import distributed
 from posenc_cli.run.device import Precision, autocast, resolve_device, resolve_precision, threads
 from posenc_cli.run.distributed import DistInfo
-from posenc_cli.run.drope import DROPPED_KEY, check_drope, dropped_at
+from posenc_cli.run.drope import DROPPED_KEY, check_drope, drop_as_recorded, dropped_at, dropped_record
 from posenc_cli.run.interrupts import LOCK_FILE, Interrupts, run_lock
 from posenc_cli.run.journal import commit_checkpoint, committed_file, recover
 from posenc_cli.run.layout import CONFIG_FILE, META_FILE, METRICS_FILE, MODEL_FILE, STATE_FILE, STATE_JSON
@@ -77,13 +90,28 @@ from posenc_cli.run.resume_state import (
     unpack_optimizer,
 )
 from posenc_cli.run.run_dir import CLAIM_FILE, claim_run_dir, config_diff, existing_meta, model_preset_name
-from posenc_cli.run.validation import evaluate_loss, validation_batches
+from posenc_cli.run.validation import ValidationSet, evaluate_loss, evaluate_scored, scored_nll, validation_set
 from posenc_cli.run.verified import load_tensors, read_verified
 from posenc_cli.run.weights import load_weights_into, model_file_bytes, tokenizer_files
 
 Callback = Callable[[dict[str, Any]], None]
 
 NAN_ENV = "POSENC_DEBUG_NAN_AT_STEP"  # test hook: make the loss of this (1-based) step NaN
+
+
+@dataclass
+class _Batch:
+    """One micro-batch on this rank: inputs, targets, position ids, document ids, the targets the loss counts (None:
+    all), all (B/N, T); `real` and `scored`: input tokens that are not padding and counted targets of the whole
+    (global) micro-batch."""
+
+    x: Tensor
+    y: Tensor
+    position_ids: Tensor | None
+    documents: Tensor | None
+    weights: Tensor | None
+    real: int
+    scored: int
 
 
 class TrainingDiverged(UserError):
@@ -122,6 +150,7 @@ def train(
     cfg.validate()
     check_budget(cfg)  # before any allocation, and before anything is written
     _check_position_reach(cfg)
+    _check_packing(cfg)
     check_drope(cfg)
     run_dir = Path(out_dir)
     info = distributed.env_info()  # under torchrun: this rank of a data-parallel job (see posenc_cli.run.distributed)
@@ -246,6 +275,12 @@ def _check_position_reach(cfg: Config) -> None:
         )
 
 
+def _check_packing(cfg: Config) -> None:
+    """Refuse train.packing=document while the model cannot keep attention within each document."""
+    if cfg.train.packing == "document" and "documents" not in inspect.signature(GPT.forward).parameters:
+        raise ConfigError("train.packing=document needs the model's document mask, which this posenc lacks")
+
+
 def _session_precision(precision: str, device: torch.device, prev: RunMeta | None) -> Precision:
     """The precision of this session: `precision=auto` continues a run in the precision it trained in, so a run has
     one precision and the label in its meta.json (what its evaluations compute in) stays true when it is resumed on
@@ -317,10 +352,11 @@ class _Trainer:
         torch.manual_seed(seed)
         self.model = build_model(cfg, self.tokenizer.vocab_size)
         if meta is not None and dropped_at(meta, committed_file(run_dir, META_FILE)) is not None:
-            self.model.drop_positions()  # the checkpoint holds the model without its scheme's parameters
+            drop_as_recorded(self.model, meta)  # the checkpoint holds the model without its scheme's parameters
         elif parent is not None and parent.model.positions_dropped:
-            self.model.drop_positions()  # a child of a dropped run starts without positions
-            self.meta_extra = {DROPPED_KEY: 0} | self.meta_extra
+            keep = parent.model.keeps_layout
+            self.model.drop_positions(keep_layout=keep)  # a child of a dropped run starts without positions
+            self.meta_extra = dropped_record(0, keep) | self.meta_extra
         if parent is not None:
             try:
                 self.model.load_state_dict(parent.model.state_dict(), strict=True)
@@ -344,8 +380,25 @@ class _Trainer:
         self.dropped_now = self._drop_if_due()  # a run continued past train.drope_at (--force-config, extra steps)
         if info.rank > 0:  # own dropout streams per rank (the sampler stream is shared: see _batch)
             torch.manual_seed(distributed.rank_seed(seed, info.rank, self.step))
-        windows = validation_batches(self.corpus.val, self.tc.batch_size, self.tc.seq_len, self.tc.eval_batches)
-        self.windows = distributed.shard_rows(windows, info, dim=1).to(self.device)  # (n, B/N, T+1) per rank
+        tc = self.tc
+        self.examples = None
+        if tc.packing != "stream":  # refused in one line before training when an example does not fit a row
+            self.examples = find_examples(self.corpus.train, self.tokenizer.eod_id)
+            check_examples_fit(self.examples, tc.seq_len, tc.packing, "training")
+        vset = validation_set(
+            self.corpus.val,
+            self.corpus.val_scored,
+            tc.batch_size,
+            tc.seq_len,
+            tc.eval_batches,
+            packing=tc.packing,
+            answer_only=tc.loss_on == "answer",
+            eod_id=self.tokenizer.eod_id,
+        )
+        self.windows = distributed.shard_rows(vset.windows, info, dim=1).to(self.device)  # (n, B/N, T+1) per rank
+        self.val_weights = None  # (n, B/N, T) per rank: the targets validation counts (None: all)
+        if vset.weights is not None:
+            self.val_weights = distributed.shard_rows(vset.weights, info, dim=1).to(self.device)
         self.saved: tuple[int, str] | None = (self.step, str(self.prev_meta.status)) if meta is not None else None
         compiling.warm_up(self._dummy_forward, self.params, self.device, cfg.train.compile)  # before the clock
 
@@ -372,7 +425,7 @@ class _Trainer:
         for p in self.params:
             if p in old.state:
                 self.optimizer.state[p] = old.state[p]
-        self.meta_extra = self.meta_extra | {DROPPED_KEY: self.step}
+        self.meta_extra = self.meta_extra | dropped_record(self.step)
         return True
 
     def _emit_drope(self) -> None:
@@ -384,6 +437,9 @@ class _Trainer:
         x = distributed.shard_rows(torch.zeros(tc.batch_size, tc.seq_len, dtype=torch.long), self.dist)
         x = x.to(self.device)  # (B/N, T)
         with autocast(self.device, self.precision):
+            if tc.packing == "document":
+                ids = torch.arange(tc.seq_len, device=self.device).expand_as(x).contiguous()
+                return self.ddp(x, position_ids=ids, documents=torch.zeros_like(x))
             if not (tc.random_positions or tc.pose_length):
                 return self.ddp(x)
             return self.ddp(x, position_ids=torch.arange(tc.seq_len, device=self.device).expand_as(x).contiguous())
@@ -450,29 +506,48 @@ class _Trainer:
                 rng_at_start = capture_rng(self.sampler) if tc.grad_accum > 1 and not self.dist.enabled else None
                 stopped_within = False
                 compiling.step_begin(tc.compile, self.device)  # CUDA graphs: one iteration per optimizer step
+                step_tokens = counted = 0  # input tokens (no padding) and counted targets of the global batch
+                weighted = False
                 for micro in range(tc.grad_accum):
                     if rng_at_start is not None and interrupts.signum is not None:
                         stopped_within = True
                         break
-                    x, y, ids = self._batch()
+                    b = self._batch()
+                    weighted = b.weights is not None
                     with self._sync_grads(last=micro == tc.grad_accum - 1):
                         with autocast(self.device, self.precision):
-                            # (B, T, V); B/N rows per rank in a data-parallel job
-                            logits = self.ddp(x) if ids is None else self.ddp(x, position_ids=ids)
-                        loss = F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
+                            logits = self._forward(b)  # (B, T, V); B/N rows per rank in a data-parallel job
+                        if weighted:  # summed over this rank's counted targets; divided by the step's count below
+                            assert b.weights is not None
+                            loss = scored_nll(logits, b.y, b.weights)
+                            share = loss * self.dist.world_size  # DDP averages the ranks' gradients: their sum
+                        else:  # every target counts: the mean of each micro-batch, as always
+                            loss = F.cross_entropy(logits.float().reshape(-1, V), b.y.reshape(-1))
+                            share = loss / tc.grad_accum
                         if nan_at == self.step + 1:
-                            loss = loss * float("nan")
-                        (loss / tc.grad_accum).backward()
+                            loss, share = loss * float("nan"), share * float("nan")
+                        share.backward()
                     loss_sum += loss.detach()
+                    step_tokens, counted = step_tokens + b.real, counted + b.scored
                 if stopped_within:
                     assert rng_at_start is not None
                     self.optimizer.zero_grad(set_to_none=True)
                     restore_rng(*rng_at_start, self.sampler)
                     break
-                if self.dist.enabled:  # the global batch's mean loss, identical on every rank
-                    loss_sum = distributed.all_reduce_(loss_sum, self.dist) / self.dist.world_size
+                if weighted:  # the mean over the counted targets of the global batch (grad_accum, ranks: one pool)
+                    scale = 1.0 / max(counted, 1)
+                    for p in self.params:
+                        if p.grad is not None:
+                            p.grad.mul_(scale)
+                    if self.dist.enabled:
+                        loss_sum = distributed.all_reduce_(loss_sum, self.dist)
+                    step_loss = loss_sum * scale
+                else:
+                    if self.dist.enabled:  # the global batch's mean loss, identical on every rank
+                        loss_sum = distributed.all_reduce_(loss_sum, self.dist) / self.dist.world_size
+                    step_loss = loss_sum / tc.grad_accum
                 gnorm = self._clip()
-                loss_val, gnorm_val = torch.stack([loss_sum / tc.grad_accum, gnorm.float()]).tolist()  # one sync
+                loss_val, gnorm_val = torch.stack([step_loss, gnorm.float()]).tolist()  # one sync
                 if not math.isfinite(loss_val) or not math.isfinite(gnorm_val):
                     what, value = ("loss", loss_val) if not math.isfinite(loss_val) else ("gradient norm", gnorm_val)
                     self.metrics.close()
@@ -486,11 +561,11 @@ class _Trainer:
                 if self._drop_if_due():  # before this step's validation and checkpoint: both see the dropped model
                     self._emit_drope()
                     compiling.warm_up(self._dummy_forward, self.params, self.device, tc.compile)
-                self.tokens += tokens_per_step
-                self.session_tokens += tokens_per_step
+                self.tokens += step_tokens
+                self.session_tokens += step_tokens
                 dt = time.perf_counter() - t0
                 self.train_time += dt
-                log_t, log_tokens = log_t + dt, log_tokens + tokens_per_step
+                log_t, log_tokens = log_t + dt, log_tokens + step_tokens
                 self.train_loss = loss_val
                 val = None
                 if self.step % tc.eval_every == 0 or self.step == steps:
@@ -550,20 +625,43 @@ class _Trainer:
             self._document_starts = document_starts(self.corpus.train, self.tokenizer.eod_id, self.tc.seq_len)
         return self._document_starts
 
-    def _batch(self) -> tuple[Tensor, Tensor, Tensor | None]:
-        """The next global batch (B, T) from the sampler stream and its position ids (B, T) (None: 0..T−1, unless
-        train.random_positions or train.pose_length, drawn from the same stream); in a job, this rank's B/N rows."""
+    def _rows(self) -> Rows:
+        """The next global batch's rows by train.packing, drawn from the sampler stream (`data.rows`)."""
+        tc, corpus, eod = self.tc, self.corpus, self.tokenizer.eod_id
+        answer = tc.loss_on == "answer"
+        if self.examples is None:
+            starts, scored = self._window_starts(), corpus.train_scored
+            return stream_rows(corpus.train, scored, tc.batch_size, tc.seq_len, self.sampler, starts, answer)
+        if tc.packing == "none":
+            picks = draw_examples(self.examples, tc.batch_size, self.sampler)
+            return example_rows(corpus.train, corpus.train_scored, self.examples, picks, tc.seq_len, eod, answer)
+        return packed_rows(
+            corpus.train, corpus.train_scored, self.examples, tc.batch_size, tc.seq_len, self.sampler, eod, answer
+        )
+
+    def _batch(self) -> _Batch:
+        """The next global batch (B, T) from the sampler stream, its position ids (B, T) (None: 0..T−1, unless
+        train.packing=document, train.random_positions or train.pose_length, drawn from the same stream), document
+        ids and counted targets; in a job, this rank's B/N rows."""
         tc = self.tc
-        x, y = sample_batch(self.corpus.train, tc.batch_size, tc.seq_len, self.sampler, self._window_starts())
-        ids = None
+        rows = self._rows()
+        ids = rows.position_ids
         if tc.random_positions:
             ids = random_position_ids(tc.batch_size, tc.seq_len, tc.random_positions, self.sampler)
         elif tc.pose_length:
             ids = pose_position_ids(tc.batch_size, tc.seq_len, tc.pose_length, self.sampler, tc.pose_chunks)
-        x, y = distributed.shard_rows(x, self.dist), distributed.shard_rows(y, self.dist)
-        if ids is not None:
-            ids = distributed.shard_rows(ids, self.dist).to(self.device, non_blocking=True)
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True), ids
+
+        def mine(t: Tensor | None) -> Tensor | None:
+            return None if t is None else distributed.shard_rows(t, self.dist).to(self.device, non_blocking=True)
+
+        x, y = mine(rows.tokens[:, :-1].contiguous()), mine(rows.tokens[:, 1:].contiguous())
+        assert x is not None and y is not None
+        return _Batch(x, y, mine(ids), mine(rows.documents), mine(rows.weights), rows.real, rows.scored)
+
+    def _forward(self, b: _Batch) -> Tensor:
+        if b.documents is not None:
+            return self.ddp(b.x, position_ids=b.position_ids, documents=b.documents)
+        return self.ddp(b.x) if b.position_ids is None else self.ddp(b.x, position_ids=b.position_ids)
 
     def _sync_grads(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         """DDP averages gradients on the last micro-batch of a step only (no_sync before it)."""
@@ -579,8 +677,16 @@ class _Trainer:
     def _evaluate(self) -> float:
         """Validation loss on the fixed windows; in a job each rank scores its rows and the mean is all-reduced."""
         start = time.perf_counter()
-        val = evaluate_loss(self.model, self.windows, self.device, self.precision)
-        if self.dist.enabled:
+        if self.val_weights is not None:  # the mean over the counted targets of every rank's rows
+            vset = ValidationSet(self.windows, self.val_weights)
+            sums = torch.tensor(evaluate_scored(self.model, vset, self.device, self.precision), dtype=torch.float64)
+            if self.dist.enabled:
+                sums = distributed.all_reduce_(sums.to(self.device), self.dist)
+            total, count = sums.tolist()
+            val = total / max(count, 1.0)
+        else:
+            val = evaluate_loss(self.model, self.windows, self.device, self.precision)
+        if self.dist.enabled and self.val_weights is None:
             t = distributed.all_reduce_(torch.tensor(val, dtype=torch.float64, device=self.device), self.dist)
             val = float(t.item()) / self.dist.world_size
         self.val_loss = val

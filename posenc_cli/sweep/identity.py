@@ -28,6 +28,8 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "eval.longppl": True,
     "extend.layers": "global",
     "train.drope_at": 0,
+    "train.loss_on": "all",
+    "train.packing": "stream",
     "model.temperature_c": 0.0,
     "model.temperature_form": "cell",
 }

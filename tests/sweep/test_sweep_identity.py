@@ -148,3 +148,17 @@ def test_identity_ignores_speed_and_logging_and_names_the_parent() -> None:
     child_a, child_b = job_identity(compose_config([]), "aaaa"), job_identity(compose_config([]), "bbbb")
     assert identity_hash(child_a) != identity_hash(child_b)  # a child of a retrained parent is not its old self
     assert "derived from a parent run planned with another config" in difference(Path("D"), child_a, child_b)
+
+
+def test_identity_names_the_training_recipe_only_when_it_is_not_the_old_one() -> None:
+    """train.loss_on and train.packing at their defaults (what every job did before they existed) leave an identity
+    as it was, so sweeps planned before them reuse their jobs; any other value is part of it."""
+    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.sweep.identity import identity_hash, job_identity
+
+    base = job_identity(compose_config(["pos=rope"]))
+    assert not {"train.loss_on", "train.packing"} & set(base)
+    answer = job_identity(compose_config(["pos=rope", "train.loss_on=answer"]))
+    packed = job_identity(compose_config(["pos=rope", "train.packing=none"]))
+    assert answer["train.loss_on"] == "answer" and packed["train.packing"] == "none"
+    assert len({identity_hash(base), identity_hash(answer), identity_hash(packed)}) == 3

@@ -48,6 +48,7 @@ from posenc_cli.data.sources.base import (
     ProgressFn,
     Source,
     memory_table,
+    prompt_answer,
     short_hash,
     whole,
 )
@@ -119,7 +120,8 @@ def draw_length(rng: np.random.Generator, low: int, cumulative: np.ndarray) -> i
 
 
 def make_documents(data: AlgorithmicDataConfig, n: int, seed_part: int) -> list[str]:
-    """`n` example texts of the mixture; the same arguments give the same list (`seed_part` 0: train, 1: val)."""
+    """`n` examples of the mixture, each its prompt and its scored answer (`prompt_answer`); the same arguments give
+    the same list (`seed_part` 0: train, 1: val)."""
     rng = np.random.default_rng([data.seed, GENERATOR_VERSION, seed_part])
     tasks = [task_class(name) for name in data.tasks]
     ranges = [length_range(data, name) for name in data.tasks]
@@ -129,7 +131,7 @@ def make_documents(data: AlgorithmicDataConfig, n: int, seed_part: int) -> list[
         i = int(rng.integers(0, len(tasks)))
         low = ranges[i][0]
         example = tasks[i].sample_in(rng, draw_length(rng, low, weights[i]), low)
-        docs.append(example.text)
+        docs.append(prompt_answer(example.prompt, example.answer))  # the text is `example.text`
     return docs
 
 

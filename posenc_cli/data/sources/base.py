@@ -4,6 +4,10 @@ A data source is one module of this package (`stdlib`, `text`, `hf`, `passkey`, 
 (a subclass of `config.DataConfig`, selected by `data.source`) and a `DataSource` subclass registered with
 `posenc_cli.data.sources.register`. Each yields documents that are joined with an end-of-document token. A source opens
 cheaply (fingerprint and summary); its documents are read only when the token cache needs them.
+
+A document is a `str`, every token of it scored (trained on under `train.loss_on=answer` as under `all`), or a
+`Marked` str whose pieces say which parts are scored: `prompt_answer(prompt, answer)` for a prompt/answer example.
+The end-of-document token after a document is scored when its last piece is (the model learns to stop).
 """
 
 from __future__ import annotations
@@ -37,6 +41,29 @@ def short_hash(*parts: Any) -> str:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Documents and the train/validation split.
+
+
+class Marked(str):
+    """A document made of (text, scored) pieces. Its value is the whole text, so everything that reads documents as
+    text (sizes, BPE training, splitting) is unchanged; the token cache reads `pieces` to store which tokens are scored
+    (`train.loss_on=answer`). Slicing or joining gives a plain `str` (every token scored)."""
+
+    pieces: tuple[tuple[str, bool], ...]
+
+    def __new__(cls, *pieces: tuple[str, bool]) -> Marked:
+        doc = super().__new__(cls, "".join(text for text, _ in pieces))
+        doc.pieces = tuple((str(text), bool(scored)) for text, scored in pieces)
+        return doc
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Marked, self.pieces)
+
+
+def prompt_answer(prompt: str, answer: str) -> Marked:
+    """A prompt/answer example: only the answer (with its leading space, as the evaluations generate it) is scored,
+    and so is the end-of-document token after it (McGill-NLP/length-generalization 40f8a44, `src/data/
+    s2s_dl_factory.py:343-370`: target = output + EOS, the prompt's labels -100 under `decoder_only_mask_inputs`)."""
+    return Marked((prompt, False), (answer, True))
 
 
 def hash_unit(key: bytes) -> float:

@@ -34,6 +34,7 @@ from posenc_cli.data.sources.base import (
     ProgressFn,
     Source,
     memory_table,
+    prompt_answer,
     short_hash,
     whole,
 )
@@ -96,8 +97,9 @@ def fixed_chars(digits: int) -> int:
 
 
 def make_episodes(n: int, *, min_len: int, max_len: int, digits: int, seed: int) -> list[str]:
-    """`n` episode texts (prompt + answer), lengths uniform in [min_len, max_len] characters (raised to the
-    shortest possible episode), depths uniform in [0, 1], keys uniform; the same arguments give the same list."""
+    """`n` episodes (prompt + answer, the answer scored: `prompt_answer`), lengths uniform in [min_len, max_len]
+    characters (raised to the shortest possible episode), depths uniform in [0, 1], keys uniform; the same arguments
+    give the same list."""
     rng = np.random.default_rng([seed, GENERATOR_VERSION])
     fixed = fixed_chars(digits)
     lengths = rng.integers(max(min_len, fixed), max(max_len, fixed) + 1, size=n)  # (n,)
@@ -106,7 +108,7 @@ def make_episodes(n: int, *, min_len: int, max_len: int, digits: int, seed: int)
     texts = []
     for key, length, depth in zip(keys, lengths.tolist(), depths.tolist(), strict=True):  # one step per episode
         prompt, answer = episode_text(key, length - fixed, depth)
-        texts.append(prompt + answer)
+        texts.append(prompt_answer(prompt, answer))  # the text is prompt + answer; the answer is scored
     return texts
 
 

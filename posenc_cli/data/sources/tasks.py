@@ -37,6 +37,7 @@ from posenc_cli.data.sources.base import (
     ProgressFn,
     Source,
     memory_table,
+    prompt_answer,
     short_hash,
     whole,
 )
@@ -132,7 +133,8 @@ def corpus_text(docs: Docs, n_chars: int) -> str:
 
 
 def make_documents(data: TasksDataConfig, n: int, seed_part: int, corpus: str | None = None) -> list[str]:
-    """`n` documents of the mixture (episodes and, with corpus_share, corpus slices); the same arguments give the
+    """`n` documents of the mixture (episodes, their answers scored: `prompt_answer`; and, with corpus_share, corpus
+    slices, every token scored); the same arguments give the
     same list. `corpus`: text for corpus haystacks and plain documents (needed when `data.uses_corpus`)."""
     rng = np.random.default_rng([data.seed, GENERATOR_VERSION, seed_part])
     tasks = [task_class(name) for name in data.tasks]
@@ -150,7 +152,7 @@ def make_documents(data: TasksDataConfig, n: int, seed_part: int, corpus: str | 
         n_hay = max(length - fixed_chars(episode), 0)
         hay = haystack_text(corpus if data.haystack == "corpus" else None, n_hay, rng)
         prompt, answer = episode_text(episode, hay)
-        docs.append(prompt + answer)
+        docs.append(prompt_answer(prompt, answer))  # the text is prompt + answer; the answer is scored
     return docs
 
 
