@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TASK_FIELDS",
+    "passkey_gates",
     "result_competence",
     "scoring_of",
     "stored_algorithmic_results",
@@ -121,6 +122,15 @@ def result_competence(
         return retrieval_competence(entries, "passkey", data, result.get("train_length"), threshold, "accuracy")
     mine = [e for e in entries if scoring is None or scoring_of(e) == scoring]
     return retrieval_competence(mine, task, data, result.get("train_length"), threshold)
+
+
+def passkey_gates(
+    results: Sequence[dict[str, Any]], threshold: float = DEFAULT_COMPETENCE
+) -> list[tuple[str, float | None]]:
+    """(competence state, in-distribution accuracy) of each eval-passkey result doc, for `report.passkey_report`."""
+    check_threshold(threshold)
+    gates = [result_competence(r, "passkey", "passkey", threshold) for r in results]
+    return [(g.status, g.accuracy) for g in gates]
 
 
 def _length_rows(result: dict[str, Any], task: str, family: str, scoring: str | None) -> list[dict[str, Any]]:

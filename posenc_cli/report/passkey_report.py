@@ -1,6 +1,9 @@
 """Passkey results as a rich table and a heatmap figure (objects only; the CLI prints and saves them).
 
-Input: the result documents of `posenc_cli.evaluation.passkey.evaluate_passkey_run` (`eval/passkey.json`), one per run.
+Input: the result documents of `posenc_cli.evaluation.passkey.evaluate_passkey_run` (`eval/passkey.json`), one per run,
+and optionally each run's competence gate as (state, in-distribution accuracy) pairs (`evaluation.competence`,
+computed by the caller: this layer reads no run): the table prints it beside the run (≤L) and the figure hatches the
+panel of a run that did not learn the task or never trained on it (`report.gate`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
+from posenc_cli.report.gate import DEFAULT_COMPETENCE, gate_cell, gate_legend, gate_note, mark_panel
 from posenc_cli.report.tables import LABEL_MAX_WIDTH, describe_lengths, fit_to_content, run_label
+
+Gate = tuple[str, float | None]  # (competence state, in-distribution accuracy) of one run
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -58,8 +64,12 @@ def _length_label(length: int, multiple: float) -> str:
     return f"{multiple:g}× · {length}"
 
 
-def passkey_table(results: Sequence[dict[str, Any]]) -> Table:
-    """Rows = run × length, columns = depths and their mean; cells coloured by accuracy, n/a dimmed."""
+def passkey_table(
+    results: Sequence[dict[str, Any]], gates: Sequence[Gate] | None = None, competence: float = DEFAULT_COMPETENCE
+) -> Table:
+    """Rows = run × length, columns = depths and their mean; cells coloured by accuracy, n/a dimmed. With `gates`
+    (one per result), a "≤L" column on each run's first row: its accuracy at lengths up to the training length and
+    the competence gate's verdict at `competence`."""
     cols = sorted({float(e["depth"]) for r in results for e in r["entries"]})
     trials = sorted({int(e["trials"]) for r in results for e in r["entries"]})
     table = Table(
@@ -74,6 +84,8 @@ def passkey_table(results: Sequence[dict[str, Any]]) -> Table:
         table.add_column(_depth_label(d), justify="center", no_wrap=True)
     table.add_column("mean", justify="right")
     table.add_column("digits", justify="right")
+    if gates is not None:
+        table.add_column("≤L", justify="right", no_wrap=True)
     notes = []
     for n, r in enumerate(results):
         if n:
@@ -92,6 +104,8 @@ def passkey_table(results: Sequence[dict[str, Any]]) -> Table:
             for values in (grid[i], partial[i]):
                 full = values.size > 0 and not np.isnan(values).any()
                 cells.append(f"{values.mean():.0%}" if full else Text("n/a", style="dim"))
+            if gates is not None:
+                cells.append(gate_cell(*gates[n]) if i == 0 else "")
             table.add_row(*cells)
         notes += [f"n/a for {run_label(r)} at {lengths}: {reason}" for reason, lengths in reasons.items()]
     count = "/".join(map(str, trials)) or "0"
@@ -100,14 +114,18 @@ def passkey_table(results: Sequence[dict[str, Any]]) -> Table:
             f"Exact match of the greedily decoded key over {count} trials per cell; columns: key depth (share of "
             "the filler before the key); rows: prompt + answer tokens (multiple of each run's base length); "
             "digits: share of answer tokens right at their position (partial credit), mean over depths.",
+            *([f"≤L: accuracy at lengths up to the training length. {gate_note(competence)}"] if gates else []),
             *notes,
         ]
     )
     return fit_to_content(table)
 
 
-def passkey_figure(results: Sequence[dict[str, Any]]) -> Figure:
-    """One accuracy heatmap per run (lengths × depths, RdYlGn from 0 to 1, n/a grey), one shared colour bar."""
+def passkey_figure(
+    results: Sequence[dict[str, Any]], gates: Sequence[Gate] | None = None, competence: float = DEFAULT_COMPETENCE
+) -> Figure:
+    """One accuracy heatmap per run (lengths × depths, RdYlGn from 0 to 1, n/a grey), one shared colour bar; with
+    `gates`, the panel of a run flagged by the competence gate is hatched over, with a legend entry."""
     # deferred: keeps matplotlib off posenc --help start-up
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -135,7 +153,10 @@ def passkey_figure(results: Sequence[dict[str, Any]]) -> Figure:
         if k % ncols == 0:
             ax.set_ylabel("length (multiple · tokens)")
         ax.set_title(run_label(results[k]), fontsize=10)
+        if gates is not None:
+            mark_panel(ax, gates[k][0])
     if image is not None:
         fig.colorbar(image, ax=axes.ravel().tolist(), label="exact-match accuracy", shrink=0.9)
+    gate_legend(fig, [g[0] for g in gates or []], competence)
     fig.suptitle(f"Passkey retrieval (trained at {describe_lengths(results) if results else '?'} tokens)")
     return fig

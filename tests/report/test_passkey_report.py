@@ -86,3 +86,25 @@ def test_figure_has_one_heatmap_per_run(tmp_path: Path) -> None:
     assert len(hidden) == 2  # 4 runs on a 2 × 3 grid: two empty panels switched off
     assert save_figure(fig, tmp_path / "pk.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not math.isnan(float(masked[0, 0]))
+
+
+def test_the_competence_gate_marks_runs_in_the_table_and_the_figure() -> None:
+    from posenc_cli.analysis.task_results import passkey_gates
+
+    gates = passkey_gates([ROPE, LEARNED], 0.8)  # accuracy at lengths <= 128: r0 88% (learned), r1 38%
+    assert gates == [("learned", 0.875), ("not learned", 0.375)]
+    console = Console(record=True, width=200)
+    console.print(pr.passkey_table([ROPE, LEARNED], gates, 0.8))
+    text = console.export_text()
+    assert "≤L" in text and "below 80%" in " ".join(text.split())
+    rope_1x = next(line for line in text.splitlines() if "r0 (rope)" in line)
+    learned_1x = next(line for line in text.splitlines() if "r1 (learned)" in line)
+    assert rope_1x.rstrip(" │").endswith("88%") and "38% ✗ not learned" in learned_1x
+    untrained = [("not trained on this task", 0.875), ("not learned", 0.375)]
+    fig = pr.passkey_figure([ROPE, LEARNED], untrained, 0.8)
+    titles = [ax.get_title() for ax in fig.axes if ax.images]
+    assert titles == ["r0 (rope)\n⊘ not trained on this task", "r1 (learned)\n✗ not learned"]
+    assert [p.get_hatch() for ax in fig.axes for p in ax.patches] == ["xx", "//"]
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["✗ not learned (≤L below 80%)", "⊘ not trained on this task"]
+    assert not pr.passkey_figure([ROPE]).legends  # without gates: as before
