@@ -75,6 +75,7 @@ def test_a_solver_refuses_another_tasks_prompt(task: type[AlgorithmicTask]) -> N
 
 def test_task_metadata(task: type[AlgorithmicTask]) -> None:
     assert task.summary and task.reference.startswith("scripts/dataset_builders/") and task.min_length >= 1
+    assert task.train_min >= task.min_length  # every task states its builder's --train_min default
     assert task_class(task.name) is task
 
 
