@@ -13,9 +13,10 @@ branch on a scheme or a road.
 is) or `fairseq` (the baselines of Press et al. 2022, fairseq's `transformer_lm`: token table N(0, 1/D) times √D,
 so tokens start at unit scale, and a sinusoid added unscaled). See `ModelConfig.embed_scale`.
 
-`GPT.drop_positions()` removes every positional signal from a model in place (DroPE, Gelberg et al. 2025, arXiv
-2512.12167): the scheme is replaced by `NoPositions`, the base class's no-op hooks, so no layer embeds, rotates,
-biases, windows or tempers any more, and the scheme's own parameters leave the model.
+`GPT.drop_positions()` removes the positional encoding from a model in place (DroPE, Gelberg et al. 2025, arXiv
+2512.12167): the scheme is replaced by `NoPositions`, the base class's no-op hooks, so no layer embeds, rotates or
+biases any more, and the scheme's own parameters leave the model; each layer keeps its span (a layout's sliding
+window or chunks) and temperature, as the reference keeps Qwen2's `sliding_window` (`run.drope`).
 """
 
 from __future__ import annotations
@@ -88,13 +89,30 @@ class Block(nn.Module):
 
 
 class NoPositions(PositionalScheme):
-    """What `GPT.drop_positions` leaves in place of the scheme: the base class's hooks, which do nothing, so every
-    layer attends causally over all earlier tokens (full span, no temperature) and order enters only through the
-    causal mask. It has no parameters and no position limit, and ignores the position ids. Not registered: it is a
-    state a trained model reaches, never a `pos=` choice."""
+    """What `GPT.drop_positions` leaves in place of the scheme: the base class's hooks, which do nothing, so order
+    enters only through the causal mask and each layer's `layers` (span, temperature), the dropped scheme's layer
+    views; None (runs dropped before posenc kept them): every layer full, no temperature. It has no parameters and
+    no position limit, and ignores the position ids. Not registered: it is a state a trained model reaches, never a
+    `pos=` choice."""
 
     name = "dropped"
     relative = True  # ignores the ids
+
+    def __init__(
+        self,
+        cfg: PosConfig,
+        model: ModelConfig,
+        train_length: int,
+        layers: tuple[tuple[Span, FloorLog | None], ...] | None = None,
+    ) -> None:
+        super().__init__(cfg, model, train_length)
+        self.layers = layers
+
+    def layer_view(self, layer: int, ctx: PositionContext) -> LayerView:
+        if self.layers is None:
+            return super().layer_view(layer, ctx)
+        span, temperature = self.layers[layer]
+        return LayerView(self, ctx, span, temperature)
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,13 +163,25 @@ class GPT(nn.Module):
         """Whether `drop_positions` removed the scheme."""
         return isinstance(self.scheme, NoPositions)
 
-    def drop_positions(self) -> None:
-        """Remove every positional signal, in place (DroPE's switch): the scheme becomes `NoPositions`, its
+    @property
+    def keeps_layout(self) -> bool:
+        """Whether the dropped model kept its layers' spans and temperatures (`drop_positions(keep_layout=)`)."""
+        return isinstance(self.scheme, NoPositions) and self.scheme.layers is not None
+
+    def drop_positions(self, keep_layout: bool = True) -> None:
+        """Remove the positional encoding, in place (DroPE's switch): the scheme becomes `NoPositions`, its
         parameters (a position table, trained slopes, ...) leave `parameters()` and `state_dict()`, and every other
-        weight is kept as it is. Build a new optimizer (and wrappers such as DDP) over the parameters afterwards.
-        Idempotent."""
+        weight is kept as it is. `keep_layout`: each layer keeps its span and temperature (False: every layer full,
+        none, as runs dropped before posenc kept them). Build a new optimizer (and wrappers such as DDP) over the
+        parameters afterwards. Idempotent."""
         if not self.positions_dropped:
-            self.scheme = NoPositions(self.pos_config, self.config, self.train_length)
+            layers = None
+            if keep_layout:
+                ctx = PositionContext(positions=torch.arange(2, device=self.wte.weight.device))  # views only
+                self.scheme.prepare(ctx)
+                views = [self.scheme.layer_view(i, ctx) for i in range(len(self.blocks))]
+                layers = tuple((v.span, v.temperature) for v in views)
+            self.scheme = NoPositions(self.pos_config, self.config, self.train_length, layers)
 
     def num_parameters(self, include_embedding: bool = True) -> int:
         """Parameter count (tied weights counted once)."""

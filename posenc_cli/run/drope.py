@@ -10,11 +10,15 @@ is the last one with positions and its val_loss the first without. k = train.ste
 recalibration at all, the control the paper's recalibration is measured against. A run continued past k that kept
 its positions (--force-config with a new drope_at, or more steps) drops them when it resumes, and records that step.
 
-What is dropped: the scheme's every hook, in every layer (a layout's schemes, spans and temperatures too), and the
-scheme's own parameters (a learned table, learned slopes), which leave the model, its checkpoint and the optimizer.
-Every other weight keeps its AdamW moments and step count, under the same learning-rate schedule. Not dropped:
-model.attn_scale (log-n logit scaling is a model setting, not the scheme's). A child trained from a dropped run
-(`train(init_from=...)`) has no positions from its step 0 (`positions_dropped_at: 0`).
+What is dropped: the scheme's every hook, in every layer (a layout's schemes too), and the scheme's own parameters
+(a learned table, learned slopes), which leave the model, its checkpoint and the optimizer. Every other weight keeps
+its AdamW moments and step count, under the same learning-rate schedule. Not dropped: each layer's span and
+temperature (a layout's sliding windows, chunks and Llama 4's floor-log temperature: they restrict or scale
+attention, they encode no position into q, k or the scores) and model.attn_scale, as the reference drops only RoPE
+and keeps Qwen2's `sliding_window` (`custom_models/attention.py:285`, passed to the attention function of every
+layer). Runs dropped before posenc kept the layout (meta.json without `KEPT_KEY`) dropped spans and temperatures
+too, and load so (`drop_as_recorded`). A child trained from a dropped run (`train(init_from=...)`) has no positions
+from its step 0 (`positions_dropped_at: 0`) and keeps what its parent kept.
 
 The authors' code (SakanaAI/DroPE 260a8bb) holds the recalibration of pretrained transformers models only:
 `custom_models/drope.py` (lines 104-137) swaps every layer's attention for `custom_models/attention.py`'s NoPE
@@ -27,28 +31,38 @@ restarted the optimizer is not in the released code.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from posenc_cli.config import Config
 from posenc_cli.errors import CheckpointError, ConfigError
 from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme
-from posenc_cli.positional.span import FULL
 from posenc_cli.run.meta import is_whole_number
 
+if TYPE_CHECKING:
+    from posenc_cli.model import GPT
+
 DROPPED_KEY = "positions_dropped_at"  # meta.json: the step after which the model has no positions
+KEPT_KEY = "positions_dropped_kept_layout"  # meta.json: the dropped model kept its layers' spans and temperatures
+
+
+def dropped_record(step: int, keep_layout: bool = True) -> dict[str, Any]:
+    """The meta.json keys of a switch after update `step`."""
+    return {DROPPED_KEY: step, KEPT_KEY: keep_layout}
+
+
+def drop_as_recorded(model: GPT, meta: dict[str, Any]) -> None:
+    """`model.drop_positions` as the run of `meta` (meta.json) dropped them: keeping the layout unless the run was
+    dropped before posenc kept it (no `KEPT_KEY`)."""
+    model.drop_positions(keep_layout=bool(meta.get(KEPT_KEY, False)))
 
 
 def has_positional_signal(scheme: PositionalScheme, n_layer: int) -> bool:
-    """Whether any layer of `scheme` sees positions: a hook, a span other than full attention or a temperature."""
+    """Whether any layer of `scheme` has a positional hook to drop (spans and temperatures are kept)."""
     ctx = PositionContext(positions=torch.arange(2))
     scheme.prepare(ctx)
-    for layer in range(n_layer):
-        view = scheme.layer_view(layer, ctx)
-        if view.scheme.hooks or view.span != FULL or view.temperature is not None:
-            return True
-    return False
+    return any(scheme.layer_view(layer, ctx).scheme.hooks for layer in range(n_layer))
 
 
 def check_drope(cfg: Config) -> None:
@@ -101,4 +115,14 @@ def check_dropped(cfg: Config, meta: dict[str, Any], path: Any) -> int | None:
     return k
 
 
-__all__ = ["DROPPED_KEY", "check_drope", "check_dropped", "dropped_at", "has_positional_signal", "refuse_dropped"]
+__all__ = [
+    "DROPPED_KEY",
+    "KEPT_KEY",
+    "check_drope",
+    "check_dropped",
+    "drop_as_recorded",
+    "dropped_at",
+    "dropped_record",
+    "has_positional_signal",
+    "refuse_dropped",
+]

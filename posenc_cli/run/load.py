@@ -16,7 +16,7 @@ from posenc_cli.data.tokenizer import Tokenizer, load_tokenizer
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.model import GPT, build_model
 from posenc_cli.run.config_load import config_from_dict
-from posenc_cli.run.drope import check_dropped
+from posenc_cli.run.drope import check_dropped, drop_as_recorded
 from posenc_cli.run.journal import committed_file
 from posenc_cli.run.layout import CONFIG_FILE, META_FILE, MODEL_FILE
 from posenc_cli.run.memory import LOAD_BYTES_PER_PARAM, check_fits
@@ -49,7 +49,7 @@ def model_like(run: LoadedRun, cfg: Config | None = None) -> GPT:
     `build_model`, which would give a dropped run its scheme back."""
     model = build_model(cfg if cfg is not None else run.config, run.tokenizer.vocab_size)
     if run.positions_dropped_at is not None:
-        model.drop_positions()
+        model.drop_positions(keep_layout=run.model.keeps_layout)
     return model
 
 
@@ -105,7 +105,7 @@ def _load_run_once(run_dir: Path, meta: dict[str, Any], device: str | torch.devi
     model = build_model(cfg, tokenizer.vocab_size)
     dropped = check_dropped(cfg, meta, committed_file(run_dir, META_FILE))
     if dropped is not None:
-        model.drop_positions()  # DroPE: trained on without positions from that step (`posenc_cli.run.drope`)
+        drop_as_recorded(model, meta)  # DroPE: trained on without positions from that step (`posenc_cli.run.drope`)
     load_weights_into(model, tensors, committed_file(run_dir, MODEL_FILE))
     model.to(device)
     model.eval()

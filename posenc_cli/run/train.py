@@ -60,7 +60,7 @@ from posenc_cli.run import compile as compiling
 from posenc_cli.run import distributed
 from posenc_cli.run.device import Precision, autocast, resolve_device, resolve_precision, threads
 from posenc_cli.run.distributed import DistInfo
-from posenc_cli.run.drope import DROPPED_KEY, check_drope, dropped_at
+from posenc_cli.run.drope import DROPPED_KEY, check_drope, drop_as_recorded, dropped_at, dropped_record
 from posenc_cli.run.interrupts import LOCK_FILE, Interrupts, run_lock
 from posenc_cli.run.journal import commit_checkpoint, committed_file, recover
 from posenc_cli.run.layout import CONFIG_FILE, META_FILE, METRICS_FILE, MODEL_FILE, STATE_FILE, STATE_JSON
@@ -352,10 +352,11 @@ class _Trainer:
         torch.manual_seed(seed)
         self.model = build_model(cfg, self.tokenizer.vocab_size)
         if meta is not None and dropped_at(meta, committed_file(run_dir, META_FILE)) is not None:
-            self.model.drop_positions()  # the checkpoint holds the model without its scheme's parameters
+            drop_as_recorded(self.model, meta)  # the checkpoint holds the model without its scheme's parameters
         elif parent is not None and parent.model.positions_dropped:
-            self.model.drop_positions()  # a child of a dropped run starts without positions
-            self.meta_extra = {DROPPED_KEY: 0} | self.meta_extra
+            keep = parent.model.keeps_layout
+            self.model.drop_positions(keep_layout=keep)  # a child of a dropped run starts without positions
+            self.meta_extra = dropped_record(0, keep) | self.meta_extra
         if parent is not None:
             try:
                 self.model.load_state_dict(parent.model.state_dict(), strict=True)
@@ -424,7 +425,7 @@ class _Trainer:
         for p in self.params:
             if p in old.state:
                 self.optimizer.state[p] = old.state[p]
-        self.meta_extra = self.meta_extra | {DROPPED_KEY: self.step}
+        self.meta_extra = self.meta_extra | dropped_record(self.step)
         return True
 
     def _emit_drope(self) -> None:

@@ -16,7 +16,7 @@ from train_utils import metrics, same_weights, tiny_config, tiny_overrides, weig
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
-from posenc_cli.config import ModelConfig
+from posenc_cli.config import ModelConfig, PosConfig
 from posenc_cli.errors import CheckpointError, ConfigError
 from posenc_cli.model import GPT, build_model
 from posenc_cli.positional import config_class, registry
@@ -92,31 +92,76 @@ def test_dropping_leaves_the_forward_without_positions(pos) -> None:
     assert torch.isfinite(_logits(model, torch.randint(0, VOCAB, (1, 40)))).all()  # no position limit (learned: 16)
 
 
+def nope_like(model: GPT) -> LayoutConfig | PosConfig:
+    """NoPE in every layer with the spans and temperatures the dropped `model` kept (plain NoPE if none)."""
+    kept = model.scheme.layers or ()
+    if all(span.is_full and t is None for span, t in kept):
+        return config_class("nope")()
+    layers = [
+        {"name": "nope", "span": span.kind, "window": span.size or None, "temperature": t.scale if t else 0.0,
+         "floor_scale": t.floor if t else None}
+        for span, t in kept
+    ]  # fmt: skip
+    return LayoutConfig(layers=layers)
+
+
 @pytest.mark.parametrize("name", sorted(set(registry()) - {"nope"}))
 def test_every_scheme_drops_to_the_forward_without_positions(name: str) -> None:
-    """Registry contract: whatever a scheme hooks into (embeddings, q/k, biases, content, logits, normaliser, a
-    layout's spans), the dropped model computes what a NoPE model with the same remaining weights computes."""
+    """Registry contract: whatever a scheme hooks into (embeddings, q/k, biases, content, logits, normaliser), the
+    dropped model computes what a NoPE model with the same remaining weights and the same layer spans and
+    temperatures computes (a layout keeps its windows, chunks and floor-log temperatures, as DroPE's reference keeps
+    Qwen2's sliding window)."""
     torch.manual_seed(0)
     mc = ModelConfig(d_model=32, n_layer=n_layer_for(name, 4), n_head=2)
     model = lively(GPT(mc, config_class(name)(), VOCAB, 16))
     idx = torch.randint(0, VOCAB, (2, 12))
     before = _logits(model, idx)
     model.drop_positions()
-    plain = GPT(mc, config_class("nope")(), VOCAB, 16)
+    plain = GPT(mc, nope_like(model), VOCAB, 16)
     plain.load_state_dict(model.state_dict(), strict=True)
     after = _logits(model, idx)
-    assert torch.equal(after, _logits(plain, idx)) and not torch.allclose(after, before)
+    torch.testing.assert_close(after, _logits(plain, idx), rtol=0, atol=1e-6)
+    assert not torch.allclose(after, before)
 
 
-def test_a_window_is_dropped_too() -> None:
-    """A layout's span is position information: every dropped layer attends over all earlier tokens."""
+WINDOWED = LayoutConfig(layers=[{"name": "rope", "span": "sliding", "window": 4}, {"name": "rope"}])
+
+
+def test_a_window_is_kept_and_only_the_encoding_dropped() -> None:
+    """DroPE on a layout drops the rotation and keeps the sliding window (the reference keeps Qwen2's
+    sliding_window); `keep_layout=False`, what runs dropped before did, widens every layer to full attention."""
     torch.manual_seed(0)
-    windowed = GPT(TINY, LayoutConfig(layers=[{"name": "nope", "span": "sliding", "window": 4}]), VOCAB, 16)
+    windowed = GPT(TINY, WINDOWED, VOCAB, 16)
+    idx = torch.randint(0, VOCAB, (1, 10))
     windowed.drop_positions()
+    assert windowed.keeps_layout
+    nope_windowed = GPT(TINY, nope_like(windowed), VOCAB, 16)
+    nope_windowed.load_state_dict(windowed.state_dict())
     plain = GPT(TINY, config_class("nope")(), VOCAB, 16)
     plain.load_state_dict(windowed.state_dict())
-    idx = torch.randint(0, VOCAB, (1, 10))
-    assert torch.equal(_logits(windowed, idx), _logits(plain, idx))
+    kept = _logits(windowed, idx)
+    assert isinstance(nope_like(windowed), LayoutConfig)
+    torch.testing.assert_close(kept, _logits(nope_windowed, idx), rtol=0, atol=1e-6)
+    assert not torch.allclose(kept, _logits(plain, idx))  # the window changes what the later tokens see
+    legacy = GPT(TINY, WINDOWED, VOCAB, 16)
+    legacy.load_state_dict(windowed.state_dict(), strict=False)
+    legacy.drop_positions(keep_layout=False)
+    assert not legacy.keeps_layout and torch.equal(_logits(legacy, idx), _logits(plain, idx))
+
+
+def test_a_run_dropped_before_the_layout_was_kept_loads_as_it_was_trained(corpus: Path, tmp_path: Path) -> None:
+    """meta.json without `positions_dropped_kept_layout`: the run dropped its windows too, and loads so."""
+    cfg = tiny_config(corpus, pos="rope", steps=4, drope_at=2)
+    cfg = type(cfg)(model=cfg.model, pos=WINDOWED, data=cfg.data, train=cfg.train)
+    train(cfg, tmp_path / "run")
+    meta = read_meta(tmp_path / "run")
+    assert meta["positions_dropped_kept_layout"] is True and load_run(tmp_path / "run").model.keeps_layout
+    meta_path = committed_file(tmp_path / "run", META_FILE)
+    del meta["positions_dropped_kept_layout"]
+    meta_path.write_text(json.dumps(meta))
+    loaded = load_run(tmp_path / "run")
+    assert loaded.positions_dropped_at == 2 and not loaded.model.keeps_layout
+    assert not model_like(loaded).keeps_layout
 
 
 def test_a_dropped_model_decodes_with_the_kv_cache() -> None:
@@ -138,7 +183,8 @@ def test_settings_that_cannot_drop_anything_are_refused(corpus: Path, tmp_path: 
     check_drope(tiny_config(corpus, pos="nope", steps=8))  # off
     windowed = LayoutConfig(layers=[{"name": "nope", "span": "sliding", "window": 4}])
     cfg = tiny_config(corpus, pos="rope", steps=8, drope_at=4)
-    check_drope(type(cfg)(model=cfg.model, pos=windowed, data=cfg.data, train=cfg.train))  # a window to drop
+    with pytest.raises(ConfigError, match=r"pos=layout has no positional signal"):  # a window is kept, not dropped
+        check_drope(type(cfg)(model=cfg.model, pos=windowed, data=cfg.data, train=cfg.train))
     with pytest.raises(ConfigError, match=r"train.drope_at=9 is past train.steps=8"):
         check_drope(tiny_config(corpus, pos="rope", steps=8, drope_at=9))
     with pytest.raises(ConfigError, match=r"pos=nope has no positional signal to drop"):
