@@ -127,3 +127,23 @@ def test_eval_algorithmic_on_a_run_never_trained_on_it_says_so(run: Path) -> Non
     assert result.exit_code == 0, result.output
     flat = " ".join(result.output.split())
     assert "⊘ not trained on this task" in flat and "(trained on lengths <= L)" not in flat
+
+
+def test_the_algorithmic_summary_marks_tasks_not_learned() -> None:
+    from rich.console import Console
+
+    from posenc_cli.cli.algorithmic import summary_table
+
+    def result(run: str, accuracies: dict[int, float]) -> dict:
+        cells = [{"task": "copy", "length": n, "train_max_length": 2, "examples": 4, "status": "ok", "accuracy": a}
+                 for n, a in accuracies.items()]  # fmt: skip
+        return {"run": run, "scheme": "rope", "entries": cells}
+
+    results = [result("a", {1: 1.0, 2: 0.5, 3: 0.25, 4: 0.0}), result("b", {1: 1.0, 2: 1.0, 3: 1.0})]
+    for competence, marked in ((0.9, True), (0.7, False)):
+        console = Console(width=200, record=True)
+        console.print(summary_table(results, competence))
+        lines = console.export_text().splitlines()
+        a, b = next(x for x in lines if "│ a" in x), next(x for x in lines if "│ b" in x)
+        assert ("75 / 12 ✗ not learned" in a) is marked and "75 / 12" in a
+        assert "100 / 100" in b and "not learned" not in b
