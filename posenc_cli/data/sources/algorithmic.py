@@ -10,17 +10,20 @@ of that length as the split draws it (`sample_in`); its text is the prompt and t
 paper trains on L = 20 (L = 8 with a scratchpad, not built here) and tests on L+1..2L (`posenc eval-algorithmic`,
 `posenc_cli.evaluation.algorithmic`, measures 1..2L).
 
-How examples reach the model (and where that deviates from the paper): the documents are tokenized by the ordinary
-token cache, each followed by the end-of-document token, into one stream per split; training draws windows of
-`train.seq_len` tokens at uniform offsets of that stream (`data.cache.sample_batch`) and its loss is plain
-next-token prediction over every position of the window: prompt tokens, answer tokens and the end-of-document token
-alike, and the cut examples at the window's edges. The reference instead trains one example per sequence starting at
-position 0 (`configs/data/seq2seq.jsonnet`: `decoder_only_group_samples: false`) with the loss on the answer tokens
-only (`decoder_only_mask_inputs: true`); posenc's training loop has no loss mask. Two consequences: a model also
-learns to predict the (random) prompts, which costs capacity but not correctness, and an example can sit anywhere
-in a window, so a window longer than the longest training example shows the model positions no training example
-reaches. Keep `train.seq_len` about the token length of the longest training example (`configs/sweep/algorithmic.yaml`
-does) so that test examples beyond L also need positions beyond those seen in training, as in the paper.
+How examples reach the model: the documents are tokenized by the ordinary token cache, each followed by the
+end-of-document token, into one stream per split; each is a `prompt_answer`, so the cache also stores which tokens
+are scored (the answer and its end-of-document token). By default (`train.packing=stream`, `train.loss_on=all`)
+training draws windows of `train.seq_len` tokens at uniform offsets of that stream (`data.cache.sample_batch`) and
+its loss is next-token prediction over every position of the window: prompt tokens, answer tokens and the
+end-of-document token alike, and the cut examples at the window's edges. The reference instead trains one example
+per sequence starting at position 0 (`configs/data/seq2seq.jsonnet`: `decoder_only_group_samples: false`) with the
+loss on the answer tokens only (`decoder_only_mask_inputs: true`): `train.packing=none train.loss_on=answer` does
+the same (`posenc_cli.data.rows`; `train.packing=document` packs examples into rows with positions restarting at 0
+and a document mask). Under the default, a model also learns to predict the (random) prompts, which costs capacity
+but not correctness, and an example can sit anywhere in a window, so a window longer than the longest training
+example shows the model positions no training example reaches. Keep `train.seq_len` about the token length of the
+longest training example (`configs/sweep/algorithmic.yaml` does) so that test examples beyond L also need positions
+beyond those seen in training, as in the paper.
 
 The validation split (`val_fraction` of `examples`) is drawn from its own seeded stream with the same lengths <= L.
 `eval_examples` and `eval_max_length` (None: 2L) are what `eval-algorithmic` and a sweep job measure on a run trained
