@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,7 @@ class SweepPlan:
     launcher_name: str
     launcher_given: dict[str, Any]
     user_dir: Path | None
+    pending: dict[str, str] = field(default_factory=dict)  # select stage -> why its pick is not made (dry run)
 
     @property
     def jobs(self) -> int:
@@ -82,7 +83,9 @@ def plan_sweep(
 ) -> SweepPlan:
     """Plan sweep file `name` (configs/sweep/NAME.yaml, or in `config_dir`) with `overrides` (`hydra...` ones go to
     the launcher, checked here as the launch checks them). `check`: also compose and validate every job, and refuse
-    a job in `out` planned with another config, as running it would (the dry run). Runs nothing."""
+    a job in `out` planned with another config, as running it would (the dry run); a select stage whose grid in
+    `out` is finished has its pick applied to the stages after it (as the sweep would pick; nothing is written),
+    else `SweepPlan.pending` says why not. Runs nothing."""
     # deferred: Hydra
     from posenc_cli.config import config_dir as packaged_config_dir
     from posenc_cli.sweep.hydra_bridge import launcher_settings
@@ -97,12 +100,39 @@ def plan_sweep(
     spec = load_sweep_spec(find_sweep_file(name, roots))
     launcher_name, launcher_given = launcher_settings(launcher, user_dir)  # as the launch itself would check
     plans = plan_stages(spec, task)
+    pending: dict[str, str] = {}
     if check:
+        if out is not None and Path(out).is_dir():  # the picks the sweep would make from what is finished there
+            plans, pending = _with_picks(spec, task, plans, Path(out).resolve())
+        else:
+            pending = {p.stage.name: "its grid has not run" for p in plans if p.stage.select is not None}
         configs = validate_plan(plans, user_dir)
         if out is not None and Path(out).is_dir():  # a job there planned with another config is refused
             check_planned(Path(out).resolve(), plans, plan_identities(plans, configs))
     sweep_dir = Path(out) if out is not None else default_sweep_dir(spec.name)
-    return SweepPlan(name, spec, task, launcher, plans, sweep_dir, launcher_name, launcher_given, user_dir)
+    return SweepPlan(
+        name, spec, task, launcher, plans, sweep_dir, launcher_name, launcher_given, user_dir, pending=pending
+    )
+
+
+def _with_picks(
+    spec: SweepSpec, overrides: list[str], plans: list[StagePlan], sweep_dir: Path
+) -> tuple[list[StagePlan], dict[str, str]]:
+    """`plans` with the pick of every select stage whose grid in `sweep_dir` is finished (read, not recorded), and
+    why each other select stage has none."""
+    # deferred: Hydra
+    from posenc_cli.sweep.plan import plan_sweep as plan_stages
+    from posenc_cli.sweep.select import SelectionPending, make_pick
+
+    picks, pending = {}, {}
+    for plan in plans:
+        if plan.stage.select is None:
+            continue
+        try:
+            picks[plan.stage.name] = make_pick(plan.stage.name, plan.stage.select, plan.jobs, plan.chosen, sweep_dir)
+        except SelectionPending as e:
+            pending[plan.stage.name] = str(e)
+    return (plan_stages(spec, overrides, picks) if picks else plans), pending
 
 
 def default_sweep_dir(name: str) -> Path:
@@ -153,6 +183,7 @@ class SweepReport:
     unfinished: list[RunRecord]
     profile: dict[str, Any]
     attention: Path | None = None
+    picks: dict[str, dict[str, Any]] = field(default_factory=dict)  # select stage -> its pick.json
 
 
 def sweep_report(
@@ -181,7 +212,17 @@ def sweep_report(
     planned = {job.dir(Path(sweep_dir)).resolve() for plan in ran.plan.plans for job in plan.jobs}
     unfinished = [r for r in records if r.status != "ok" and Path(r.run_dir).resolve() in planned]
     failed = sum(r.status == "failed" for r in records)
-    return SweepReport(sweep_dir, comp, failed, unfinished, doc, attention)
+    picks = _sweep_picks(sweep_dir, ran.plan.plans)
+    return SweepReport(sweep_dir, comp, failed, unfinished, doc, attention, picks)
+
+
+def _sweep_picks(sweep_dir: PathLike, plans: Sequence[StagePlan]) -> dict[str, dict[str, Any]]:
+    """The recorded pick (`<sweep dir>/<stage>/pick.json`, see `sweep.select`) of each select stage of `plans`."""
+    # deferred: the sweep package
+    from posenc_cli.sweep.select import read_pick
+
+    found = {p.stage.name: read_pick(Path(sweep_dir), p.stage.name) for p in plans if p.stage.select is not None}
+    return {name: doc for name, doc in found.items() if doc is not None}
 
 
 def sweep(

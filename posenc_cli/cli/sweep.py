@@ -74,7 +74,7 @@ def sweep_command(
     name = names[0] if names else "extrapolation"
     plan = api.plan_sweep(name, overrides, out, config_dir=config_dir, check=dry_run)
     if dry_run:
-        _print_plan(plan.spec.name, plan.plans, out, plan.launcher_name, plan.launcher_given)
+        _print_plan(plan.spec.name, plan.plans, out, plan.launcher_name, plan.launcher_given, plan.pending)
         return
     if busy := plan.busy_warning():
         err_console.print(f"[yellow]warning:[/] {escape(busy)}", highlight=False)
@@ -97,6 +97,7 @@ def sweep_command(
     report = api.sweep_report(ran, viz=viz, profile=profile, startup_s=startup_s)
     print_comparison(report.comparison)
     print_task_summary(report.comparison.records, console)  # retrieval scores, for sweeps that measured them
+    print_picks(report.picks)
     if report.attention is not None:
         console.print(f"wrote {report.attention}")
     if profile:
@@ -120,29 +121,71 @@ def launcher_line(name: str, given: dict) -> str:
     return f"launcher {name} ({where}): {detail}"
 
 
-def _print_plan(name: str, plans: list, out: Path | None, launcher_name: str, launcher_given: dict) -> None:
+def print_picks(picks: dict[str, dict]) -> None:
+    """Each select stage's pick, one line per group (scheme): 'picked by select (val_loss, lowest): ...'."""
+    # deferred: keeps the sweep package off posenc --help start-up
+    from posenc_cli.sweep.select import pick_summary
+
+    for stage, doc in picks.items():
+        goal = {"min": "lowest", "max": "highest"}.get(str(doc.get("goal")), "best")
+        console.print(f"\n[bold]picked by stage {escape(stage)}[/] ({escape(str(doc.get('metric')))}, {goal}):")
+        for line in pick_summary(doc):
+            console.print(f"  {escape(line)}", highlight=False)
+
+
+def _print_plan(
+    name: str,
+    plans: list,
+    out: Path | None,
+    launcher_name: str,
+    launcher_given: dict,
+    pending: dict[str, str] | None = None,
+) -> None:
     """The jobs of each stage, readable at 80 columns and piped: the overrides every job of a stage shares once,
-    then one row per job with the overrides that tell it apart (its directory name), folded rather than cut."""
+    then one row per job with the overrides that tell it apart (its directory name), folded rather than cut. A
+    select stage says how it picks; a stage after it, the pick each job runs with or that it awaits it."""
+    pending = pending or {}
     total = sum(len(p.jobs) for p in plans)
     console.print(f"[bold]{name}[/]: {total} job(s) in {len(plans)} stage(s); dry run, nothing was started")
     console.print(escape(launcher_line(launcher_name, launcher_given)), highlight=False)
     for plan in plans:
         shared = " ".join(plan.fixed.values()) or "(none)"
-        console.print(f"\n[bold]stage {escape(plan.stage.name)}[/] ({plan.stage.action}): {len(plan.jobs)} job(s)")
+        after = f", after {plan.stage.after}" if plan.stage.after else ""
+        title = f"stage {escape(plan.stage.name)}[/] ({plan.stage.action}{escape(after)})"
+        console.print(f"\n[bold]{title}: {len(plan.jobs)} job(s)")
         common = Table.grid(padding=(0, 1))
         common.add_column(no_wrap=True)
         common.add_column(overflow="fold")  # wrapped under itself, never cut
         common.add_row("  every job:", escape(shared))
+        if plan.stage.select is not None:
+            rule = plan.stage.select
+            goal = "lowest" if rule.metric == "val_loss" else "highest"
+            per = " ".join(rule.group_by) or "all runs together"
+            chosen = ", ".join(plan.chosen) or "nothing"
+            common.add_row("  picks:", escape(f"{chosen} per {per}, by the {goal} {rule.metric}"))
+        if plan.awaiting is not None:
+            why = pending.get(plan.awaiting, "its grid has not run")
+            common.add_row("  awaits:", escape(f"the pick of stage {plan.awaiting} ({why})"))
         console.print(common, highlight=False)
         with_parent = plan.stage.action == "extend"
+        with_pick = plan.stage.after is not None
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         table.add_column("job: its swept overrides", overflow="fold")
         table.add_column("label", overflow="fold")
         if with_parent:
             table.add_column("parent", overflow="fold")
+        if with_pick:
+            table.add_column("picked", overflow="fold")
         for job in plan.jobs:
             swept = " ".join(job.swept) or "(nothing swept)"
-            table.add_row(swept, job.label, *([job.parent or ""] if with_parent else []))
+            parent = [job.parent or ""] if with_parent else []
+            picked = ["(awaits the pick)" if job.picked is None else " ".join(job.picked) or "(nothing)"]
+            table.add_row(swept, job.label, *parent, *(picked if with_pick else []))
         if not plan.jobs:
-            table.add_row("(none)", f"no parent run matches '{plan.stage.parent}'", *([""] if with_parent else []))
+            why = (
+                f"its parent runs await the pick of stage {plan.awaiting}"
+                if plan.awaiting
+                else f"no parent run matches '{plan.stage.parent}'"
+            )
+            table.add_row("(none)", why, *([""] if with_parent else []), *([""] if with_pick else []))
         console.print(table)

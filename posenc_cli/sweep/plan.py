@@ -13,13 +13,20 @@ the old ones, and a job whose directory holds a run planned differently (`pos=no
 `train/default`; `train.steps=20` then `30`) is refused before anything runs, in one line naming the first setting
 that differs. Numbers measured under other settings than a row's label are never shown under it. Directories from
 before the record (no entry) are compared through a train job's own `config.yaml`.
+
+A train stage with `after: <select stage>` depends on that stage's pick (`sweep.select`): until the pick is known its
+jobs are planned without it (`StagePlan.awaiting`, validated but without a directory), and with `picks` each job runs
+with its group's picked overrides, in `<sweep dir>/<stage>/<picked key=value,...>/<swept key=value,...>/`. The pick
+is thus part of a later job's directory and identity: a changed pick plans new jobs (run beside the old ones), never
+reuses results of another setting.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +48,7 @@ from posenc_cli.sweep.identity import (
     run_config_identity,
 )
 from posenc_cli.sweep.markers import job_status
+from posenc_cli.sweep.select import Pick, group_of, group_text, line_value, override_key
 from posenc_cli.sweep.spec import StageSpec, SweepSpec
 
 PLAN_FILE = "sweep.json"
@@ -58,8 +66,19 @@ class Job:
     overrides: list[str]
     label: str
     parent: str | None = None
+    after: str | None = None  # the select stage whose pick this job runs with
+    picked: list[str] | None = None  # that pick's override lines for the job's group (None: not made yet)
+
+    @property
+    def resolved(self) -> bool:
+        """False for a job that awaits its select stage's pick (it has no directory yet)."""
+        return self.after is None or self.picked is not None
 
     def dir(self, sweep_dir: Path) -> Path:
+        if self.after is not None:
+            if self.picked is None:
+                raise RuntimeError(f"job {self.stage}/{self.name} awaits the pick of stage {self.after}")
+            return stage_dir(sweep_dir, self.stage, job_name(self.picked) if self.picked else DEFAULT_JOB) / self.name
         return stage_dir(sweep_dir, self.stage, self.parent_group) / self.name
 
     @property
@@ -79,20 +98,33 @@ def stage_dir(sweep_dir: Path, stage: str, parent_group: str | None = None) -> P
 
 @dataclass(kw_only=True)
 class StagePlan:
-    """A stage expanded: its fixed and swept overrides, and its jobs (one group per parent run)."""
+    """A stage expanded: its fixed and swept overrides, and its jobs (one group per parent run). `awaiting`: the
+    select stage whose pick the stage's jobs need and that is not made yet (their directories are unknown)."""
 
     stage: StageSpec
     fixed: dict[str, str]
     swept: dict[str, list[str]]
     jobs: list[Job]
+    awaiting: str | None = None
+    picked_keys: list[str] = field(default_factory=list)  # an `after` stage's: the keys its select stage picks
+    group_by: tuple[str, ...] = ()  # an `after` stage's: its select stage's group keys
+
+    @property
+    def chosen(self) -> list[str]:
+        """A select stage's keys that its pick sets: its swept keys other than `group_by`'s (none for other stages)."""
+        rule = self.stage.select
+        return [] if rule is None else [k for k in self.swept if k not in rule.group_by]
 
 
-def plan_sweep(spec: SweepSpec, user_overrides: list[str]) -> list[StagePlan]:
+def plan_sweep(spec: SweepSpec, user_overrides: list[str], picks: Mapping[str, Pick] | None = None) -> list[StagePlan]:
     """Expand every stage into its jobs: the cartesian product of swept values, as Hydra's basic sweeper does.
 
     Precedence: sweep-file globals < stage overrides < stage params < the user's command-line overrides. A user's
-    comma list sweeps the stages whose params name that key (or the first stage if none does).
+    comma list sweeps the stages whose params name that key (or the first stage if none does). A stage `after` a
+    select stage runs once per group of it (the group keys the stage does not set itself are the select stage's),
+    each job with its group's pick from `picks` (by select stage name); without one, the stage `awaiting` it.
     """
+    picks = picks or {}
     user = parse_overrides(user_overrides)
     stage_keys = [set(st.params) for st in spec.stages]
     plans: list[StagePlan] = []
@@ -106,24 +138,117 @@ def plan_sweep(spec: SweepSpec, user_overrides: list[str]) -> list[StagePlan]:
             in_some_stage = any(key in keys for keys in stage_keys)
             if values is None or key in st.params or (not in_some_stage and index == 0):
                 _assign(fixed, swept, key, line, values)
+        if st.action == "select":
+            _check_select(st, swept)
+        select = _select_plan(st, plans)
+        if select is not None:
+            swept = _after_select(st, fixed, swept, select)
         combos = list(itertools.product(*[[f"{k}={v}" for v in vals] for k, vals in swept.items()])) or [()]
         jobs = []
-        for parent in _parents(st, spec, plans):
+        parents, awaiting = _parents(st, spec, plans)
+        if select is not None and st.after not in picks:
+            awaiting = st.after
+        for parent in parents:
             for combo in combos:
                 lines = list(combo)
-                jobs.append(
-                    Job(
-                        stage=st.name,
-                        action=st.action,
-                        name=job_name(lines) if lines else DEFAULT_JOB,
-                        swept=lines,
-                        overrides=[*fixed.values(), *lines],
-                        label=_label(st, lines, parent, fixed),
-                        parent=None if parent is None else f"{parent.stage}/{parent.name}",
-                    )
+                job = Job(
+                    stage=st.name,
+                    action=st.action,
+                    name=job_name(lines) if lines else DEFAULT_JOB,
+                    swept=lines,
+                    overrides=[*fixed.values(), *lines],
+                    label=_label(st, lines, parent, fixed),
+                    parent=None if parent is None else _parent_key(parent),
                 )
-        plans.append(StagePlan(stage=st, fixed=fixed, swept=swept, jobs=jobs))
+                if select is not None:
+                    _with_pick(job, select, picks.get(select.stage.name))
+                jobs.append(job)
+        chosen = select.chosen if select is not None else []
+        group_by = select.stage.select.group_by if select is not None and select.stage.select is not None else ()
+        plans.append(
+            StagePlan(
+                stage=st,
+                fixed=fixed,
+                swept=swept,
+                jobs=jobs,
+                awaiting=awaiting,
+                picked_keys=chosen,
+                group_by=group_by,
+            )
+        )
     return plans
+
+
+def _parent_key(parent: Job) -> str:
+    """How a job names its parent run: the parent's stage and name (its key, where a pick adds a directory level)."""
+    return parent.key if parent.after is not None else f"{parent.stage}/{parent.name}"
+
+
+def _check_select(st: StageSpec, swept: dict[str, list[str]]) -> None:
+    """A select stage trains its grid on one seed, the one the file names."""
+    seeds = [key for key in swept if key.endswith("seed")]
+    if seeds:
+        raise ConfigError(
+            f"stage '{st.name}': a select stage trains its grid on one seed; {seeds[0]} is swept "
+            f"({','.join(swept[seeds[0]])}): give it one value, and sweep seeds in a stage with after: {st.name}"
+        )
+
+
+def _select_plan(st: StageSpec, plans: list[StagePlan]) -> StagePlan | None:
+    """The plan of the select stage that `st` runs after (None for a stage without `after`)."""
+    if st.after is None:
+        return None
+    found = next((plan for plan in plans if plan.stage.name == st.after and plan.stage.select is not None), None)
+    if found is None:
+        raise ConfigError(f"stage '{st.name}': after: '{st.after}' is not an earlier select stage")
+    return found
+
+
+def _after_select(
+    st: StageSpec, fixed: dict[str, str], swept: dict[str, list[str]], select: StagePlan
+) -> dict[str, list[str]]:
+    """An `after` stage's overrides: the keys the pick sets are left to the pick (the sweep's globals give them to
+    the select stage's grid; the stage itself may not set them), and the group keys it does not set itself are the
+    select stage's (fixed or swept as there). Returns its swept keys, the inherited group keys first."""
+    assert select.stage.select is not None
+    own = {override_key(line) for line in [*st.overrides, *(f"{k}={v}" for k, v in st.params.items())]}
+    for key in select.chosen:
+        if key in own:
+            raise ConfigError(
+                f"stage '{st.name}': {key} is chosen by stage {select.stage.name}'s pick; a stage with "
+                f"after: {select.stage.name} cannot set it"
+            )
+        fixed.pop(key, None)
+        swept.pop(key, None)
+    inherited: dict[str, list[str]] = {}
+    for key in select.stage.select.group_by:
+        if key in fixed or key in swept:
+            continue
+        if key in select.fixed:
+            fixed[key] = select.fixed[key]
+        elif key in select.swept:
+            inherited[key] = select.swept[key]
+    return {**inherited, **swept}
+
+
+def _with_pick(job: Job, select: StagePlan, pick: Pick | None) -> None:
+    """Give `job` its group's picked overrides (or mark it awaiting); a group the select stage has no grid for is
+    refused."""
+    assert select.stage.select is not None
+    group_by = select.stage.select.group_by
+    group = group_of(job.overrides, group_by)
+    groups = {group_of(j.overrides, group_by) for j in select.jobs}
+    if group not in groups:
+        trained = sorted({line_value(j.overrides, k) or "(default)" for j in select.jobs for k in group_by[:1]})
+        raise ConfigError(
+            f"stage '{job.stage}': job {job.name} ({group_text(group_by, group)}) has no grid in stage "
+            f"{select.stage.name} to pick from (its {group_by[0] if group_by else 'grid'}: {', '.join(trained)})"
+        )
+    job.after = select.stage.name
+    if pick is not None:
+        job.picked = pick.lines(group)
+        picked_keys = {override_key(line) for line in job.picked}
+        job.overrides = [o for o in job.overrides if override_key(o) not in picked_keys] + job.picked
 
 
 def _assign(fixed: dict[str, str], swept: dict[str, list[str]], key: str, line: str, values: list[str] | None) -> None:
@@ -136,9 +261,10 @@ def _assign(fixed: dict[str, str], swept: dict[str, list[str]], key: str, line: 
         swept[key] = values
 
 
-def _parents(st: StageSpec, spec: SweepSpec, plans: list[StagePlan]) -> list[Job | None]:
+def _parents(st: StageSpec, spec: SweepSpec, plans: list[StagePlan]) -> tuple[list[Job | None], str | None]:
+    """The runs an extend stage derives from ([None] for other stages), and the pick they await (None if none)."""
     if st.action != "extend":
-        return [None]
+        return [None], None
     assert st.parent is not None
     stage_name, _, match = st.parent.partition("/")
     if not match:  # "pos=rope" alone means: in the first stage
@@ -148,7 +274,10 @@ def _parents(st: StageSpec, spec: SweepSpec, plans: list[StagePlan]) -> list[Job
         hint = suggest(stage_name, list(earlier))
         raise ConfigError(f"stage '{st.name}': parent stage '{stage_name}' is not an earlier stage{hint}")
     wanted = {p.strip() for p in match.split(",") if p.strip()}
-    return [job for job in earlier[stage_name] if wanted <= set(job.overrides)]
+    waits = next(plan.awaiting for plan in plans if plan.stage.name == stage_name)
+    if waits is not None:  # the parent runs' directories depend on a pick not made yet
+        return [], waits
+    return [job for job in earlier[stage_name] if wanted <= set(job.overrides)], None
 
 
 def _label(st: StageSpec, lines: list[str], parent: Job | None, fixed: dict[str, str]) -> str:
@@ -160,10 +289,16 @@ def _label(st: StageSpec, lines: list[str], parent: Job | None, fixed: dict[str,
             return st.label.format(parent=parent.label if parent else "", **_dotted(values))
         except (KeyError, IndexError) as e:
             raise ConfigError(f"stage '{st.name}': label template names unknown key {e}") from e
-    parts = [ln.split("=", 1)[1] if ln.startswith("pos=") else ln.rsplit(".", 1)[-1] for ln in seedless]
-    fallback = fixed["pos"].split("=", 1)[1] if "pos" in fixed and st.action == "train" else st.name
+    parts = [ln.split("=", 1)[1] if ln.startswith("pos=") else _short(ln) for ln in seedless]
+    fallback = fixed["pos"].split("=", 1)[1] if "pos" in fixed and st.action != "extend" else st.name
     own = ", ".join(parts) or fallback
     return own if parent is None else f"{parent.label} → {st.name} {own}"
+
+
+def _short(line: str) -> str:
+    """'train.lr=0.001' -> 'lr=0.001' (the key's last part; a value's own dots kept)."""
+    key, _, value = line.partition("=")
+    return f"{key.rsplit('.', 1)[-1]}={value}"
 
 
 def _dotted(values: dict[str, str]) -> dict[str, Any]:
@@ -205,7 +340,8 @@ def validate_plan(plans: list[StagePlan], user_config_dir: Path | None) -> dict[
                     check_compile(cfg.train.compile, resolve_device(cfg.train.device))  # (a cuda job: at its run)
             except ConfigError as e:
                 raise ConfigError(f"job {job.stage}/{job.name}: {e}") from e
-            configs[job.key] = cfg
+            if job.resolved:  # a job awaiting a pick is checked without it; its pick's values were checked in the grid
+                configs[job.key] = cfg
     return configs
 
 
@@ -217,7 +353,7 @@ def plan_identities(plans: list[StagePlan], configs: dict[str, Config]) -> dict[
     """Each job's identity by `Job.key` (parents first, as stages come in order)."""
     identities: dict[str, dict[str, Any]] = {}
     for plan in plans:
-        for job in plan.jobs:
+        for job in (job for job in plan.jobs if job.resolved):
             parent = identity_hash(identities[job.parent]) if job.parent in identities else None
             identities[job.key] = job_identity(configs[job.key], parent)
     return identities
@@ -226,7 +362,7 @@ def plan_identities(plans: list[StagePlan], configs: dict[str, Config]) -> dict[
 def check_planned(sweep_dir: Path, plans: list[StagePlan], identities: dict[str, dict[str, Any]]) -> None:
     """Refuse (one line, before anything runs) a job whose directory holds a run planned with another config."""
     recorded = read_planned(sweep_dir)
-    for job in (job for plan in plans for job in plan.jobs):
+    for job in (job for plan in plans for job in plan.jobs if job.resolved):
         job_dir = job.dir(sweep_dir)
         status = job_status(job_dir)
         if status == "pending" or (status == "failed" and not is_run_dir(job_dir)):  # nothing there to reuse
@@ -266,10 +402,12 @@ def write_plan(
                 "label": job.label,
                 "parent": job.parent,
                 "swept": job.swept,
+                **({"after": job.after, "picked": job.picked} if job.after is not None else {}),
                 **({"config_hash": identity_hash(identities[job.key])} if identities and job.key in identities else {}),
             }
             for plan in plans
             for job in plan.jobs
+            if job.resolved  # a job awaiting a pick has no directory yet
         ],
     }
     atomic_write_json(sweep_dir / PLAN_FILE, record)

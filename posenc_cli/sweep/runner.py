@@ -5,6 +5,11 @@ The parts: `sweep.spec` reads the sweep file, `sweep.plan` expands it into jobs 
 `sweep.job` is the function each launched job runs, `sweep.markers` says from disk which jobs are done. A job
 stopped by a signal ends the sweep (`SweepInterrupted`) before any later job or stage starts; running the same sweep
 again resumes it.
+
+A select stage's pick (`sweep.select`) is made from disk once its stage has run (finished jobs skipped as always), and
+recorded in its directory; the stages after it are then planned with it, checked against the sweep directory and
+recorded before they run. A pick that cannot be made (grid points unfinished or failed) stops the sweep before any
+stage that needs it (`select.SelectionPending`); running the sweep again retries those points and picks.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import signal
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from posenc_cli.errors import UserError
@@ -30,6 +36,16 @@ from posenc_cli.sweep.plan import (
     plan_sweep,
     validate_plan,
     write_plan,
+)
+from posenc_cli.sweep.select import (
+    GroupKey,
+    Pick,
+    Reader,
+    SelectionPending,
+    group_of,
+    group_text,
+    make_pick,
+    write_pick,
 )
 from posenc_cli.sweep.spec import SweepSpec
 
@@ -56,28 +72,81 @@ def run_sweep(
     user_config_dir: Path | None = None,
     on_event: Callable[[str, str], None] | None = None,
     plans: list[StagePlan] | None = None,
+    read_metric: Reader | None = None,
 ) -> list[StagePlan]:
     """Validate every job, then run each stage (one Hydra multirun per parent group); returns the plan (`plans`,
-    when the caller planned already: `plan_sweep(spec, user_overrides)`'s result).
+    when the caller planned already: `plan_sweep(spec, user_overrides)`'s result), with every pick applied.
 
     A job whose directory holds a run planned with another config is refused (`check_planned`). Done jobs
-    (`job_status`) are skipped; others resume in their own directory. The sweep directory is locked for the whole
-    run: a second sweep into it fails at once (`UserError`) and changes nothing. A job stopped by a signal ends the
-    sweep with `SweepInterrupted` before any later job or stage starts.
+    (`job_status`) are skipped; others resume in their own directory. After a select stage runs, its pick is made
+    and recorded (`read_metric`: the metric reader, the stage's own unless given), and the stages after it are
+    planned with it; a pick that cannot be made raises `SelectionPending` before a stage that needs it starts. The
+    sweep directory is locked for the whole run: a second sweep into it fails at once (`UserError`) and changes
+    nothing. A job stopped by a signal ends the sweep with `SweepInterrupted` before any later job or stage starts.
     """
     launcher_overrides = launcher_overrides or []
     launcher_settings(launcher_overrides, user_config_dir)  # as the dry run checks them
     plans = plans if plans is not None else plan_sweep(spec, user_overrides)
-    identities = plan_identities(plans, validate_plan(plans, user_config_dir))
+    configs = validate_plan(plans, user_config_dir)
+    identities = plan_identities(plans, configs)
     sweep_dir = Path(sweep_dir).resolve()
+    say = on_event or (lambda kind, text: None)
     with sweep_lock(sweep_dir):
         check_planned(sweep_dir, plans, identities)  # before anything is written
         write_planned(sweep_dir, identities)
         write_plan(spec, user_overrides, sweep_dir, plans, identities)
         session = uuid.uuid4().hex
-        for plan in plans:
+        picks: dict[str, Pick] = {}
+        index = 0
+        while index < len(plans):
+            plan = plans[index]
+            if plan.awaiting is not None:  # its select stage ran and picked (else `_pick` raised): plan with it
+                waiting = {p.stage.name for p in plans if p.awaiting is not None}
+                plans = plan_sweep(spec, user_overrides, picks)
+                if plans[index].awaiting is not None:
+                    raise RuntimeError(f"stage {plan.stage.name} still awaits the pick of {plan.awaiting}")
+                newly = [p for p in plans if p.stage.name in waiting and p.awaiting is None]
+                configs.update(validate_plan(newly, user_config_dir))
+                identities = plan_identities(plans, configs)
+                check_planned(sweep_dir, newly, identities)
+                keys = {job.key for p in newly for job in p.jobs}
+                write_planned(sweep_dir, {k: v for k, v in identities.items() if k in keys})
+                write_plan(spec, user_overrides, sweep_dir, plans, identities)
+                continue
             _run_stage(plan, sweep_dir, session, launcher_overrides, user_config_dir, on_event)
+            if plan.stage.select is not None:
+                pick = _pick(plan, plans, sweep_dir, read_metric, say)
+                if pick is not None:
+                    picks[plan.stage.name] = pick
+            index += 1
     return plans
+
+
+def _pick(
+    plan: StagePlan,
+    plans: list[StagePlan],
+    sweep_dir: Path,
+    read_metric: Reader | None,
+    say: Callable[[str, str], None],
+) -> Pick | None:
+    """Make and record a select stage's pick from disk; when it cannot, stop the sweep if a later stage needs it
+    (`SelectionPending`), else say why and go on."""
+    rule = plan.stage.select
+    assert rule is not None
+    name = plan.stage.name
+    try:
+        pick = make_pick(name, rule, plan.jobs, plan.chosen, sweep_dir, read_metric)
+    except SelectionPending as e:
+        if any(p.stage.after == name for p in plans):
+            raise
+        say("skip", str(e))
+        return None
+    path = write_pick(sweep_dir, pick)
+    for group, point in pick.chosen_points.items():
+        shown = " ".join(point.setting) or "(nothing to choose)"
+        say("pick", f"stage {name}: {group_text(rule.group_by, group)}: {shown} ({rule.metric} {point.value:.4g})")
+    say("pick", f"stage {name}: recorded in {path}")
+    return pick
 
 
 @contextlib.contextmanager
@@ -86,6 +155,58 @@ def sweep_lock(sweep_dir: Path) -> Iterator[None]:
     message = f"{sweep_dir} is in use by another posenc sweep; wait for it to finish or choose another --out"
     with exclusive_or_fail(sweep_dir / SWEEP_LOCK, lambda: UserError(message)):
         yield
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Launch:
+    """One Hydra multirun of a stage: its jobs, the overrides all of them share (`fixed`, left out of the jobs'
+    directory names), the swept ones, its parent run (extend) and where its jobs' directories go."""
+
+    title: str
+    jobs: list[Job]
+    fixed: list[str]
+    fixed_keys: list[str]
+    swept: dict[str, list[str]]
+    parent: str | None
+
+
+def _launches(plan: StagePlan) -> list[_Launch]:
+    """A stage's multiruns: one per parent run (extend), one per group of its select stage (a stage `after` one:
+    each group with its pick, whose keys are left out of the directory names as fixed ones are), else one."""
+    name = plan.stage.name
+    if plan.stage.after is None:
+        by_parent: dict[str | None, list[Job]] = {}
+        for job in plan.jobs:
+            by_parent.setdefault(job.parent, []).append(job)
+        return [
+            _Launch(
+                title=f"stage {name}" + (f" from {parent}" if parent else ""),
+                jobs=jobs,
+                fixed=list(plan.fixed.values()),
+                fixed_keys=list(plan.fixed),
+                swept=plan.swept,
+                parent=parent,
+            )
+            for parent, jobs in by_parent.items()
+        ]
+    by_group: dict[GroupKey, list[Job]] = {}
+    for job in plan.jobs:
+        by_group.setdefault(group_of(job.overrides, plan.group_by), []).append(job)
+    launches = []
+    for group, jobs in by_group.items():
+        values = {k: v for k, v in zip(plan.group_by, group, strict=True) if v is not None}
+        picked = jobs[0].picked or []
+        launches.append(
+            _Launch(
+                title=f"stage {name} for {group_text(plan.group_by, group)} ({' '.join(picked) or 'nothing picked'})",
+                jobs=jobs,
+                fixed=[*(line for key, line in plan.fixed.items() if key not in plan.picked_keys), *picked],
+                fixed_keys=[*plan.fixed, *plan.picked_keys],
+                swept={k: ([values[k]] if k in values else v) for k, v in plan.swept.items()},
+                parent=None,
+            )
+        )
+    return launches
 
 
 def _run_stage(
@@ -98,19 +219,17 @@ def _run_stage(
 ) -> None:
     """One stage: a Hydra multirun per parent group, for the groups with jobs that are not done."""
     say = on_event or (lambda kind, text: None)
-    groups: dict[str | None, list[Job]] = {}
-    for job in plan.jobs:
-        groups.setdefault(job.parent, []).append(job)
-    if not groups:
+    if not plan.jobs and plan.stage.action == "extend":
         say("skip", f"stage {plan.stage.name}: no parent run matches '{plan.stage.parent}'")
-    for parent, jobs in groups.items():
-        title = f"stage {plan.stage.name}" + (f" from {parent}" if parent else "")
+    for launch in _launches(plan):
+        title, jobs, parent = launch.title, launch.jobs, launch.parent
         todo = [j for j in jobs if job_status(j.dir(sweep_dir)) != "done"]
         if not todo:
             say("skip", f"{title}: all {len(jobs)} job(s) already done")
             continue
+        action = "train" if plan.stage.action == "select" else plan.stage.action  # a select stage's jobs train
         internal = [
-            f"+{INTERNAL_KEY}.action={plan.stage.action}",
+            f"+{INTERNAL_KEY}.action={action}",
             f"+{INTERNAL_KEY}.sweep_dir={quote_value(str(sweep_dir))}",
             f"+{INTERNAL_KEY}.session={session}",
         ]
@@ -123,14 +242,14 @@ def _run_stage(
                 continue
             internal.append(f"+{INTERNAL_KEY}.parent_dir={quote_value(str(parent_dir))}")
         say("run", f"{title}: {len(todo)} of {len(jobs)} job(s) to run")
-        swept = [f"{key}={','.join(values)}" for key, values in plan.swept.items()]
+        swept = [f"{key}={','.join(values)}" for key, values in launch.swept.items()]
         internal_keys = ("action", "sweep_dir", "session", "parent_dir")
-        exclude = [*plan.fixed, *(f"{INTERNAL_KEY}.{key}" for key in internal_keys)]
+        exclude = [*launch.fixed_keys, *(f"{INTERNAL_KEY}.{key}" for key in internal_keys)]
         launch_multirun(
-            [*plan.fixed.values(), *swept, *internal],
+            [*launch.fixed, *swept, *internal],
             job=run_job,
             stage_dir=jobs[0].dir(sweep_dir).parent,
-            subdir=None if plan.swept else DEFAULT_JOB,
+            subdir=None if launch.swept else DEFAULT_JOB,
             exclude_keys=exclude,
             launcher_overrides=launcher_overrides,
             user_config_dir=user_config_dir,

@@ -3,7 +3,9 @@
 A sweep file (`configs/sweep/NAME.yaml`, or `sweep/NAME.yaml` in a user's `--config-dir`) declares global overrides
 and one or more stages. Each stage is one Hydra multirun (see `hydra_bridge.launch_multirun`): stage `train` jobs
 train and evaluate a run; `extend` jobs derive a run from an earlier stage's run (RoPE scaling, optional
-fine-tune) and evaluate it. `sweep.plan` expands the stages into jobs.
+fine-tune) and evaluate it; `select` jobs train and evaluate a grid, from which `sweep.select` picks each group's
+setting (per scheme, as McGill-NLP/length-generalization's `configs/sweeps/training_scratch.jsonnet` does), and a
+later train stage with `after: <select stage>` runs with each group's pick. `sweep.plan` expands the stages into jobs.
 """
 
 from __future__ import annotations
@@ -17,15 +19,32 @@ import yaml
 from posenc_cli.config import suggest
 from posenc_cli.errors import ConfigError
 
+SELECT_METRICS = ("val_loss", "competence")  # see `sweep.select.METRIC_GOALS`
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelectSpec:
+    """How a `select` stage picks: `metric` (`val_loss`, minimised: the run's final validation loss; `competence`,
+    maximised: in-distribution accuracy on `task`, scored as `scoring`), per group of `group_by` keys; `partial`:
+    pick among the finished grid points of a group when some failed or did not finish (else refuse)."""
+
+    metric: str = "val_loss"
+    group_by: tuple[str, ...] = ("pos",)
+    partial: bool = False
+    task: str | None = None
+    scoring: str = "contains"
+
 
 @dataclass(kw_only=True)
 class StageSpec:
     name: str
-    action: Literal["train", "extend"] = "train"
+    action: Literal["train", "extend", "select"] = "train"
     params: dict[str, str] = field(default_factory=dict)
     overrides: list[str] = field(default_factory=list)
     parent: str | None = None
     label: str | None = None
+    select: SelectSpec | None = None  # a select stage's rule
+    after: str | None = None  # a train stage's select stage, whose picks its jobs run with
 
 
 @dataclass(kw_only=True)
@@ -64,7 +83,7 @@ def load_sweep_spec(path: Path) -> SweepSpec:
     for i, st in enumerate(raw["stages"]):
         if not isinstance(st, dict) or "name" not in st:
             raise ConfigError(f"{path}: stage {i} needs a 'name'")
-        valid = ["name", "action", "params", "overrides", "parent", "label"]
+        valid = ["name", "action", "params", "overrides", "parent", "label", "group_by", "select", "after"]
         bad = set(st) - set(valid)
         if bad:
             key = str(sorted(bad, key=str)[0])
@@ -73,11 +92,13 @@ def load_sweep_spec(path: Path) -> SweepSpec:
                 f"{path}: stage '{st['name']}' has unknown key '{key}'{hint} (valid: {', '.join(sorted(valid))})"
             )
         action = st.get("action", "train")
-        if action not in ("train", "extend"):
-            raise ConfigError(f"{path}: stage '{st['name']}': action must be train or extend, got {action!r}")
+        if action not in ("train", "extend", "select"):
+            raise ConfigError(f"{path}: stage '{st['name']}': action must be train, extend or select, got {action!r}")
         if action == "extend" and not st.get("parent"):
             raise ConfigError(f"{path}: extend stage '{st['name']}' needs parent: <stage>/<key=value,...>")
         params = {str(k): _param_str(v) for k, v in (st.get("params") or {}).items()}
+        select = _select_spec(path, st, action)
+        after = _after(path, st, action, stages)
         stages.append(
             StageSpec(
                 name=str(st["name"]),
@@ -86,6 +107,8 @@ def load_sweep_spec(path: Path) -> SweepSpec:
                 overrides=[str(o) for o in st.get("overrides") or []],
                 parent=st.get("parent"),
                 label=st.get("label"),
+                select=select,
+                after=after,
             )
         )
     names = [s.name for s in stages]
@@ -94,6 +117,68 @@ def load_sweep_spec(path: Path) -> SweepSpec:
     return SweepSpec(
         name=Path(path).stem, path=Path(path), overrides=[str(o) for o in raw.get("overrides") or []], stages=stages
     )
+
+
+def _select_spec(path: Path, st: dict[str, Any], action: str) -> SelectSpec | None:
+    """A select stage's `group_by` (a key or a list; default `pos`) and `select:` mapping, checked."""
+    name = st["name"]
+    if action != "select":
+        for key in ("group_by", "select"):
+            if key in st:
+                raise ConfigError(f"{path}: stage '{name}': '{key}' belongs to a select stage (action: select)")
+        return None
+    raw = st.get("select") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: stage '{name}': select must be a mapping, e.g. {{metric: val_loss}}")
+    valid = ["metric", "partial", "task", "scoring"]
+    bad = set(raw) - set(valid)
+    if bad:
+        key = str(sorted(bad, key=str)[0])
+        hint = suggest(key, valid)
+        raise ConfigError(f"{path}: stage '{name}': unknown select key '{key}'{hint} (valid: {', '.join(valid)})")
+    metric = str(raw.get("metric", "val_loss"))
+    if metric not in SELECT_METRICS:
+        hint = suggest(metric, SELECT_METRICS)
+        raise ConfigError(
+            f"{path}: stage '{name}': select.metric '{metric}'{hint} is not one of {', '.join(SELECT_METRICS)}"
+        )
+    task = raw.get("task")
+    if metric == "competence" and not task:
+        raise ConfigError(
+            f"{path}: stage '{name}': select.metric competence needs select.task (an algorithmic task, "
+            "'algorithmic' for the mean over the run's tasks, 'passkey' or a RULER-style task)"
+        )
+    partial = raw.get("partial", False)
+    if not isinstance(partial, bool):
+        raise ConfigError(f"{path}: stage '{name}': select.partial must be true or false, got {partial!r}")
+    group_by = st.get("group_by", ["pos"])
+    group_by = [group_by] if isinstance(group_by, str) else group_by
+    if not isinstance(group_by, list) or not all(isinstance(k, str) and k for k in group_by):
+        raise ConfigError(f"{path}: stage '{name}': group_by must be a key or a list of keys, e.g. [pos]")
+    return SelectSpec(
+        metric=metric,
+        group_by=tuple(group_by),
+        partial=partial,
+        task=None if task is None else str(task),
+        scoring=str(raw.get("scoring", "contains")),
+    )
+
+
+def _after(path: Path, st: dict[str, Any], action: str, earlier: list[StageSpec]) -> str | None:
+    """A train stage's `after:`, which must name an earlier select stage."""
+    after = st.get("after")
+    if after is None:
+        return None
+    if action != "train":
+        raise ConfigError(f"{path}: stage '{st['name']}': after: is for a train stage (an {action} stage has none)")
+    selects = [s.name for s in earlier if s.action == "select"]
+    if after not in selects:
+        hint = suggest(str(after), selects)
+        raise ConfigError(
+            f"{path}: stage '{st['name']}': after: '{after}'{hint} is not an earlier select stage "
+            f"(earlier select stages: {', '.join(selects) or 'none'})"
+        )
+    return str(after)
 
 
 def _param_str(value: Any) -> str:

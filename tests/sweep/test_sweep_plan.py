@@ -83,7 +83,7 @@ def test_bad_override_is_rejected_before_anything_runs(tmp_path: Path) -> None:
     [
         ("stages: []", "non-empty 'stages'"),
         ("stages: [{action: train}]", "needs a 'name'"),
-        ("stages: [{name: a, action: fly}]", "action must be train or extend"),
+        ("stages: [{name: a, action: fly}]", "action must be train, extend or select"),
         ("stages: [{name: a, action: extend}]", "needs parent"),
         ("stages: [{name: a, colour: red}]", "unknown key 'colour'"),
         ("stages: [{name: a}]\nwhatever: 1", "unknown sweep key 'whatever'"),
