@@ -104,3 +104,28 @@ def test_two_ranks_match_one_process_and_resume_after_a_crash(corpus: Path, tmp_
     w_ddp, w_single = weights(ddp), weights(single)
     for name, value in w_single.items():
         torch.testing.assert_close(w_ddp[name], value, rtol=RTOL, atol=2e-5)
+
+
+def test_two_ranks_pool_the_scored_targets_of_the_global_batch(tmp_path: Path) -> None:
+    """train.loss_on=answer with padded rows: each rank's share is its NLL sum over the step's count of scored
+    targets, so 2 ranks × 2 micro-batches follow one process's mean over the same global batch."""
+    from posenc_cli.data.sources.algorithmic import AlgorithmicDataConfig
+
+    data = ["data=algorithmic", "data.tasks=[copy,reverse]", "data.examples=300", "data.max_length=4"]
+    settings = dict(STEPS, grad_accum=2, seq_len=32, loss_on="answer", packing="none")
+    overrides = [o for o in tiny_overrides(Path("unused"), **settings) if not o.startswith("data.")]
+    overrides = [o for o in overrides if o != "data=text"] + data
+    single_cfg = tiny_config(Path("unused"), **settings)
+    single_cfg.data = AlgorithmicDataConfig(tasks=["copy", "reverse"], examples=300, max_length=4)
+    single = tmp_path / "single"
+    train(single_cfg, single)
+    ddp = tmp_path / "ddp"
+    done = torchrun(overrides, ddp)
+    assert done.returncode == 0, worker_lines(done)
+    ours, ref = records(ddp), records(single)
+    assert [r["tokens"] for r in ours] == [r["tokens"] for r in ref]
+    for key in ("train_loss", "grad_norm", "val_loss"):
+        a = [r[key] for r in ours if r[key] is not None]
+        b = [r[key] for r in ref if r[key] is not None]
+        assert len(a) == len(b) > 0
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=RTOL, atol=0)
