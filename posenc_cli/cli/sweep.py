@@ -66,6 +66,7 @@ def sweep_command(
     from posenc_cli.perf.profiling import process_age_s
     from posenc_cli.run.interrupts import Stopped, sigterm_raises
     from posenc_cli.sweep.runner import SweepInterrupted
+    from posenc_cli.sweep.select import SelectionPending
 
     startup_s = process_age_s()  # interpreter start-up and the CLI's imports, before any work
     names, overrides = split_args(args)
@@ -93,6 +94,9 @@ def sweep_command(
     except Stopped as e:
         err_console.print(f"sweep interrupted by SIGTERM. Resume with: {shlex.join(again)}", markup=False)
         raise typer.Exit(128 + e.signum) from None
+    except SelectionPending as e:  # the grid ran as far as it could; the same command retries it and picks
+        err_console.print(f"error: {e}. Resume with: {shlex.join(again)}", markup=False)
+        raise typer.Exit(2) from None
     console.print(f"sweep finished in {ran.seconds:.0f} s", highlight=False)
     report = api.sweep_report(ran, viz=viz, profile=profile, startup_s=startup_s)
     print_comparison(report.comparison)

@@ -396,3 +396,20 @@ def test_a_select_sweep_end_to_end_then_resumed(workspace: Path, monkeypatch: py
     code, dry = sweep(workspace, monkeypatch, "select", "--out", "s", "--dry-run")
     assert code == 0, dry
     assert f"train.lr={picks['alibi']}" in dry and "(awaits the pick)" not in dry
+
+
+def test_a_grid_that_cannot_be_picked_from_stops_the_sweep_saying_how_to_resume(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(workspace)
+    args = ["sweep", "select", "data.paths=[missing]", "--out", "pending", "--config-dir", "cfg"]
+    result = CliRunner().invoke(app, args, terminal_width=200)
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.stderr.splitlines() if "cannot pick" in ln]
+    assert len(lines) == 1, result.stderr
+    assert (
+        "stage grid cannot pick yet: 4 of 4 grid points have no val_loss (grid/pos=nope,train.lr=0.001: failed"
+        in lines[0]
+    )
+    assert lines[0].endswith("Resume with: posenc sweep select 'data.paths=[missing]' --out pending --config-dir cfg")
+    assert not (workspace / "pending" / "seeds").exists() and not (workspace / "pending" / "grid" / PICK_FILE).exists()
