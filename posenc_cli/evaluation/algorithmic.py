@@ -43,6 +43,7 @@ from posenc_cli.evaluation.passkey import check_readable, decode_prompts
 from posenc_cli.evaluation.perplexity import check_not_training, evaluate_each_run, find_runs, resolve_dtype
 from posenc_cli.evaluation.positions import BeyondRange, Positions, trained_positions
 from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, positions_key, read_results_file
+from posenc_cli.evaluation.teacher_forced import evaluate_scored_cell
 
 if TYPE_CHECKING:
     from torch import nn
@@ -165,6 +166,9 @@ def evaluate_cell(
     per-token accuracy), tokens (the longest prompt + answer, end tokens included), samples}. Raises
     `LengthBeyondScheme` (before any forward) when the model cannot read the longest example, and `BeyondRange` when
     randomized `positions` cannot draw that many ids (`passkey.decode_prompts` feeds them)."""
+    if any(e.scored is not None for e in examples):  # MQAR, flip-flop: many positions, teacher-forced
+        options: dict[str, Any] = {"batch_tokens": batch_tokens, "dtype": dtype, "device": device, "label": label}
+        return evaluate_scored_cell(model, tokenizer, examples, progress=progress, positions=positions, **options)
     encoded = [encode_example(tokenizer, e) for e in examples]
     tokens = max(len(p) + len(a) for p, a in encoded)
     check_readable(model, tokens)  # it reads every token but the last generated one

@@ -1,5 +1,9 @@
 """Registry of the algorithmic length-generalisation tasks of Kazemnejad et al. 2023 (`copy`, `reverse`, `addition`,
-`sorting`, `summation`, `parity`, `polynomial`).
+`sorting`, `summation`, `parity`, `polynomial`; `suite` "length-generalization") and of the synthetic tasks of the
+2024-26 positional papers (issue #44, `suite` "synthetic": `mqar`, `flipflop` with its `_sparse` and `_dense`
+splits, the word problems `s5` and `a5`, and the Chomsky-hierarchy tasks `even_pairs`, `cycle_navigation`,
+`modular_arithmetic`, `stack_manipulation`, `bucket_sort`, `missing_duplicate`, `binary_addition`,
+`duplicate_string`; docs/commands/synthetic-tasks.md).
 
 Each module of this package except `base` holds one task: a seeded generator of one example (prompt and answer) of a
 given instance length, and an independent solver that reads the answer off the prompt (what the contract test

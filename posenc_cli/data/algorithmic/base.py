@@ -45,16 +45,28 @@ MAX_LENGTH = 1024  # instance lengths at most (a 2L = 2048-item prompt is far be
 
 @dataclass(frozen=True)
 class Example:
-    """One instance: `prompt` (ends without whitespace), `answer` (starts with one space), instance `length`."""
+    """One instance: `prompt` (ends without whitespace), `answer` (starts with one space), instance `length`.
+
+    `scored`: None for a task scored on its answer alone; else the document as (text, scored) pieces for a task the
+    reference scores at many positions (MQAR's values, flip-flop's reads): their text is `prompt + answer`, the last
+    piece is the answer, and `eval-algorithmic` scores every scored piece teacher-forced (`evaluation.teacher_forced`).
+    """
 
     prompt: str
     answer: str
     length: int
+    scored: tuple[tuple[str, bool], ...] | None = None
 
     @property
     def text(self) -> str:
         """The training document: prompt then answer (the token cache appends the end-of-document token)."""
         return self.prompt + self.answer
+
+    @property
+    def pieces(self) -> tuple[tuple[str, bool], ...]:
+        """The document as (text, scored) pieces (`data.sources.base.Marked`): `scored`, else the prompt unscored
+        and the answer scored."""
+        return self.scored if self.scored is not None else ((self.prompt, False), (self.answer, True))
 
 
 class AlgorithmicTask:
@@ -68,6 +80,8 @@ class AlgorithmicTask:
     min_length: ClassVar[int] = 1
     train_min: ClassVar[int]  # the builder's `--train_min` default: training (in distribution) is train_min..L
     reference: ClassVar[str] = ""
+    suite: ClassVar[str] = "length-generalization"  # the NoPE paper's tasks; "synthetic": issue #44's
+    layout: ClassVar[str] = ""  # tasks sharing a text layout (flip-flop's splits) name it; "": the task's own
 
     @classmethod
     def sample(cls, rng: np.random.Generator, length: int) -> Example:
