@@ -257,6 +257,28 @@ def test_competence_is_maximised(tmp_path: Path) -> None:
     assert pick.lines(("alibi",)) == ["train.lr=0.001", "train.weight_decay=0"]
 
 
+def test_competence_is_read_through_evaluation_competence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from posenc_cli.evaluation import competence as gate
+
+    grid = plans_of(tmp_path)[0]
+    run_grid(grid, tmp_path, grid_losses(rope=[1, 1, 1, 1], alibi=[1, 1, 1, 1]))
+    rule = SelectSpec(metric="competence", task="copy", scoring="exact")
+    # Runs without a stored evaluation of the task: not measured, so nothing is picked.
+    with pytest.raises(SelectionPending, match=r"8 of 8 grid points have no competence \(grid/.*: not measured"):
+        make_pick("grid", rule, grid.jobs, grid.chosen, tmp_path)
+    asked: list[tuple[Path, str, str]] = []
+
+    def measured(run_dir: Path, task: str, scoring: str = "contains") -> float:
+        asked.append((Path(run_dir), task, scoring))
+        return 0.5 + 0.01 * len(asked)
+
+    monkeypatch.setattr(gate, "competence", measured)
+    pick = make_pick("grid", rule, grid.jobs, grid.chosen, tmp_path)
+    assert asked[0] == (grid.jobs[0].dir(tmp_path), "copy", "exact") and len(asked) == 8
+    assert pick.lines(("rope",)) == ["train.lr=0.003", "train.weight_decay=0.1"]  # the 4th read is rope's highest
+    assert pick.to_json()["task"] == "copy" and pick.to_json()["goal"] == "max"
+
+
 def test_an_unfinished_grid_is_not_picked_unless_the_stage_says_partial(tmp_path: Path) -> None:
     grid = plans_of(tmp_path)[0]
     losses = grid_losses(rope=[3.0, 2.0, 2.5, 2.6], alibi=[1.5, 1.6, 1.7, 1.4])
