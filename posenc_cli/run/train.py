@@ -5,9 +5,10 @@ validation, atomic checkpoints, exact resume, graceful SIGTERM/SIGINT and non-fi
   data        {stage, done, total}                 while the corpus is read/tokenized
   start       {run_dir, step, steps, resumed, device, precision, threads, compile ('eager' or 'compiled (<mode>)'),
                n_params, tokens_per_step, seq_len}
-  step        {step, steps, loss, lr, grad_norm, tokens, tokens_per_s (session mean), interval_tokens_per_s
-               (since the last logged step), elapsed_s, logged}                             after every update
-              (tokens: input tokens processed, padding not counted; loss: mean NLL per scored target)
+  step        {step, steps, loss, lr, grad_norm, tokens, scored_tokens, tokens_per_s (session mean),
+               interval_tokens_per_s (since the last logged step), elapsed_s, logged}       after every update
+              (tokens: input tokens processed, padding not counted; scored_tokens: targets the loss counted;
+               loss: mean NLL per scored target)
   eval        {step, val_loss, seconds}               seconds: how long it took (for profiling)
   checkpoint  {step, status, seconds}
   drope       {step, n_params}                     positions dropped after update `step` (train.drope_at)
@@ -364,6 +365,7 @@ class _Trainer:
                 raise CheckpointError(f"{init_from}: weights do not fit this config ({str(e).splitlines()[0]})") from e
         self.sampler = torch.Generator().manual_seed(seed + 1)
         self.step, self.tokens, self.elapsed_before = 0, 0, 0.0
+        self.scored_tokens = 0  # targets the loss counted (= tokens under train.loss_on=all, packing=stream)
         self.best_val: float | None = None
         self.train_loss: float | None = None
         self.val_loss: float | None = None
@@ -457,6 +459,7 @@ class _Trainer:
         tensors, info = read_state(self.run_dir, meta)
         unpack_optimizer(self.optimizer, tensors, info["optimizer"], committed_file(self.run_dir, STATE_JSON))
         self.step, self.tokens = int(info["step"]), int(info["tokens"])
+        self.scored_tokens = int(info.get("scored_tokens", info["tokens"]))  # saved before the count: every token
         self.elapsed_before = float(info.get("elapsed_s", 0.0))
         self.best_val, self.train_loss = info.get("best_val_loss"), info.get("train_loss")
         self.val_loss = info.get("val_loss")
@@ -562,6 +565,7 @@ class _Trainer:
                     self._emit_drope()
                     compiling.warm_up(self._dummy_forward, self.params, self.device, tc.compile)
                 self.tokens += step_tokens
+                self.scored_tokens += counted
                 self.session_tokens += step_tokens
                 dt = time.perf_counter() - t0
                 self.train_time += dt
@@ -578,6 +582,7 @@ class _Trainer:
                         {
                             "step": self.step,
                             "tokens": self.tokens,
+                            "scored_tokens": self.scored_tokens,
                             "train_loss": loss_val,
                             "val_loss": val,
                             "lr": lr,
@@ -596,6 +601,7 @@ class _Trainer:
                         "lr": lr,
                         "grad_norm": gnorm_val,
                         "tokens": self.tokens,
+                        "scored_tokens": self.scored_tokens,
                         "tokens_per_s": tps,
                         "interval_tokens_per_s": interval_tps,
                         "elapsed_s": self._elapsed(),
@@ -712,6 +718,7 @@ class _Trainer:
         state = {
             "step": self.step,
             "tokens": self.tokens,
+            "scored_tokens": self.scored_tokens,
             "best_val_loss": self.best_val,
             "train_loss": self.train_loss,
             "val_loss": self.val_loss,

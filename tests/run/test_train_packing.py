@@ -60,9 +60,9 @@ def test_answer_loss_is_the_mean_nll_of_the_answer_tokens(tmp_path: Path, monkey
         (short, [False, False, False, True, True, True, True, False]),
         (long, [False, True, True, True, True, True, True, True]),  # targets q a b c d e f g
     ]
+    real = [7, 8]  # inputs that are not padding: [eod] + "ab:xyz", then the whole second row
     batches = iter(
-        Rows(torch.tensor([t]), torch.tensor([w]), None, None, sum(w) + 1)
-        for t, w in [(built[0][0], built[0][1]), (built[1][0], built[1][1])]
+        Rows(torch.tensor([t]), torch.tensor([w]), None, None, n) for (t, w), n in zip(built, real, strict=True)
     )
     monkeypatch.setattr(train_mod._Trainer, "_rows", lambda self: next(batches))
     result = train(cfg, tmp_path / "run")
@@ -70,6 +70,7 @@ def test_answer_loss_is_the_mean_nll_of_the_answer_tokens(tmp_path: Path, monkey
     model = build_model(cfg, BYTE.vocab_size)  # the run's initial weights: the first step's loss is theirs
     want = _independent_answer_nll(model, [(t, [i + 1 for i, w in enumerate(m) if w]) for t, m in built])
     assert result.train_loss == pytest.approx(want, abs=1e-5)
+    assert metrics(tmp_path / "run", ("tokens", "scored_tokens")) == [(7 + 8, 4 + 7)]  # real inputs, answer targets
     means = [_independent_answer_nll(model, [(t, [i + 1 for i, w in enumerate(m) if w])]) for t, m in built]
     assert abs(sum(means) / 2 - want) > 1e-4  # the mean of means would differ
 
@@ -129,8 +130,9 @@ def test_resume_under_packing_none_and_answer_loss_is_bitwise(tmp_path: Path) ->
     train(cfg, run, resume=True)
     assert same_weights(weights(run), weights(reference))
     assert metrics(run) == metrics(reference)
-    tokens = [m[1] for m in metrics(run)]
-    assert tokens[-1] < 12 * 2 * 4 * 32  # padding is not counted as processed tokens
+    assert metrics(run, ("tokens", "scored_tokens")) == metrics(reference, ("tokens", "scored_tokens"))
+    tokens, scored = metrics(run, ("tokens", "scored_tokens"))[-1]
+    assert scored < tokens < 12 * 2 * 4 * 32  # padding is not processed, prompts are not scored
 
 
 def test_an_example_longer_than_a_row_is_refused(tmp_path: Path) -> None:
