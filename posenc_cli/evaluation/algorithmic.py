@@ -273,7 +273,7 @@ def evaluate_algorithmic_run(
 
     def cells() -> Iterator[list[AlgorithmicEntry]]:
         for task in plan.tasks:
-            for n in plan.lengths:
+            for n in (n for n in plan.lengths if n >= task_class(task).min_length):  # flip-flop: from 2
                 yield [
                     AlgorithmicEntry(
                         task=task,

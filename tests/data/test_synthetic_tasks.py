@@ -246,3 +246,8 @@ def test_train_on_mqar_then_eval_algorithmic(tmp_path: Path) -> None:
     entries = json.loads(out.read_text())["runs"][0]["entries"]
     assert [(e["task"], e["length"], e["in_distribution"]) for e in entries] == [("mqar", 6, True), ("mqar", 12, False)]
     assert all(e["status"] == "ok" and 0.0 <= e["token_accuracy"] <= 1.0 for e in entries)
+    args = [str(run), "--tasks", "flipflop", "--examples", "1", "--lengths", "1,2", "--json", str(out)]
+    scored = runner.invoke(app, ["eval-algorithmic", *args], terminal_width=200)
+    assert scored.exit_code == 0, scored.output
+    entries = json.loads(out.read_text())["runs"][0]["entries"]
+    assert [(e["task"], e["length"]) for e in entries] == [("flipflop", 2)]  # no flip-flop of one instruction
