@@ -160,7 +160,7 @@ def sweep_lock(sweep_dir: Path) -> Iterator[None]:
 @dataclass(frozen=True, kw_only=True)
 class _Launch:
     """One Hydra multirun of a stage: its jobs, the overrides all of them share (`fixed`, left out of the jobs'
-    directory names), the swept ones, its parent run (extend) and where its jobs' directories go."""
+    directory names; `fixed_keys` names their keys), the swept ones and its parent run (extend)."""
 
     title: str
     jobs: list[Job]
