@@ -18,12 +18,17 @@ from torch import nn
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
+from posenc_cli.config import ModelConfig
 from posenc_cli.data.algorithmic import registry, task_class
 from posenc_cli.data.algorithmic.base import AlgorithmicTask, Example
 from posenc_cli.data.algorithmic.mqar import KV_PAIRS, gap_probabilities
 from posenc_cli.data.algorithmic.state_tracking import elements, is_even
 from posenc_cli.data.tokenizer import ByteTokenizer
+from posenc_cli.errors import LengthBeyondScheme
 from posenc_cli.evaluation.algorithmic import cell_examples, evaluate_cell
+from posenc_cli.evaluation.positions import BeyondRange, Positions
+from posenc_cli.model import GPT
+from posenc_cli.positional import config_class
 
 SYNTHETIC = sorted(name for name, task in registry().items() if task.suite == "synthetic")
 CHOMSKY = [
@@ -225,6 +230,18 @@ def test_many_position_tasks_score_each_query(name: str) -> None:
     assert cell["accuracy"] == 0.0 and cell["correct"] == 0
     assert cell["token_accuracy"] == pytest.approx(1 - len(examples) / sum(queries))
     assert cell["samples"][0]["answer"] == "".join(t for t, s in examples[0].pieces if s)
+
+
+def test_many_position_cells_refuse_what_the_scheme_cannot_read() -> None:
+    examples = cell_examples("flipflop", 40, 2, seed=0)  # 164 tokens read
+    learned = GPT(ModelConfig(d_model=32, n_layer=1, n_head=2), config_class("learned")(name="learned"), 257, 24)
+    with pytest.raises(LengthBeyondScheme, match="at most 24 positions"):
+        evaluate_cell(learned, ByteTokenizer(), examples)
+    rope = GPT(ModelConfig(d_model=32, n_layer=1, n_head=2), config_class("rope")(name="rope"), 257, 24)
+    with pytest.raises(BeyondRange, match="at most 100 tokens"):
+        evaluate_cell(rope, ByteTokenizer(), examples, positions=Positions(mode="random", range=100, seed=0))
+    cell = evaluate_cell(rope, ByteTokenizer(), examples, positions=Positions(mode="random", range=512, seed=0))
+    assert cell["tokens"] == 165 and 0.0 <= cell["token_accuracy"] <= 1.0
 
 
 # ----------------------------------------------------------------------------------------------------------------
