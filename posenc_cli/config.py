@@ -98,6 +98,14 @@ def legacy_model_defaults(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def legacy_train_defaults(raw: dict[str, Any]) -> dict[str, Any]:
+    """A saved config's `train` mapping with the keys it lacks set to what the posenc that wrote it did: randomized
+    positions saved before `random_positions_draw` existed were drawn once per sequence for every layer."""
+    if "random_positions_draw" not in raw:
+        return {**raw, "random_positions_draw": "sequence"}
+    return raw
+
+
 @dataclass(kw_only=True)
 class PosConfig:
     """Base of every scheme's options; `name` selects the scheme in the registry."""
@@ -164,6 +172,9 @@ class TrainConfig:
     # Training-time position ids (posenc_cli/positional/ids.py). 0 = off. eval-extrapolate feeds a random_positions
     # run sorted draws from [0, M) too, as the reference does at test time (posenc_cli/evaluation/positions.py).
     random_positions: int = 0  # M: each sequence's ids a sorted random subset of [0, M) (Ruoss et al. 2023)
+    # one subset per `layer` of each sequence (the reference's noisy RoPE/ALiBi draw in every layer), or one per
+    # `sequence` for every layer (a saved config without the key: `legacy_train_defaults`)
+    random_positions_draw: Literal["layer", "sequence"] = "layer"
     pose_length: int = 0  # PoSE: ids of each seq_len window skip-wise spanning [0, pose_length) (Zhu et al. 2023)
     pose_chunks: int = 2  # PoSE: chunks per window (2 in the paper)
     # Where training windows start: "uniform" over the token stream, or "document": at an end-of-document token, so

@@ -15,7 +15,7 @@ so tokens start at unit scale, and a sinusoid added unscaled). See `ModelConfig.
 
 `GPT.drop_positions()` removes the positional encoding from a model in place (DroPE, Gelberg et al. 2025, arXiv
 2512.12167): the scheme is replaced by `NoPositions`, the base class's no-op hooks, so no layer embeds, rotates or
-biases any more, and the scheme's own parameters leave the model; each layer keeps its span (a layout's sliding
+biases any more, and the scheme's own parameters leave the model; each layer keeps its span (a hybrid's sliding
 window or chunks) and temperature, as the reference keeps Qwen2's `sliding_window` (`run.drope`).
 """
 
@@ -232,7 +232,8 @@ class GPT(nn.Module):
         """idx (B, T) int64 -> logits (B, T, V). `causal=False` drops the mask (analysis/tests only).
 
         position_ids: (T,) or (B, T) position ids (default 0..T−1), what the scheme encodes; the causal mask keeps
-        following token order whatever the ids (see `PositionContext`).
+        following token order whatever the ids (see `PositionContext`). (B, n_layer, T): each layer its own ids
+        (randomized positions drawn per layer, `positional.ids`); the embedding hook reads layer 0's.
 
         cache: incremental decoding (`new_cache`, `posenc_cli.kv_cache`). idx are then the tokens after the Tc
         cached ones; their logits equal the full forward's over all Tc + T tokens (causal only, eval mode), and
@@ -244,21 +245,30 @@ class GPT(nn.Module):
         """
         if cache is not None:
             return self._forward_cached(idx, cache, position_ids, cell_length)
-        ctx = self.context(idx, position_ids, cell_length=cell_length)
-        layers = self.layer_attention(ctx)  # each layer's scheme, span, and the shared tables and kernel choices
+        per_layer = layer_ids(position_ids, len(self.blocks))  # (B, n_layer, T) or None
+        ctx = self.context(idx, position_ids if per_layer is None else per_layer[:, 0], cell_length=cell_length)
+        contexts = None
+        if per_layer is not None:  # layer i's own prepared context
+            contexts = [ctx] + [
+                self.context(idx, per_layer[:, i], cell_length=cell_length) for i in range(1, len(self.blocks))
+            ]
+        layers = self.layer_attention(ctx, contexts)  # each layer's scheme, span, and the shared tables and kernels
         x = self.embed(idx, ctx)  # (B, T, D)
         for block, layer in zip(self.blocks, layers, strict=True):
             x = block.run(x, layer, causal)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
 
-    def layer_attention(self, ctx: PositionContext) -> list[LayerAttention]:
-        """Every layer's view of the prepared `ctx` (`PositionalScheme.layer_view`) with one `AttentionState` per
-        distinct (scheme, context): a plain scheme's layers all share one, as the layers a hybrid gives one scheme do.
+    def layer_attention(
+        self, ctx: PositionContext, contexts: list[PositionContext] | None = None
+    ) -> list[LayerAttention]:
+        """Every layer's view of the prepared `ctx` (`PositionalScheme.layer_view`; `contexts`: one per layer, for
+        ids drawn per layer) with one `AttentionState` per distinct (scheme, context): a plain scheme's layers all
+        share one, as the layers a hybrid gives one scheme do.
         """
         states: dict[tuple[int, int], AttentionState] = {}
         out = []
         for i in range(len(self.blocks)):
-            view = self.scheme.layer_view(i, ctx)
+            view = self.scheme.layer_view(i, ctx if contexts is None else contexts[i])
             key = (id(view.scheme), id(view.ctx))
             if key not in states:
                 states[key] = AttentionState(view.scheme, view.ctx)
@@ -285,23 +295,50 @@ class GPT(nn.Module):
         if position_ids is not None or cache.ids is not None:
             if position_ids is None:
                 raise ValueError("this cache holds explicit position ids: give the new tokens' position_ids")
-            new_ids, _ = checked_position_ids(position_ids, idx)
+            per_layer = layer_ids(position_ids, len(self.blocks))
+            new_ids = (
+                checked_position_ids(position_ids, idx)[0] if per_layer is None else per_layer.long().to(idx.device)
+            )
             old_ids = cache.ids if cache.ids is not None else torch.arange(Tc, device=idx.device)
-            if old_ids.dim() != new_ids.dim():  # (T,) beside (B, T): give both a batch dimension
-                old_ids, new_ids = old_ids.expand(B, Tc), new_ids.expand(B, Tq)
-            ids = torch.cat([old_ids, new_ids], dim=-1)  # (Tc + Tq,) or (B, Tc + Tq)
-        ctx = self.context(full, ids, cell_length=cache.cell(cell_length, Tc + Tq))  # checks the length first
+            if old_ids.dim() != new_ids.dim():  # give both the larger shape: (B, T), or (B, n_layer, T) per layer
+                shape = (B, len(self.blocks)) if max(old_ids.dim(), new_ids.dim()) == 3 else (B,)
+                old_ids, new_ids = widened(old_ids, shape, Tc), widened(new_ids, shape, Tq)
+            ids = torch.cat([old_ids.to(idx.device), new_ids], dim=-1)  # (Tc + Tq,), (B, ..) or (B, n_layer, ..)
+        cell = cache.cell(cell_length, Tc + Tq)
+        ctx = self.context(full, ids if ids is None or ids.dim() < 3 else ids[:, 0], cell_length=cell)  # checks first
+        contexts = None
+        if ids is not None and ids.dim() == 3:
+            contexts = [ctx] + [self.context(full, ids[:, i], cell_length=cell) for i in range(1, len(self.blocks))]
         tokens = self.wte(idx)  # (B, Tq, D)
         if self.embed_scale != 1.0:
             tokens = tokens * self.embed_scale
         padded = tokens.new_zeros(B, Tc + Tq, tokens.shape[-1])  # (B, Tc + Tq, D)
         padded[:, Tc:] = tokens
         x = self.scheme.embed(padded, ctx)[:, Tc:]  # (B, Tq, D)
-        for block, layer in zip(self.blocks, self.layer_attention(ctx), strict=True):
+        for block, layer in zip(self.blocks, self.layer_attention(ctx, contexts), strict=True):
             x = block.run(x, layer, True, cache)
         if ids is not None:
             cache.ids = ids
         return self.lm_head(self.norm_f(x))  # (B, Tq, V)
+
+
+def widened(ids: Tensor, shape: tuple[int, ...], T: int) -> Tensor:
+    """Ids (T,), (B, T) or (B, n_layer, T) expanded to (*shape, T): a per-row (B, T) gains the layer dimension."""
+    if ids.dim() == 2 and len(shape) == 2:
+        ids = ids[:, None]  # (B, 1, T)
+    return ids.expand(*shape, T)
+
+
+def layer_ids(position_ids: Tensor | None, n_layer: int) -> Tensor | None:
+    """Per-layer ids (B, n_layer, T) as given (None for ids of one or two dimensions, which every layer shares);
+    ValueError for three dimensions whose middle one is not `n_layer`."""
+    if position_ids is None or position_ids.dim() != 3:
+        return None
+    if position_ids.shape[1] != n_layer:
+        raise ValueError(
+            f"per-layer position_ids {tuple(position_ids.shape)} need (B, {n_layer}, T) for {n_layer} layers"
+        )
+    return position_ids
 
 
 def checked_position_ids(position_ids: Tensor, idx: Tensor) -> tuple[Tensor, int]:

@@ -163,7 +163,7 @@ def greedy_decode(
         return _greedy_cached(model, prompts, steps, use_bf16=use_bf16, position_ids=position_ids, cell_length=cell)
     x = prompts
     for _ in range(steps):
-        ids = None if position_ids is None else position_ids[:, : x.shape[1]]  # (B, T)
+        ids = None if position_ids is None else position_ids[..., : x.shape[1]]  # (B, T) or (B, n_layer, T)
         with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
             logits = model(x) if ids is None else model(x, position_ids=ids)  # (B, T, V)
         nxt = logits[:, -1, :].float().argmax(dim=-1, keepdim=True)  # (B, 1)
@@ -186,7 +186,7 @@ def _greedy_cached(
     out = prompts.new_empty(prompts.shape[0], steps)  # (B, steps)
     x, start = prompts, 0
     for i in range(steps):
-        ids = None if position_ids is None else position_ids[:, start : start + x.shape[1]]  # this forward's ids
+        ids = None if position_ids is None else position_ids[..., start : start + x.shape[1]]  # this forward's
         start += x.shape[1]
         with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
             logits = model(x, cache=cache, position_ids=ids)  # (B, T, V): the prompt, then one token

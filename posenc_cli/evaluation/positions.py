@@ -28,7 +28,15 @@ from posenc_cli.positional.ids import random_position_ids
 PositionsMode = Literal["random", "sequential"]
 MODES = ("random", "sequential")
 
-__all__ = ["MODES", "BeyondRange", "Positions", "PositionsMode", "resolve_positions", "trained_positions"]
+__all__ = [
+    "MODES",
+    "BeyondRange",
+    "Positions",
+    "PositionsMode",
+    "draw_layers",
+    "resolve_positions",
+    "trained_positions",
+]
 
 
 class BeyondRange(ValueError):
@@ -38,11 +46,13 @@ class BeyondRange(ValueError):
 @dataclass(frozen=True)
 class Positions:
     """Position ids of an evaluation: `mode` "sequential" (0..T−1) or "random" (sorted draws from [0, `range`),
-    seeded by `seed`)."""
+    seeded by `seed`; `layers` > 0: one draw per layer, (B, layers, T), as a run trained with
+    `train.random_positions_draw=layer` was fed)."""
 
     mode: PositionsMode = "sequential"
     range: int | None = None
     seed: int | None = None
+    layers: int = 0
 
     @property
     def random(self) -> bool:
@@ -52,7 +62,8 @@ class Positions:
         """What an entry records (`results.positions_key` reads it)."""
         if not self.random:
             return {"mode": "sequential"}
-        return {"mode": "random", "range": self.range, "seed": self.seed}
+        doc: dict[str, Any] = {"mode": "random", "range": self.range, "seed": self.seed}
+        return doc | ({"layers": self.layers} if self.layers else {})  # one draw for all layers: as before
 
     def beyond_range(self, length: int) -> str | None:
         """Why `length` ids cannot be drawn (None when they can): T distinct ids need T <= M."""
@@ -69,13 +80,17 @@ class Positions:
         return torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
 
     def draw(self, batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
-        """(batch, length) int64 ids: per row a sorted draw without replacement from [0, M)."""
+        """(batch, length) int64 ids: per row a sorted draw without replacement from [0, M); (batch, layers,
+        length) with `layers`: per row and layer."""
         assert self.range is not None
-        return random_position_ids(batch, length, self.range, generator)  # (B, T)
+        return random_position_ids(batch, length, self.range, generator, self.layers)  # (B, T) or (B, layers, T)
 
 
-def resolve_positions(requested: str | None, random_range: int, seed: int = 0, *, run: str = "the run") -> Positions:
-    """The positions to feed a run trained with `train.random_positions=random_range` (0: off).
+def resolve_positions(
+    requested: str | None, random_range: int, seed: int = 0, *, run: str = "the run", layers: int = 0
+) -> Positions:
+    """The positions to feed a run trained with `train.random_positions=random_range` (0: off), drawn per layer
+    when `layers` > 0 (`draw_layers`).
 
     `requested` None is the run's own: random for a run trained with randomized positions, else sequential.
     "random" on a run without them is a `ConfigError` (there is no range to draw from).
@@ -89,7 +104,15 @@ def resolve_positions(requested: str | None, random_range: int, seed: int = 0, *
         raise ConfigError(
             f"--positions random: {run} was not trained with randomized positions (train.random_positions is 0)"
         )
-    return Positions("random", int(random_range), int(seed))
+    return Positions("random", int(random_range), int(seed), int(layers))
+
+
+def draw_layers(config: Any) -> int:
+    """How many per-layer draws a run's random positions take: its n_layer when it was trained with
+    `train.random_positions_draw=layer`, else 0 (one draw every layer shares)."""
+    train, model = getattr(config, "train", None), getattr(config, "model", None)
+    per_layer = getattr(train, "random_positions_draw", "sequence") == "layer"
+    return int(getattr(model, "n_layer", 0)) if per_layer and getattr(train, "random_positions", 0) else 0
 
 
 def trained_positions(config: Any) -> Positions:
@@ -97,4 +120,4 @@ def trained_positions(config: Any) -> Positions:
     sorted draws from [0, M) (seed 0) for a run trained with `train.random_positions=M`, as the authors evaluate,
     else 0..T−1."""
     train = getattr(config, "train", None)
-    return resolve_positions(None, int(getattr(train, "random_positions", 0) or 0))
+    return resolve_positions(None, int(getattr(train, "random_positions", 0) or 0), layers=draw_layers(config))

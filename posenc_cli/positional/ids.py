@@ -11,7 +11,16 @@ too (`posenc_cli.evaluation.positions`), every other run 0..T−1.
   lengths: N − 1 distinct cut points uniform over 1..L−1 (the reference code, N = 2 only, draws the first chunk's
   length from 1..⌈L/2⌉). Text contiguous: the paper's v_i = 0 (it found the text offset of little consequence).
 - Randomized positions (Ruoss et al. 2023, arXiv 2305.16843, §3): the ids of a sequence of T tokens are a sorted
-  uniform random subset of [0, M), M ≥ T (M ≫ the evaluation length in the paper).
+  uniform random subset of [0, M), M ≥ T (M ≫ the evaluation length in the paper). The reference
+  (google-deepmind/randomized_positional_encodings e8c6474) draws in every application of the encoding:
+  `models/transformer.py:201-217` gives each attention layer its own RNG key for noisy RoPE (one draw shared by q
+  and k, `positional_encodings.py:217-224`), and `:233-237` each layer its own noisy ALiBi. posenc
+  (`train.random_positions_draw=layer`, the default) draws one subset per layer and sequence, (B, n_layer, T): each
+  layer's scheme reads its own (`GPT.forward`), the embedding hook (learned, sinusoidal: the reference draws those
+  once, before the layers) layer 0's. `sequence` (runs saved before the setting) draws one per sequence for every
+  layer. Two differences remain: the reference draws once per batch (every row the same ids), posenc per row; and
+  its noisy ALiBi draws sorted *distances* d_1 < d_2 < … from [1, M) for a Toeplitz bias −m·d_{i−j}
+  (`positional_encodings.py:589-660`), where posenc's ALiBi sees differences of drawn positions, id_i − id_j.
 """
 
 from __future__ import annotations
@@ -41,9 +50,14 @@ def pose_position_ids(batch: int, length: int, target: int, generator: torch.Gen
     return torch.stack(rows)  # (B, L)
 
 
-def random_position_ids(batch: int, length: int, max_position: int, generator: torch.Generator) -> Tensor:
-    """(batch, length) int64 ids: per row a sorted uniform random subset of [0, max_position) (Ruoss et al.)."""
+def random_position_ids(
+    batch: int, length: int, max_position: int, generator: torch.Generator, layers: int = 0
+) -> Tensor:
+    """(batch, length) int64 ids: per row a sorted uniform random subset of [0, max_position) (Ruoss et al.); with
+    `layers` > 0, (batch, layers, length): one such subset per row and layer (row-major draws)."""
     if not 1 <= length <= max_position:
         raise ValueError(f"randomized positions need 1 <= length <= max_position, got {length}, {max_position}")
-    rows = [torch.randperm(max_position, generator=generator)[:length].sort().values for _ in range(batch)]
-    return torch.stack(rows)  # (B, T)
+    n = batch * max(layers, 1)
+    rows = [torch.randperm(max_position, generator=generator)[:length].sort().values for _ in range(n)]
+    ids = torch.stack(rows)  # (B·layers, T)
+    return ids.view(batch, layers, length) if layers else ids  # (B, layers, T) or (B, T)

@@ -22,6 +22,7 @@ from posenc_cli.config import (
     build_dataclass,
     config_dir,
     legacy_model_defaults,
+    legacy_train_defaults,
     unknown_key_message,
 )
 from posenc_cli.data.sources import build_data_config
@@ -49,6 +50,8 @@ def config_from_dict(raw: dict[str, Any], *, saved: bool = False) -> Config:
         pos.legacy_defaults(build_dataclass(ModelConfig, raw.get("model", {}) or {}, "model"))
         if isinstance(raw.get("model"), dict):
             raw["model"] = legacy_model_defaults(raw["model"])
+        if isinstance(raw.get("train"), dict):
+            raw["train"] = legacy_train_defaults(raw["train"])
     raw["pos"] = pos
     raw["data"] = build_data_config(raw.get("data", {}) or {}, drop_foreign=saved)
     cfg = build_dataclass(Config, raw, "")

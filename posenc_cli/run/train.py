@@ -653,7 +653,8 @@ class _Trainer:
         rows = self._rows()
         ids = rows.position_ids
         if tc.random_positions:
-            ids = random_position_ids(tc.batch_size, tc.seq_len, tc.random_positions, self.sampler)
+            layers = self.cfg.model.n_layer if tc.random_positions_draw == "layer" else 0  # (B, n_layer, T) ids
+            ids = random_position_ids(tc.batch_size, tc.seq_len, tc.random_positions, self.sampler, layers)
         elif tc.pose_length:
             ids = pose_position_ids(tc.batch_size, tc.seq_len, tc.pose_length, self.sampler, tc.pose_chunks)
 

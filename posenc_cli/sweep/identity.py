@@ -70,6 +70,8 @@ def numbers_keys(flat: dict[str, Any]) -> dict[str, Any]:
     """The dotted settings that decide a job's numbers: without `RUNTIME_KEYS` and `ADDED_DEFAULTS` at their value
     (applied to recorded identities too, so one planned when a runtime key was still in them compares equal)."""
     flat = nest_flat_scaling_keys(flat)  # identities planned before scaling settings were nested per method
+    if not flat.get("train.random_positions"):  # how ids are drawn matters only when they are drawn
+        flat = {k: v for k, v in flat.items() if k != "train.random_positions_draw"}
     return {k: v for k, v in flat.items() if not k.startswith(RUNTIME_KEYS) and ADDED_DEFAULTS.get(k, _ABSENT) != v}
 
 

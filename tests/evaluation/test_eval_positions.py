@@ -65,7 +65,7 @@ def test_random_position_run_is_fed_sorted_draws_from_its_range(
     seen = spy(monkeypatch)
     out = ev.evaluate_run(run_with(tmp_path, M), EvalConfig(abs_lengths=[16, 32], tokens=96), corpus=corpus())
     assert seen and all(ids is not None for ids in seen)
-    rows = [r for ids in seen if ids is not None for r in ids]  # one (T,) row per window, T = 16 or 32
+    rows = [r for ids in seen if ids is not None for r in ids.reshape(-1, ids.shape[-1])]  # (T,) per window (one layer)
     # 6 windows of 16, 3 of 32, and LongPPL's short windows of 16 at 32: 16 candidates per window in blocks of 4
     assert sorted({len(r) for r in rows}) == [16, 32] and len(rows) == 96 // 16 + 96 // 32 + (96 // 32) * 4
     for r in rows:
@@ -73,7 +73,7 @@ def test_random_position_run_is_fed_sorted_draws_from_its_range(
     assert max(int(r.max()) for r in rows) >= 32  # not 0..T-1
     assert len({tuple(r.tolist()) for r in rows}) == len(rows)  # a fresh draw per window
     for e in out["entries"]:
-        assert e["status"] == "ok" and e["positions"] == {"mode": "random", "range": M, "seed": 0}
+        assert e["status"] == "ok" and e["positions"] == {"mode": "random", "range": M, "seed": 0, "layers": 1}
 
 
 def test_draws_are_seeded_and_independent_of_batching(tmp_path: Path) -> None:

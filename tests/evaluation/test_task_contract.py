@@ -110,7 +110,8 @@ def test_a_randomized_position_run_is_fed_draws_from_its_range(task, tmp_path: P
 
     run.model.forward = recording  # type: ignore[method-assign]
     cells = task.evaluate_job(run, run.config, device=torch.device("cpu"))["entries"]
-    assert cells and all(e["positions"] == {"mode": "random", "range": M, "seed": 0} for e in cells)
+    layers = run.config.model.n_layer  # drawn per layer, as trained (train.random_positions_draw=layer)
+    assert cells and all(e["positions"] == {"mode": "random", "range": M, "seed": 0, "layers": layers} for e in cells)
     assert all(ids is not None for ids in fed)
     if any(e["status"] == "ok" for e in cells):  # (the retrieval tasks' 128-token budget leaves no cell at 128)
         prompts = [ids.reshape(-1, ids.shape[-1]) for ids in fed if ids.shape[-1] > 1]  # whole windows / prompts

@@ -154,7 +154,8 @@ def test_embedding_recipe_is_saved_and_checked() -> None:
     [
         (torch.arange(7), r"position_ids of shape \(7,\) do not fit tokens of shape \(2, 8\)"),
         (torch.zeros(3, 8, dtype=torch.long), r"shape \(3, 8\) do not fit"),
-        (torch.zeros(2, 2, 8, dtype=torch.long), r"shape \(2, 2, 8\) do not fit"),
+        (torch.zeros(2, 3, 8, dtype=torch.long), r"per-layer position_ids \(2, 3, 8\) need \(B, 2, T\)"),
+        (torch.zeros(3, 2, 8, dtype=torch.long), r"shape \(3, 8\) do not fit"),  # per layer, another batch
         (torch.arange(8.0), r"must be integers, got torch.float32"),
         (torch.arange(8) - 1, r"must be >= 0, got -1"),
     ],

@@ -37,7 +37,7 @@ from posenc_cli.evaluation.perplexity.planning import (
     resolve_stride,
     streaming_settings,
 )
-from posenc_cli.evaluation.positions import Positions, resolve_positions
+from posenc_cli.evaluation.positions import Positions, draw_layers, resolve_positions
 from posenc_cli.evaluation.results import (
     BEYOND_SCHEME,
     OK,
@@ -196,7 +196,7 @@ def config_positions(config: Any, path: Path, cfg: EvalConfig, requested: str | 
         if requested == "random":
             raise ConfigError("--positions random does not apply to --protocol streaming (positions are the cache's)")
         return Positions()
-    return resolve_positions(requested, random_range, seed, run=str(path))
+    return resolve_positions(requested, random_range, seed, run=str(path), layers=draw_layers(config))
 
 
 def check_not_training(run_dir: Path) -> None:
