@@ -31,7 +31,7 @@ from posenc_cli.attention import AttentionState, CausalSelfAttention
 from posenc_cli.config import Config, ModelConfig, PosConfig
 from posenc_cli.kv_cache import KVCache
 from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme
-from posenc_cli.positional.base import LayerView
+from posenc_cli.positional.base import Documents, LayerView
 from posenc_cli.positional.span import FULL, Span
 from posenc_cli.positional.temperature import FloorLog
 
@@ -189,15 +189,25 @@ class GPT(nn.Module):
         return n if include_embedding else n - self.wte.weight.numel()
 
     def context(
-        self, idx: Tensor, position_ids: Tensor | None = None, *, cell_length: int | None = None
+        self,
+        idx: Tensor,
+        position_ids: Tensor | None = None,
+        documents: Tensor | None = None,
+        *,
+        cell_length: int | None = None,
     ) -> PositionContext:
         """Check the length and build the per-forward position context (position ids, scheme tables).
 
         position_ids: None for 0..T−1 (nothing extra is computed), or int ids (T,), (1, T) or (B, T), non-negative,
         one per token of idx (B, T); a scheme with a position limit (`max_length`) refuses ids at or past it.
+        documents: None, or (B, T) int document ids of packed rows (`Documents.from_ids`); without position_ids the
+        ids are then each token's index within its document.
         cell_length: the evaluation cell's length in tokens (`PositionContext.cell_length`; None: T).
         """
         T = idx.shape[1]
+        docs = None if documents is None else Documents.from_ids(checked_documents(documents, idx))
+        if docs is not None and position_ids is None:
+            position_ids = docs.local  # (B, T) positions from 0 at each document's first token
         if position_ids is None:
             self.scheme.check_length(T)
             ctx = PositionContext(positions=torch.arange(T, device=idx.device))
@@ -205,7 +215,7 @@ class GPT(nn.Module):
             ids, max_position = checked_position_ids(position_ids, idx)
             self.scheme.check_length(max_position + 1)
             index = torch.arange(T, device=idx.device)
-            ctx = PositionContext(positions=ids, index=index, max_position=max_position)
+            ctx = PositionContext(positions=ids, index=index, max_position=max_position, documents=docs)
         if cell_length is not None:
             if cell_length < 1:
                 raise ValueError(f"cell_length must be >= 1, got {cell_length}")
@@ -226,6 +236,7 @@ class GPT(nn.Module):
         *,
         causal: bool = True,
         position_ids: Tensor | None = None,
+        documents: Tensor | None = None,
         cache: KVCache | None = None,
         cell_length: int | None = None,
     ) -> Tensor:
@@ -234,6 +245,12 @@ class GPT(nn.Module):
         position_ids: (T,) or (B, T) position ids (default 0..T−1), what the scheme encodes; the causal mask keeps
         following token order whatever the ids (see `PositionContext`). (B, n_layer, T): each layer its own ids
         (randomized positions drawn per layer, `positional.ids`); the embedding hook reads layer 0's.
+
+        documents: packed rows, (B, T) int64 document ids: a query attends only to keys of its own document (a
+        contiguous run of equal ids; −1: a pad, a document of one token), with the span and token-order
+        temperatures counted from the document's first token (`positional.base.Documents`). Give position_ids
+        restarting at 0 per document (the default then) and each document's logits are those it gets alone in a
+        row. None: one sequence per row, exactly as without the argument. Not with `cache`.
 
         cache: incremental decoding (`new_cache`, `posenc_cli.kv_cache`). idx are then the tokens after the Tc
         cached ones; their logits equal the full forward's over all Tc + T tokens (causal only, eval mode), and
@@ -244,13 +261,18 @@ class GPT(nn.Module):
         cell given the same length compute the same.
         """
         if cache is not None:
+            if documents is not None:
+                raise ValueError("documents are for full forwards (packed training rows), not with a KV cache")
             return self._forward_cached(idx, cache, position_ids, cell_length)
         per_layer = layer_ids(position_ids, len(self.blocks))  # (B, n_layer, T) or None
-        ctx = self.context(idx, position_ids if per_layer is None else per_layer[:, 0], cell_length=cell_length)
+        ctx = self.context(
+            idx, position_ids if per_layer is None else per_layer[:, 0], documents, cell_length=cell_length
+        )
         contexts = None
         if per_layer is not None:  # layer i's own prepared context
             contexts = [ctx] + [
-                self.context(idx, per_layer[:, i], cell_length=cell_length) for i in range(1, len(self.blocks))
+                self.context(idx, per_layer[:, i], documents, cell_length=cell_length)
+                for i in range(1, len(self.blocks))
             ]
         layers = self.layer_attention(ctx, contexts)  # each layer's scheme, span, and the shared tables and kernels
         x = self.embed(idx, ctx)  # (B, T, D)
@@ -360,6 +382,16 @@ def checked_position_ids(position_ids: Tensor, idx: Tensor) -> tuple[Tensor, int
     if lo < 0:
         raise ValueError(f"position_ids must be >= 0, got {lo}")
     return ids, hi
+
+
+def checked_documents(documents: Tensor, idx: Tensor) -> Tensor:
+    """Document ids for tokens idx (B, T) -> (B, T) int64 on idx's device; ValueError for another shape or a
+    non-integer dtype."""
+    if documents.shape != idx.shape:
+        raise ValueError(f"documents of shape {tuple(documents.shape)} do not fit tokens of shape {tuple(idx.shape)}")
+    if documents.dtype.is_floating_point or documents.dtype.is_complex or documents.dtype == torch.bool:
+        raise ValueError(f"documents must be integers, got {documents.dtype}")
+    return documents.to(device=idx.device, dtype=torch.long)
 
 
 def build_model(cfg: Config, vocab_size: int) -> GPT:

@@ -20,7 +20,14 @@ forward. The device and memory policy the choice follows is written here, as dat
   numbers).
 
 A new road is a new kernel class and one more rule here; a spec field is added only for a fact the rule reads
-(the layer's attention span; whether the scheme owns the logits or the normaliser, `scored.Scored`).
+(the layer's attention span; whether the scheme owns the logits or the normaliser, `scored.Scored`; whether the
+rows are packed with documents).
+
+Packed rows (`documents`): every road of a full forward takes the document mask (`kernels`' module doc) except
+two, which the rules send elsewhere: `Fused`'s `is_causal` cannot express it, so a forward without a bias takes
+`Masked` (SDPA with one boolean (B, 1, T, T) mask per forward); `BlockCausal` batches blocks at multiples of C,
+while a document's chunks start at its first token, so a chunked span takes `Windowed`. The KV cache's rows never
+see documents (`GPT.forward` refuses both).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from posenc_cli.attention.kernels import (
     Kernel,
     KeyBias,
     LastRow,
+    Masked,
     Remapped,
     Rows,
     SharedMask,
@@ -74,6 +82,7 @@ class KernelSpec:
     causal; q_start: first query row computed (> 0: KV-cache decoding); chunk_size: queries per chunk forced on the
     bias road (None: from `BIAS_CHUNK_BYTES`, or the key-bias road where it applies); dropout_p.
     span: the layer's attention span where it hides keys at this length (`describe` records `FULL` otherwise).
+    documents: packed rows (`PositionContext.documents`): a query sees only its own document's keys.
     """
 
     has_bias: bool
@@ -94,6 +103,7 @@ class KernelSpec:
     chunk_size: int | None = None
     dropout_p: float = 0.0
     span: Span = FULL
+    documents: bool = False
 
 
 def choose_kernel(spec: KernelSpec) -> Kernel:
@@ -113,11 +123,14 @@ def choose_kernel(spec: KernelSpec) -> Kernel:
     if flex_applies(spec):
         return Flex(causal=spec.causal, span=spec.span)
     if not spec.span.is_full:  # a window or chunks hide keys at this length
-        if spec.span.kind == "chunked" and spec.causal and not spec.has_bias and spec.chunk_size is None:
+        chunks = spec.span.kind == "chunked" and not spec.documents  # a document's chunks start at its first token
+        if chunks and spec.causal and not spec.has_bias and spec.chunk_size is None:
             return BlockCausal(spec.span.size, dropout_p=spec.dropout_p)
         chunk = spec.chunk_size or spec.span.queries_per_chunk(BIAS_CHUNK_BYTES // (4 * spec.batch * spec.n_head))
         return Windowed(spec.span, chunk, causal=spec.causal, dropout_p=spec.dropout_p)
     if not spec.has_bias:
+        if spec.documents:  # is_causal cannot hide other documents: one boolean mask per forward
+            return Masked(causal=spec.causal, dropout_p=spec.dropout_p)
         return Fused(causal=spec.causal, dropout_p=spec.dropout_p)
     if key_bias_applies(spec):
         return KeyBias(dropout_p=spec.dropout_p)
@@ -230,6 +243,7 @@ def describe(
         chunk_size=chunk_size,
         dropout_p=dropout_p,
         span=FULL if span.covers(T) else span,
+        documents=ctx.documents is not None,
     )
 
 

@@ -13,6 +13,9 @@ takes this road only on `FLEX_MIN_LEN`'s devices and dtypes, for calls without a
 backward (`FLEX_GRAD_DEVICES`), and the kernel calls the compiled function (`COMPILE`; tests switch it off for speed
 at tiny lengths, where the eager reference is exact).
 
+Packed rows (`PositionContext.documents`): the block mask is built per row from the document ids
+(`document_mask_mod`), once per forward, so blocks wholly in other documents are skipped as the causal ones are.
+
 Not here: dropout (FlexAttention has none), the KV cache's query rows (`Rows`) and position remapping (`Remapped`:
 its merged score picks one of two dot products per pair, q·k or q₂·k₂, and a score_mod receives only the first).
 """
@@ -32,6 +35,7 @@ from torch import Tensor
 
 from posenc_cli.attention.kernels import Kernel
 from posenc_cli.attention.state import AttentionState
+from posenc_cli.positional.base import Documents
 from posenc_cli.positional.span import FULL, Span
 
 COMPILE = True  # the kernel calls torch.compile(flex_attention); False: PyTorch's eager reference (materialises T²)
@@ -49,7 +53,13 @@ class Flex(Kernel):
         score_mod = state.scheme.score_mod(layer, state.ctx)
         if score_mod is None:
             raise ValueError(f"scheme '{state.scheme.name}' offers score_mod but its score_mod hook returned None")
-        mask = block_mask(q.shape[2], self.causal, self.span, str(q.device))
+        if state.ctx.documents is None:
+            mask = block_mask(q.shape[2], self.causal, self.span, str(q.device))
+        else:  # packed rows: one block mask per row, built once per forward for the layers of this span
+            key = (self.causal, self.span)
+            if key not in state.flex_masks:
+                state.flex_masks[key] = document_block_mask(state.ctx.documents, self.causal, self.span)
+            mask = state.flex_masks[key]
         return flex_function()(q, k, v, score_mod=score_mod, block_mask=mask)  # (B, H, T, hd)
 
 
@@ -69,6 +79,35 @@ def mask_mod(causal: bool, span: Span) -> Callable[[Tensor, Tensor, Tensor, Tens
         return seen & (q_idx >= kv_idx) if causal else seen
 
     return visible
+
+
+def document_mask_mod(
+    documents: Documents, causal: bool, span: Span
+) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+    """`mask_mod` for packed rows: the key in the query's own document (`Documents.segment`), the span at the
+    tokens' indexes within it (`Documents.local`), causal in token order; the keys `kernels.fold_causal_mask` leaves
+    with `documents`."""
+    segment, local = documents.segment, documents.local
+
+    def visible(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        seen = segment[b, q_idx] == segment[b, kv_idx]
+        lq, lk = local[b, q_idx], local[b, kv_idx]
+        if span.kind == "sliding":
+            seen = seen & (lk > lq - span.size)
+        elif span.kind == "chunked":
+            seen = seen & (lk // span.size == lq // span.size)
+        return seen & (q_idx >= kv_idx) if causal else seen
+
+    return visible
+
+
+def document_block_mask(documents: Documents, causal: bool, span: Span) -> object:
+    """The BlockMask of `document_mask_mod`, one per row (B, shared by the heads)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, T = documents.segment.shape
+    mod = document_mask_mod(documents, causal, span)
+    return create_block_mask(mod, B, None, T, T, device=str(documents.segment.device))
 
 
 @functools.lru_cache(maxsize=16)

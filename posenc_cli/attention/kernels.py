@@ -6,6 +6,7 @@ hd) the query rows [q_start, T) (all T by default), k, v (B, H, T, hd) -> (B, H,
 (`AttentionState`) gives the scheme, its context and the tables built once per forward. The roads:
 
 - `Fused`: no bias: one fused `scaled_dot_product_attention` call with `is_causal`.
+- `Masked`: no bias, packed rows: the same call with the forward's boolean document mask (B, 1, T, T).
 - `KeyBias`: a key-only bias b_h(j) with bias_h(i, j) = b_h(j) + c_h(i) (e.g. a linear distance penalty
   −m_h·(i − j) = m_h·j − m_h·i), added through SDPA's fused causal kernel by augmenting the head dimension:
   q' = [q, 1], k' = [k, b·√hd], v' = [v, 0] (the fused CPU kernel needs equal head dims), with the scale 1/√hd
@@ -30,6 +31,13 @@ hd) the query rows [q_start, T) (all T by default), k, v (B, H, T, hd) -> (B, H,
 - `InFp32`: another kernel run in fp32 with autocast off, the result cast back (bf16 training on CPU, see
   `choose.FP32_GRAD_DEVICES`).
 
+Packed rows (`PositionContext.documents`, `positional.base.Documents`): every road of a full forward hides the keys
+of other documents and applies the span at each token's index within its document: the bias roads fold it into
+their additive mask per chunk (`fold_causal_mask`, (B, 1 or H, chunk, Tk)), `Masked` and `KeyBias` pass one boolean
+(B, 1, T, T) mask to SDPA, built once per forward, and `Scored`, `Windowed` and `flex.Flex` take it beside the span.
+Never a (B, H, T, T) tensor that the bias itself would not need. The KV cache's rows (`Rows`, `LastRow`) never see
+documents (the model refuses both together).
+
 Position ids (see `posenc_cli.positional.base`): the causal mask and the chunks follow token order, always; the
 bias hooks receive token indexes and read the chunk's ids from the context, so with per-token ids the chunked road
 still builds only (B, H, chunk, T) biases, and `key_bias` may be per row, (B, H, T).
@@ -45,7 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posenc_cli.attention.state import AttentionState
-from posenc_cli.positional.base import PositionContext, relative_distance
+from posenc_cli.positional.base import Documents, PositionContext, relative_distance
 from posenc_cli.positional.span import FULL, Span
 
 
@@ -69,13 +77,28 @@ class Fused(Kernel):
 
 
 @dataclass(frozen=True)
+class Masked(Kernel):
+    """No bias, packed rows (`PositionContext.documents`): SDPA with the forward's boolean mask (B, 1, T, T), the
+    causal mask within each document (`AttentionState.document_mask`, built once and shared by the layers)."""
+
+    causal: bool = True
+    dropout_p: float = 0.0
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor:
+        mask = state.document_mask(self.causal)  # (B, 1, T, T) bool, True: attend
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout_p)
+
+
+@dataclass(frozen=True)
 class KeyBias(Kernel):
-    """Causal, with the scheme's key-only bias (`state.key_bias`) through the fused kernel (`attend_key_bias`)."""
+    """Causal, with the scheme's key-only bias (`state.key_bias`) through the fused kernel (`attend_key_bias`); in
+    packed rows with the forward's document mask instead of `is_causal` (`AttentionState.document_mask`)."""
 
     dropout_p: float = 0.0
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor:
-        return attend_key_bias(q, k, v, state.key_bias(), dropout_p=self.dropout_p)
+        mask = None if state.ctx.documents is None else state.document_mask(True)  # (B, 1, T, T) bool
+        return attend_key_bias(q, k, v, state.key_bias(), dropout_p=self.dropout_p, mask=mask)
 
 
 @dataclass(frozen=True)
@@ -90,7 +113,7 @@ class SharedMask(Kernel):
         key = (q.dtype, self.causal, q.shape[2])
         if key not in state.masks:
             bias = state.scheme.bias(layer, q, k, pos, pos, state.ctx)  # broadcastable to (B, H, T, T)
-            state.masks[key] = fold_causal_mask(bias, pos, pos, q.dtype, self.causal)
+            state.masks[key] = fold_causal_mask(bias, pos, pos, q.dtype, self.causal, documents=state.ctx.documents)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=state.masks[key], dropout_p=self.dropout_p)
 
 
@@ -114,7 +137,7 @@ class ChunkedBias(Kernel):
             kc, vc = k[:, :, :k_end], v[:, :, :k_end]  # (B, H, Tk, hd)
             q_pos, k_pos = pos[start:end], pos[:k_end]
             bias = state.scheme.bias(layer, qc, kc, q_pos, k_pos, state.ctx)  # broadcastable to (B, H, Tq, Tk)
-            mask = fold_causal_mask(bias, q_pos, k_pos, q.dtype, self.causal)
+            mask = fold_causal_mask(bias, q_pos, k_pos, q.dtype, self.causal, documents=state.ctx.documents)
             outs.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=self.dropout_p))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
@@ -182,7 +205,7 @@ class Remapped(Kernel):
             q_pos, k_pos = pos[start:end], pos[:k_end]
             qc, kc = q[:, :, start:end], k[:, :, :k_end]
             bias = scheme.bias(layer, qc, kc, q_pos, k_pos, ctx) if scheme.has_bias else None
-            mask = fold_causal_mask(bias, q_pos, k_pos, torch.float32, self.causal, self.span)
+            mask = fold_causal_mask(bias, q_pos, k_pos, torch.float32, self.causal, self.span, ctx.documents)
             probs = torch.softmax(scores + mask, dim=-1)
             if self.dropout_p > 0:
                 probs = F.dropout(probs, self.dropout_p)
@@ -207,10 +230,18 @@ class InFp32(Kernel):
 
 
 def fold_causal_mask(
-    bias: Tensor | None, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, causal: bool, span: Span = FULL
+    bias: Tensor | None,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    dtype: torch.dtype,
+    causal: bool,
+    span: Span = FULL,
+    documents: Documents | None = None,
 ) -> Tensor:
     """Additive mask for SDPA: `bias` (broadcastable to (B, H, Tq, Tk)) in `dtype`, −inf where k_pos > q_pos
-    (causal) and where the layer's `span` hides the key (`Span.visible`).
+    (causal) and where the layer's `span` hides the key (`Span.visible`); with `documents` (packed rows), also
+    where the key is in another document, and the span at the tokens' indexes within their document
+    (`Documents.visible`: the mask gains a batch dimension, (B, 1, Tq, Tk) at least).
 
     Returns a 4-D tensor (SDPA needs the mask in the query's dtype; under bf16 autocast q is bf16).
     """
@@ -218,7 +249,8 @@ def fold_causal_mask(
         bias = torch.zeros(q_pos.shape[0], k_pos.shape[0], device=q_pos.device, dtype=dtype)
     bias = bias.to(dtype)
     hidden = k_pos[None, :] > q_pos[:, None] if causal else None  # (Tq, Tk) the future
-    visible = span.visible(q_pos, k_pos)  # (Tq, Tk) or None
+    # (Tq, Tk), (B, 1, Tq, Tk) for packed rows, or None
+    visible = span.visible(q_pos, k_pos) if documents is None else documents.visible(q_pos, k_pos, span)
     if visible is not None:
         hidden = ~visible if hidden is None else hidden | ~visible
     if hidden is not None:
@@ -228,9 +260,12 @@ def fold_causal_mask(
     return bias
 
 
-def attend_key_bias(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor, dropout_p: float = 0.0) -> Tensor:
+def attend_key_bias(
+    q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor, dropout_p: float = 0.0, mask: Tensor | None = None
+) -> Tensor:
     """Causal softmax(q·kᵀ/√hd + b_h(j))·v through SDPA's fused causal kernel; q, k, v (B, H, T, hd), key_bias (H, T)
-    or, per row, (B, H, T).
+    or, per row, (B, H, T). `mask`: a boolean (B, 1, T, T) visibility (causal within each document of packed
+    rows) passed to SDPA instead of `is_causal`.
 
     q' = [q, 1], k' = [k, (b − centre_h)·√hd], v' = [v, 0], head dim hd + 1; scale = 1/√hd explicitly, so
     q'·k'ᵀ·scale = q·kᵀ/√hd + b_h(j) − centre_h. Subtracting a per-head constant (the midpoint of b's range) changes
@@ -244,7 +279,10 @@ def attend_key_bias(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor, dropout_p
     qa = torch.cat([q, q.new_ones(()).expand(B, H, T, 1)], dim=-1)  # (B, H, T, hd + 1)
     ka = torch.cat([k, col], dim=-1)  # (B, H, T, hd + 1)
     va = torch.cat([v, v.new_zeros(()).expand(B, H, T, 1)], dim=-1)  # (B, H, T, hd + 1)
-    out = F.scaled_dot_product_attention(qa, ka, va, dropout_p=dropout_p, is_causal=True, scale=hd**-0.5)
+    if mask is None:
+        out = F.scaled_dot_product_attention(qa, ka, va, dropout_p=dropout_p, is_causal=True, scale=hd**-0.5)
+    else:
+        out = F.scaled_dot_product_attention(qa, ka, va, attn_mask=mask, dropout_p=dropout_p, scale=hd**-0.5)
     return out[..., :hd]  # (B, H, T, hd)
 
 

@@ -6,7 +6,8 @@ road: chunk [s, e) of the query rows scores the keys it can see, [span.first_key
 (B, H, chunk, T) and no full-length score tensor exists beyond `BIAS_CHUNK_BYTES`. Per chunk:
 
 1. logits: the scheme's `logits` hook, or q·kᵀ/√hd plus the scheme's `bias` (if it has one), in fp32;
-2. visible: the causal mask and the layer's span (`Span.visible`), (Tq, Tk) bool;
+2. visible: the causal mask and the layer's span (`Span.visible`), (Tq, Tk) bool; in packed rows also the
+   query's own document, (B, 1, Tq, Tk) (`positional.base.Documents`);
 3. weights: the scheme's `normalise` hook (the softmax over the visible keys by default), dropout, then ·v.
 
 It serves the full forward (q_start = 0) and KV-cache decoding (q_start > 0: the new rows against every key)
@@ -23,7 +24,7 @@ from torch import Tensor
 
 from posenc_cli.attention.kernels import Kernel
 from posenc_cli.attention.state import AttentionState
-from posenc_cli.positional.base import PositionalScheme, PositionContext
+from posenc_cli.positional.base import Documents, PositionalScheme, PositionContext
 from posenc_cli.positional.span import FULL, Span
 
 
@@ -44,13 +45,14 @@ class Scored(Kernel):
         outs = []
         for start in range(self.q_start, T, self.chunk):
             end = min(start + self.chunk, T)
-            lo = self.span.first_key(start) if self.causal else 0  # keys before lo are hidden from every row
+            # keys before lo are hidden from every row (packed rows: chunks start at each document's first token)
+            lo = self.span.first_key(start, ctx.documents is None) if self.causal else 0
             k_end = end if self.causal else T  # causal: later keys are all masked
             q_pos, k_pos = pos[start:end], pos[lo:k_end]
             qc = q[:, :, start - self.q_start : end - self.q_start]  # (B, H, Tq, hd)
             kc, vc = k[:, :, lo:k_end], v[:, :, lo:k_end]  # (B, H, Tk, hd)
             logits = chunk_logits(scheme, layer, qc, kc, q_pos, k_pos, ctx)  # (B, H, Tq, Tk) fp32
-            visible = visible_keys(q_pos, k_pos, self.causal, self.span)  # (Tq, Tk)
+            visible = visible_keys(q_pos, k_pos, self.causal, self.span, ctx.documents)  # (Tq, Tk) | (B, 1, Tq, Tk)
             weights = scheme.normalise(layer, logits, q_pos, k_pos, visible, ctx)  # (B, H, Tq, Tk)
             if self.dropout_p > 0:
                 weights = F.dropout(weights, self.dropout_p)
@@ -72,11 +74,13 @@ def chunk_logits(
     return logits
 
 
-def visible_keys(q_pos: Tensor, k_pos: Tensor, causal: bool, span: Span) -> Tensor:
-    """(Tq,), (Tk,) token indexes -> bool (Tq, Tk): True where query i may see key j (causality and `span`)."""
+def visible_keys(q_pos: Tensor, k_pos: Tensor, causal: bool, span: Span, documents: Documents | None = None) -> Tensor:
+    """(Tq,), (Tk,) token indexes -> bool (Tq, Tk): True where query i may see key j (causality and `span`); with
+    `documents` (packed rows) (B, 1, Tq, Tk): also only keys of the query's document, the span at indexes within it
+    (`Documents.visible`)."""
     if causal:
         visible = k_pos[None, :] <= q_pos[:, None]
     else:
         visible = torch.ones(q_pos.shape[0], k_pos.shape[0], dtype=torch.bool, device=q_pos.device)
-    shown = span.visible(q_pos, k_pos)
+    shown = span.visible(q_pos, k_pos) if documents is None else documents.visible(q_pos, k_pos, span)
     return visible if shown is None else visible & shown

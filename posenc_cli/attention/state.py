@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from posenc_cli.positional.base import PositionalScheme, PositionContext
+from posenc_cli.positional.span import Span
 from posenc_cli.temperatures import Temperature
 
 if TYPE_CHECKING:  # the kernels and their choice import this module
@@ -29,7 +30,8 @@ class AttentionState:
     """Per-forward attention state: `scheme` and `ctx` as the layers receive them, and lazily built tables.
 
     masks: a bias shared by every layer (`bias_shared_across_layers`) folded with the causal mask, per
-        (dtype, causal, T). The other tables are built by their accessors, once per forward.
+        (dtype, causal, T). The other tables are built by their accessors, once per forward. In packed rows
+        (`ctx.documents`) the temperatures' tables read each token's index within its document.
     """
 
     scheme: PositionalScheme
@@ -40,6 +42,9 @@ class AttentionState:
     _min_id: int | None = None
     _temperature_tables: dict[Temperature, Tensor | None] = field(default_factory=dict)
     _kernels: dict[KernelSpec, Kernel] = field(default_factory=dict)
+    _document_masks: dict[bool, Tensor] = field(default_factory=dict)
+    # packed rows: FlexAttention's block mask per (causal, span), built once per forward (`flex.Flex`)
+    flex_masks: dict[tuple[bool, Span], object] = field(default_factory=dict)
 
     def kernel(self, spec: KernelSpec) -> Kernel:
         """The kernel for `spec`, chosen on the first request of this forward and reused by every later layer."""
@@ -59,6 +64,17 @@ class AttentionState:
             raise ValueError(f"scheme '{self.scheme.name}' offers key_bias but its key_bias hook returned None")
         return self._key_bias
 
+    def document_mask(self, causal: bool) -> Tensor:
+        """Packed rows: bool (B, 1, T, T), True where query i may see key j (the same document and, causal, j ≤ i),
+        built once per forward for every layer (`kernels.Masked`, `kernels.KeyBias`)."""
+        if causal not in self._document_masks:
+            docs, pos = self.ctx.documents, self.ctx.token_index
+            if docs is None:
+                raise ValueError("a document mask needs packed rows (PositionContext.documents)")
+            seen = docs.visible(pos, pos)  # (B, 1, T, T)
+            self._document_masks[causal] = seen & (pos[None, :] <= pos[:, None]) if causal else seen
+        return self._document_masks[causal]
+
     def min_id(self) -> int:
         """The smallest position id (one host sync per forward, shared by the layers)."""
         if self._min_id is None:
@@ -69,7 +85,24 @@ class AttentionState:
         """The rows [q_start, T) of `temperature`'s table (`Temperature.table`: (T, 1) or (B, 1, T, 1) fp32, None
         for an entry without one), built once per forward for every layer with equal settings."""
         if temperature not in self._temperature_tables:
-            ctx = self.ctx
-            self._temperature_tables[temperature] = temperature.table(ctx.positions, ctx.token_index, ctx.cell_tokens)
+            docs = self.ctx.documents
+            if docs is None:
+                table = temperature.table(self.ctx.positions, self.ctx.token_index, self.ctx.cell_tokens)
+            else:
+                table = document_table(temperature, self.ctx.positions, docs.local)
+            self._temperature_tables[temperature] = table
         table = self._temperature_tables[temperature]
         return None if table is None else table[..., q_start:, :]
+
+
+def document_table(temperature: Temperature, positions: Tensor, local: Tensor) -> Tensor | None:
+    """`temperature`'s table for packed rows: row by row, each token's index within its document (local (B, T)) as
+    its token index, so a query's factor is the one it would get alone from position 0 -> (B, 1, T, 1) fp32."""
+    rows = []
+    for b in range(local.shape[0]):
+        ids = positions[b] if positions.dim() == 2 else positions
+        table = temperature.table(ids, local[b], local.shape[1])  # (T, 1); the cell: the row
+        if table is None:
+            return None
+        rows.append(table.reshape(local.shape[1], 1))
+    return torch.stack(rows)[:, None]  # (B, 1, T, 1)

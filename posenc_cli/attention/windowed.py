@@ -7,7 +7,8 @@
 - `BlockCausal`: a chunked span without a bias. Attention never crosses a block boundary, so the blocks are the
   batch: q, k, v (B, H, T, hd), padded to a whole number of blocks, become (B·T/C, H, C, hd) and take SDPA's
   fused causal kernel in one call. The padding rows come after every real query of the last block, so causality
-  hides them; their outputs are cut off.
+  hides them; their outputs are cut off. Not for packed rows (`PositionContext.documents`): a document's chunks
+  start at its first token, not at multiples of C, so those take `Windowed`, which folds the document mask in.
 
 `choose.choose_kernel` takes them only when the span hides something at this length (`Span.covers`): a window at
 least as long as the sequence is plain causal attention, and takes the plain roads.
@@ -42,11 +43,12 @@ class Windowed(Kernel):
         outs = []
         for start in range(0, T, self.chunk):
             end = min(start + self.chunk, T)
-            lo, hi = self.span.first_key(start), end if self.causal else T  # keys no query of the chunk sees: out
+            # keys no query of the chunk sees: out (packed rows: chunks start at each document's first token)
+            lo, hi = self.span.first_key(start, ctx.documents is None), end if self.causal else T
             qc, kc, vc = q[:, :, start:end], k[:, :, lo:hi], v[:, :, lo:hi]  # (B, H, Tq|Tk, hd)
             q_pos, k_pos = pos[start:end], pos[lo:hi]
             bias = scheme.bias(layer, qc, kc, q_pos, k_pos, ctx) if scheme.has_bias else None  # (B, H, Tq, Tk)
-            mask = fold_causal_mask(bias, q_pos, k_pos, q.dtype, self.causal, self.span)
+            mask = fold_causal_mask(bias, q_pos, k_pos, q.dtype, self.causal, self.span, ctx.documents)
             outs.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=self.dropout_p))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 

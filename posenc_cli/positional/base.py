@@ -14,6 +14,12 @@ Position ids. Every token has a position id, by default its index 0..T−1. A fo
 (the causal mask always follows token order). Hooks read the ids from `PositionContext.positions` (embed, rotate) or
 through `PositionContext.ids_at` (bias, key_bias: these receive token indexes, as the mask does). A scheme computes
 its positions from the ids only; `relative` says whether it sees them only through differences id_i − id_j.
+
+Documents (packed rows, `PositionContext.documents`): several examples in one row, each attending only to its own
+tokens, as if it were alone in a row from position 0 (`Documents`). The causal mask, a layer's span and the
+token-order temperatures then follow each token's index within its document; a scheme that mixes tokens (a
+cumulative sum, a short convolution) may rely on documents being contiguous runs of a row, and keeps a
+convolution within one (PaTH).
 """
 
 from __future__ import annotations
@@ -36,6 +42,44 @@ OWNS_SCORES: tuple[Hook, ...] = ("logits", "normalise")  # hooks that take the a
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
+@dataclass(frozen=True, eq=False)
+class Documents:
+    """The documents of packed rows: segment (B, T) int64, the run of the row each token belongs to (0, 1, ...), and
+    local (B, T) int64, the token's index within it (0 at each document's first token).
+
+    Built from per-token document ids by `from_ids`: a document is a maximal run of equal ids, and every token of
+    id −1 (padding) is a document of its own, so a pad sees only itself and no softmax row is empty."""
+
+    segment: Tensor
+    local: Tensor
+
+    @classmethod
+    def from_ids(cls, ids: Tensor) -> Documents:
+        """(B, T) int document ids (equal neighbours: one document; −1: padding) -> `Documents`."""
+        B, T = ids.shape
+        index = torch.arange(T, device=ids.device).expand(B, T)  # (B, T)
+        starts = torch.ones_like(ids, dtype=torch.bool)
+        starts[:, 1:] = (ids[:, 1:] != ids[:, :-1]) | (ids[:, 1:] == -1)  # a new run, or a pad on its own
+        segment = starts.long().cumsum(-1) - 1  # (B, T)
+        first = torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values  # (B, T) its run's first token
+        return cls(segment, index - first)
+
+    def same(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """(Tq,), (Tk,) token indexes -> bool (B, 1, Tq, Tk): True where query and key share a document."""
+        return (self.segment[:, q_pos, None] == self.segment[:, None, k_pos])[:, None]
+
+    def local_at(self, index: Tensor) -> Tensor:
+        """(N,) token indexes -> (B, N) their indexes within their documents."""
+        return self.local[:, index]
+
+    def visible(self, q_pos: Tensor, k_pos: Tensor, span: Span = FULL) -> Tensor:
+        """(Tq,), (Tk,) token indexes -> bool (B, 1, Tq, Tk): the same document, and within it the keys `span` shows
+        at the tokens' indexes within their document (causality apart)."""
+        same = self.same(q_pos, k_pos)  # (B, 1, Tq, Tk)
+        shown = span.visible(self.local_at(q_pos), self.local_at(k_pos))  # (B, Tq, Tk) or None
+        return same if shown is None else same & shown[:, None]
+
+
 @dataclass
 class PositionContext:
     """What one forward pass shares between layers.
@@ -47,6 +91,7 @@ class PositionContext:
     max_position: the largest id (a host int) when the ids were given explicitly; None for the default ids.
     content: per layer, the `content` hook's features of all T tokens (B, H, T, F), cached ones included; filled
         by each attention layer before its bias, logits and normalise hooks run.
+    documents: packed rows (`Documents`): each token attends only within its document; None: one sequence per row.
     cell_length: the tokens of the evaluation cell this forward belongs to, which a cell-level temperature reads
         (DroPE's β, `temperatures.drope`); None: the forward's own T (`cell_tokens`).
     """
@@ -56,6 +101,7 @@ class PositionContext:
     index: Tensor | None = None
     max_position: int | None = None
     content: dict[int, Tensor] = field(default_factory=dict)
+    documents: Documents | None = None
     cell_length: int | None = None
 
     @property
@@ -208,7 +254,8 @@ class PositionalScheme(nn.Module):
     ) -> Tensor:
         """Hook (f): attention weights from the logits of one chunk, replacing the softmax. logits (B, H, Tq, Tk)
         fp32; q_pos (Tq,), k_pos (Tk,) token indexes; visible (Tq, Tk) bool, the keys each query may see (causality
-        and the layer's span) -> weights (B, H, Tq, Tk), zero where not visible; each row is what multiplies the
+        and the layer's span), or (B, 1, Tq, Tk) in packed rows (`ctx.documents`: also the query's own document)
+        -> weights (B, H, Tq, Tk), zero where not visible; each row is what multiplies the
         values (it need not sum to 1). Default: the softmax over the visible keys."""
         return torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
 

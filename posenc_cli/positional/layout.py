@@ -173,7 +173,9 @@ class Layout(PositionalScheme):
         """One context per distinct scheme (its tables apart from the others'), prepared by that scheme."""
         children = []
         for s in self.schemes:
-            child = PositionContext(positions=ctx.positions, index=ctx.index, max_position=ctx.max_position)
+            child = PositionContext(
+                ctx.positions, index=ctx.index, max_position=ctx.max_position, documents=ctx.documents
+            )
             s.prepare(child)
             children.append(child)
         ctx.tables["layout"] = children

@@ -44,6 +44,11 @@ Causal only: a key after its query has no PaTH logit. The hook returns NaN there
 no gradient flows through it), so a non-causal forward (`model(idx, causal=False)`) gives NaN instead of a number
 that looks right; a chunk whose keys reach past its last query is refused outright.
 
+Packed rows (`PositionContext.documents`): the short convolution reads only its own document's tokens
+(`document_taps`), as if the document began the row; the products between key and query cover only the tokens
+between them, all in one document when both are (documents are contiguous runs), and the document mask hides the
+rest.
+
 Position ids: PaTH ignores them. Its positions are the products over the tokens between query and key, in token
 order (the hooks' q_pos, k_pos are token indexes), never the ids, so PaTH is trivially `relative`.
 """
@@ -87,22 +92,40 @@ class PathConfig(PosConfig):
 # -- the maths, as pure functions ------------------------------------------------------------------------------------
 
 
-def short_conv(raw: Tensor, weight: Tensor) -> Tensor:
+def short_conv(raw: Tensor, weight: Tensor, keep: Tensor | None = None) -> Tensor:
     """Causal depthwise convolution over tokens: raw (B, H, K − 1 + n, d), the K − 1 tokens before the n outputs
     first (zeros before token 0), weight (H, d, K) -> (B, H, n, d), out_t = Σ_m weight[m] · raw[t + m] (PyTorch's
-    conv1d with left padding K − 1)."""
+    conv1d with left padding K − 1). keep: (B, 1, n, K) 0/1, the taps each output reads (packed rows: only its own
+    document's tokens, `document_taps`); None: all."""
     K = weight.shape[-1]
     n = raw.shape[2] - K + 1
-    out = raw[:, :, :n] * weight[None, :, None, :, 0]
-    for m in range(1, K):
-        out = out + raw[:, :, m : m + n] * weight[None, :, None, :, m]
+    out = None
+    for m in range(K):
+        term = raw[:, :, m : m + n] * weight[None, :, None, :, m]  # (B, H, n, d)
+        if keep is not None:
+            term = term * keep[..., m, None]
+        out = term if out is None else out + term
+    assert out is not None
     return out
 
 
-def householder_vectors(raw: Tensor, conv: Tensor | None) -> Tensor:
+def document_taps(segment: Tensor, lo: int, end: int, K: int) -> Tensor:
+    """segment (B, T) document runs (`Documents.segment`), outputs at tokens [lo, end) -> (B, 1, n, K) fp32: 1 where
+    tap m of output t reads token t − K + 1 + m of t's own document, 0 where it reads an earlier document (or
+    precedes token 0), so the convolution restarts at each document's first token as if it began the row."""
+    start = max(lo - K + 1, 0)
+    frame = F.pad(segment[:, start:end], (K - 1 - (lo - start), 0), value=-1)  # (B, K − 1 + n)
+    n = end - lo
+    own = segment[:, lo:end]  # (B, n)
+    taps = torch.stack([frame[:, m : m + n] == own for m in range(K)], dim=-1)  # (B, n, K)
+    return taps[:, None].float()
+
+
+def householder_vectors(raw: Tensor, conv: Tensor | None, keep: Tensor | None = None) -> Tensor:
     """raw (B, H, K − 1 + n, d) projections W_w x, conv (H, d, K) or None -> w (B, H, n, d) = L2norm(SiLU(conv(raw)))
-    (no convolution and no SiLU without `conv`, as the layer with `use_w_shortconv=False`)."""
-    w = raw if conv is None else F.silu(short_conv(raw, conv))
+    (no convolution and no SiLU without `conv`, as the layer with `use_w_shortconv=False`); keep: the taps of
+    `short_conv`."""
+    w = raw if conv is None else F.silu(short_conv(raw, conv, keep))
     return w * torch.rsqrt(w.square().sum(-1, keepdim=True) + L2_EPS)
 
 
@@ -292,7 +315,9 @@ class PaTH(PositionalScheme):
             start = max(lo - K + 1, 0)
             raw = F.pad(feats[:, :, start:end, :hd], (0, 0, K - 1 - (lo - start), 0))  # (B, H, K − 1 + Tk, hd)
             conv = None if self.conv is None else self.conv[layer].float()
-            w = householder_vectors(raw, conv)  # (B, H, Tk, hd)
+            docs = ctx.documents  # packed rows: the convolution restarts at each document's first token
+            keep = None if docs is None or conv is None else document_taps(docs.segment, lo, end, K)
+            w = householder_vectors(raw, conv, keep)  # (B, H, Tk, hd)
             beta = 2 * torch.sigmoid(feats[:, :, lo:end, hd])  # (B, H, Tk)
             scale = 1.0 / math.sqrt(hd)
             block = min(DECODE_BLOCK if q.shape[2] < DECODE_BLOCK else BLOCK, 1 << max(3, (end - lo - 1).bit_length()))

@@ -46,21 +46,23 @@ class Span:
         return self.is_full or length <= self.size
 
     def visible(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-        """(Tq,), (Tk,) token indexes -> bool (Tq, Tk), True where the span lets query i see key j (causality
-        apart); None for `full` (nothing hidden)."""
+        """(..., Tq), (..., Tk) token indexes -> bool (..., Tq, Tk), True where the span lets query i see key j
+        (causality apart); None for `full` (nothing hidden). Packed rows pass each token's index within its
+        document, (B, Tq) and (B, Tk), so chunks start at every document's first token."""
         if self.kind == "sliding":
-            return k_pos[None, :] > q_pos[:, None] - self.size
+            return k_pos[..., None, :] > q_pos[..., :, None] - self.size
         if self.kind == "chunked":
             return (
-                torch.div(k_pos, self.size, rounding_mode="floor")[None, :]
-                == torch.div(q_pos, self.size, rounding_mode="floor")[:, None]
+                torch.div(k_pos, self.size, rounding_mode="floor")[..., None, :]
+                == torch.div(q_pos, self.size, rounding_mode="floor")[..., :, None]
             )
         return None
 
-    def first_key(self, first_query: int) -> int:
+    def first_key(self, first_query: int, aligned: bool = True) -> int:
         """The smallest key index any query at or after `first_query` can see (causal): the keys before it are
-        hidden from every such query, so a kernel need not score them."""
-        if self.kind == "sliding":
+        hidden from every such query, so a kernel need not score them. `aligned=False`: chunks may start anywhere
+        (packed rows: at each document's first token), so only the C − 1 keys before a query are certain."""
+        if self.kind == "sliding" or (self.kind == "chunked" and not aligned):
             return max(0, first_query - self.size + 1)
         if self.kind == "chunked":
             return first_query // self.size * self.size
