@@ -256,7 +256,10 @@ class EvalConfig:
     batch_tokens: int = 16384
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
     force: bool = False
-    longppl: bool = True  # also LongPPL (evaluation.longppl): about 2.5x perplexity's CPU time
+    longppl: bool = True  # also LongPPL (evaluation.longppl) when an evaluator is named
+    # The run that chooses LongPPL's key tokens for every evaluated run (PKU-ML/LongPPL's --evaluator-model); a
+    # relative path is also looked up above each evaluated run (a sweep names a job: train/pos=alibi). None: none.
+    longppl_evaluator: str | None = None
 
     def validate(self) -> None:
         _check_finite(self, "eval")
@@ -273,6 +276,8 @@ class EvalConfig:
             raise ConfigError("eval.window must be >= 1")
         if self.sinks < 0:
             raise ConfigError("eval.sinks must be >= 0")
+        if self.longppl_evaluator is not None and self.protocol == "streaming":
+            raise ConfigError("eval.longppl_evaluator: LongPPL is measured on window protocols, not streaming")
 
 
 @dataclass(kw_only=True)

@@ -31,6 +31,7 @@ from posenc_cli.analysis.gather import (
     shown_label,
     sweep_lengths,
 )
+from posenc_cli.analysis.longppl_keys import keyed_records
 from posenc_cli.analysis.rows import RunRecord, labelled_series, positions_text
 from posenc_cli.analysis.task_results import task_frame, task_rows
 from posenc_cli.errors import UserError
@@ -169,8 +170,9 @@ def comparison(
     records: list[RunRecord], *, metric: str = "ppl", baseline: str | None = None
 ) -> tuple[list[Any], list[Any], str]:
     """(columns, rows, title) of the comparison table: one row per label (`labelled_series`), mean ± std over its
-    seeds; with several settings, one section per setting in order of first appearance."""
-    results = to_results(records)
+    seeds; with several settings, one section per setting in order of first appearance. LongPPL shows the cells of
+    one evaluator's key tokens only (`longppl_keys.keyed_records`)."""
+    results = to_results(keyed_records(records) if metric == "longppl" else records)
     settings = list(dict.fromkeys(r["setting"] for r in results if r["setting"] is not None))
     group = None
     if len(settings) > 1:
@@ -267,8 +269,8 @@ def write_outputs(records: list[RunRecord], out_dir: Path, competence: float = D
 def caption_lines(records: list[RunRecord], baseline: str | None = None, metric: str = "ppl") -> list[str]:
     """Under the table: the corpus of the cells, where they were measured (precision, device), what n=K averages,
     why each n/a is n/a, failed jobs; with `metric="longppl"`, what its n/a and n/m mean and each cell's key
-    tokens."""
-    all_results = to_results(records)
+    tokens (of one evaluator's key set, `longppl_keys.keyed_records`)."""
+    all_results = to_results(keyed_records(records) if metric == "longppl" else records)
     results = [r for r in all_results if r["entries"]]
     lines = [corpus_line(results)] if results else []
     positions = {r["setting"].positions for r in results}
@@ -291,11 +293,15 @@ def caption_lines(records: list[RunRecord], baseline: str | None = None, metric:
 def longppl_lines(results: list[dict[str, Any]]) -> list[str]:
     """What LongPPL's empty cells mean, then the key tokens each row's cells scored ('rope: 2× 118, 4× 96'; a row
     of several seeds lists each member's count, '118/121')."""
-    lines = [
-        "LongPPL: perplexity over the key tokens alone (tokens whose loss falls with context beyond the training "
-        "length); n/a at or below it, none beyond it where no token was a key token, n/m where a cell was stored "
-        "without LongPPL (posenc eval-extrapolate measures it)."
-    ]
+    evaluators = sorted({str(e["longppl_evaluator"].get("run")) for r in results for e in r["entries"]
+                         if e.get("longppl_evaluator")})  # fmt: skip
+    lines = [f"LongPPL, key tokens chosen by {', '.join(evaluators)}."] if evaluators else []
+    lines.append(
+        "LongPPL: perplexity over the key tokens alone (tokens whose loss the evaluator's long context lowers by "
+        "more than α = 2 against its training-length context), every row scored on the same ones; n/a at or below "
+        "the training length, none beyond it where no token was a key token, n/m where a cell was stored without "
+        "LongPPL on these key tokens (posenc eval-extrapolate --longppl-evaluator RUN measures it)."
+    )
     for label, counts in key_token_counts(results).items():
         cells = ", ".join(f"{fmt_multiple(m)} {'/'.join(map(str, n))}" for m, n in sorted(counts.items()))
         lines.append(f"key tokens for {label}: {cells}")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from posenc_cli.analysis.compare import METRICS, Comparison, gather, to_results, write_outputs
+from posenc_cli.analysis.longppl_keys import keyed_records
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.evaluation.competence import check_threshold
 from posenc_cli.report.gate import DEFAULT_COMPETENCE
@@ -60,24 +61,31 @@ def comparison(
     costs: bool = False,
     competence: float = DEFAULT_COMPETENCE,
     include_unlearned: bool = False,
+    longppl_evaluator: PathLike | None = None,
 ) -> CompareReport:
     """Gather the runs below `runs` (`analysis.compare.gather`) and compare them in `metric` (ppl, bpb, nll or
     longppl), divided by `baseline`'s row (a label or run directory); with `out`, write results.csv/json and the
     plots there (`analysis.compare.write_outputs`). `competence`: the competence gate's threshold (a run whose
     in-distribution accuracy on a task is below it is "not learned" in the task tables and left out of the NoPE-paper
-    MRR unless `include_unlearned`; `evaluation.competence`). Every refusal comes before anything is written."""
+    MRR unless `include_unlearned`; `evaluation.competence`). In LongPPL, only the cells scored on one evaluator's key
+    tokens are shown: `longppl_evaluator`'s (a run directory), else the one the stored cells agree on
+    (`analysis.longppl_keys`). Every refusal comes before anything is written."""
     # deferred: perf and reference tables are only needed when asked for
     from posenc_cli.report.reference_tables import REFERENCE_TABLES, reference_table
 
     check_threshold(competence)
     if metric not in METRICS:
         raise UserError(f"--metric must be {', '.join(list(METRICS)[:-1])} or {list(METRICS)[-1]}, got {metric}")
+    if longppl_evaluator is not None and metric != "longppl":
+        raise UserError("--longppl-evaluator chooses the key tokens of --metric longppl; add --metric longppl")
     if out is not None:
         # deferred: only with --out
         from posenc_cli.report.output_files import check_writable_dir
 
         check_writable_dir(Path(out))  # before anything is gathered or written
     records = gather([Path(p) for p in runs], all_lengths=all_lengths)
+    if metric == "longppl":
+        records = keyed_records(records, longppl_evaluator)
     report = CompareReport(Comparison(records, metric=metric, baseline=baseline, competence=competence))
     if reference is not None and reference not in REFERENCES:
         if reference not in REFERENCE_TABLES:

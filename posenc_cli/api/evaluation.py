@@ -33,9 +33,11 @@ def eval_config(
     dtype: str | None = None,
     force: bool = False,
     longppl: bool = True,
+    longppl_evaluator: PathLike | None = None,
 ) -> EvalConfig:
     """`EvalConfig`'s defaults with the settings given (None: the default), type- and range-checked, and refused
-    where they do not go together (a stride without a protocol that has one, and so on)."""
+    where they do not go together (a stride without a protocol that has one, and so on). `longppl_evaluator`: the
+    run whose key tokens LongPPL scores every run on (none: LongPPL is not measured)."""
     if lengths is not None and abs_lengths is not None:
         raise ConfigError("give either --lengths (multiples of the base length) or --abs-lengths (tokens), not both")
     raw = dataclasses.asdict(EvalConfig())
@@ -53,6 +55,7 @@ def eval_config(
     }
     raw.update({k: v for k, v in given.items() if v is not None})
     raw["force"], raw["longppl"] = force, longppl
+    raw["longppl_evaluator"] = str(longppl_evaluator) if longppl_evaluator is not None else None
     cfg = build_dataclass(EvalConfig, raw, "eval")
     cfg.validate()
     if cfg.stride is not None and cfg.protocol not in ("sliding", "streaming"):
@@ -104,6 +107,7 @@ def evaluate(
     device: str = "auto",
     threads: int = 0,
     force: bool = False,
+    longppl_evaluator: PathLike | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     on_run: Callable[[Path, int, int], None] | None = None,
     on_skip: Callable[[Path, str], None] | None = None,
@@ -114,7 +118,9 @@ def evaluate(
     and `options`: stride, target, window, sinks, batch_tokens, dtype), or a ready `config`. `data_overrides`
     (`data=text data.paths=[FILE]`) score every run on another corpus; `positions`: random or sequential (default:
     what the run trained with); `train_length`: transformers directories' training length. `progress`, `on_run`
-    and `on_skip` report as the work goes (a searched run that cannot be read is skipped through `on_skip`)."""
+    and `on_skip` report as the work goes (a searched run that cannot be read is skipped through `on_skip`).
+    `longppl_evaluator`: a run directory whose key tokens every run's LongPPL is scored on (`evaluation.longppl`;
+    overrides `config`'s); without one, LongPPL is not measured."""
     # deferred: torch
     from posenc_cli.evaluation.perplexity import evaluate_paths
     from posenc_cli.run.device import resolve_device
@@ -127,6 +133,9 @@ def evaluate(
         config = eval_config(**given, force=force)
     elif any(v is not None for v in given.values()) or force:
         raise ConfigError("give evaluation settings or a config, not both")
+    if longppl_evaluator is not None:
+        config = dataclasses.replace(config, longppl_evaluator=str(longppl_evaluator))
+        config.validate()
     if positions is not None and positions not in ("random", "sequential"):
         raise ConfigError(f"--positions must be random or sequential, got {positions!r}")
     run_device = resolve_device(device, "--device")  # an unavailable device is reported as the flag given

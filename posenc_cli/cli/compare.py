@@ -116,11 +116,20 @@ def compare_command(
         str,
         typer.Option(
             "--metric",
-            help="ppl, bpb, nll or longppl (LongPPL: perplexity over the key tokens alone; n/a at or below the "
-            "training length, n/m for cells stored without it; the key tokens of each cell are listed under the "
-            "table, and there is no ratio column).",
+            help="ppl, bpb, nll or longppl (LongPPL: perplexity over the key tokens one evaluator chose; n/a at or "
+            "below the training length, n/m for cells stored without it; the evaluator and the key tokens of each "
+            "cell are listed under the table, and there is no ratio column).",
         ),
     ] = "ppl",
+    longppl_evaluator: Annotated[
+        str | None,
+        typer.Option(
+            "--longppl-evaluator",
+            metavar="RUN",
+            help="--metric longppl: show the cells scored on this run's key tokens (default: the one evaluator "
+            "the stored cells agree on).",
+        ),
+    ] = None,
     baseline: Annotated[str | None, typer.Option("--baseline", help="Label or run dir to divide by.")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table, csv, json or markdown.")] = "table",
     out: Annotated[Path | None, typer.Option("--out", help="Also write results.csv/json and plots here.")] = None,
@@ -186,6 +195,7 @@ def compare_command(
         costs=costs,
         competence=competence,
         include_unlearned=include_unlearned,
+        longppl_evaluator=longppl_evaluator,
     )
     print_comparison(report.comparison, fmt)
     if fmt == "table":

@@ -34,6 +34,7 @@ _EXAMPLES = """
   posenc eval-extrapolate RUN --protocol streaming --window 124 --sinks 4   [dim](StreamingLLM)[/]
   posenc eval-extrapolate RUN data=text data.paths=\\[held_out.txt]   [dim](a held-out file, scored whole)[/]
   posenc eval-extrapolate RUN --positions sequential   [dim](a train.random_positions run fed 0..T-1)[/]
+  posenc eval-extrapolate SWEEP --longppl-evaluator SWEEP/train/pos=alibi   [dim](LongPPL, one evaluator's keys)[/]
 """
 
 
@@ -150,9 +151,18 @@ def eval_extrapolate_command(
         bool,
         typer.Option(
             "--longppl/--no-longppl",
-            help="Also measure LongPPL (perplexity over the key tokens, Fang et al. 2025); about 2.5x the CPU time.",
+            help="Measure LongPPL when --longppl-evaluator is given (--no-longppl: plain perplexity only).",
         ),
     ] = True,
+    longppl_evaluator: Annotated[
+        str | None,
+        option(
+            "LongPPL (perplexity over key tokens, Fang et al. 2025): the run that chooses the key tokens every run "
+            "is scored on (default: none, no LongPPL).",
+            "--longppl-evaluator",
+            metavar="RUN",
+        ),
+    ] = None,
     plot: Annotated[
         Path | None,
         option("Write a PNG of perplexity vs length here, and <stem>_per_position.png next to it.", dir_okay=False),
@@ -192,6 +202,7 @@ def eval_extrapolate_command(
             train_length=train_length,
             device=device,
             threads=threads,
+            longppl_evaluator=longppl_evaluator,
             progress=display.progress,
             on_run=display.on_run,
             on_skip=display.on_skip,

@@ -387,10 +387,16 @@ def test_streaming_cells_of_another_decode_are_another_row(tmp_path: Path) -> No
     assert [s.label for s in series] == ["rope · variant 1", "rope · variant 2"]
 
 
+def keyed(step: int = 1, run: str = "alibi") -> dict[str, Any]:
+    """The `longppl_evaluator` of a cell scored on the key tokens of evaluator `run` at checkpoint `step` (step 1,
+    no weights: what `fake_run`'s meta.json says)."""
+    return {"longppl_evaluator": {"run": run, "checkpoint": {"step": step, "model_sha256": None}, "keys": f"k{step}"}}
+
+
 def test_longppl_cells_say_why_they_are_empty_and_count_key_tokens(tmp_path: Path) -> None:
     """null at <= L is n/a, a cell stored before LongPPL was recorded is n/m, and each cell's key tokens are listed."""
-    at_1x = {**entry(16, 10.0), "longppl": None, "key_tokens": 0}
-    at_2x = {**entry(32, 12.0), "longppl": 15.0, "key_tokens": 7}
+    at_1x = {**entry(16, 10.0), "longppl": None, "key_tokens": 0, **keyed()}
+    at_2x = {**entry(32, 12.0), "longppl": 15.0, "key_tokens": 7, **keyed()}
     fake_run(tmp_path / "runs" / "rope", "rope", {}, [1.0, 2.0, 4.0], entries=[at_1x, at_2x, entry(64, 20.0)])
     records = compare.gather([tmp_path / "runs"])
     columns, _, title = compare.comparison(records, metric="longppl")
@@ -399,7 +405,7 @@ def test_longppl_cells_say_why_they_are_empty_and_count_key_tokens(tmp_path: Pat
     line = next(x for x in text.splitlines() if x.startswith("│ rope"))
     assert [c.strip() for c in line.split("│")[2:-1]] == ["n/a", "15.00", "n/m"]
     flat = " ".join(text.split())
-    assert "key tokens for rope: 1× 0, 2× 7" in flat and "n/a at or below it, none beyond it" in flat
+    assert "key tokens for rope: 1× 0, 2× 7" in flat and "n/a at or below the training length, none beyond it" in flat
     assert "n/a = LongPPL cannot be measured at or below the training length" in flat  # not the scheme's limit
     frame = compare.Comparison(records, metric="longppl").to_frame()
     assert list(frame.columns) == ["n", "1×", "2×", "4×"] and frame.loc["rope", "2×"] == 15.0
@@ -407,17 +413,49 @@ def test_longppl_cells_say_why_they_are_empty_and_count_key_tokens(tmp_path: Pat
     result = runner.invoke(app, ["compare", str(tmp_path / "runs"), "--metric", "longppl"], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "LongPPL by evaluation length" in result.output and "key tokens for rope" in result.output
+    assert "LongPPL, key tokens chosen by alibi." in " ".join(result.output.split())
 
 
 def test_longppl_beyond_the_training_length_without_key_tokens_is_none_not_n_a(tmp_path: Path) -> None:
     """ALiBi's cells beyond L with no key token: "none" (nothing to average), not n/a ("at or below L")."""
-    at_1x = {**entry(16, 10.0), "longppl": None, "key_tokens": 0}
-    at_2x = {**entry(32, 12.0), "longppl": None, "key_tokens": 0}
+    at_1x = {**entry(16, 10.0), "longppl": None, "key_tokens": 0, **keyed()}
+    at_2x = {**entry(32, 12.0), "longppl": None, "key_tokens": 0, **keyed()}
     fake_run(tmp_path / "runs" / "alibi", "alibi", {}, [1.0, 2.0], entries=[at_1x, at_2x])
     text = render(compare.gather([tmp_path / "runs"]), metric="longppl")
     line = next(x for x in text.splitlines() if x.startswith("│ alibi"))
     assert [c.strip() for c in line.split("│")[2:-1]] == ["n/a", "none"]
     assert "none = beyond the training length but no key token" in " ".join(text.split())
+
+
+def test_longppl_shows_one_evaluators_cells_never_self_chosen_ones(tmp_path: Path) -> None:
+    """A cell an older posenc scored on its own key tokens (no `longppl_evaluator`) is n/m, never a value; cells of
+    two evaluators are refused without --longppl-evaluator, which then picks one (the other's cells n/m)."""
+    runs = tmp_path / "runs"
+    old_kind = {**entry(32, 12.0), "longppl": 1.5, "key_tokens": 9}  # self-chosen: < e² by construction
+    fake_run(runs / "nope", "nope", {}, [2.0], entries=[old_kind])
+    text = " ".join(render(compare.gather([runs]), metric="longppl").split())
+    assert "│ nope │ n/m │" in text and "1.50" not in text and "chosen by" not in text
+    fake_run(
+        runs / "alibi", "alibi", {}, [2.0], entries=[{**entry(32, 11.0), "longppl": 3.0, "key_tokens": 5, **keyed()}]
+    )
+    other = {**entry(32, 13.0), "longppl": 4.0, "key_tokens": 6, **keyed(step=2, run="rope-eval")}
+    fake_run(runs / "rope", "rope", {}, [2.0], entries=[other])
+    result = runner.invoke(app, ["compare", str(runs), "--metric", "longppl"], terminal_width=200)
+    assert result.exit_code == 2 and "2 evaluators (alibi, rope-eval)" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    args = ["compare", str(runs), "--metric", "longppl", "--longppl-evaluator", str(runs / "alibi")]
+    result = runner.invoke(app, args, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    cells = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in result.output.splitlines()
+             if line.startswith("│ ") and "×" not in line}  # fmt: skip
+    assert float(cells["alibi"]) == 3.0 and cells["rope"] == cells["nope"] == "n/m"
+    assert "LongPPL, key tokens chosen by alibi." in " ".join(result.output.split())
+    for bad, why in ((tmp_path / "absent", "no such directory"), (tmp_path, "not a posenc run directory")):
+        args = ["compare", str(runs), "--metric", "longppl", "--longppl-evaluator", str(bad)]
+        result = runner.invoke(app, args, terminal_width=200)
+        assert result.exit_code == 2 and why in result.output
+    result = runner.invoke(app, ["compare", str(runs), "--longppl-evaluator", str(runs / "alibi")])
+    assert result.exit_code == 2 and "add --metric longppl" in result.output
 
 
 def test_reference_nope_mrr_prints_the_ranking(sweep_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -71,8 +71,12 @@ def test_streaming_measures_what_the_cache_honours(sweep: Path, tmp_path: Path) 
 
 
 def test_longppl(sweep: Path, tmp_path: Path) -> None:
-    runs = run_cli("eval-extrapolate", sweep, "--lengths", "1,4", "--tokens", 64, "--longppl", out=tmp_path / "l.json")
+    """Both layouts scored on gemma3's key tokens, the evaluator named relative to the sweep (looked up above each
+    run's directory)."""
+    args = ("eval-extrapolate", sweep, "--lengths", "1,4", "--tokens", 64, "--longppl-evaluator", "gemma3")
+    runs = run_cli(*args, out=tmp_path / "l.json")
     assert_labelled(runs)
+    assert len({run["entries"][1]["longppl_evaluator"]["keys"] for run in runs}) == 1
     for run in runs:
         short, long = run["entries"]
         assert short["key_tokens"] == 0 and short["longppl"] is None  # no target has more context than L

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +18,14 @@ from test_perplexity import fake_corpus, fake_run, tiny_model
 from train_utils import tiny_config, write_corpus
 from typer.testing import CliRunner
 
+from posenc_cli import api
 from posenc_cli.cli import app
 from posenc_cli.config import EvalConfig
+from posenc_cli.errors import ConfigError
 from posenc_cli.evaluation import longppl as lp
 from posenc_cli.evaluation import perplexity as ev
 from posenc_cli.evaluation.perplexity import workflow
+from posenc_cli.evaluation.perplexity.evaluator import KeyEvaluator
 from posenc_cli.evaluation.results import load_results, results_path
 from posenc_cli.run.train import train
 
@@ -76,24 +80,65 @@ def test_stub_log_probs_are_what_the_mask_sees() -> None:
 
 def test_longppl_on_the_stub_by_hand() -> None:
     """L = 4, windows of L' = 8 (nonoverlap, 2 windows). Candidates: positions 4..7, input tokens 4, 5, 6, 7 in
-    both windows (the stream has period 8): classes 1, 2, 0, 1, so token 6 is the one key token of each window."""
+    both windows (the stream has period 8): classes 1, 2, 0, 1, so token 6 is the one key token of each window: the
+    targets at stream indices 7 and 15 (position p of a window at s predicts s + p + 1)."""
     model = KnownLogProbs(train_length=4)
     keys = lp.KeyTokens(train_length=4)
-    res = ev.evaluate_model(model, cycle(40), None, length=8, n_tokens=16, key_tokens=keys)
-    assert res["tokens"] == 16 and res["key_tokens"] == 2
-    assert res["longppl"] == pytest.approx(math.exp(-logp(6.0)), rel=1e-6)  # = exp(log(e^6 + 7) - 6)
-    # the plain perplexity is untouched: the mean over every position of both windows
-    plain = [-logp(LOGIT[t % SV % 3][0 if p + 1 > 4 else 1]) for s in (0, 8) for p, t in enumerate(range(s, s + 8))]
-    assert res["nll"] == pytest.approx(float(np.mean(plain)), rel=1e-6)
+    found = ev.evaluate_model(model, cycle(40), None, length=8, n_tokens=16, key_tokens=keys)
+    assert found["tokens"] == 16 and found["key_targets"].tolist() == [7, 15]
     # the short context never exceeds the training length: 2 long forwards of 8, then forwards of exactly L = 4
     assert model.widths[0] == 8 and set(model.widths[1:]) == {4}
+    res = ev.evaluate_model(model, cycle(40), None, length=8, n_tokens=16, score_keys=found["key_targets"])
+    assert res["key_tokens"] == 2 and res["longppl"] == pytest.approx(math.exp(-logp(6.0)), rel=1e-6)
+    # the plain perplexity is untouched: the mean over every position of both windows
+    plain = [-logp(LOGIT[t % SV % 3][0 if p + 1 > 4 else 1]) for s in (0, 8) for p, t in enumerate(range(s, s + 8))]
+    assert res["nll"] == found["nll"] == pytest.approx(float(np.mean(plain)), rel=1e-6)
 
 
 def test_at_or_below_the_training_length_there_are_no_key_tokens() -> None:
     model = KnownLogProbs(train_length=8)
     res = ev.evaluate_model(model, cycle(40), None, length=8, n_tokens=16, key_tokens=lp.KeyTokens(train_length=8))
-    assert res["key_tokens"] == 0 and res["longppl"] is None
+    assert res["key_targets"].tolist() == []
     assert model.widths == [8]  # no short forward at all
+    scored = ev.evaluate_model(model, cycle(40), None, length=8, n_tokens=16, score_keys=res["key_targets"])
+    assert scored["key_tokens"] == 0 and scored["longppl"] is None
+
+
+def window_nll(model: torch.nn.Module, tokens: np.ndarray, length: int, starts: list[int], stride: int):
+    """Stream index -> the model's NLL of that target in the window at s that scores it (its last `stride`)."""
+    out = {}
+    with torch.inference_mode():
+        for s in starts:
+            x = torch.from_numpy(tokens[s : s + length + 1].astype(np.int64))[None]
+            nll = F.cross_entropy(model(x[:, :-1])[0], x[0, 1:], reduction="none")
+            out.update({s + p + 1: float(nll[p]) for p in range(length - stride, length)})
+    return out
+
+
+@pytest.mark.parametrize("protocol", ["nonoverlap", "sliding"])
+def test_the_evaluated_model_is_scored_exactly_on_the_evaluators_key_tokens(protocol: str) -> None:
+    """The stub evaluator picks the targets after class-0 inputs beyond L; a different model (a random tiny RoPE) is
+    scored on exactly those targets: its LongPPL is exp(mean of its own NLL there), computed by hand."""
+    evaluator, evaluated = KnownLogProbs(train_length=4), tiny_model("rope")
+    tokens, length = cycle(200), 8
+    stride = 8 if protocol == "nonoverlap" else 4
+    found = ev.evaluate_model(
+        evaluator, tokens, None, length=length, protocol=protocol, stride=stride, n_tokens=32,
+        key_tokens=lp.KeyTokens(train_length=4),
+    )  # fmt: skip
+    targets = found["key_targets"].tolist()
+    starts = [int(s) for s in ev.plan_windows(len(tokens), length, stride, 32, protocol)]
+    # the protocol's scored targets t = s + p + 1 at window positions p: key where p + 1 > L and input class 0
+    scored = [(s + p + 1, p) for s in starts for p in range(length - stride, length)]
+    expected = sorted(t for t, p in scored if p + 1 > 4 and (t - 1) % SV % 3 == 0)
+    assert targets == expected and targets
+    res = ev.evaluate_model(
+        evaluated, tokens, None, length=length, protocol=protocol, stride=stride, n_tokens=32,
+        score_keys=found["key_targets"],
+    )  # fmt: skip
+    nll = window_nll(evaluated, tokens, length, starts, stride)
+    assert res["key_tokens"] == len(targets)
+    assert res["longppl"] == pytest.approx(math.exp(np.mean([nll[t] for t in targets])), rel=1e-5)
 
 
 def test_key_token_mask_and_longppl_by_hand() -> None:
@@ -158,9 +203,10 @@ def test_each_target_sees_exactly_the_tokens_the_docstring_says() -> None:
 # In the results file
 
 
-def stub_run(tmp_path: Path, train_length: int = 16):
-    run = fake_run(tmp_path)
+def stub_run(tmp_path: Path, train_length: int = 16, name: str = "run-a", step: int = 0):
+    run = fake_run(tmp_path, name=name)
     run.model = KnownLogProbs(train_length)
+    run.meta = replace(run.meta, step=step)
     return run
 
 
@@ -172,7 +218,8 @@ def stub_corpus(n: int = 2000):
 
 def test_entries_hold_longppl_at_2x_and_cannot_measure_at_1x(tmp_path: Path) -> None:
     run = stub_run(tmp_path)
-    out = ev.evaluate_run(run, EvalConfig(lengths=[0.5, 1, 2], tokens=64), corpus=stub_corpus())
+    cfg = EvalConfig(lengths=[0.5, 1, 2], tokens=64)
+    out = ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
     by_len = {e["length"]: e for e in load_results(run.path)["entries"]}
     assert by_len == {e["length"]: e for e in out["entries"]}
     for n in (8, 16):  # at L' <= L: cannot be measured, said as 0 key tokens and no value
@@ -183,33 +230,83 @@ def test_entries_hold_longppl_at_2x_and_cannot_measure_at_1x(tmp_path: Path) -> 
     assert by_len[32]["key_tokens"] == expected > 0
     assert by_len[32]["longppl"] == pytest.approx(math.exp(-logp(6.0)), rel=1e-6)
     assert list(by_len[32]).index("longppl") == list(by_len[32]).index("bpb") + 1  # beside the plain scores
+    assert by_len[32]["longppl_evaluator"]["run"] == "run-a"
+    assert by_len[32]["longppl_evaluator"]["checkpoint"] == by_len[32]["checkpoint"]
+    # the key set is stored in the evaluator's directory with what it measured
+    stored = json.loads((run.path / lp.KEYS_DIR / f"{by_len[32]['longppl_evaluator']['keys']}.json").read_text())
+    assert stored["key_tokens"] == expected and stored["identity"]["length"] == 32
+    assert stored["identity"]["alpha"] == 2.0 and stored["identity"]["beta"] == -2.0
+    assert stored["identity"]["short_context"] == 16 and stored["identity"]["data"]["fingerprint"] == "fp-1"
 
 
 @pytest.mark.parametrize("protocol", ["sliding", "fixed-target"])
-def test_every_protocol_stores_longppl(tmp_path: Path, protocol: str) -> None:
+def test_every_window_protocol_stores_longppl(tmp_path: Path, protocol: str) -> None:
     run = stub_run(tmp_path)
     cfg = EvalConfig(lengths=[1, 2], protocol=protocol, stride=8, target=8, tokens=32)
-    out = ev.evaluate_run(run, cfg, corpus=stub_corpus())
+    out = ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
     one, two = out["entries"]
     assert one["key_tokens"] == 0 and one["longppl"] is None
     assert two["key_tokens"] > 0 and two["longppl"] == pytest.approx(math.exp(-logp(6.0)), rel=1e-6)
 
 
-def test_streaming_stores_longppl_and_equals_nonoverlap_when_nothing_is_evicted(tmp_path: Path) -> None:
-    run = fake_run(tmp_path)
-    corpus = fake_corpus()
-    stream = ev.evaluate_run(
-        run, EvalConfig(lengths=[2], protocol="streaming", sinks=0, window=64, tokens=64), corpus=corpus
-    )
-    plain = ev.evaluate_run(run, EvalConfig(lengths=[2], tokens=64), corpus=corpus)
-    (s,), (p,) = stream["entries"], plain["entries"]
-    assert isinstance(s["key_tokens"], int) and s["key_tokens"] == p["key_tokens"]
-    assert (s["longppl"] is None) == (p["longppl"] is None)
-    if p["longppl"] is not None:
-        assert s["longppl"] == pytest.approx(p["longppl"], rel=1e-4)
+def test_streaming_has_no_evaluator_longppl(tmp_path: Path) -> None:
+    run = stub_run(tmp_path)
+    cfg = EvalConfig(lengths=[2], protocol="streaming", sinks=0, window=16, tokens=64)
+    with pytest.raises(ConfigError, match="streaming"):
+        ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
+    with pytest.raises(ConfigError, match="streaming"):
+        EvalConfig(protocol="streaming", longppl_evaluator="somewhere").validate()
 
 
-def test_stored_entries_without_longppl_are_measured_again_not_shown_as_measured(
+def test_without_an_evaluator_no_longppl_is_measured(tmp_path: Path) -> None:
+    run = stub_run(tmp_path)
+    out = ev.evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=64), corpus=stub_corpus())
+    assert all(not {"longppl", "key_tokens", "longppl_evaluator"} & set(e) for e in out["entries"])
+
+
+def test_two_runs_are_scored_on_the_same_key_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run b's own key tokens would differ (its stub has another training length), but both runs are scored on the
+    evaluator's: the same count and key set; the evaluator chooses them once (one key-token pass)."""
+    a, b = stub_run(tmp_path, name="run-a"), stub_run(tmp_path, 8, name="run-b")
+    evaluator = KeyEvaluator(a)
+    chosen = []
+    original = KeyEvaluator._choose
+    monkeypatch.setattr(KeyEvaluator, "_choose", lambda self, *args: chosen.append(1) or original(self, *args))
+    cfg = EvalConfig(lengths=[2], tokens=64)
+    (ea,) = ev.evaluate_run(a, cfg, corpus=stub_corpus(), evaluator=evaluator)["entries"]
+    (eb,) = ev.evaluate_run(b, cfg, corpus=stub_corpus(), evaluator=evaluator)["entries"]
+    assert chosen == [1]
+    assert ea["longppl_evaluator"] == eb["longppl_evaluator"] and ea["key_tokens"] == eb["key_tokens"] > 0
+    # b beyond its own L = 8 everywhere: class-0 targets are predicted with the long logit, as for a
+    assert eb["longppl"] == pytest.approx(math.exp(-logp(6.0)), rel=1e-6)
+    # a new process (no memory) reads the stored set instead of choosing again
+    (again,) = ev.evaluate_run(b, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(a), force=True)["entries"]
+    assert chosen == [1] and again["longppl"] == eb["longppl"]
+
+
+def test_the_key_set_changes_with_the_evaluator(tmp_path: Path) -> None:
+    """Another evaluator (another checkpoint) is another key set: the stored entry is measured again, not reused,
+    and records the new one; the same evaluator reuses it."""
+    run, other = stub_run(tmp_path), stub_run(tmp_path, name="run-e", step=7)
+    cfg = EvalConfig(lengths=[2], tokens=64)
+    first = ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
+    assert ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))["reused"] == 1
+    second = ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(other))
+    assert second["reused"] == 0
+    (e1,), (e2,) = first["entries"], second["entries"]
+    assert e1["longppl_evaluator"]["keys"] != e2["longppl_evaluator"]["keys"]
+    assert e2["longppl_evaluator"]["run"] == "run-e" and e2["longppl_evaluator"]["checkpoint"]["step"] == 7
+    assert len(load_results(run.path)["entries"]) == 1  # replaced in place
+    ident = dict(
+        data={"name": "x", "fingerprint": "f"}, tokenizer="byte", protocol="nonoverlap", stride=None, length=32,
+        tokens=64, settings=lp.KeyTokens(train_length=16), dtype="fp32", positions={"mode": "sequential"},
+    )  # fmt: skip
+    ids = {lp.keys_id(lp.keys_identity(evaluator={"step": s, "model_sha256": h}, **ident)) for s, h in
+           ((0, "a"), (1, "a"), (0, "b"))}  # fmt: skip
+    assert len(ids) == 3
+
+
+def test_stored_entries_of_the_old_kind_are_measured_again_not_shown_as_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = stub_run(tmp_path)
@@ -217,36 +314,44 @@ def test_stored_entries_without_longppl_are_measured_again_not_shown_as_measured
     ev.evaluate_run(run, cfg, corpus=stub_corpus(), longppl=False)  # as entries from before LongPPL
     old = load_results(run.path)["entries"]
     assert all("longppl" not in e and "key_tokens" not in e for e in old)
+    # the self-chosen kind of an older posenc: longppl and key_tokens but no evaluator
+    doc = json.loads(results_path(run.path).read_text())
+    doc["entries"] = [{**e, "longppl": 1.5, "key_tokens": 3} for e in doc["entries"]]
+    results_path(run.path).write_text(json.dumps(doc))
     # without LongPPL asked for, they are reused as they are
     monkeypatch.setattr(workflow, "evaluate_model", lambda *a, **k: pytest.fail("forward without LongPPL asked"))
     assert ev.evaluate_run(run, cfg, corpus=stub_corpus(), longppl=False)["reused"] == 2
     monkeypatch.undo()
-    # with it (the default), measured again and replaced in place: same key, same perplexity, now with LongPPL
-    out = ev.evaluate_run(run, cfg, corpus=stub_corpus())
+    # with an evaluator, measured again and replaced in place: same key, same perplexity, the evaluator's LongPPL
+    out = ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
     assert out["reused"] == 0
     new = load_results(run.path)["entries"]
     assert len(new) == 2 and [e["nll"] for e in new] == [e["nll"] for e in old]
     assert [e["key_tokens"] for e in new] == [0, out["entries"][1]["key_tokens"]] and new[1]["key_tokens"] > 0
-    assert ev.evaluate_run(run, cfg, corpus=stub_corpus())["reused"] == 2  # and then reused
+    assert all(e["longppl_evaluator"]["run"] == "run-a" for e in new)
+    assert ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))["reused"] == 2
 
 
 def test_read_entry_types_stored_entries(tmp_path: Path) -> None:
     run = stub_run(tmp_path)
-    ev.evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=32), corpus=stub_corpus())
+    ev.evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=32), corpus=stub_corpus(), evaluator=KeyEvaluator(run))
     ev.evaluate_run(run, EvalConfig(lengths=[2], tokens=32), corpus=stub_corpus(), longppl=False, force=True)
     entries = [ev.read_entry(e) for e in json.loads(results_path(run.path).read_text())["entries"]]
     assert [type(e) for e in entries] == [ev.ExtrapolateEntry, ev.ExtrapolateEntry]
     assert entries[0].key_tokens == 0 and entries[1].key_tokens is None  # not measured: no fields, None
+    assert entries[0].longppl_evaluator is not None and entries[1].longppl_evaluator is None
     assert [e.to_json() for e in entries] == load_results(run.path)["entries"]
-    assert set(ev.ENTRY_FIELDS) >= {"ppl", "longppl", "key_tokens"} and "window" in ev.STREAMING_FIELDS
+    assert set(ev.ENTRY_FIELDS) >= {"ppl", "longppl", "key_tokens", "longppl_evaluator"}
+    assert "window" in ev.STREAMING_FIELDS
 
 
 def test_a_tiny_trained_run_end_to_end(tmp_path: Path) -> None:
-    """A trained tiny run, then `posenc eval-extrapolate --lengths 1,2`: eval/extrapolate.json holds key_tokens at
-    2x (longppl a number when there are key tokens) and "cannot measure" at 1x."""
+    """A trained tiny run, then `posenc eval-extrapolate --lengths 1,2 --longppl-evaluator RUN`: eval/extrapolate.json
+    holds key_tokens at 2x (longppl a number when there are key tokens) and "cannot measure" at 1x."""
     run_dir = tmp_path / "run"
     train(tiny_config(write_corpus(tmp_path), steps=4, eval_every=4, save_every=4), run_dir)
-    result = CliRunner().invoke(app, ["eval-extrapolate", str(run_dir), "--lengths", "1,2", "--tokens", "64"])
+    args = ["eval-extrapolate", str(run_dir), "--lengths", "1,2", "--tokens", "64", "--longppl-evaluator", str(run_dir)]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     one, two = load_results(run_dir)["entries"]
     assert one["status"] == two["status"] == "ok"
@@ -257,12 +362,34 @@ def test_a_tiny_trained_run_end_to_end(tmp_path: Path) -> None:
         assert two["longppl"] >= 1.0 and math.isfinite(two["longppl"])
 
 
-def test_no_longppl_measures_plain_perplexity_only(tmp_path: Path) -> None:
-    """`--no-longppl` (eval.longppl=false) writes no LongPPL fields: "not measured", not "cannot measure"."""
-    run_dir = tmp_path / "run"
-    train(tiny_config(write_corpus(tmp_path), steps=2, eval_every=2, save_every=2), run_dir)
-    args = ["eval-extrapolate", str(run_dir), "--lengths", "1,2", "--tokens", "64", "--no-longppl"]
-    result = CliRunner().invoke(app, args)
+def test_evaluator_flag_api_parameter_and_refusals(tmp_path: Path) -> None:
+    """`--longppl-evaluator` and `api.evaluate(longppl_evaluator=)` score the run on the evaluator's key set; a
+    missing directory or one that is not a run is refused in one line, exit 2, before anything is measured;
+    `--no-longppl` (eval.longppl=false) writes no LongPPL fields even with an evaluator."""
+    run_dir, other = tmp_path / "run", tmp_path / "other"
+    corpus = write_corpus(tmp_path)
+    train(tiny_config(corpus, steps=2, eval_every=2, save_every=2), run_dir)
+    train(tiny_config(corpus, steps=2, eval_every=2, save_every=2, seed=1), other)
+    (tmp_path / "plain").mkdir()
+    base = ["eval-extrapolate", str(run_dir), "--lengths", "2", "--tokens", "64"]
+    for bad, why in ((tmp_path / "absent", "no such directory"), (tmp_path / "plain", "not a posenc run directory")):
+        result = CliRunner().invoke(app, [*base, "--longppl-evaluator", str(bad)])
+        assert result.exit_code == 2 and why in result.output and len(result.output.strip().splitlines()) == 1
+        assert load_results(run_dir, missing_ok=True) is None  # refused before anything was measured
+    with pytest.raises(ConfigError, match="no such directory"):
+        api.evaluate([run_dir], lengths=[2], tokens=64, longppl_evaluator=tmp_path / "absent")
+    result = CliRunner().invoke(app, [*base, "--longppl-evaluator", str(other)])
     assert result.exit_code == 0, result.output
-    entries = load_results(run_dir)["entries"]
-    assert len(entries) == 2 and all("key_tokens" not in e and "longppl" not in e for e in entries)
+    (entry,) = load_results(run_dir)["entries"]
+    assert entry["longppl_evaluator"]["run"] == "other" and (other / lp.KEYS_DIR).is_dir()
+    (found,) = api.evaluate([run_dir], lengths=[2], tokens=64, longppl_evaluator=other).results[0]["entries"]
+    assert found == entry  # reused: the same key set
+    (own,) = api.evaluate([run_dir], lengths=[2], tokens=64, longppl_evaluator=run_dir).results[0]["entries"]
+    assert (
+        own["longppl_evaluator"]["run"] == "run"
+        and own["longppl_evaluator"]["keys"] != entry["longppl_evaluator"]["keys"]
+    )
+    result = CliRunner().invoke(app, [*base, "--force", "--no-longppl", "--longppl-evaluator", str(other)])
+    assert result.exit_code == 0, result.output
+    (entry,) = load_results(run_dir)["entries"]
+    assert not {"longppl", "key_tokens", "longppl_evaluator"} & set(entry)

@@ -18,6 +18,7 @@ from posenc_cli.data.sources.stdlib import StdlibDataConfig
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
 from posenc_cli.evaluation import perplexity as ev
 from posenc_cli.evaluation.perplexity import planning, workflow
+from posenc_cli.evaluation.perplexity.evaluator import KeyEvaluator
 from posenc_cli.evaluation.results import load_results, results_path
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry
@@ -213,13 +214,13 @@ def fake_corpus(n: int = 2000, fingerprint: str = "fp-1") -> SimpleNamespace:
 def test_evaluate_run_writes_schema_and_na_for_learned(tmp_path: Path) -> None:
     run = fake_run(tmp_path, "learned")
     cfg = EvalConfig(lengths=[0.5, 1, 2], tokens=64)
-    out = ev.evaluate_run(run, cfg, corpus=fake_corpus())
+    out = ev.evaluate_run(run, cfg, corpus=fake_corpus(), evaluator=KeyEvaluator(run))
     doc = load_results(run.path)
     assert set(doc) == {"schema_version", "run", "scheme", "train_length", "base_length", "entries"}
     assert doc["schema_version"] == 1 and doc["scheme"] == "learned" and doc["run"] == "run-a"
     keys = {"protocol", "stride", "length", "multiple", "tokens", "dtype", "data", "status", "reason", "ppl", "nll"}
     keys |= {"bpb", "per_position", "posenc_version", "created", "checkpoint", "device", "positions"}
-    measured = keys | {"longppl", "key_tokens"}  # LongPPL is stored for measured cells only
+    measured = keys | {"longppl", "key_tokens", "longppl_evaluator"}  # LongPPL is stored for measured cells only
     assert all(set(e) == (measured if e["status"] == "ok" else keys) for e in doc["entries"])
     by_len = {e["length"]: e for e in out["entries"]}
     assert [by_len[n]["status"] for n in (8, 16, 32)] == ["ok", "ok", "n/a"]

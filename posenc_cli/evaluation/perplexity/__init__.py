@@ -29,16 +29,18 @@ evaluation-only corpus), not split. A length with no window in the stream is "to
 apart from "n/a" (the scheme cannot read that many tokens; `results` lists every state). A run trained with
 randomized positions is fed per-window sorted draws from its range (`positions`), unless sequential ids are asked for.
 
-Every protocol also measures LongPPL (Fang et al. 2025: perplexity over the key tokens, whose log-probability the
-long context raises by more than α = 2 over a training-length context and which stay above β = −2;
-`posenc_cli.evaluation.longppl`), stored as `longppl` and `key_tokens` beside the plain perplexity.
+The window protocols also measure LongPPL when an evaluator run is named (Fang et al. 2025: perplexity over the key
+tokens, whose log-probability the evaluator's long context raises by more than α = 2 over its training-length context
+and which stay above β = −2; `posenc_cli.evaluation.longppl`, `evaluator`): every run is scored on the evaluator's key
+tokens, stored as `longppl`, `key_tokens` and `longppl_evaluator` beside the plain perplexity.
 
 Results live in `eval/extrapolate.json` inside each run directory (`posenc_cli.evaluation.results` reads and writes
 it); a new measurement replaces the entry with the same key (`entry_key`) and keeps the others.
 
 The package, one idea per module: `planning` (lengths, windows, precision, the planned cells), `measuring` (the
 forward passes and NLL sums of one length), `entries` (the typed entries, written and read back), `workflow` (one
-loaded run: plan, measure or reuse, store) and `discovery` (runs found under directories, loaded one at a time).
+loaded run: plan, measure or reuse, store), `evaluator` (LongPPL's evaluator run and its stored key sets) and
+`discovery` (runs found under directories, loaded one at a time).
 The names other modules import are re-exported here.
 """
 

@@ -17,6 +17,7 @@ import torch
 from posenc_cli.config import EvalConfig
 from posenc_cli.errors import UserError
 from posenc_cli.evaluation.corpus import CorpusCache, check_held_out, data_config_with_overrides
+from posenc_cli.evaluation.perplexity.evaluator import KeyEvaluator, find_evaluator
 from posenc_cli.evaluation.perplexity.measuring import Progress
 from posenc_cli.evaluation.perplexity.workflow import config_positions, evaluate_run
 from posenc_cli.evaluation.runs import checked_runs, named_error
@@ -76,10 +77,21 @@ def _run_evaluator(
     positions_seed: int = 0,
     longppl: bool | None = None,
 ) -> Callable[[LoadedRun, torch.device], dict[str, Any]]:
-    """`evaluate_run` with these settings, on each run's data config composed with `data_overrides`."""
+    """`evaluate_run` with these settings, on each run's data config composed with `data_overrides`. The LongPPL
+    evaluator `cfg.longppl_evaluator` names is loaded once, at the first run that needs it, and shared."""
+    loaded: list[KeyEvaluator] = []
 
     def evaluate(run: LoadedRun, device: torch.device) -> dict[str, Any]:
         data = data_config_with_overrides(run.config.data, data_overrides) if data_overrides else None
+        evaluator = None
+        if cfg.longppl_evaluator and (cfg.longppl if longppl is None else longppl):
+            path = find_evaluator(cfg.longppl_evaluator, near=run.path)
+            if path.resolve() == Path(run.path).resolve():
+                evaluator = KeyEvaluator(run, loaded[0].memo if loaded else {})
+            else:
+                if not loaded or loaded[0].path.resolve() != path.resolve():
+                    loaded[:] = [KeyEvaluator.load(path, device=device)]
+                evaluator = loaded[0]
         return evaluate_run(
             run,
             cfg,
@@ -92,6 +104,7 @@ def _run_evaluator(
             positions=positions,
             positions_seed=positions_seed,
             longppl=longppl,
+            evaluator=evaluator,
         )
 
     return evaluate
@@ -135,7 +148,8 @@ def evaluate_paths(
 ) -> list[dict[str, Any]]:
     """Find the runs below `paths`, check them all and the settings against each (`runs.checked_runs`), then
     evaluate each in turn (one model in memory at a time). Without `on_skip` a run that cannot be read is an error,
-    wherever it came from. `longppl` as `workflow.evaluate_run`'s."""
+    wherever it came from. `longppl` as `workflow.evaluate_run`'s; the LongPPL evaluator `cfg.longppl_evaluator`
+    names is checked for every run before any is measured (`evaluator.find_evaluator`)."""
     cfg.validate()
 
     def check(config: Any, path: Path) -> None:  # the settings must fit every run before any is measured
@@ -144,6 +158,9 @@ def evaluate_paths(
             check_held_out(data_config_with_overrides(config.data, data_overrides), config.data, path)
 
     runs, searched = checked_runs(paths, check=check, on_skip=on_skip)
+    if cfg.longppl_evaluator and (cfg.longppl if longppl is None else longppl):
+        for run in runs:
+            find_evaluator(cfg.longppl_evaluator, near=run)
     evaluate = _run_evaluator(
         cfg,
         data_overrides,

@@ -4,9 +4,13 @@ An entry's fields, in order, are the keys of its stored JSON object (`loop.Entry
 `STREAMING_FIELDS` are derived from the dataclasses, never listed by hand. `read_entry` turns a stored object back
 into its dataclass: keys an older posenc did not write take their defaults (no `positions`: sequential; a
 streaming entry without `decode` was measured by re-encoding, `decode` "recompute"), keys this posenc does not know
-are refused. LongPPL's two fields (`longppl`, `key_tokens`, `evaluation.longppl`) are written only when it was
-measured: an entry without them did not measure it, one with `key_tokens` 0 and `longppl` None had no key token
-(at L <= the training length by construction).
+are refused. LongPPL's fields (`longppl`, `key_tokens`, `longppl_evaluator`; `evaluation.longppl`) are written only
+when it was measured on an evaluator's key tokens: an entry without them did not measure it, one with `key_tokens` 0
+and `longppl` None had no key token (at L <= the evaluator's training length by construction). `longppl_evaluator`
+names the key set: {"run", "checkpoint", "keys" (`longppl.keys_id`)}, plus "unavailable" (why) where the evaluator
+cannot read the length. An entry stored by an older posenc with `longppl` and `key_tokens` but no
+`longppl_evaluator` was scored on its own, self-chosen key tokens: it is read as it is, never shown as LongPPL, and
+measured again when LongPPL is asked for.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ __all__ = [
     "read_entry",
 ]
 
-LONGPPL_FIELDS = ("longppl", "key_tokens")  # written only when LongPPL was measured (see the module docstring)
+# written only when LongPPL was measured (see the module docstring)
+LONGPPL_FIELDS = ("longppl", "key_tokens", "longppl_evaluator")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,8 +44,8 @@ class ExtrapolateEntry(Entry):
     """One length of `eval/extrapolate.json`; the fields in the order of the stored keys. `stride` is None for
     nonoverlap, the target size for fixed-target; `tokens` the scored tokens (0: no window fits); `data` the corpus
     {name, fingerprint}; `positions` the position ids fed (`Positions.to_json`); `status` one of
-    `results.CellStatus`; `longppl` and `key_tokens` LongPPL over the cell's key tokens and their count
-    (`key_tokens` None: not measured, and neither key is stored)."""
+    `results.CellStatus`; `longppl` and `key_tokens` LongPPL over the cell's key tokens and their count, chosen by
+    the evaluator `longppl_evaluator` names (None: not measured, and none of the three keys is stored)."""
 
     protocol: str
     stride: int | None
@@ -57,6 +62,7 @@ class ExtrapolateEntry(Entry):
     bpb: float | None = None
     longppl: float | None = None
     key_tokens: int | None = None
+    longppl_evaluator: dict[str, Any] | None = None
     per_position: list[float] = field(default_factory=list)
     posenc_version: str = __version__
     created: str
@@ -65,7 +71,7 @@ class ExtrapolateEntry(Entry):
 
     def to_json(self) -> dict[str, Any]:
         out = super().to_json()
-        if self.key_tokens is None:  # LongPPL not measured: no keys, as in entries from before it was
+        if self.longppl_evaluator is None:  # LongPPL not measured: no keys, as in entries from before it was
             for name in LONGPPL_FIELDS:
                 out.pop(name)
         return out
@@ -107,7 +113,7 @@ def read_entry(stored: dict[str, Any]) -> ExtrapolateEntry:
 
 def filled(entry: ExtrapolateEntry, result: dict[str, Any]) -> ExtrapolateEntry:
     """`entry` measured: "ok" with the scores of `result` (`measuring.evaluate_model`'s keys, LongPPL's when it
-    holds "key_tokens"), or "non_finite" when the loss overflowed."""
+    holds "longppl_evaluator"), or "non_finite" when the loss overflowed."""
     nll = result["nll"]
     if not math.isfinite(nll) or not math.isfinite(result["ppl"]):
         reason = f"non-finite loss (mean NLL {nll})"
@@ -121,5 +127,6 @@ def filled(entry: ExtrapolateEntry, result: dict[str, Any]) -> ExtrapolateEntry:
         bpb=result["bpb"],
         longppl=result.get("longppl"),
         key_tokens=result.get("key_tokens"),
+        longppl_evaluator=result.get("longppl_evaluator"),
         per_position=[round(v, 6) for v in result["per_position"]],
     )

@@ -1,9 +1,11 @@
 """Measuring one length: the forward passes over a cell's windows and the summed NLL per scored position.
 
 `evaluate_model` scores the nonoverlap, sliding and fixed-target protocols (the streaming protocol's decoding is
-`evaluation.streaming.evaluate_streaming`); with `key_tokens` it also finds the cell's LongPPL key tokens, scoring
-each candidate target again with its training-length context (`evaluation.longppl`). The long-context pass is the
-same computation with or without it: the same forwards, the same fp32 log-softmax, the same float64 sums.
+`evaluation.streaming.evaluate_streaming`). For LongPPL (`evaluation.longppl`) it either finds a cell's key tokens,
+as the evaluator (`key_tokens`: each candidate target scored again with the evaluator's training-length context),
+or scores the model on the key tokens an evaluator chose (`score_keys`: stream indices of the targets). The
+long-context pass is the same computation with or without either: the same forwards, the same fp32 log-softmax, the
+same float64 sums.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from posenc_cli.evaluation.longppl import (
     KeyTokens,
     KeyTokenSum,
     candidate_positions,
+    key_targets,
     short_context_nll,
     short_generator,
+    target_indices,
 )
 from posenc_cli.evaluation.perplexity.planning import no_window_reason, plan_windows, resolve_stride
 from posenc_cli.evaluation.positions import Positions
@@ -48,6 +52,7 @@ def evaluate_model(
     progress: Progress | None = None,
     positions: Positions | None = None,
     key_tokens: KeyTokens | None = None,
+    score_keys: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Score `model` ((B, T) int64 -> (B, T, V) logits) on windows of `tokens` (1-D ids).
 
@@ -56,7 +61,9 @@ def evaluate_model(
     where `stride` is the target size). Raises `LengthBeyondScheme` when the model cannot serve `length` (checked
     before any forward when the model exposes `scheme.max_length`) and ValueError when no window fits. `positions`
     random: every window is fed its own sorted draw from [0, M) as `position_ids` (`positions.Positions`), else
-    the model's default 0..L-1. With `key_tokens` the result also holds "longppl" and "key_tokens"
+    the model's default 0..L-1. With `key_tokens` the model is the evaluator and the result also holds
+    "key_targets": the sorted stream indices of the cell's key tokens (`longppl.key_targets`). With `score_keys`
+    (such indices) it holds "longppl" and "key_tokens", the model's LongPPL on those targets and their count
     (`longppl.KeyTokenSum.result`).
     """
     S = resolve_stride(protocol, stride, length)
@@ -79,6 +86,7 @@ def evaluate_model(
     n_bytes = 0
     candidates = candidate_positions(length, S, key_tokens.train_length) if key_tokens is not None else None
     keys = KeyTokenSum()
+    found: list[np.ndarray] = []
     short_ids = (
         short_generator(positions, key_tokens.train_length)
         if key_tokens is not None and positions is not None and positions.random
@@ -118,7 +126,11 @@ def evaluate_model(
                         positions=positions,
                         generator=short_ids,
                     )
-                    keys.add(long_nll, short_nll, key_tokens)  # type: ignore[arg-type]
+                    targets = target_indices(starts[i : i + per_batch], first, last - first + 1)
+                    found.append(key_targets(long_nll, short_nll, targets, key_tokens.alpha, key_tokens.beta))  # type: ignore[union-attr]
+                if score_keys is not None:
+                    targets = target_indices(starts[i : i + per_batch], length - S, S)  # (B, S) of the scored
+                    keys.add_at(loss.view(-1, S).float().cpu(), targets, score_keys)
                 if token_bytes is not None:
                     n_bytes += int(np.asarray(token_bytes)[window[:, -S:]].sum())
                 if progress is not None:
@@ -128,5 +140,7 @@ def evaluate_model(
 
     out = window_scores(pos_sum, len(starts), S, n_bytes)
     if key_tokens is not None:
+        out["key_targets"] = np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+    if score_keys is not None:
         out.update(keys.result())
     return out

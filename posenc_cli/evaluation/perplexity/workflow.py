@@ -5,11 +5,15 @@ The linear load → plan → measure → write of `posenc eval-extrapolate` for 
 the shared loop `loop.measure`, keyed by `results.entry_key`. Which position ids a run is fed (`run_positions`) and
 the refusal to evaluate a run being trained (`check_not_training`) live here too.
 
-LongPPL (`evaluation.longppl`) is measured by default with the run's training length as the short context. A stored
-"ok" entry without its fields (written before LongPPL, or with it switched off) is measured again when LongPPL is
-asked for, replacing the entry in place (same key, same perplexity numbers, now with `longppl` and `key_tokens`),
-so no stored entry is ever shown as a LongPPL it did not measure. `longppl=False` measures plain perplexity only,
-writes neither field and reuses any stored entry.
+LongPPL (`evaluation.longppl`) is measured when an evaluator is named (`eval.longppl_evaluator`, or a loaded
+`evaluator.KeyEvaluator`) and `longppl` is not switched off: each cell's key tokens are the evaluator's
+(`KeyEvaluator.keys`, chosen once and stored in its run directory), and the run is scored on exactly those targets;
+the entry records the key set it was scored on (`longppl_evaluator`: the evaluator's name, checkpoint and key-set
+id). A stored "ok" entry is reused only when it was scored on the same key set; any other (written before LongPPL,
+with self-chosen key tokens as posenc did before, with another evaluator or none) is measured again, replacing the
+entry in place (same key, same perplexity numbers), so no stored entry is shown as a LongPPL it did not measure.
+Without an evaluator, or with `longppl=False`, plain perplexity only is measured, neither field is written and any
+stored entry is reused.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ import torch
 from posenc_cli.config import DataConfig, EvalConfig
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
 from posenc_cli.evaluation.corpus import CorpusCache, check_held_out, data_name
-from posenc_cli.evaluation.longppl import KeyTokens
 from posenc_cli.evaluation.loop import measure, results_header
 from posenc_cli.evaluation.perplexity.entries import ExtrapolateEntry, filled
+from posenc_cli.evaluation.perplexity.evaluator import KeyEvaluator, find_evaluator
 from posenc_cli.evaluation.perplexity.measuring import Progress, evaluate_model
 from posenc_cli.evaluation.perplexity.planning import (
     CellContext,
@@ -53,7 +57,7 @@ if TYPE_CHECKING:
     from posenc_cli.data.cache import Corpus
     from posenc_cli.run.load import LoadedRun
 
-__all__ = ["check_not_training", "config_positions", "evaluate_run", "has_longppl", "run_positions"]
+__all__ = ["check_not_training", "config_positions", "evaluate_run", "longppl_evaluator", "run_positions"]
 
 
 def evaluate_run(
@@ -70,6 +74,7 @@ def evaluate_run(
     positions: str | None = None,
     positions_seed: int = 0,
     longppl: bool | None = None,
+    evaluator: KeyEvaluator | None = None,
 ) -> dict[str, Any]:
     """Measure (or reuse) every length of `cfg` for a loaded run and store the entries in its results file.
 
@@ -83,14 +88,20 @@ def evaluate_run(
 
     `positions` (None: the run's own, see `run_positions`): "random" feeds each window a sorted draw from [0, M) of
     a run trained with `train.random_positions=M` (seeded by `positions_seed`), "sequential" 0..T-1. `longppl`
-    (None: `cfg.longppl`, `eval.longppl`) also measures LongPPL (see the module docstring).
+    (None: `cfg.longppl`, `eval.longppl`) also measures LongPPL on the key tokens of `evaluator` (None: the run
+    `cfg.longppl_evaluator` names, if any; see the module docstring).
     """
     cfg.validate()
     position_ids = run_positions(run, cfg, positions, positions_seed)
     check_not_training(run.path)
     force = cfg.force if force is None else force
-    with_longppl = cfg.longppl if longppl is None else longppl
     device = torch.device(device) if device is not None else next(run.model.parameters()).device
+    if cfg.longppl if longppl is None else longppl:
+        evaluator = evaluator or longppl_evaluator(run, cfg, device)
+    else:
+        evaluator = None
+    if evaluator is not None:
+        evaluator.check_tokenizer(run)
     train_length, base_length = run.meta.lengths(run.config)
     dtype = resolve_dtype(cfg.dtype, run.meta.precision, device)
 
@@ -109,7 +120,9 @@ def evaluate_run(
         device=describe_device(device),  # results depend on precision and hardware: record both
     )
     streaming = streaming_settings(cfg, base_length)
-    key_tokens = KeyTokens(train_length=train_length) if with_longppl else None
+    if evaluator is not None and streaming is not None:
+        raise ConfigError("LongPPL's evaluator scores window protocols; --protocol streaming has no LongPPL")
+    tokenizer = str(run.tokenizer.fingerprint)
 
     def measure_cell(group: Sequence[ExtrapolateEntry]) -> list[ExtrapolateEntry]:
         (entry,) = group
@@ -132,10 +145,14 @@ def evaluate_run(
                     dtype=dtype,
                     device=device,
                     progress=progress,
-                    key_tokens=key_tokens,
                     **streaming,
                 )
                 return [filled(entry, result)]
+            keys, stamp = None, None
+            if evaluator is not None:
+                keys, stamp = evaluator.keys(
+                    entry.to_json(), stream, tokenizer, cfg, stride=stride, device=device, progress=progress
+                )
             result = evaluate_model(
                 run.model,
                 stream,
@@ -149,10 +166,12 @@ def evaluate_run(
                 device=device,
                 progress=progress,
                 positions=position_ids,
-                key_tokens=key_tokens,
+                score_keys=keys,
             )
         except LengthBeyondScheme as e:  # same reason text at every length, so tables can group it
             return [replace(entry, status=BEYOND_SCHEME, reason=e.reason)]
+        if stamp is not None:
+            result["longppl_evaluator"] = stamp
         return [filled(entry, result)]
 
     header = results_header(run.path.name, run.scheme_label, train_length, base_length)  # DroPE: "rope, dropped at k"
@@ -166,17 +185,35 @@ def evaluate_run(
         key=entry_key,
         force=force,
         store=store,
-        reusable=has_longppl if with_longppl else None,
+        reusable=None
+        if evaluator is None
+        else lambda stored: scored_on_keys(stored, evaluator, tokenizer, cfg, device),
     )
     out = dict(done.header)
     out.update(path=str(run.path), reused=done.reused, entries=done.entries, not_saved=done.not_saved)
     return out
 
 
-def has_longppl(stored: dict[str, Any]) -> bool:
-    """Whether a stored entry can stand for a cell measured with LongPPL: any state but "ok" (nothing to measure),
-    or an "ok" entry that holds `key_tokens`."""
-    return stored.get("status") != OK or "key_tokens" in stored
+def scored_on_keys(
+    stored: dict[str, Any], evaluator: KeyEvaluator, tokenizer: str, cfg: EvalConfig, device: torch.device
+) -> bool:
+    """Whether a stored entry can stand for a cell scored on `evaluator`'s key tokens: any state but "ok" (nothing
+    to measure), or an "ok" entry scored on the key set the evaluator would give it now."""
+    if stored.get("status") != OK:
+        return True
+    recorded = stored.get("longppl_evaluator") or {}
+    return recorded.get("keys") == evaluator.stamp(evaluator.identity(stored, tokenizer, cfg, device))["keys"]
+
+
+def longppl_evaluator(run: LoadedRun, cfg: EvalConfig, device: torch.device) -> KeyEvaluator | None:
+    """The evaluator `cfg.longppl_evaluator` names (a relative path is also looked up above the run's directory,
+    `evaluator.find_evaluator`), loaded; the run itself when it names the run; None when it names none."""
+    if not cfg.longppl_evaluator:
+        return None
+    path = find_evaluator(cfg.longppl_evaluator, near=run.path)
+    if path.resolve() == Path(run.path).resolve():
+        return KeyEvaluator(run)
+    return KeyEvaluator.load(path, device=device)
 
 
 def run_positions(run: LoadedRun, cfg: EvalConfig, requested: str | None, seed: int = 0) -> Positions:
