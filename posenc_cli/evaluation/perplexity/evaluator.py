@@ -25,7 +25,7 @@ from posenc_cli.errors import ConfigError, LengthBeyondScheme, UserError
 from posenc_cli.evaluation.longppl import KeyTokens, keys_id, keys_identity, read_keys, write_keys
 from posenc_cli.evaluation.perplexity.measuring import Progress, evaluate_model
 from posenc_cli.evaluation.perplexity.planning import resolve_dtype
-from posenc_cli.evaluation.positions import Positions, resolve_positions
+from posenc_cli.evaluation.positions import Positions, draw_layers, resolve_positions
 from posenc_cli.evaluation.results import checkpoint_identity
 from posenc_cli.evaluation.runs import check_run_files
 from posenc_cli.run.meta import is_run_dir
@@ -94,9 +94,10 @@ class KeyEvaluator:
             )
 
     def positions(self, cfg: EvalConfig) -> Positions:
-        """The position ids the evaluator is fed: its own (sorted draws for a randomized-positions run, seed 0)."""
+        """The position ids the evaluator is fed: its own (sorted draws for a randomized-positions run, per layer
+        where it trained so, seed 0)."""
         random_range = int(getattr(self.run.config.train, "random_positions", 0) or 0)
-        return resolve_positions(None, random_range, 0, run=str(self.path))
+        return resolve_positions(None, random_range, 0, run=str(self.path), layers=draw_layers(self.run.config))
 
     def dtype(self, cfg: EvalConfig, device: torch.device) -> str:
         return resolve_dtype(cfg.dtype, self.run.meta.precision, device)
