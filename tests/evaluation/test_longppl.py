@@ -7,6 +7,7 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -304,6 +305,16 @@ def test_the_key_set_changes_with_the_evaluator(tmp_path: Path) -> None:
     ids = {lp.keys_id(lp.keys_identity(evaluator={"step": s, "model_sha256": h}, **ident)) for s, h in
            ((0, "a"), (1, "a"), (0, "b"))}  # fmt: skip
     assert len(ids) == 3
+
+
+def test_a_run_with_another_tokenizer_is_refused_in_one_line(tmp_path: Path) -> None:
+    evaluator, run = stub_run(tmp_path), stub_run(tmp_path, name="run-b")
+    run.tokenizer = SimpleNamespace(token_bytes=run.tokenizer.token_bytes, fingerprint="bpe-512")
+    with pytest.raises(ConfigError, match=r"its tokenizer \(bpe-512\) is not the LongPPL evaluator's \(byte") as e:
+        ev.evaluate_run(
+            run, EvalConfig(lengths=[2], tokens=64), corpus=stub_corpus(), evaluator=KeyEvaluator(evaluator)
+        )
+    assert "\n" not in str(e.value) and load_results(run.path, missing_ok=True) is None
 
 
 def test_stored_entries_of_the_old_kind_are_measured_again_not_shown_as_measured(
