@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from posenc_cli import __version__
-from posenc_cli.data.algorithmic import in_distribution_lengths, task_class
+from posenc_cli.data.algorithmic import in_distribution_lengths, paper_tasks, task_class
 from posenc_cli.data.algorithmic import registry as task_registry
 from posenc_cli.data.algorithmic.base import GENERATOR_VERSION, MAX_LENGTH, Example
 from posenc_cli.data.sources.algorithmic import PAPER_MAX_LENGTH, AlgorithmicDataConfig
@@ -112,7 +112,7 @@ class Plan:
 def plan_for(cfg: AlgorithmicEvalConfig, data: Any) -> Plan:
     """`cfg` with its None fields filled from the run's data config `data` (see `AlgorithmicEvalConfig`)."""
     trained = data if isinstance(data, AlgorithmicDataConfig) else None
-    tasks = cfg.tasks or (list(trained.tasks) if trained else list(task_registry()))
+    tasks = cfg.tasks or (list(trained.tasks) if trained else paper_tasks())
     max_length = cfg.max_length or (trained.max_length if trained else PAPER_MAX_LENGTH)
     top = trained.test_max_length if trained and cfg.max_length is None else 2 * max_length
     lengths = sorted(set(cfg.lengths)) if cfg.lengths else list(range(1, top + 1))

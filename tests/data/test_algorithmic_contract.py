@@ -90,3 +90,15 @@ def test_task_metadata(task: type[AlgorithmicTask]) -> None:
 def test_unknown_task_names_the_closest() -> None:
     with pytest.raises(ConfigError, match="did you mean 'reverse'"):
         task_class("revrse")
+
+
+def test_default_mixture_is_the_nope_papers_tasks() -> None:
+    """data=algorithmic and eval-algorithmic default to the NoPE paper's tasks; synthetic ones are chosen by name."""
+    from posenc_cli.data.algorithmic import paper_tasks, registry
+    from posenc_cli.data.sources.algorithmic import AlgorithmicDataConfig
+
+    synthetic = {name for name, cls in registry().items() if cls.suite == "synthetic"}
+    assert synthetic, "the synthetic tasks are registered"
+    assert AlgorithmicDataConfig().tasks == paper_tasks()
+    assert not synthetic & set(paper_tasks())
+    assert {"copy", "reverse", "addition", "sorting", "summation", "parity", "polynomial"} == set(paper_tasks())

@@ -20,7 +20,15 @@ from posenc_cli.data.algorithmic.base import AlgorithmicTask, Example
 from posenc_cli.errors import ConfigError
 from posenc_cli.registry import Registry
 
-__all__ = ["AlgorithmicTask", "Example", "in_distribution_lengths", "register", "registry", "task_class"]
+__all__ = [
+    "AlgorithmicTask",
+    "Example",
+    "in_distribution_lengths",
+    "paper_tasks",
+    "register",
+    "registry",
+    "task_class",
+]
 
 _TASKS: Registry[type[AlgorithmicTask]] = Registry(__name__, "algorithmic task")
 register = _TASKS.register  # class decorator: make `cls` an algorithmic task named `cls.name`
@@ -29,6 +37,12 @@ register = _TASKS.register  # class decorator: make `cls` an algorithmic task na
 def registry() -> dict[str, type[AlgorithmicTask]]:
     """All registered algorithmic tasks by name, sorted."""
     return _TASKS.entries()
+
+
+def paper_tasks() -> list[str]:
+    """The NoPE paper's tasks (`suite` "length-generalization"), sorted: the default mixture of `data=algorithmic` and
+    of `eval-algorithmic` on a run not trained on algorithmic data. The synthetic tasks are chosen by name."""
+    return [name for name, cls in registry().items() if cls.suite == "length-generalization"]
 
 
 def task_class(name: str, what: str = "algorithmic task") -> type[AlgorithmicTask]:

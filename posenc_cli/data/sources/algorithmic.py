@@ -11,8 +11,9 @@ paper trains on L = 20 (L = 8 with a scratchpad, not built here) and tests on L+
 `posenc_cli.evaluation.algorithmic`, measures 1..2L).
 
 How examples reach the model: the documents are tokenized by the ordinary token cache, each followed by the
-end-of-document token, into one stream per split; each is a `prompt_answer`, so the cache also stores which tokens
-are scored (the answer and its end-of-document token). By default (`train.packing=stream`, `train.loss_on=all`)
+end-of-document token, into one stream per split; each is a `Marked` document (`Example.pieces`: the prompt
+unscored, the answer, or a task's scored pieces, scored), so the cache also stores which tokens are scored (the answer
+and its end-of-document token). By default (`train.packing=stream`, `train.loss_on=all`)
 training draws windows of `train.seq_len` tokens at uniform offsets of that stream (`data.cache.sample_batch`) and
 its loss is next-token prediction over every position of the window: prompt tokens, answer tokens and the
 end-of-document token alike, and the cut examples at the window's edges. The reference instead trains one example
@@ -40,24 +41,23 @@ from typing import Any
 import numpy as np
 
 from posenc_cli.config import DataConfig, non_negative, positive
-from posenc_cli.data.algorithmic import in_distribution_lengths, task_class
-from posenc_cli.data.algorithmic import registry as task_registry
+from posenc_cli.data.algorithmic import in_distribution_lengths, paper_tasks, task_class
 from posenc_cli.data.algorithmic.base import GENERATOR_VERSION, MAX_LENGTH
 from posenc_cli.data.sources import register
 from posenc_cli.data.sources.base import (
     FORMAT_VERSION,
     DataSource,
     Docs,
+    Marked,
     ProgressFn,
     Source,
     memory_table,
-    prompt_answer,
     short_hash,
     whole,
 )
 from posenc_cli.errors import ConfigError
 
-ALL_TASKS = tuple(task_registry())  # every registered algorithmic task, sorted
+ALL_TASKS = tuple(paper_tasks())  # the NoPE paper's tasks, sorted (the synthetic ones are chosen by name)
 PAPER_MAX_LENGTH = 20  # L of the paper's main experiments (Kazemnejad et al. 2023, section 4)
 EVAL_SETTINGS = ("eval_examples", "eval_max_length")  # read by eval-algorithmic, not part of the documents
 
@@ -123,8 +123,8 @@ def draw_length(rng: np.random.Generator, low: int, cumulative: np.ndarray) -> i
 
 
 def make_documents(data: AlgorithmicDataConfig, n: int, seed_part: int) -> list[str]:
-    """`n` examples of the mixture, each its prompt and its scored answer (`prompt_answer`); the same arguments give
-    the same list (`seed_part` 0: train, 1: val)."""
+    """`n` examples of the mixture, each its pieces (`Example.pieces`: the prompt unscored, the answer scored); the
+    same arguments give the same list (`seed_part` 0: train, 1: val)."""
     rng = np.random.default_rng([data.seed, GENERATOR_VERSION, seed_part])
     tasks = [task_class(name) for name in data.tasks]
     ranges = [length_range(data, name) for name in data.tasks]
@@ -134,7 +134,7 @@ def make_documents(data: AlgorithmicDataConfig, n: int, seed_part: int) -> list[
         i = int(rng.integers(0, len(tasks)))
         low = ranges[i][0]
         example = tasks[i].sample_in(rng, draw_length(rng, low, weights[i]), low)
-        docs.append(prompt_answer(example.prompt, example.answer))  # the text is `example.text`
+        docs.append(Marked(*example.pieces))  # the text is `example.text`; the answer (or every scored piece) scored
     return docs
 
 
