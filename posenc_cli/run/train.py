@@ -22,7 +22,6 @@ of a batch by train.packing, and the targets train.loss_on counts).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import math
 import os
@@ -54,7 +53,7 @@ from posenc_cli.data.rows import (
 )
 from posenc_cli.data.tokenizer import load_tokenizer
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
-from posenc_cli.model import GPT, build_model
+from posenc_cli.model import build_model
 from posenc_cli.positional import build_scheme
 from posenc_cli.positional.ids import pose_position_ids, random_position_ids
 from posenc_cli.run import compile as compiling
@@ -151,7 +150,6 @@ def train(
     cfg.validate()
     check_budget(cfg)  # before any allocation, and before anything is written
     _check_position_reach(cfg)
-    _check_packing(cfg)
     check_drope(cfg)
     run_dir = Path(out_dir)
     info = distributed.env_info()  # under torchrun: this rank of a data-parallel job (see posenc_cli.run.distributed)
@@ -274,12 +272,6 @@ def _check_position_reach(cfg: Config) -> None:
             f"train.{key}={reach} gives position ids up to {reach - 1}, but pos={cfg.pos.name} encodes at most "
             f"{limit} positions{hint}"
         )
-
-
-def _check_packing(cfg: Config) -> None:
-    """Refuse train.packing=document while the model cannot keep attention within each document."""
-    if cfg.train.packing == "document" and "documents" not in inspect.signature(GPT.forward).parameters:
-        raise ConfigError("train.packing=document needs the model's document mask, which this posenc lacks")
 
 
 def _session_precision(precision: str, device: torch.device, prev: RunMeta | None) -> Precision:

@@ -8,13 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from train_utils import TRAIN_DEFAULTS, metrics, same_weights, weights
 from typer.testing import CliRunner
 
 import posenc_cli.run.train as train_mod
 from posenc_cli.cli import app
 from posenc_cli.config import Config, ModelConfig, TrainConfig
-from posenc_cli.data.rows import Rows, example_rows, find_examples
+from posenc_cli.data.rows import Rows, example_rows, find_examples, packed_rows
 from posenc_cli.data.sources.base import prompt_answer
 from posenc_cli.data.tokenizer import ByteTokenizer
 from posenc_cli.errors import ConfigError
@@ -159,3 +160,52 @@ def test_cli_trains_algorithmic_answers_one_example_per_row(tmp_path: Path) -> N
     saved = (out / "config.yaml").read_text()
     assert "loss_on: answer" in saved and "packing: none" in saved
     assert read_meta(out)["step"] == 3
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "t5", "nope"])
+def test_packed_examples_score_as_one_example_per_row(scheme: str) -> None:
+    """`packing=document`: each example's per-token losses in a packed row equal its `packing=none` row's (1e-5,
+    fp32), its positions restarting at 0 and attention kept within it by the document ids."""
+    docs = [prompt_answer(f"copy: {'ab' * k}", f" {'ab' * k}") for k in range(1, 6)] + ["plain text"]
+    ids, scored = BYTE.encode_scored(docs)
+    ids = ids.astype(np.int64)
+    ex = find_examples(ids, BYTE.eod_id)
+    packed = packed_rows(ids, scored, ex, 3, 40, torch.Generator().manual_seed(0), BYTE.eod_id, answer_only=True)
+    assert packed.documents is not None and int(packed.documents.max()) >= 1  # some row holds two examples
+    model_cfg = ModelConfig(d_model=32, n_layer=2, n_head=2)
+    cfg = Config(model=model_cfg, pos=config_class(scheme)(name=scheme), train=TrainConfig(seq_len=40))
+    torch.manual_seed(0)
+    model = build_model(cfg, BYTE.vocab_size).eval()
+    spans = [ids[s : e + 1].tolist() for s, e in zip(ex.starts, ex.ends, strict=True)]
+    with torch.no_grad():
+        x, y = packed.tokens[:, :-1], packed.tokens[:, 1:]
+        logits = model(x, position_ids=packed.position_ids, documents=packed.documents)  # (3, 40, V)
+        nll = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(3, 40)
+        compared = 0
+        for r in range(3):
+            for d in range(int(packed.documents[r].max()) + 1):
+                cols = (packed.documents[r] == d).nonzero().flatten()
+                pick = spans.index(y[r, cols].tolist())
+                alone = example_rows(ids, scored, ex, np.array([pick]), 40, BYTE.eod_id, answer_only=True)
+                n = cols.numel()
+                solo = model(alone.tokens[:, :n])  # (1, n, V)
+                solo_nll = F.cross_entropy(solo[0], alone.tokens[0, 1 : n + 1], reduction="none")
+                torch.testing.assert_close(nll[r, cols], solo_nll, atol=1e-5, rtol=0)
+                compared += 1
+    assert compared >= 4
+
+
+def test_training_with_packed_examples_runs_and_resumes(tmp_path: Path) -> None:
+    cfg = _config(ALGORITHMIC, loss_on="answer", packing="document", steps=6, save_every=3, eval_every=3, seq_len=32)
+    reference, run = tmp_path / "ref", tmp_path / "run"
+    done = train(cfg, reference)
+    assert done.step == 6 and done.val_loss is not None and np.isfinite(done.train_loss)
+
+    def crash(event: dict) -> None:
+        if event["event"] == "step" and event["step"] == 4:
+            raise RuntimeError("simulated crash")
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(cfg, run, callback=crash)
+    train(cfg, run, resume=True)
+    assert same_weights(weights(run), weights(reference)) and metrics(run) == metrics(reference)
