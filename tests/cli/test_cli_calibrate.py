@@ -57,9 +57,25 @@ def test_calibrate_head_scale_default_out(parent: Path) -> None:
         (["--length", "1x"], "must exceed the training length"),
         (["--length", "lots"], "multiple of the training length"),
         (["--temperature", "ssmax"], "calibrate fits drope or head-scale"),
+        (["--form", "token"], "per cell or per query"),
+        (["--c-min", "1", "--c-max", "1"], "need 0 < step <= c-max - c-min"),
     ],
 )
 def test_refusals_are_one_line_exit_2(parent: Path, tmp_path: Path, args: list[str], message: str) -> None:
     result = invoke("calibrate", parent, "--out", tmp_path / "x", *args)
     assert result.exit_code == 2 and message in result.output
     assert "Traceback" not in result.output and not (tmp_path / "x").exists()
+
+
+def test_a_best_c_at_an_end_of_the_search_is_printed_as_that_edge(tmp_path: Path) -> None:
+    from posenc_cli.cli.calibrate import summary_lines
+    from posenc_cli.extension.calibrate import CalibrateResult
+
+    result = CalibrateResult(tmp_path, tmp_path / "c", "created", "drope", 16, [64], c=-0.5, c_range=[-0.5, 2.0])
+    result.at_edge = True
+    text = "\n".join(summary_lines(result))
+    assert "c = -0.5 is the lower edge of the search [-0.5, 2]: a bound, not a minimum; widen --c-min" in text
+    result.c, result.at_edge = 0.0, False
+    assert "neither sign of c lowers the loss" in "\n".join(summary_lines(result))
+    result.c, result.form = -0.15, "query"
+    assert "DroPE c = -0.15 per query: β(4×)=0.7921" in "\n".join(summary_lines(result))
