@@ -196,7 +196,8 @@ class TrainConfig:
     # launch-bound. Validation and evaluation stay eager. Changes speed and float rounding, not what is trained.
     compile: bool | str = False
     # DroPE (Gelberg et al. 2025, arXiv 2512.12167; SakanaAI/DroPE): train with the configured scheme until step k,
-    # then drop every positional signal and keep training (the paper's "recalibration"). 0 = off.
+    # then drop its positional encoding (a layout's windows stay, run/drope.py) and keep training (the paper's
+    # "recalibration"). 0 = off.
     drope_at: int = 0
     compile_modes: ClassVar[tuple[str, ...]] = (
         "default",
