@@ -33,7 +33,7 @@ from posenc_cli.analysis.gather import (
 )
 from posenc_cli.analysis.longppl_keys import keyed_records
 from posenc_cli.analysis.rows import RunRecord, labelled_series, positions_text
-from posenc_cli.analysis.task_results import task_frame, task_rows
+from posenc_cli.analysis.task_results import task_frame, task_markdown, task_rows
 from posenc_cli.errors import UserError
 from posenc_cli.report.gate import DEFAULT_COMPETENCE
 from posenc_cli.report.output_files import staged_files
@@ -387,10 +387,12 @@ class Comparison:
         return task_frame(self.records, self.competence)
 
     def to_markdown(self) -> str:
-        """The bold title, the markdown table, then the legend and caption lines (two spaces: markdown breaks)."""
+        """The bold title, the markdown table, then the legend and caption lines (two spaces: markdown breaks); then,
+        when the runs stored task cells, their table with the competence gate's marks (`task_results.task_markdown`)."""
         columns, rows, title = self.table
         notes = "".join(f"\n{line}  " for line in [table_legend(columns, rows, self.legend), *self.caption] if line)
-        return f"**{title}**\n\n" + to_markdown(columns, rows) + notes
+        tasks = task_markdown(self.records, self.competence)  # the stored task cells, gated, after the table
+        return f"**{title}**\n\n" + to_markdown(columns, rows) + notes + (f"\n\n**Tasks**\n\n{tasks}" if tasks else "")
 
     def to_frame(self) -> pd.DataFrame:
         """One row per table row (index "run", the row label): column "n" (runs averaged), then the mean of each

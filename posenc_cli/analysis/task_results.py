@@ -11,6 +11,7 @@ only its `competence` column says "not learned" or "not trained on this task".
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from posenc_cli.evaluation.competence import (
     retrieval_competence,
 )
 from posenc_cli.evaluation.results import checkpoint_key, read_results_file
-from posenc_cli.report.gate import DEFAULT_COMPETENCE
+from posenc_cli.report.gate import DEFAULT_COMPETENCE, gate_note, gate_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,6 +39,7 @@ __all__ = [
     "stored_passkey_results",
     "stored_task_results",
     "task_frame",
+    "task_markdown",
     "task_rows",
 ]
 
@@ -230,3 +232,18 @@ def task_frame(records: Sequence[Any], threshold: float = DEFAULT_COMPETENCE) ->
     frame = pd.DataFrame(rows, columns=columns)
     frame.attrs["competence"] = threshold
     return frame
+
+
+def task_markdown(records: Sequence[Any], threshold: float = DEFAULT_COMPETENCE) -> str:
+    """The runs' stored task cells as a markdown table (one row per run × task × scoring: the in-distribution score
+    with the gate's mark, and the mean beyond the training length), then the gate's caption; "" without task cells."""
+    frame = task_frame(records, threshold)
+    if frame.empty:
+        return ""
+    lines = ["| run | task | ≤L | beyond L |", "|---|---|---|---|"]
+    for row in frame.itertuples():
+        accuracy = None if math.isnan(row.in_distribution) else float(row.in_distribution)
+        beyond = "n/a" if math.isnan(row.beyond) else f"{row.beyond:.0%}"
+        task = f"{row.task} ({row.scoring})" if row.scoring else str(row.task)
+        lines.append(f"| {row.run} | {task} | {gate_text(str(row.competence), accuracy)} | {beyond} |")
+    return "\n".join(lines) + f"\n\n{gate_note(threshold)}\n"

@@ -68,6 +68,15 @@ def test_compare_marks_unlearned_and_untrained_tasks(run: Path) -> None:
     assert "below 50%" in " ".join(single.split())  # the caption names the threshold used
 
 
+def test_compare_markdown_lists_the_task_rows_with_their_marks(run: Path) -> None:
+    shown = runner.invoke(app, ["compare", str(run), "--format", "markdown"], terminal_width=250)
+    assert shown.exit_code == 0, shown.output
+    assert "| tasks-run | niah-single (contains) | 60% ✗ not learned | 5% |" in shown.output
+    assert "| tasks-run | niah-multikey (contains) | 100% ⊘ not trained on this task | 100% |" in shown.output
+    lowered = runner.invoke(app, ["compare", str(run), "--format", "markdown", "--competence", "0.5"])
+    assert "| tasks-run | niah-single (contains) | 60% | 5% |" in lowered.output
+
+
 def test_the_threshold_is_checked_on_the_command_line(run: Path) -> None:
     for command in (["compare", str(run)], ["eval-tasks", str(run)], ["eval-algorithmic", str(run)]):
         refused = runner.invoke(app, [*command, "--competence", "1.5"])
