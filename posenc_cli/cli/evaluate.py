@@ -23,6 +23,7 @@ from posenc_cli.cli.eval_shared import (
     optional_list,
     report,
 )
+from posenc_cli.report.gate import DEFAULT_COMPETENCE
 
 _EXAMPLES = """
 [bold]Examples[/]
@@ -229,6 +230,7 @@ _PASSKEY_EXAMPLES = """
   posenc eval-passkey pk --lengths 1,2,4,8 --plot passkey.png  [dim](trained as `posenc sweep passkey` trains)[/]
   posenc eval-passkey outputs/sweeps/passkey --depths 0,0.5,1 --trials 20
   posenc eval-passkey RUN --abs-lengths 128,512,2048 --json passkey_all.json
+  posenc eval-passkey RUN --competence 0.8   [dim](flag runs below 80% at lengths <= the training length)[/]
 """
 
 
@@ -258,18 +260,28 @@ def eval_passkey_command(
     device: DeviceOption = "auto",
     threads: ThreadsOption = 0,
     force: Annotated[bool, force_option("eval/passkey.json")] = False,
+    competence: Annotated[
+        float,
+        typer.Option(
+            help="Competence gate: a run whose accuracy at lengths <= its training length is below this is marked "
+            "'not learned' (its longer prompts measure no learned retrieval)."
+        ),
+    ] = DEFAULT_COMPETENCE,
     plot: Annotated[Path | None, option("Write a PNG heatmap (length × depth per run) here.", dir_okay=False)] = None,
     json_path: JsonOption = None,
 ) -> None:
     """Passkey retrieval: exact match of a key hidden at each depth of growing prompts; in RUN/eval/passkey.json."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
     from posenc_cli import api
+    from posenc_cli.analysis.task_results import passkey_gates
+    from posenc_cli.evaluation.competence import check_threshold
     from posenc_cli.evaluation.passkey import combined_json
     from posenc_cli.report.passkey_report import passkey_figure, passkey_table
     from posenc_cli.report.plots import save_figure
 
     paths = paths or []
     check_run_args(paths, "eval-passkey")
+    check_threshold(competence)
     one_kind_of_lengths(lengths, abs_lengths)  # before either list is parsed
     results, seconds = evaluate_timed(
         "prompts",
@@ -290,13 +302,14 @@ def eval_passkey_command(
             on_run=display.on_run,
         ),
     )
+    gates = passkey_gates(results, competence)  # in distribution first: the competence gate of each run
     report(
         results,
         seconds,
-        table=passkey_table(results),
+        table=passkey_table(results, gates, competence),
         results_file="eval/passkey.json",
         plot=plot,
-        write_plot=lambda path: [save_figure(passkey_figure(results), path)],
+        write_plot=lambda path: [save_figure(passkey_figure(results, gates, competence), path)],
         json_path=json_path,
         combined=combined_json(results),
     )

@@ -137,3 +137,15 @@ def test_grid_bound_is_a_lower_bound_per_run() -> None:
     check_grid_fits(cfg, available=2**30)  # an ordinary grid fits in 1 GiB
     with pytest.raises(ConfigError, match="--lengths 8 --trials 10: at least 16 tokens per prompt for any run"):
         check_grid_fits(cfg, available=grid_bytes(cfg, 16) - 1)  # any run: a base length of at least 2
+
+
+def test_the_competence_gate_from_the_command_line(runs_root: Path) -> None:
+    args = ("--lengths", "1,2", "--depths", "0,1", "--trials", 2, "--device", "cpu")
+    kept = invoke(runs_root / "sweep", *args, "--competence", "0")  # every accuracy passes a threshold of 0
+    assert kept.exit_code == 0, kept.output
+    assert "≤L" in kept.output and "below 0%" in " ".join(kept.output.split())
+    rows = [line for line in kept.output.splitlines() if "1× · 128" in line]
+    assert len(rows) == 2 and not any("not learned" in r or "not trained" in r for r in rows)
+    refused = invoke(runs_root / "sweep", *args, "--competence", "1.5")
+    assert refused.exit_code == 2 and "--competence must be an accuracy in [0, 1]" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1
