@@ -1,17 +1,19 @@
 """Packed rows against one example per row: the training step over the same examples, interleaved in one process.
 
     python benchmarks/packing_step.py --rounds 7                 # model=tiny, copy lengths 1-8, seq_len 48
+    python benchmarks/packing_step.py --seq-len 256 --max-length 40   # longer rows: packed rows attend by chunks
 
 The examples are the algorithmic `copy` task's (`Copy: a 7 Q [SEP] a 7 Q`, UTF-8 bytes as tokens, lengths drawn
-uniformly from 1..8), `--examples` of them, the same for every case. Each case runs a training step over all of them
-(forward, the loss on the real tokens, backward, AdamW) on model=tiny at seq_len 48, in fp32 on one thread, timed in
-CPU seconds (as benchmarks/ab_step.py; other processes on a shared machine change CPU time far less than wall time):
+uniformly from 1..8, `--max-length`), `--examples` of them, the same for every case. Each case runs a training step
+over all of them (forward, the loss on the real tokens, backward, AdamW) on model=tiny at seq_len 48 (`--seq-len`),
+in fp32 on one thread, timed in CPU seconds (as benchmarks/ab_step.py; other processes on a shared machine change
+CPU time far less than wall time):
 
-- `padded`: one example per row from position 0, padded to 48 tokens; no document mask (trailing pads come after
-  every real token, so causality already hides them);
+- `padded`: one example per row from position 0, padded to the row length; no document mask (trailing pads come
+  after every real token, so causality already hides them);
 - `padded+mask`: the same rows with `documents` (pads as documents of their own), what a pad mask adds;
-- `packed`: the examples packed first-fit in order into rows of 48 (`documents`, position ids from 0 per example,
-  trailing pads), so fewer rows of the same length.
+- `packed`: the examples packed first-fit in order into rows of that length (`documents`, position ids from 0 per
+  example, trailing pads), so fewer rows of the same length.
 
 Printed: each case's median CPU seconds and, per round, its time over `padded`'s (median), per scheme.
 """
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-SEQ_LEN = 48
+SEQ_LEN = 48  # --seq-len sets it
 
 
 def copy_examples(n: int, seed: int, lengths: tuple[int, int] = (1, 8)) -> list[list[int]]:
@@ -119,9 +121,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pos", default="rope,alibi,t5,fox")
     parser.add_argument("--examples", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seq-len", type=int, default=48)
+    parser.add_argument("--max-length", type=int, default=8, help="longest copy example (symbols)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    examples = copy_examples(args.examples, args.seed)
+    global SEQ_LEN
+    SEQ_LEN = args.seq_len
+    examples = copy_examples(args.examples, args.seed, (1, args.max_length))
     batches = {"padded": padded(examples, False), "padded+mask": padded(examples, True), "packed": packed(examples)}
     real = sum(len(e) - 1 for e in examples)
     print(

@@ -25,7 +25,8 @@ rows are packed with documents).
 
 Packed rows (`documents`): every road of a full forward takes the document mask (`kernels`' module doc) except
 two, which the rules send elsewhere: `Fused`'s `is_causal` cannot express it, so a forward without a bias takes
-`Masked` (SDPA with one boolean (B, 1, T, T) mask per forward); `BlockCausal` batches blocks at multiples of C,
+`Masked` (SDPA with a boolean mask by chunks of `DOCUMENT_CHUNK` queries, each from its documents' first key on,
+as `KeyBias` does then); `BlockCausal` batches blocks at multiples of C,
 while a document's chunks start at its first token, so a chunked span takes `Windowed`. The KV cache's rows never
 see documents (`GPT.forward` refuses both).
 """
@@ -68,6 +69,12 @@ FP32_GRAD_MAX_LEN = 256
 # it applies (faster). No GPU measured yet (benchmarks/flex_vs_chunked.py --device cuda).
 FLEX_MIN_LEN: dict[tuple[str, torch.dtype], int] = {("cpu", torch.float32): 32768}
 FLEX_GRAD_DEVICES: tuple[str, ...] = ("cuda",)  # PyTorch 2.13 has no FlexAttention backward on CPU
+# Packed rows on the SDPA roads (`Masked`, `KeyBias`): queries per chunk of `kernels.attend_documents`, each chunk
+# scoring keys from its documents' first token on. torch 2.13 CPU, one thread, B = 4, 4 heads × 32, forward and
+# backward: one (B, 1, T, T) boolean mask took 634 ms at T = 2048 (documents of 200 tokens; 337 ms causal without
+# documents), chunks of 64/128/256/512 queries 96/92/107/166 ms; documents of 1000: 562 vs 209/188/191/217 ms; T = 512,
+# documents of 60: 32 vs 11/14/19/34 ms. A row of at most this many tokens takes one call.
+DOCUMENT_CHUNK = 128
 
 
 @dataclass(frozen=True)
@@ -129,11 +136,11 @@ def choose_kernel(spec: KernelSpec) -> Kernel:
         chunk = spec.chunk_size or spec.span.queries_per_chunk(BIAS_CHUNK_BYTES // (4 * spec.batch * spec.n_head))
         return Windowed(spec.span, chunk, causal=spec.causal, dropout_p=spec.dropout_p)
     if not spec.has_bias:
-        if spec.documents:  # is_causal cannot hide other documents: one boolean mask per forward
-            return Masked(causal=spec.causal, dropout_p=spec.dropout_p)
+        if spec.documents:  # is_causal cannot hide other documents: a boolean mask, by chunks of queries
+            return Masked(DOCUMENT_CHUNK, causal=spec.causal, dropout_p=spec.dropout_p)
         return Fused(causal=spec.causal, dropout_p=spec.dropout_p)
     if key_bias_applies(spec):
-        return KeyBias(dropout_p=spec.dropout_p)
+        return KeyBias(dropout_p=spec.dropout_p, chunk=DOCUMENT_CHUNK if spec.documents else None)
     chunk = queries_per_chunk(spec)
     if chunk >= spec.seq_len and spec.bias_shared:  # one chunk: build bias + mask once per forward
         return SharedMask(causal=spec.causal, dropout_p=spec.dropout_p)

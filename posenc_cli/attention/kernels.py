@@ -6,7 +6,8 @@ hd) the query rows [q_start, T) (all T by default), k, v (B, H, T, hd) -> (B, H,
 (`AttentionState`) gives the scheme, its context and the tables built once per forward. The roads:
 
 - `Fused`: no bias: one fused `scaled_dot_product_attention` call with `is_causal`.
-- `Masked`: no bias, packed rows: the same call with the forward's boolean document mask (B, 1, T, T).
+- `Masked`: no bias, packed rows: SDPA within the documents by query chunks, each against the keys from its
+  documents' first token on, with a boolean mask (`attend_documents`).
 - `KeyBias`: a key-only bias b_h(j) with bias_h(i, j) = b_h(j) + c_h(i) (e.g. a linear distance penalty
   −m_h·(i − j) = m_h·j − m_h·i), added through SDPA's fused causal kernel by augmenting the head dimension:
   q' = [q, 1], k' = [k, b·√hd], v' = [v, 0] (the fused CPU kernel needs equal head dims), with the scale 1/√hd
@@ -33,8 +34,9 @@ hd) the query rows [q_start, T) (all T by default), k, v (B, H, T, hd) -> (B, H,
 
 Packed rows (`PositionContext.documents`, `positional.base.Documents`): every road of a full forward hides the keys
 of other documents and applies the span at each token's index within its document: the bias roads fold it into
-their additive mask per chunk (`fold_causal_mask`, (B, 1 or H, chunk, Tk)), `Masked` and `KeyBias` pass one boolean
-(B, 1, T, T) mask to SDPA, built once per forward, and `Scored`, `Windowed` and `flex.Flex` take it beside the span.
+their additive mask per chunk (`fold_causal_mask`, (B, 1 or H, chunk, Tk)), `Masked` and `KeyBias` call SDPA by
+query chunks with a boolean mask, skipping the keys of earlier documents (`attend_documents`), and `Scored`,
+`Windowed` and `flex.Flex` take it beside the span.
 Never a (B, H, T, T) tensor that the bias itself would not need. The KV cache's rows (`Rows`, `LastRow`) never see
 documents (the model refuses both together).
 
@@ -78,27 +80,32 @@ class Fused(Kernel):
 
 @dataclass(frozen=True)
 class Masked(Kernel):
-    """No bias, packed rows (`PositionContext.documents`): SDPA with the forward's boolean mask (B, 1, T, T), the
-    causal mask within each document (`AttentionState.document_mask`, built once and shared by the layers)."""
+    """No bias, packed rows (`PositionContext.documents`): SDPA within the documents, by chunks of `chunk` queries
+    that score only the keys from their documents' first token on (`attend_documents`)."""
 
+    chunk: int
     causal: bool = True
     dropout_p: float = 0.0
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor:
-        mask = state.document_mask(self.causal)  # (B, 1, T, T) bool, True: attend
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout_p)
+        return attend_documents(q, k, v, state, self.chunk, self.causal, self.dropout_p)
 
 
 @dataclass(frozen=True)
 class KeyBias(Kernel):
     """Causal, with the scheme's key-only bias (`state.key_bias`) through the fused kernel (`attend_key_bias`); in
-    packed rows with the forward's document mask instead of `is_causal` (`AttentionState.document_mask`)."""
+    packed rows (`chunk` set) the same augmented q, k, v within the documents (`attend_documents`)."""
 
     dropout_p: float = 0.0
+    chunk: int | None = None
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor:
-        mask = None if state.ctx.documents is None else state.document_mask(True)  # (B, 1, T, T) bool
-        return attend_key_bias(q, k, v, state.key_bias(), dropout_p=self.dropout_p, mask=mask)
+        if self.chunk is None:
+            return attend_key_bias(q, k, v, state.key_bias(), dropout_p=self.dropout_p)
+        hd = q.shape[-1]
+        qa, ka, va = key_bias_inputs(q, k, v, state.key_bias())  # (B, H, T, hd + 1) each
+        out = attend_documents(qa, ka, va, state, self.chunk, True, self.dropout_p, scale=hd**-0.5)
+        return out[..., :hd]  # (B, H, T, hd)
 
 
 @dataclass(frozen=True)
@@ -260,18 +267,23 @@ def fold_causal_mask(
     return bias
 
 
-def attend_key_bias(
-    q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor, dropout_p: float = 0.0, mask: Tensor | None = None
-) -> Tensor:
+def attend_key_bias(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor, dropout_p: float = 0.0) -> Tensor:
     """Causal softmax(q·kᵀ/√hd + b_h(j))·v through SDPA's fused causal kernel; q, k, v (B, H, T, hd), key_bias (H, T)
-    or, per row, (B, H, T). `mask`: a boolean (B, 1, T, T) visibility (causal within each document of packed
-    rows) passed to SDPA instead of `is_causal`.
+    or, per row, (B, H, T).
 
-    q' = [q, 1], k' = [k, (b − centre_h)·√hd], v' = [v, 0], head dim hd + 1; scale = 1/√hd explicitly, so
-    q'·k'ᵀ·scale = q·kᵀ/√hd + b_h(j) − centre_h. Subtracting a per-head constant (the midpoint of b's range) changes
-    no softmax row and halves the largest |score| that rounding sees. (Padding hd + 1 up to a multiple of 8 was
-    measured: no faster on CPU, more memory.)
+    q' = [q, 1], k' = [k, (b − centre_h)·√hd], v' = [v, 0], head dim hd + 1 (`key_bias_inputs`); scale = 1/√hd
+    explicitly, so q'·k'ᵀ·scale = q·kᵀ/√hd + b_h(j) − centre_h. Subtracting a per-head constant (the midpoint of b's
+    range) changes no softmax row and halves the largest |score| that rounding sees. (Padding hd + 1 up to a multiple
+    of 8 was measured: no faster on CPU, more memory.)
     """
+    hd = q.shape[-1]
+    qa, ka, va = key_bias_inputs(q, k, v, key_bias)
+    out = F.scaled_dot_product_attention(qa, ka, va, dropout_p=dropout_p, is_causal=True, scale=hd**-0.5)
+    return out[..., :hd]  # (B, H, T, hd)
+
+
+def key_bias_inputs(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v (B, H, T, hd), key_bias (H, T) or (B, H, T) -> q', k', v' (B, H, T, hd + 1) of `attend_key_bias`."""
     B, H, T, hd = q.shape
     b = key_bias.to(q.dtype)
     b = b - (b.amax(dim=-1, keepdim=True) + b.amin(dim=-1, keepdim=True)) / 2  # (H, T) or (B, H, T), centred per head
@@ -279,11 +291,42 @@ def attend_key_bias(
     qa = torch.cat([q, q.new_ones(()).expand(B, H, T, 1)], dim=-1)  # (B, H, T, hd + 1)
     ka = torch.cat([k, col], dim=-1)  # (B, H, T, hd + 1)
     va = torch.cat([v, v.new_zeros(()).expand(B, H, T, 1)], dim=-1)  # (B, H, T, hd + 1)
-    if mask is None:
-        out = F.scaled_dot_product_attention(qa, ka, va, dropout_p=dropout_p, is_causal=True, scale=hd**-0.5)
-    else:
-        out = F.scaled_dot_product_attention(qa, ka, va, attn_mask=mask, dropout_p=dropout_p, scale=hd**-0.5)
-    return out[..., :hd]  # (B, H, T, hd)
+    return qa, ka, va
+
+
+def attend_documents(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    state: AttentionState,
+    chunk: int,
+    causal: bool = True,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+) -> Tensor:
+    """SDPA within the documents of packed rows, q, k, v (B, H, T, d) -> (B, H, T, d), by chunks of `chunk` queries:
+    chunk [s, e) scores the keys [first, e) (causal; [first, T) otherwise), `first` the earliest first token, over the
+    rows, of query s's document (`AttentionState.document_starts`), so keys of earlier documents are never scored,
+    and a boolean (B, 1, Tq, Tk) mask hides the rest. A row no longer than `chunk`: one call with the forward's
+    (B, 1, T, T) mask (`AttentionState.document_mask`)."""
+    T = q.shape[2]
+    if chunk >= T:
+        mask = state.document_mask(causal)  # (B, 1, T, T) bool, True: attend
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    docs, pos = state.ctx.documents, state.ctx.token_index
+    assert docs is not None  # the rule takes this road only for packed rows
+    first = state.document_starts()
+    outs = []
+    for start in range(0, T, chunk):
+        end = min(start + chunk, T)
+        lo, hi = first[start], end if causal else T
+        q_pos, k_pos = pos[start:end], pos[lo:hi]
+        seen = docs.visible(q_pos, k_pos)  # (B, 1, Tq, Tk)
+        if causal:
+            seen = seen & (k_pos[None, :] <= q_pos[:, None])
+        qc, kc, vc = q[:, :, start:end], k[:, :, lo:hi], v[:, :, lo:hi]  # (B, H, Tq|Tk, d)
+        outs.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=seen, dropout_p=dropout_p, scale=scale))
+    return torch.cat(outs, dim=2)
 
 
 def merged_scores(

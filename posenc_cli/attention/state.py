@@ -43,6 +43,7 @@ class AttentionState:
     _temperature_tables: dict[Temperature, Tensor | None] = field(default_factory=dict)
     _kernels: dict[KernelSpec, Kernel] = field(default_factory=dict)
     _document_masks: dict[bool, Tensor] = field(default_factory=dict)
+    _document_starts: list[int] | None = None
     # packed rows: FlexAttention's block mask per (causal, span), built once per forward (`flex.Flex`)
     flex_masks: dict[tuple[bool, Span], object] = field(default_factory=dict)
 
@@ -66,7 +67,7 @@ class AttentionState:
 
     def document_mask(self, causal: bool) -> Tensor:
         """Packed rows: bool (B, 1, T, T), True where query i may see key j (the same document and, causal, j ≤ i),
-        built once per forward for every layer (`kernels.Masked`, `kernels.KeyBias`)."""
+        built once per forward for every layer (`kernels.attend_documents` for rows of at most its chunk)."""
         if causal not in self._document_masks:
             docs, pos = self.ctx.documents, self.ctx.token_index
             if docs is None:
@@ -74,6 +75,16 @@ class AttentionState:
             seen = docs.visible(pos, pos)  # (B, 1, T, T)
             self._document_masks[causal] = seen & (pos[None, :] <= pos[:, None]) if causal else seen
         return self._document_masks[causal]
+
+    def document_starts(self) -> list[int]:
+        """Packed rows: per token index t, the earliest first token over the rows of the document holding token t
+        (keys before it are in earlier documents for every row), one host sync per forward."""
+        if self._document_starts is None:
+            docs = self.ctx.documents
+            if docs is None:
+                raise ValueError("document starts need packed rows (PositionContext.documents)")
+            self._document_starts = (self.ctx.token_index - docs.local).amin(0).tolist()  # (T,)
+        return self._document_starts
 
     def min_id(self) -> int:
         """The smallest position id (one host sync per forward, shared by the layers)."""

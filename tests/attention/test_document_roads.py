@@ -34,6 +34,7 @@ from posenc_cli.positional.span import Span
 TINY = ModelConfig(d_model=32, n_layer=2, n_head=2)
 VOCAB = 48
 LENGTHS = (6, 9, 2)  # and two pads: 19 tokens
+CHUNK = choose.DOCUMENT_CHUNK
 WINDOW_CHUNK = Span("sliding", 8).queries_per_chunk(choose.BIAS_CHUNK_BYTES // 4)  # B = H = 1
 
 
@@ -44,19 +45,19 @@ def spec(**kw: object) -> KernelSpec:
 @pytest.mark.parametrize(
     ("facts", "plain", "packed"),
     [
-        ({"has_bias": False}, Fused(), Masked()),
-        ({"has_bias": False, "causal": False}, Fused(causal=False), Masked(causal=False)),
+        ({"has_bias": False}, Fused(), Masked(CHUNK)),
+        ({"has_bias": False, "causal": False}, Fused(causal=False), Masked(CHUNK, causal=False)),
         ({"has_bias": False, "span": Span("chunked", 8)}, BlockCausal(8), Windowed(Span("chunked", 8), WINDOW_CHUNK)),
         ({"has_bias": False, "span": Span("sliding", 8)}, *[Windowed(Span("sliding", 8), WINDOW_CHUNK)] * 2),
-        ({"has_bias": True, "bias_shared": True, "offers_key_bias": True}, KeyBias(), KeyBias()),
+        ({"has_bias": True, "bias_shared": True, "offers_key_bias": True}, KeyBias(), KeyBias(chunk=CHUNK)),
         ({"has_bias": True, "bias_shared": True}, SharedMask(), SharedMask()),
         ({"has_bias": True, "chunk_size": 5}, ChunkedBias(5), ChunkedBias(5)),
     ],
     ids=["fused", "non-causal", "chunked span", "sliding span", "key bias", "shared mask", "chunked bias"],
 )
 def test_the_document_rules(facts: dict, plain: Kernel, packed: Kernel) -> None:
-    """`Fused` and `BlockCausal` cannot hide other documents: packed rows take `Masked` and `Windowed`; every other
-    road takes the documents itself."""
+    """`Fused` and `BlockCausal` cannot hide other documents: packed rows take `Masked` and `Windowed`; `KeyBias`
+    attends by the same query chunks as `Masked`; every other road takes the documents itself."""
     assert choose_kernel(spec(**facts)) == plain
     assert choose_kernel(spec(**facts, documents=True)) == packed
 
@@ -78,7 +79,9 @@ FLEX = {"FLEX_MIN_LEN": {("cpu", torch.float32): 0}, "KEY_BIAS_DEVICES": ()}
 # road -> (scheme config, forced settings of `choose`, queries per chunk forced, the kernel class expected)
 ROADS: dict[str, tuple[PosConfig, dict, int | None, type]] = {
     "masked": (RopeConfig(), {}, None, Masked),
+    "masked-chunks": (RopeConfig(), {"DOCUMENT_CHUNK": 4}, None, Masked),  # chunks of queries skip earlier documents
     "key-bias": (config_class("alibi")(), {}, None, KeyBias),
+    "key-bias-chunks": (config_class("alibi")(), {"DOCUMENT_CHUNK": 5}, None, KeyBias),
     "shared-mask": (config_class("alibi")(), {"KEY_BIAS_DEVICES": ()}, None, SharedMask),
     "chunked-bias": (config_class("t5")(), {}, 5, ChunkedBias),
     "remapped": (RopeConfig(remap=RemapConfig(method="self-extend", window=3, group=2)), {}, None, Remapped),
