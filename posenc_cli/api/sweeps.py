@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from posenc_cli.analysis.compare import Comparison, gather, write_outputs
+from posenc_cli.evaluation.competence import check_threshold
+from posenc_cli.report.gate import DEFAULT_COMPETENCE
 
 if TYPE_CHECKING:
     from posenc_cli.analysis.rows import RunRecord
@@ -187,18 +189,24 @@ class SweepReport:
 
 
 def sweep_report(
-    ran: SweepRun, *, viz: bool = False, profile: bool = False, startup_s: float | None = None
+    ran: SweepRun,
+    *,
+    viz: bool = False,
+    profile: bool = False,
+    startup_s: float | None = None,
+    competence: float = DEFAULT_COMPETENCE,
 ) -> SweepReport:
-    """Compare the sweep's runs into its directory (`analysis.compare.write_outputs`), draw their attention
-    panels (`viz`: attention.png), and write profile.json (`profile`: with the matmul peak measured)."""
+    """Compare the sweep's runs into its directory (`analysis.compare.write_outputs`; results.csv's task rows flagged
+    by the competence gate at `competence`), draw their attention panels (`viz`: attention.png), and write
+    profile.json (`profile`: with the matmul peak measured)."""
     # deferred: matplotlib, torch
     from posenc_cli.perf.profiling import write_sweep_profile
 
     report_start = time.perf_counter()
     sweep_dir = ran.plan.sweep_dir
     records = gather([sweep_dir])
-    comp = Comparison(records)
-    comp.written = write_outputs(records, sweep_dir)
+    comp = Comparison(records, competence=competence)
+    comp.written = write_outputs(records, sweep_dir, competence)
     attention = None
     if viz:
         # deferred: matplotlib
@@ -234,11 +242,14 @@ def sweep(
     on_event: Callable[[str, str], None] | None = None,
     viz: bool = False,
     profile: bool = False,
+    competence: float = DEFAULT_COMPETENCE,
 ) -> SweepReport:
     """Plan, run and compare sweep file `name` into `out` (default outputs/sweeps/<time>-<name>; re-use it to
-    resume): `plan_sweep`, `run_planned_sweep`, `sweep_report`."""
+    resume): `plan_sweep`, `run_planned_sweep`, `sweep_report` (`competence`: the task tables' gate)."""
+    check_threshold(competence)
     return sweep_report(
         run_planned_sweep(plan_sweep(name, overrides, out, config_dir=config_dir), on_event=on_event),
         viz=viz,
         profile=profile,
+        competence=competence,
     )

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from posenc_cli.cli.app import ConfigDirOption, app, console, err_console, handles_errors, split_args
 from posenc_cli.errors import UserError
+from posenc_cli.report.gate import DEFAULT_COMPETENCE
 
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -52,6 +53,14 @@ def sweep_command(
             "--profile", help="Measure the matmul peak and print where the time went (profile.json is always written)."
         ),
     ] = False,
+    competence: Annotated[
+        float,
+        typer.Option(
+            "--competence",
+            help="Competence gate of the task tables and results.csv: a run whose in-distribution accuracy on a task "
+            "is below this is marked 'not learned'.",
+        ),
+    ] = DEFAULT_COMPETENCE,
 ) -> None:
     """Run a sweep file from configs/sweep/ through Hydra's multirun, then print the comparison table.
 
@@ -63,6 +72,7 @@ def sweep_command(
     from posenc_cli.cli.compare import print_comparison
     from posenc_cli.cli.profile import print_profile
     from posenc_cli.cli.tasks import print_task_summary
+    from posenc_cli.evaluation.competence import check_threshold
     from posenc_cli.perf.profiling import process_age_s
     from posenc_cli.run.interrupts import Stopped, sigterm_raises
     from posenc_cli.sweep.runner import SweepInterrupted
@@ -73,6 +83,7 @@ def sweep_command(
     if len(names) > 1:
         raise UserError(f"one sweep name expected, got {', '.join(names)} (overrides need '=')")
     name = names[0] if names else "extrapolation"
+    check_threshold(competence)  # before anything is planned or run
     plan = api.plan_sweep(name, overrides, out, config_dir=config_dir, check=dry_run)
     if dry_run:
         _print_plan(plan.spec.name, plan.plans, out, plan.launcher_name, plan.launcher_given, plan.pending)
@@ -98,9 +109,9 @@ def sweep_command(
         err_console.print(f"error: {e}. Resume with: {shlex.join(again)}", markup=False)
         raise typer.Exit(2) from None
     console.print(f"sweep finished in {ran.seconds:.0f} s", highlight=False)
-    report = api.sweep_report(ran, viz=viz, profile=profile, startup_s=startup_s)
+    report = api.sweep_report(ran, viz=viz, profile=profile, startup_s=startup_s, competence=competence)
     print_comparison(report.comparison)
-    print_task_summary(report.comparison.records, console)  # retrieval scores, for sweeps that measured them
+    print_task_summary(report.comparison.records, console, competence=competence)  # task scores, gated
     print_picks(report.picks)
     if report.attention is not None:
         console.print(f"wrote {report.attention}")

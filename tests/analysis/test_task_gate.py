@@ -84,6 +84,13 @@ def test_the_threshold_is_checked_on_the_command_line(run: Path) -> None:
         assert len(refused.output.strip().splitlines()) == 1, refused.output
 
 
+def test_a_sweep_takes_the_threshold_too(tmp_path: Path) -> None:
+    planned = runner.invoke(app, ["sweep", "extrapolation", "--dry-run", "--competence", "0.5", "--out", str(tmp_path)])
+    assert planned.exit_code == 0, planned.output
+    refused = runner.invoke(app, ["sweep", "extrapolation", "--dry-run", "--competence", "2", "--out", str(tmp_path)])
+    assert refused.exit_code == 2 and "--competence must be an accuracy in [0, 1]" in refused.output, refused.output
+
+
 def test_results_csv_flags_the_rows_and_keeps_the_numbers(run: Path, tmp_path: Path) -> None:
     report = api.comparison([run], out=tmp_path / "out")
     rows = list(csv.DictReader(io.StringIO((tmp_path / "out" / "results.csv").read_text())))
