@@ -152,8 +152,10 @@ def greedy_decode(
     """Append `steps` argmax tokens to `prompts` (B, P) -> (B, steps).
 
     With posenc's model (`new_cache`) the prompt is read once and each generated token by one forward of that
-    token against the KV cache (`posenc_cli.kv_cache`: the same logits as a full forward, to rounding); any other
-    model (a `transformers` checkpoint) is run whole over the prompt and the tokens so far at every step.
+    token against the KV cache (`posenc_cli.kv_cache`: the same logits as a full forward, to rounding); a
+    `transformers` checkpoint (`run.hf_run.HFCausalLM.decode_step`) likewise through its own cache, except where
+    the cache cannot give the full forward's tokens (a length-dependent rope_type, dynamic or longrope; ids per
+    layer): then, as any other model, it is run whole over the prompt and the tokens so far at every step.
     `position_ids` (B, P + steps): the ids of the prompt and of every generated token (a randomized-position run's
     draws, `evaluation.positions`); None: 0..P+steps−1. `cell_length`: the evaluation cell's tokens, which every
     forward of the decode reads (DroPE's cell temperature, `GPT.forward`); None: P + steps.
@@ -161,6 +163,8 @@ def greedy_decode(
     if hasattr(model, "new_cache"):
         cell = prompts.shape[1] + steps if cell_length is None else cell_length
         return _greedy_cached(model, prompts, steps, use_bf16=use_bf16, position_ids=position_ids, cell_length=cell)
+    if _own_cache_serves(model, position_ids):
+        return _greedy_own_cache(model, prompts, steps, use_bf16=use_bf16, position_ids=position_ids)
     x = prompts
     for _ in range(steps):
         ids = None if position_ids is None else position_ids[..., : x.shape[1]]  # (B, T) or (B, n_layer, T)
@@ -191,6 +195,31 @@ def _greedy_cached(
         with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
             logits = model(x, cache=cache, position_ids=ids)  # (B, T, V): the prompt, then one token
         out[:, i] = logits[:, -1, :].float().argmax(dim=-1)
+        x = out[:, i : i + 1]  # (B, 1)
+    return out
+
+
+def _own_cache_serves(model: nn.Module, position_ids: torch.Tensor | None) -> bool:
+    """A model with its own KV cache (`decode_step`: a `transformers` checkpoint) that gives the full forward's
+    tokens for these ids (one id per token, not per layer; no length-dependent RoPE: `uncached_reason`)."""
+    if not hasattr(model, "decode_step"):
+        return False
+    return (position_ids is None or position_ids.dim() == 2) and model.uncached_reason() is None
+
+
+def _greedy_own_cache(
+    model: nn.Module, prompts: torch.Tensor, steps: int, *, use_bf16: bool, position_ids: torch.Tensor | None
+) -> torch.Tensor:
+    """`greedy_decode` through the model's own cache (`decode_step`): the prompt once, then one (B, 1) forward per
+    generated token, with the ids of each forward's tokens when `position_ids` (B, P + steps) is given."""
+    out = prompts.new_empty(prompts.shape[0], steps)  # (B, steps)
+    x, start, past = prompts, 0, None
+    for i in range(steps):
+        ids = None if position_ids is None else position_ids[:, start : start + x.shape[1]]  # (B, T) this forward's
+        start += x.shape[1]
+        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            logits, past = model.decode_step(x, past, position_ids=ids)  # (B, V): after the prompt, then each token
+        out[:, i] = logits.float().argmax(dim=-1)
         x = out[:, i : i + 1]  # (B, 1)
     return out
 

@@ -68,6 +68,7 @@ __all__ = [
     "HFTokenizer",
     "LengthBeyondMemory",
     "available_memory",
+    "cache_refusal",
     "config_parameters",
     "forward_bytes",
     "inspect_hf_dir",
@@ -460,7 +461,8 @@ def _gib(n: float) -> str:
 
 
 class HFCausalLM(nn.Module):
-    """(B, T) int64 ids -> (B, T, V) logits of a `transformers` causal LM (no KV cache), memory-checked first."""
+    """(B, T) int64 ids -> (B, T, V) logits of a `transformers` causal LM, memory-checked first; `decode_step` reads
+    one more chunk against the model's own KV cache (greedy decoding, `evaluation.passkey.greedy_decode`)."""
 
     def __init__(self, hf_model: nn.Module, scheme: HFScheme) -> None:
         super().__init__()
@@ -493,9 +495,49 @@ class HFCausalLM(nn.Module):
             f"more than the {_gib(free)} available{hint}"
         )
 
-    def forward(self, idx: Tensor) -> Tensor:
+    def forward(self, idx: Tensor, position_ids: Tensor | None = None) -> Tensor:
+        """(B, T) ids -> (B, T, V) logits; `position_ids` (B, T): the ids the model's own RoPE or table reads."""
         self.check_memory(int(idx.shape[0]), int(idx.shape[1]), idx.device)
-        return self.hf(input_ids=idx, use_cache=False).logits  # (B, T, V)
+        ids: dict[str, Tensor] = {}  # BLOOM's forward takes no ids (ALiBi)
+        if position_ids is not None:  # a mask of ones: without one transformers reads ids that skip as packed rows
+            ids = {"position_ids": position_ids, "attention_mask": torch.ones_like(idx)}
+        return self.hf(input_ids=idx, use_cache=False, **ids).logits  # (B, T, V)
+
+    def uncached_reason(self) -> str | None:
+        """Why greedy decoding cannot go through the model's own KV cache (None: it can; see `decode_step`)."""
+        return cache_refusal(_rope_types(self.hf.config))
+
+    def decode_step(self, idx: Tensor, past: Any = None, position_ids: Tensor | None = None) -> tuple[Tensor, Any]:
+        """One forward of `idx` (B, T) against the model's own KV cache `past` (None: a new one, for the prompt)
+        -> (last position's logits (B, V), the cache holding `idx` too); the memory check covers the prompt."""
+        if past is None:
+            self.check_memory(int(idx.shape[0]), int(idx.shape[1]), idx.device)
+        ids = {} if position_ids is None else {"position_ids": position_ids}  # (a cache: never read as packed rows)
+        out = self.hf(input_ids=idx, cache=past, use_cache=True, logits_to_keep=1, **ids)
+        return out.logits[:, -1, :], out.cache  # (B, V)
+
+
+# RoPE types whose frequencies depend on the length read so far (transformers' `dynamic_rope_update`): a full
+# forward re-rotates every key at each new length, a cache keeps keys rotated at the length they were written, so
+# decoding through the cache would not give the full forward's tokens.
+LENGTH_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
+
+
+def _rope_types(config: Any) -> set[str]:
+    """The `rope_type`s of a transformers config (flat or nested by layer type, Gemma 3); empty without RoPE."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if not isinstance(rope, dict):
+        return set()
+    sets = [v for v in rope.values() if isinstance(v, dict)] or [rope]
+    return {str(r.get("rope_type") or r.get("type") or "default") for r in sets}
+
+
+def cache_refusal(rope_types: Iterable[str]) -> str | None:
+    """The reason a checkpoint with these rope types decodes by full forwards (`LENGTH_DEPENDENT_ROPE`), or None."""
+    dependent = sorted(set(rope_types) & LENGTH_DEPENDENT_ROPE)
+    if dependent:
+        return f"rope_type {dependent[0]} changes the frequencies with the length read, which a KV cache cannot follow"
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------------------
