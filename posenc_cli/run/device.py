@@ -30,6 +30,7 @@ import torch
 from filelock import FileLock, Timeout
 from torch import Tensor
 
+from posenc_cli.cpu_load import default_threads, free_cores_now
 from posenc_cli.errors import ConfigError
 from posenc_cli.fsutil import atomic_write_json
 
@@ -69,8 +70,11 @@ def _mps_available() -> bool:
 
 
 def set_threads(n: int) -> int:
-    """Use `n` intra-op CPU threads (0 keeps torch's default: one per physical core); returns the count in use."""
-    if n > 0 and torch.get_num_threads() != n:
+    """Use `n` intra-op CPU threads (0: the cores other processes leave free, at most torch's count now:
+    `cpu_load.default_threads`); returns the count in use."""
+    if n <= 0:
+        n = default_threads(free_cores_now(), torch.get_num_threads())
+    if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return torch.get_num_threads()
 
@@ -246,7 +250,7 @@ def _matmul_seconds(a: Tensor, b: Tensor, reps: int) -> float:
 
 @contextlib.contextmanager
 def threads(n: int) -> Iterator[int]:
-    """Temporarily use `n` CPU threads (0 = leave as is)."""
+    """Temporarily use `n` CPU threads (0: the free cores, `set_threads`)."""
     before = torch.get_num_threads()
     try:
         yield set_threads(n)

@@ -71,12 +71,12 @@ def job_need_bytes(cfg: Config) -> int:
     return CONTEXT_BYTES + n_params * TRAIN_BYTES_PER_PARAM + ACTIVATION_HEADROOM * micro + windows
 
 
-def job_threads(parallel_jobs: int, cores: int) -> int:
+def job_threads(parallel_jobs: int, cores: int, free: int | None = None) -> int:
     """CPU threads per job when `parallel_jobs` run at once (joblib's n_jobs: a count, or negative: cores + 1 +
-    n_jobs, so -1 is one job per core), so that the jobs together use the cores once, on a GPU too (each job's
-    launches, sampling and compilation are CPU work)."""
+    n_jobs, so -1 is one job per core), so that the jobs together use the `free` cores (default: all `cores`;
+    `cpu_load.free_cores`) once, on a GPU too (each job's launches, sampling and compilation are CPU work)."""
     jobs = parallel_jobs if parallel_jobs > 0 else cores + 1 + parallel_jobs
-    return max(1, cores // max(1, jobs))
+    return max(1, min(cores, cores if free is None else free) // max(1, jobs))
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:

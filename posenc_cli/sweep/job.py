@@ -16,8 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 
+from posenc_cli import cpu_load
 from posenc_cli.config import replace
 from posenc_cli.data.sources import source_class
 from posenc_cli.evaluation.perplexity import evaluate_each_run
@@ -63,6 +65,15 @@ def job_hooks(job_dir: Path) -> JobHooks:
     return JobHooks()
 
 
+def _job_threads(job: dict[str, Any], parallel_jobs: int) -> int:
+    """`train.threads` of a job whose config leaves it 0: the free cores the sweep measured before launching
+    (`free_cores` of the job's internal keys; else measured here), shared by the parallel jobs."""
+    free = int(job.get("free_cores") or 0) or cpu_load.free_cores_now()
+    if parallel_jobs != 1:
+        return device_share.job_threads(parallel_jobs, os.cpu_count() or 1, free)
+    return cpu_load.default_threads(free, torch.get_num_threads())
+
+
 def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
     """Train or extend, then evaluate, then mark the job done; record a failure in the job directory instead of
     raising. A done job returns at once; a job whose training a signal stopped is not evaluated (status
@@ -83,9 +94,8 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
     try:
         with sigterm_raises():  # outside training's own handler (data, evaluation) SIGTERM stops the job too
             cfg = config_from_dict(raw)
-            if cfg.train.threads == 0 and info.parallel_jobs != 1:  # the jobs share the cores (on a GPU too)
-                threads = device_share.job_threads(info.parallel_jobs, os.cpu_count() or 1)
-                cfg = replace(cfg, train=replace(cfg.train, threads=threads))
+            if cfg.train.threads == 0:  # the jobs share the free cores the sweep measured (on a GPU too)
+                cfg = replace(cfg, train=replace(cfg.train, threads=_job_threads(job, info.parallel_jobs)))
             sweep_dir = Path(job["sweep_dir"]) if job.get("sweep_dir") else None
             action = str(job.get("action", "train"))
             log = job_console(log_label(info, action, sweep_dir))

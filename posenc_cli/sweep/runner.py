@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from posenc_cli import cpu_load
 from posenc_cli.errors import UserError
 from posenc_cli.fsutil import exclusive_or_fail
 from posenc_cli.sweep.hydra_bridge import launch_multirun, launcher_settings, quote_value
@@ -232,6 +233,7 @@ def _run_stage(
             f"+{INTERNAL_KEY}.action={action}",
             f"+{INTERNAL_KEY}.sweep_dir={quote_value(str(sweep_dir))}",
             f"+{INTERNAL_KEY}.session={session}",
+            f"+{INTERNAL_KEY}.free_cores={cpu_load.free_cores_now()}",  # measured before the jobs load the cores
         ]
         if parent is not None:
             parent_dir = sweep_dir / parent
@@ -243,7 +245,7 @@ def _run_stage(
             internal.append(f"+{INTERNAL_KEY}.parent_dir={quote_value(str(parent_dir))}")
         say("run", f"{title}: {len(todo)} of {len(jobs)} job(s) to run")
         swept = [f"{key}={','.join(values)}" for key, values in launch.swept.items()]
-        internal_keys = ("action", "sweep_dir", "session", "parent_dir")
+        internal_keys = ("action", "sweep_dir", "session", "free_cores", "parent_dir")
         exclude = [*launch.fixed_keys, *(f"{INTERNAL_KEY}.{key}" for key in internal_keys)]
         launch_multirun(
             [*launch.fixed, *swept, *internal],

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import posenc_cli.run.device as device
+from posenc_cli.cpu_load import default_threads, free_cores_now
 from posenc_cli.errors import ConfigError
 
 
@@ -170,8 +171,9 @@ def test_threads_context_restores_the_count() -> None:
     with device.threads(1) as n:
         assert n == 1 == torch.get_num_threads()
     assert torch.get_num_threads() == before
-    with device.threads(0) as n:  # 0 keeps torch's default
-        assert n == before
+    with device.threads(0) as n:  # 0: the free cores this process measured, at most torch's count
+        assert n == default_threads(free_cores_now(), before)
+    assert torch.get_num_threads() == before
 
 
 def test_cpu_flags_is_a_set() -> None:

@@ -33,6 +33,12 @@ def test_threads_per_job_share_the_cores_once(n_jobs: int, cores: int, threads: 
     assert job_threads(n_jobs, cores) == threads
 
 
+@pytest.mark.parametrize(("n_jobs", "cores", "free", "threads"), [(2, 16, 8, 4), (-1, 16, 8, 1), (2, 2, 1, 1)])
+def test_threads_per_job_share_the_free_cores(n_jobs: int, cores: int, free: int, threads: int) -> None:
+    """With cores taken by other processes the jobs divide what is left; joblib still counts jobs from all cores."""
+    assert job_threads(n_jobs, cores, free) == threads
+
+
 class FakeGPU:
     """A CUDA device that is not there: its free memory follows `free` (one value per query, the last repeated),
     and a clock that `sleep` advances."""
@@ -215,3 +221,11 @@ def _numbers(doc: Any) -> list[float]:
     if isinstance(doc, list):
         return [x for v in doc for x in _numbers(v)]
     return [doc] if isinstance(doc, float) else []
+
+
+def test_a_job_left_at_threads_0_takes_the_free_cores_the_sweep_measured() -> None:
+    from posenc_cli.sweep.job import _job_threads
+
+    assert _job_threads({"free_cores": 1}, parallel_jobs=1) == 1
+    assert _job_threads({"free_cores": 1}, parallel_jobs=2) == 1
+    assert _job_threads({"free_cores": 64}, parallel_jobs=1) == torch.get_num_threads()  # never above torch's
