@@ -139,10 +139,11 @@ class ChunkedBias(Kernel):
         for start in range(0, T, self.chunk):
             end = min(start + self.chunk, T)
             # Causal: queries [start, end) attend to keys [0, end) only; the rest of the keys are all masked.
-            k_end = end if self.causal else T
+            # Packed rows: keys before the chunk's documents are masked too (`document_first_key`).
+            lo, k_end = document_first_key(state, start), end if self.causal else T
             qc = q[:, :, start:end]  # (B, H, Tq, hd)
-            kc, vc = k[:, :, :k_end], v[:, :, :k_end]  # (B, H, Tk, hd)
-            q_pos, k_pos = pos[start:end], pos[:k_end]
+            kc, vc = k[:, :, lo:k_end], v[:, :, lo:k_end]  # (B, H, Tk, hd)
+            q_pos, k_pos = pos[start:end], pos[lo:k_end]
             bias = state.scheme.bias(layer, qc, kc, q_pos, k_pos, state.ctx)  # broadcastable to (B, H, Tq, Tk)
             mask = fold_causal_mask(bias, q_pos, k_pos, q.dtype, self.causal, documents=state.ctx.documents)
             outs.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=self.dropout_p))
@@ -267,6 +268,12 @@ def fold_causal_mask(
     return bias
 
 
+def document_first_key(state: AttentionState, start: int) -> int:
+    """The first key any query at or after token `start` may see in packed rows: the earliest first token, over the
+    rows, of query `start`'s document (`AttentionState.document_starts`); 0 without documents."""
+    return 0 if state.ctx.documents is None else state.document_starts()[start]
+
+
 def attend_key_bias(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor, dropout_p: float = 0.0) -> Tensor:
     """Causal softmax(q·kᵀ/√hd + b_h(j))·v through SDPA's fused causal kernel; q, k, v (B, H, T, hd), key_bias (H, T)
     or, per row, (B, H, T).
@@ -319,7 +326,7 @@ def attend_documents(
     outs = []
     for start in range(0, T, chunk):
         end = min(start + chunk, T)
-        lo, hi = first[start], end if causal else T
+        lo, hi = first[start], end if causal else T  # as `document_first_key`
         q_pos, k_pos = pos[start:end], pos[lo:hi]
         seen = docs.visible(q_pos, k_pos)  # (B, 1, Tq, Tk)
         if causal:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc_cli.attention.kernels import Kernel
+from posenc_cli.attention.kernels import Kernel, document_first_key
 from posenc_cli.attention.state import AttentionState
 from posenc_cli.positional.base import Documents, PositionalScheme, PositionContext
 from posenc_cli.positional.span import FULL, Span
@@ -45,8 +45,10 @@ class Scored(Kernel):
         outs = []
         for start in range(self.q_start, T, self.chunk):
             end = min(start + self.chunk, T)
-            # keys before lo are hidden from every row (packed rows: chunks start at each document's first token)
+            # keys before lo are hidden from every row (packed rows: spans count from each document's first token,
+            # and no key of an earlier document is seen)
             lo = self.span.first_key(start, ctx.documents is None) if self.causal else 0
+            lo = max(lo, document_first_key(state, start))
             k_end = end if self.causal else T  # causal: later keys are all masked
             q_pos, k_pos = pos[start:end], pos[lo:k_end]
             qc = q[:, :, start - self.q_start : end - self.q_start]  # (B, H, Tq, hd)

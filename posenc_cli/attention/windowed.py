@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc_cli.attention.kernels import Kernel, fold_causal_mask
+from posenc_cli.attention.kernels import Kernel, document_first_key, fold_causal_mask
 from posenc_cli.attention.state import AttentionState
 from posenc_cli.positional.span import Span
 
@@ -43,8 +43,10 @@ class Windowed(Kernel):
         outs = []
         for start in range(0, T, self.chunk):
             end = min(start + self.chunk, T)
-            # keys no query of the chunk sees: out (packed rows: chunks start at each document's first token)
-            lo, hi = self.span.first_key(start, ctx.documents is None), end if self.causal else T
+            # keys no query of the chunk sees: out (packed rows: spans count from each document's first token, and
+            # no key of an earlier document is seen)
+            lo = max(self.span.first_key(start, ctx.documents is None), document_first_key(state, start))
+            hi = end if self.causal else T
             qc, kc, vc = q[:, :, start:end], k[:, :, lo:hi], v[:, :, lo:hi]  # (B, H, Tq|Tk, hd)
             q_pos, k_pos = pos[start:end], pos[lo:hi]
             bias = scheme.bias(layer, qc, kc, q_pos, k_pos, ctx) if scheme.has_bias else None  # (B, H, Tq, Tk)

@@ -73,6 +73,21 @@ def test_each_packed_document_gets_its_logits_alone(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", SCHEMES)
+def test_each_packed_document_gets_its_logits_alone_in_chunks_of_queries(name: str) -> None:
+    """Queries forced into chunks of 5 (the bias and scored roads then skip the keys of earlier documents)."""
+    model = make(name)
+    idx, docs, ids, spans = packed(seed=4)
+    with torch.no_grad():
+        alone = [[model(x[None])[0] for _, x in where] for where in spans]
+        for block in model.blocks:
+            block.attn.chunk_size = 5
+        out = model(idx, position_ids=ids, documents=docs)
+    for b, where in enumerate(spans):
+        for (start, x), ref in zip(where, alone[b], strict=True):
+            torch.testing.assert_close(out[b, start : start + len(x)], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
 def test_gradients_of_packed_documents_are_the_sum_of_theirs_alone(name: str) -> None:
     """A weighted sum of the real tokens' logits: every parameter's gradient equals the sum over the documents run
     alone, so nothing flows across a document boundary or from a pad."""
