@@ -8,6 +8,7 @@ nothing is left to train on (`posenc eval-extrapolate RUN data=text 'data.paths=
 
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 from collections.abc import Sequence
@@ -94,6 +95,36 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+# What a file of a text corpus may hold (checked on its first `TEXT_SAMPLE_BYTES`, before anything is tokenized):
+# no NUL byte (binary formats such as Parquet, zip or a checkpoint hold them; text never does) and at most
+# `MAX_INVALID_UTF8` of its characters undecodable as UTF-8 (a stray Latin-1 byte is replaced, a binary file refused).
+TEXT_SAMPLE_BYTES = 64 * 1024
+MAX_INVALID_UTF8 = 0.01
+
+
+def not_text_reason(path: Path, sample_bytes: int = TEXT_SAMPLE_BYTES) -> str | None:
+    """Why `path` is not a text file (NUL bytes, or more than `MAX_INVALID_UTF8` of its sample's characters
+    invalid UTF-8), from its first `sample_bytes`; None when it reads as text."""
+    with open(path, "rb") as f:
+        sample = f.read(sample_bytes)
+    if (nul := sample.find(b"\0")) >= 0:
+        return f"{path} holds a NUL byte at offset {nul}: a binary file, not text"
+    # final=False: a character cut by the end of the sample is not counted as invalid
+    decoded = codecs.getincrementaldecoder("utf-8")("replace").decode(sample, final=False)
+    bad = decoded.count("\ufffd") - sample.decode("utf-8", "ignore").count("\ufffd")  # U+FFFD written as text
+    if decoded and bad > MAX_INVALID_UTF8 * len(decoded):
+        share = bad / len(decoded)
+        return f"{path} is not UTF-8 text ({share:.0%} of its first {len(sample):,} bytes' characters are invalid)"
+    return None
+
+
+def check_text_files(files: Sequence[Path]) -> None:
+    """DataError naming the first of `files` that is not text (`not_text_reason`)."""
+    for f in files:
+        if (why := not_text_reason(f)) is not None:
+            raise DataError(f"data=text reads text files only: {why}")
+
+
 def trained_files_among(corpus: TextDataConfig, trained: DataConfig) -> list[Path]:
     """Files of `corpus` whose content is a file `trained` (a run's data config) trains on, wholly or in part: a
     file of its `data.paths` not held out by its `data.val_paths` (a lone file's head is training). Compared by
@@ -130,6 +161,7 @@ class TextSource(DataSource):
         if not train_files and not data.evaluation_only:
             raise DataError("every file in data.paths is also in data.val_paths: nothing is left to train on")
         roles = [("train", f) for f in train_files] + [("val", f) for f in val_files]
+        check_text_files([f for _, f in roles])  # before hashing or tokenizing anything
         hashes = []
         for i, (role, f) in enumerate(roles):
             hashes.append((role, file_sha256(f)))

@@ -1,0 +1,64 @@
+"""Tables that never put measures side by side that do not compare (issue #40, item 4), through the CLI: a row's
+cells share their token count, perplexities of two tokenizers share no column, every command averages seeds by
+compare's rule, a text corpus that is not text is refused, and a task table of a run never trained on the task says
+so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from posenc_cli.cli import app
+
+runner = CliRunner()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# data=text on a file that is not text
+
+
+def one_error_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in output, output
+    return lines[0]
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.mark.parametrize("command", ["data", "train"])
+def test_a_parquet_file_is_refused_as_text(tmp_path: Path, cache: Path, command: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    corpus = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"text": [f"document {i} " * 40 for i in range(200)]}), corpus)
+    args = [command, "data=text", f"data.paths=[{corpus}]", "model.d_model=32", "model.n_layer=1", "model.n_head=2"]
+    if command == "train":
+        args += ["train.steps=1", "train.device=cpu", "train.threads=1", "--out", str(tmp_path / "run")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output  # before: exit 0, trained on the file's bytes
+    line = one_error_line(result.output)
+    assert "corpus.parquet" in line and "NUL byte" in line and "not text" in line
+    assert not list(cache.glob("tokens/*/manifest.json"))  # refused before tokenizing
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_invalid_utf8_beyond_a_small_share_is_refused_a_stray_byte_is_not(tmp_path: Path, cache: Path) -> None:
+    binary = tmp_path / "latin.txt"
+    binary.write_bytes(bytes(range(128, 256)) * 40)  # no NUL, but no UTF-8 either
+    result = runner.invoke(app, ["data", "data=text", f"data.paths=[{binary}]"])
+    assert result.exit_code == 2, result.output
+    assert "is not UTF-8 text" in one_error_line(result.output)
+
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    for i in range(4):  # one Latin-1 'é' in about 2,000 characters: text with a slip, read with a replacement
+        (stray / f"doc{i}.txt").write_bytes(b"plain text line\n" * 120 + b"caf\xe9\n")
+    ok = runner.invoke(app, ["data", "data=text", f"data.paths=[{stray}]"])
+    assert ok.exit_code == 0, ok.output
