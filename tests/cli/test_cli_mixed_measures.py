@@ -62,3 +62,20 @@ def test_invalid_utf8_beyond_a_small_share_is_refused_a_stray_byte_is_not(tmp_pa
         (stray / f"doc{i}.txt").write_bytes(b"plain text line\n" * 120 + b"caf\xe9\n")
     ok = runner.invoke(app, ["data", "data=text", f"data.paths=[{stray}]"])
     assert ok.exit_code == 0, ok.output
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# eval-algorithmic on a run never trained on the tasks
+
+TINY = ["model=tiny", "model.d_model=32", "model.n_layer=1", "model.n_head=2", "train.seq_len=32"]
+
+
+def test_a_task_table_of_a_run_never_trained_on_the_task_gives_no_training_length(tmp_path: Path) -> None:
+    run = tmp_path / "text-run"  # trained on the default corpus (Python sources), never on an algorithmic task
+    trained = runner.invoke(app, ["train", *TINY, "train.steps=1", "train.batch_size=2", "--out", str(run)])
+    assert trained.exit_code == 0, trained.output
+    args = ["eval-algorithmic", str(run), "--tasks", "copy", "--lengths", "1-4", "--examples", "2", "--device", "cpu"]
+    shown = runner.invoke(app, args, terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert "trained on lengths <= L" not in shown.output  # before: "L = 20 (trained on lengths <= L)"
+    assert "not trained on this task" in shown.output
