@@ -25,10 +25,10 @@ rows are packed with documents).
 
 Packed rows (`documents`): every road of a full forward takes the document mask (`kernels`' module doc) except
 two, which the rules send elsewhere: `Fused`'s `is_causal` cannot express it, so a forward without a bias takes
-`Masked` (SDPA with a boolean mask by chunks of `DOCUMENT_CHUNK` queries, each from its documents' first key on,
-as `KeyBias` does then); `BlockCausal` batches blocks at multiples of C,
-while a document's chunks start at its first token, so a chunked span takes `Windowed`. The KV cache's rows never
-see documents (`GPT.forward` refuses both).
+`Masked` (SDPA with a boolean mask by chunks of `DOCUMENT_CHUNK` queries, each from its documents' first key on, as
+`KeyBias` then does too); `BlockCausal` batches blocks at multiples of C, while a document's chunks start at its
+first token, so a chunked span takes `Windowed`. The KV cache's rows never see documents (`GPT.forward` refuses
+both).
 """
 
 from __future__ import annotations
