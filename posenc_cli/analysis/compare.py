@@ -293,7 +293,7 @@ def caption_lines(records: list[RunRecord], baseline: str | None = None, metric:
 def longppl_lines(results: list[dict[str, Any]]) -> list[str]:
     """What LongPPL's empty cells mean, then the key tokens each row's cells scored ('rope: 2× 118, 4× 96'; a row
     of several seeds lists each member's count, '118/121')."""
-    evaluators = sorted({str(e["longppl_evaluator"].get("run")) for r in results for e in r["entries"]
+    evaluators = sorted({evaluator_name(e["longppl_evaluator"], results) for r in results for e in r["entries"]
                          if e.get("longppl_evaluator")})  # fmt: skip
     lines = [f"LongPPL, key tokens chosen by {', '.join(evaluators)}."] if evaluators else []
     lines.append(
@@ -306,6 +306,16 @@ def longppl_lines(results: list[dict[str, Any]]) -> list[str]:
         cells = ", ".join(f"{fmt_multiple(m)} {'/'.join(map(str, n))}" for m, n in sorted(counts.items()))
         lines.append(f"key tokens for {label}: {cells}")
     return lines
+
+
+def evaluator_name(stamp: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    """The evaluator of a cell's key tokens as the table names it: the label of its row when it is one of the runs
+    shown, else its directory's name."""
+    where = stamp.get("path")
+    for r in results:
+        if where and Path(r["run_dir"]).resolve() == Path(where):
+            return str(r["label"])
+    return str(stamp.get("run"))
 
 
 def key_token_counts(results: list[dict[str, Any]]) -> dict[str, dict[float, list[int]]]:

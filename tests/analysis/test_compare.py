@@ -435,13 +435,15 @@ def test_longppl_shows_one_evaluators_cells_never_self_chosen_ones(tmp_path: Pat
     fake_run(runs / "nope", "nope", {}, [2.0], entries=[old_kind])
     text = " ".join(render(compare.gather([runs]), metric="longppl").split())
     assert "│ nope │ n/m │" in text and "1.50" not in text and "chosen by" not in text
+    stamp = keyed(run="pos=alibi")  # a sweep job's directory name; the caption names the row the evaluator is shown as
+    stamp["longppl_evaluator"]["path"] = str((runs / "alibi").resolve())
     fake_run(
-        runs / "alibi", "alibi", {}, [2.0], entries=[{**entry(32, 11.0), "longppl": 3.0, "key_tokens": 5, **keyed()}]
+        runs / "alibi", "alibi", {}, [2.0], entries=[{**entry(32, 11.0), "longppl": 3.0, "key_tokens": 5, **stamp}]
     )
     other = {**entry(32, 13.0), "longppl": 4.0, "key_tokens": 6, **keyed(step=2, run="rope-eval")}
     fake_run(runs / "rope", "rope", {}, [2.0], entries=[other])
     result = runner.invoke(app, ["compare", str(runs), "--metric", "longppl"], terminal_width=200)
-    assert result.exit_code == 2 and "2 evaluators (alibi, rope-eval)" in result.output
+    assert result.exit_code == 2 and "2 evaluators (pos=alibi, rope-eval)" in result.output
     assert len(result.output.strip().splitlines()) == 1
     args = ["compare", str(runs), "--metric", "longppl", "--longppl-evaluator", str(runs / "alibi")]
     result = runner.invoke(app, args, terminal_width=200)

@@ -7,8 +7,8 @@ streaming entry without `decode` was measured by re-encoding, `decode` "recomput
 are refused. LongPPL's fields (`longppl`, `key_tokens`, `longppl_evaluator`; `evaluation.longppl`) are written only
 when it was measured on an evaluator's key tokens: an entry without them did not measure it, one with `key_tokens` 0
 and `longppl` None had no key token (at L <= the evaluator's training length by construction). `longppl_evaluator`
-names the key set: {"run", "checkpoint", "keys" (`longppl.keys_id`)}, plus "unavailable" (why) where the evaluator
-cannot read the length. An entry stored by an older posenc with `longppl` and `key_tokens` but no
+names the key set: {"run", "path", "checkpoint", "keys" (`longppl.keys_id`)}, plus "unavailable" (why) where the
+evaluator cannot read the length. An entry stored by an older posenc with `longppl` and `key_tokens` but no
 `longppl_evaluator` was scored on its own, self-chosen key tokens: it is read as it is, never shown as LongPPL, and
 measured again when LongPPL is asked for.
 """

@@ -118,8 +118,14 @@ class KeyEvaluator:
         )
 
     def stamp(self, identity: dict[str, Any]) -> dict[str, Any]:
-        """What an entry scored on this key set records (`entries.ExtrapolateEntry.longppl_evaluator`)."""
-        return {"run": self.path.name, "checkpoint": checkpoint_identity(self.run.meta), "keys": keys_id(identity)}
+        """What an entry scored on this key set records (`entries.ExtrapolateEntry.longppl_evaluator`): the
+        evaluator's directory name and path (for the table's caption), its checkpoint and the key set's id."""
+        return {
+            "run": self.path.name,
+            "path": str(self.path.resolve()),
+            "checkpoint": checkpoint_identity(self.run.meta),
+            "keys": keys_id(identity),
+        }
 
     def keys(
         self,
