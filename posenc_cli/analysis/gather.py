@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.analysis.rows import RunRecord, run_identity
+from posenc_cli.analysis.rows import RunRecord, labelled_series, run_identity
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.evaluation.perplexity import find_runs
 from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, load_results
@@ -119,10 +119,33 @@ def shown_label(name: RunName, scheme: str) -> str:
 
 
 def labelled_in_order(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """eval-extrapolate results (each with its "path") labelled and ordered as `compare` shows them."""
+    """eval-extrapolate results (each with its "path") labelled and ordered as `compare` shows them, by compare's
+    one rule (`rows.labelled_series`): results share a label, and so a table row averaged as mean ± std, only when
+    they are the seeds of one experiment measured alike; a run and its export, or two experiments in directories of
+    one name, are told apart by their paths (and the setting parts that vary, as compare names them)."""
     names = run_names([Path(r["path"]) for r in results])
     order = sorted(range(len(results)), key=lambda i: names[i].order)
-    return [{**results[i], "label": shown_label(names[i], str(results[i]["scheme"]))} for i in order]
+    records = [_result_record(results[i], names[i]) for i in order]
+    label_of: dict[int, str] = {}
+    for s in labelled_series(records):
+        label_of.setdefault(id(s.record), s.label)  # one setting per evaluation result
+    return [{**results[i], "label": label_of.get(id(rec), rec.label)} for i, rec in zip(order, records, strict=True)]
+
+
+def _result_record(result: dict[str, Any], name: RunName) -> RunRecord:
+    """An evaluation result as the record `compare` would gather for it: its entries and the run's identity."""
+    identity, seed, fingerprint = run_identity(Path(result["path"]))
+    return RunRecord(
+        label=shown_label(name, str(result["scheme"])),
+        run_dir=Path(result["path"]),
+        scheme=str(result["scheme"]),
+        train_length=result.get("train_length"),
+        base_length=result.get("base_length"),
+        entries=list(result.get("entries") or []),
+        identity=identity,
+        seed=seed,
+        train_fingerprint=fingerprint,
+    )
 
 
 def _sweep_lengths_of(run: Path) -> set[tuple[str, float]] | None:

@@ -8,9 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from train_utils import tiny_config, write_corpus
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
+from posenc_cli.run.train import train
 
 runner = CliRunner()
 
@@ -79,3 +81,21 @@ def test_a_task_table_of_a_run_never_trained_on_the_task_gives_no_training_lengt
     assert shown.exit_code == 0, shown.output
     assert "trained on lengths <= L" not in shown.output  # before: "L = 20 (trained on lengths <= L)"
     assert "not trained on this task" in shown.output
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# eval-extrapolate averages only what compare averages
+
+
+def test_eval_extrapolate_never_averages_a_run_and_its_export(tmp_path: Path) -> None:
+    pytest.importorskip("transformers", reason="posenc export --to hf needs transformers")
+    run = tmp_path / "runs" / "rope"
+    train(tiny_config(write_corpus(tmp_path), pos="rope", steps=2), run)
+    exported = tmp_path / "exported" / "rope"
+    done = runner.invoke(app, ["export", str(run), "--to", "hf", "--out", str(exported)])
+    assert done.exit_code == 0, done.output
+    args = ["eval-extrapolate", str(exported), str(run), "--lengths", "1", "--tokens", "64", "--device", "cpu"]
+    shown = runner.invoke(app, args, terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert "n=2" not in shown.output and "±" not in shown.output  # before: 'rope (n=2) 11.94 ± 0.000'
+    assert "exported/rope" in shown.output and "runs/rope" in shown.output
