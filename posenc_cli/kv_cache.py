@@ -5,8 +5,11 @@ k and v here, then lets the scheme rotate the whole key set (cached + new) and t
 (`PositionalScheme.rotate_rows`) at the positions of this forward, and attends from the new rows only (the rows
 kernels of `posenc_cli.attention`). Keeping keys unrotated is what makes one cache serve every scheme exactly:
 
-- RoPE and its scalings, xPos, p-RoPE: the keys are rotated at their position ids on every forward, so a
-  length-dependent table (LongRoPE's short/long switch) is the one the full forward at that length would use.
+- RoPE and its scalings, p-RoPE: a key's rotation depends on its position id alone, so the cache also keeps each
+  layer's rotated keys and a forward rotates only its new rows (`rotated_keys`, the scheme's `fixed_key_rotation`),
+  except under a length-dependent scaling (dynamic NTK, LongRoPE's short/long switch) and after `evict`
+  re-positions the tokens: then every key is rotated again at this forward's positions and frequencies, the table
+  the full forward at that length would use. Other rotating schemes (xPos, ...) rotate every key again each time.
 - The bias schemes (ALiBi, T5, KERPLE, FIRE, Sandwich, CoPE): the new query rows are one query chunk of the
   existing chunked bias path, against all cached keys; CoPE's gates read q·k of exactly those keys.
 - The remaps (Self-Extend, ReRoPE) rotate the whole key set a second time, as in the full forward.
@@ -34,6 +37,8 @@ factors). The full forward at length T recomputes those hidden states at T's fre
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -41,7 +46,10 @@ __all__ = ["KVCache"]
 
 
 class KVCache:
-    """Per-layer unrotated keys and values (B, H, Tc, hd) of the Tc tokens read so far, and their position ids."""
+    """Per-layer unrotated keys and values (B, H, Tc, hd) of the Tc tokens read so far, and their position ids.
+
+    Each is a view of a buffer with room for the cell (`_extend`): a decoding step writes its own rows, as
+    `transformers`' static cache does, instead of copying every held row into a new tensor."""
 
     def __init__(self, n_layer: int, cell_length: int | None = None) -> None:
         self.keys: list[Tensor | None] = [None] * n_layer
@@ -50,6 +58,9 @@ class KVCache:
         # per layer, the scheme's `content` features (B, H, Tc, F) of the cached tokens (None: the scheme has none)
         self.content: list[Tensor | None] = [None] * n_layer
         self.cell_length = cell_length  # the evaluation cell's tokens (`cell`); None until given or first read
+        # per layer, the keys as the scheme rotated them, for a scheme with `fixed_key_rotation` (`rotated_keys`)
+        self.rotated: list[Tensor | None] = [None] * n_layer
+        self._buffers: dict[tuple[str, int], Tensor] = {}  # each list's tensors are views of these (`_extend`)
 
     def cell(self, given: int | None, length: int) -> int:
         """The evaluation cell's length for a forward over `length` tokens (cached + new): the one this cache
@@ -69,20 +80,47 @@ class KVCache:
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new tokens' k, v (B, H, Tq, hd) to `layer`; returns the layer's full k, v (B, H, Tc + Tq, hd)."""
-        old_k, old_v = self.keys[layer], self.values[layer]
-        if old_k is not None and old_v is not None:
-            k = torch.cat([old_k, k], dim=2)  # (B, H, Tc + Tq, hd)
-            v = torch.cat([old_v, v], dim=2)
-        self.keys[layer], self.values[layer] = k, v
+        self.keys[layer] = k = self._extend(("k", layer), self.keys[layer], k)  # (B, H, Tc + Tq, hd)
+        self.values[layer] = v = self._extend(("v", layer), self.values[layer], v)
         return k, v
+
+    def _extend(self, name: tuple[str, int], held: Tensor | None, new: Tensor) -> Tensor:
+        """`held` (B, H, Tc, F) followed by `new` (B, H, Tq, F) along the tokens, as a view of a buffer with room to
+        spare (the cell's length, else twice the tokens), so a step copies its new rows only, not the Tc held ones (a
+        fresh buffer, with `held` copied in, when it is full or `held` no longer lives in it: `evict`)."""
+        n = 0 if held is None else held.shape[2]
+        need = n + new.shape[2]
+        buffer = self._buffers.get(name)
+        if buffer is None or need > buffer.shape[2] or held is None or held.data_ptr() != buffer.data_ptr():
+            room = max(need, self.cell_length or 0, 2 * n)
+            buffer = new.new_empty(*new.shape[:2], room, new.shape[3])  # (B, H, room, F)
+            if held is not None:
+                buffer[:, :, :n] = held
+            self._buffers[name] = buffer
+        buffer[:, :, n:need] = new
+        return buffer[:, :, :need]  # (B, H, Tc + Tq, F)
 
     def append_content(self, layer: int, features: Tensor) -> Tensor:
         """Add the new tokens' `content` features (B, H, Tq, F) to `layer`; returns all (B, H, Tc + Tq, F)."""
-        old = self.content[layer]
-        if old is not None:
-            features = torch.cat([old, features], dim=2)  # (B, H, Tc + Tq, F)
-        self.content[layer] = features
-        return features
+        self.content[layer] = features = self._extend(("content", layer), self.content[layer], features)
+        return features  # (B, H, Tc + Tq, F)
+
+    def rotated_keys(
+        self, layer: int, scheme: Any, q: Tensor, k: Tensor, ctx: Any, q_start: int
+    ) -> tuple[Tensor, Tensor]:
+        """q (B, H, Tq, hd) and every unrotated key k (B, H, q_start + Tq, hd) of `layer` -> q and k rotated, for a
+        `PositionalScheme` with `fixed_key_rotation` and its prepared context (typed Any: positional/ is a layer
+        above): the keys rotated at earlier forwards are kept, so only the new rows turn (`rotate_new`); all of them
+        on the first forward, or after `evict` re-positioned the cache."""
+        old = self.rotated[layer]
+        if old is not None and old.shape[2] == q_start:
+            q, new = scheme.rotate_new(q, k[:, :, q_start:], ctx, q_start)  # (B, H, Tq, hd) each
+            k = self._extend(("rotated", layer), old, new)  # (B, H, q_start + Tq, hd)
+        else:
+            q, k = scheme.rotate_rows(q, k, ctx, q_start) if q_start else scheme.rotate(q, k, ctx)
+            k = self._extend(("rotated", layer), None, k)
+        self.rotated[layer] = k
+        return q, k
 
     def evict(self, keep: Tensor | list[int] | range) -> None:
         """Keep only the cached tokens at indexes `keep` (in cache order), dropping the rest from every layer.
@@ -97,6 +135,8 @@ class KVCache:
         self.keys = [None if k is None else k.index_select(2, index) for k in self.keys]
         self.values = [None if v is None else v.index_select(2, index) for v in self.values]
         self.content = [None if c is None else c.index_select(2, index) for c in self.content]
+        self.rotated = [None] * len(self.rotated)  # the kept keys take new positions: rotated again next forward
+        self._buffers = {}
         self.ids = None
 
     def keep_sinks_and_recent(self, sinks: int, recent: int) -> None:

@@ -75,7 +75,10 @@ class CausalSelfAttention(nn.Module):
             features = scheme.content(self.layer, x, ctx)
             if features is not None:
                 ctx.content[self.layer] = features if cache is None else cache.append_content(self.layer, features)
-        q, k = scheme.rotate_rows(q, k, ctx, q_start) if q_start else scheme.rotate(q, k, ctx)
+        if cache is not None and scheme.fixed_key_rotation:  # keys rotated at earlier forwards are kept
+            q, k = cache.rotated_keys(self.layer, scheme, q, k, ctx, q_start)
+        else:
+            q, k = scheme.rotate_rows(q, k, ctx, q_start) if q_start else scheme.rotate(q, k, ctx)
         q = self.length_scale(q, state, q_start)
         if temperature is not None:  # the layer's own, from its LayerView (e.g. Llama 4's floor-log)
             q = self.tempered(q, temperature, state, q_start)

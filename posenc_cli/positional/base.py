@@ -222,6 +222,18 @@ class PositionalScheme(nn.Module):
         q, k = self.rotate(torch.cat([q.new_zeros(B, H, q_start, hd), q], dim=2), k, ctx)  # (B, H, T, hd)
         return q[:, :, q_start:], k
 
+    @property
+    def fixed_key_rotation(self) -> bool:
+        """Whether `rotate` turns each key by its own position alone, the same in every forward whatever the length:
+        a KV cache then keeps keys rotated once (`KVCache.rotated_keys`, `rotate_new`). Default False: every cached
+        key is rotated again at each forward (length-dependent frequencies, or no positionwise rotation)."""
+        return False
+
+    def rotate_new(self, q: Tensor, k: Tensor, ctx: PositionContext, q_start: int) -> tuple[Tensor, Tensor]:
+        """q, k (B, H, T − q_start, hd), the queries and keys of the token indexes [q_start, T) alone -> both as
+        `rotate` turns those rows; only for a scheme with `fixed_key_rotation`."""
+        raise NotImplementedError(f"{self.name} rotates keys again at every forward (fixed_key_rotation is False)")
+
     def bias(
         self, layer: int, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, ctx: PositionContext
     ) -> Tensor | None:

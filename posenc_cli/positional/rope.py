@@ -28,7 +28,7 @@ from posenc_cli.errors import ConfigError
 from posenc_cli.positional import register
 from posenc_cli.positional.base import PositionalScheme, PositionContext, per_head
 from posenc_cli.positional.remap import RemapConfig, remapped_positions
-from posenc_cli.rope_scaling import RopeScalingConfig, scaled_inv_freq
+from posenc_cli.rope_scaling import RopeScalingConfig, get_method, scaled_inv_freq
 
 Layout = Literal["rotate_half", "interleaved"]
 
@@ -185,3 +185,15 @@ class RoPE(PositionalScheme):
         cos, sin = ctx.tables["rope_cos"], ctx.tables["rope_sin"]  # (T, d) or (B, 1, T, d)
         q_cos, q_sin = cos[..., q_start:, :], sin[..., q_start:, :]  # the query rows' positions
         return apply_rope(q, q_cos, q_sin, self.layout), apply_rope(k, cos, sin, self.layout)
+
+    @property
+    def fixed_key_rotation(self) -> bool:
+        """True but for a length-dependent scaling (dynamic NTK, LongRoPE's short/long switch), whose frequencies
+        follow each forward's length, so the cache rotates every key again."""
+        method = self.cfg.scaling.method
+        return method == "none" or not get_method(method).length_dependent
+
+    def rotate_new(self, q: Tensor, k: Tensor, ctx: PositionContext, q_start: int) -> tuple[Tensor, Tensor]:
+        cos, sin = ctx.tables["rope_cos"], ctx.tables["rope_sin"]  # (T, d) or (B, 1, T, d)
+        rows = cos[..., q_start:, :], sin[..., q_start:, :]  # the new tokens' positions
+        return apply_rope(q, *rows, self.layout), apply_rope(k, *rows, self.layout)

@@ -178,3 +178,69 @@ def test_evicted_cache_decodes_as_a_fresh_forward_over_the_kept_tokens_for_one_l
         step = model(idx[:, 10:11], cache=cache)[:, -1]
         kept = torch.cat([idx[:, :2], idx[:, 6:11]], dim=1)
         torch.testing.assert_close(step, full(model, kept)[:, -1], atol=ATOL, rtol=0)
+
+
+def _rotations(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts of RoPE's whole-key rotations (rotate, rotate_rows) and new-row rotations (rotate_new)."""
+    from posenc_cli.positional import rope
+
+    counts = {"all keys": 0, "new rows": 0}
+    for name, kind in (("rotate", "all keys"), ("rotate_rows", "all keys"), ("rotate_new", "new rows")):
+        inner = getattr(rope.RoPE, name)
+
+        def counted(self, *args, _inner=inner, _kind=kind):  # type: ignore[no-untyped-def]
+            counts[_kind] += 1
+            return _inner(self, *args)
+
+        monkeypatch.setattr(rope.RoPE, name, counted)
+    return counts
+
+
+def test_rope_keys_are_rotated_once_and_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 2 of issue #42: after the prompt each forward rotates its new rows alone; the kept rotated keys equal
+    the unrotated ones turned at their positions (the full forward's logits: the contract tests above)."""
+    model = make(RopeConfig())
+    counts = _rotations(monkeypatch)
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(tokens(2, 8), cache=cache)
+        for t in range(3):
+            model(tokens(2, 1, seed=t + 1), cache=cache)
+    assert counts == {"all keys": TINY.n_layer, "new rows": 3 * TINY.n_layer}
+    assert all(k is not None and k.shape[2] == 11 for k in cache.rotated)
+
+
+def test_length_dependent_scaling_and_eviction_rotate_every_key_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamic NTK's frequencies follow the length: every key turns again at each forward. After `evict` the kept
+    tokens take new positions: the next forward turns them all once, later ones only their new rows."""
+    dynamic = RopeConfig(scaling=RopeScalingConfig(method="dynamic", factor=2.0))
+    model = make(dynamic)
+    counts = _rotations(monkeypatch)
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(tokens(1, 20), cache=cache)
+        model(tokens(1, 1), cache=cache)
+    assert counts == {"all keys": 2 * TINY.n_layer, "new rows": 0}
+    model = make(RopeConfig())
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(tokens(1, 10), cache=cache)
+        cache.keep_sinks_and_recent(2, 4)
+        model(tokens(1, 1), cache=cache)
+        model(tokens(1, 1, seed=2), cache=cache)
+    assert counts == {"all keys": 2 * TINY.n_layer + 2 * TINY.n_layer, "new rows": TINY.n_layer}
+
+
+def test_a_step_writes_its_rows_into_room_held_for_the_cell() -> None:
+    """Keys, values and rotated keys are views of buffers sized for the cell: steps add rows in place (no copy of
+    the held ones), and a cache past its room or after `evict` moves to a new buffer with the same contents."""
+    model = make(RopeConfig())
+    cache = model.new_cache(cell_length=10)
+    with torch.no_grad():
+        model(tokens(2, 8), cache=cache)
+        where = [t.data_ptr() for t in (*cache.keys, *cache.values, *cache.rotated)]
+        model(tokens(2, 2, seed=1), cache=cache)
+        assert [t.data_ptr() for t in (*cache.keys, *cache.values, *cache.rotated)] == where
+        held = cache.keys[0].clone()
+        model(tokens(2, 1, seed=2), cache=cache)  # past the cell's 10 tokens
+    assert cache.length == 11 and torch.equal(cache.keys[0][:, :, :10], held)
