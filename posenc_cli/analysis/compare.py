@@ -4,9 +4,12 @@ A row never mixes what a cell measured (`rows.Setting`: corpus name and fingerpr
 stride rule, positions mode): a run evaluated on two corpora is two rows, its training corpus first, each labelled
 with the parts that vary in the table. Rows average runs (n=K, mean ± std) only over the seeds of one experiment:
 one label, saved configs equal but for the seed, distinct seeds (`rows.seed_clusters`); other runs of one label (a
-run and its `export`) are told apart by their directories. The files of `--out` are staged and moved into place
-together (`report.output_files`). `Comparison` holds it all as data (JSON, CSV, markdown, a pandas DataFrame);
-`posenc compare` renders it (`cli.compare`). The gathering names stay importable from here.
+run and its `export`) are told apart by their directories. A row's cells share their scored-token count where the
+stored cells allow it (`rows.record_series`); a row that still mixes counts is named under the table and gets no
+ratio across them, and the title says the count. Runs with different tokenizers are compared in bits per byte
+(`shown_metric`): their per-token perplexities count different units. The files of `--out` are staged and moved
+into place together (`report.output_files`). `Comparison` holds it all as data (JSON, CSV, markdown, a pandas
+DataFrame); `posenc compare` renders it (`cli.compare`). The gathering names stay importable from here.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from posenc_cli.analysis.gather import (
     sweep_lengths,
 )
 from posenc_cli.analysis.longppl_keys import keyed_records
-from posenc_cli.analysis.rows import RunRecord, labelled_series, positions_text
+from posenc_cli.analysis.rows import RunRecord, labelled_series, positions_text, same_budget
 from posenc_cli.analysis.task_results import task_frame, task_markdown, task_rows
 from posenc_cli.errors import UserError
 from posenc_cli.report.gate import DEFAULT_COMPETENCE
@@ -40,6 +43,7 @@ from posenc_cli.report.output_files import staged_files
 from posenc_cli.report.tables import (
     LEGEND,
     LONGPPL_LEGEND,
+    UNMEASURABLE,
     Cell,
     Column,
     TableRow,
@@ -49,6 +53,7 @@ from posenc_cli.report.tables import (
     extrapolation_rows,
     fmt_cell,
     fmt_multiple,
+    ratio_keys,
     reason_lines,
     table_legend,
 )
@@ -70,6 +75,7 @@ __all__ = [  # the gathering names too, for the commands and tests that import t
     "records_to_json",
     "run_names",
     "shown_label",
+    "shown_metric",
     "sweep_lengths",
     "to_csv",
     "to_markdown",
@@ -172,6 +178,7 @@ def comparison(
     """(columns, rows, title) of the comparison table: one row per label (`labelled_series`), mean ± std over its
     seeds; with several settings, one section per setting in order of first appearance. LongPPL shows the cells of
     one evaluator's key tokens only (`longppl_keys.keyed_records`)."""
+    metric = shown_metric(records, metric)
     results = to_results(keyed_records(records) if metric == "longppl" else records)
     settings = list(dict.fromkeys(r["setting"] for r in results if r["setting"] is not None))
     group = None
@@ -185,6 +192,8 @@ def comparison(
         group_by=group,
         ratio=metric != "longppl",  # LongPPL has no value at 1× (nothing beyond the training length to key on)
     )
+    if any(c.key == "ratio" for c in columns):
+        _no_ratio_across_token_counts(rows, results)
     if baseline is not None:
         refs = _baseline_rows(rows, results, baseline)
         setting_of = {r["label"]: r["setting"] for r in results}
@@ -203,7 +212,115 @@ def comparison(
     title = f"{what}{' relative to ' + baseline if baseline else ''} by evaluation length"
     if measured:
         title += f" · {describe_protocol(measured)} · base length {describe_lengths(measured, 'base_length')} tokens"
+        title += f" · {describe_token_counts(measured)}"
     return columns, rows, title
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Measures that do not mix: scored-token counts within a row, tokenizers within a column.
+
+
+def mixed_tokenizers(records: list[RunRecord]) -> dict[str, str]:
+    """Tokenizer name -> the labels of the measured runs using it, when the measured runs use more than one known
+    tokenizer (`rows.run_tokenizer`); {} otherwise."""
+    measured = [r for r in records if r.status == "ok" and r.entries and r.tokenizer]
+    if len({r.tokenizer for r in measured}) < 2:
+        return {}
+    names: dict[str, str] = {}
+    for fingerprint in dict.fromkeys(r.tokenizer for r in measured):
+        of = [r for r in measured if r.tokenizer == fingerprint]
+        name = of[0].tokenizer_name or "tokenizer"
+        name = name if name not in names else f"{name} {str(fingerprint)[:8]}"  # two BPEs of one vocabulary size
+        names[name] = ", ".join(dict.fromkeys(r.label for r in of))
+    return names
+
+
+def shown_metric(records: list[RunRecord], metric: str) -> str:
+    """The metric the table shows: bits per byte instead of a per-token one (perplexity, NLL) when the runs'
+    tokenizers differ, since a token of one is not a token of the other; `metric` otherwise."""
+    return "bpb" if metric in ("ppl", "nll") and mixed_tokenizers(records) else metric
+
+
+def tokenizer_line(records: list[RunRecord], metric: str) -> list[str]:
+    """Why the table shows bits per byte where `metric` was asked (`shown_metric`), naming each tokenizer."""
+    if shown_metric(records, metric) == metric:
+        return []
+    which = "; ".join(f"{name}: {labels}" for name, labels in mixed_tokenizers(records).items())
+    return [
+        f"Bits per byte, not {METRICS[metric].lower()}: the runs' tokenizers differ ({which}), so a per-token "
+        "score counts different units; per byte compares them."
+    ]
+
+
+def describe_token_counts(results: list[dict[str, Any]]) -> str:
+    """'16,384 scored tokens per cell'; '1,008–1,024 ...' when the counts differ only by whole-window rounding of one
+    budget (`rows.same_budget`); 'scored tokens per cell vary (below)' otherwise."""
+    cells = _measured([e for r in results for e in r["entries"]])
+    counts = sorted({int(e["tokens"]) for e in cells})
+    if not counts:
+        return "no token scored"
+    if len(counts) == 1:
+        return f"{counts[0]:,} scored tokens per cell"
+    if _one_budget(cells):
+        return f"{counts[0]:,}–{counts[-1]:,} scored tokens per cell (one budget in whole windows)"
+    return "scored tokens per cell vary (below)"
+
+
+def _measured(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in entries if e.get("status") == "ok" and int(e.get("tokens") or 0) > 0]
+
+
+def _one_budget(entries: list[dict[str, Any]]) -> bool:
+    return all(same_budget(a, b) for i, a in enumerate(entries) for b in entries[i + 1 :])
+
+
+def _row_cells(results: list[dict[str, Any]]) -> dict[str, dict[float, list[dict[str, Any]]]]:
+    """Row label -> multiple -> its members' measured cells there."""
+    out: dict[str, dict[float, list[dict[str, Any]]]] = {}
+    for r in results:
+        row = out.setdefault(r["label"], {})
+        for e in _measured(r["entries"]):
+            row.setdefault(round(float(e["multiple"]), 6), []).append(e)
+    return out
+
+
+def _no_ratio_across_token_counts(rows: list[Any], results: list[dict[str, Any]]) -> None:
+    """Empty the ratio cell (n/m, with the reason) of every row whose two ratio columns scored different token
+    counts (not one budget, `rows.same_budget`): a ratio over two samples of different sizes says nothing of length."""
+    keys = sorted({round(float(e["multiple"]), 6) for r in results for e in r["entries"]})
+    pair = ratio_keys(keys, "multiple", {r["base_length"] for r in results})
+    if pair is None:
+        return
+    by_row = _row_cells(results)
+    for row in rows:
+        cells = [by_row.get(row.label, {}).get(k, []) for k in pair]
+        if all(cells) and not _one_budget(cells[0] + cells[1]) and "ratio" in row.cells:
+            shown = " vs ".join("/".join(f"{n:,}" for n in sorted({int(e["tokens"]) for e in c})) for c in cells)
+            cell = row.cells["ratio"]
+            cell.values, cell.kind = [], UNMEASURABLE
+            cell.reason = f"no ratio across different scored-token counts ({shown} tokens)"
+
+
+def token_count_lines(results: list[dict[str, Any]]) -> list[str]:
+    """Under a table whose cells scored different token counts (not one budget): each row's counts per length, a
+    row whose own cells differ marked as mixed."""
+    by_row = _row_cells(results)
+    if _one_budget([e for cells in by_row.values() for es in cells.values() for e in es]):
+        return []
+    lines = []
+    for label, cells in by_row.items():
+        groups: dict[tuple[int, ...], list[str]] = {}
+        for m in sorted(cells):
+            groups.setdefault(tuple(sorted({int(e["tokens"]) for e in cells[m]})), []).append(fmt_multiple(m))
+        mixed = not _one_budget([e for es in cells.values() for e in es])
+        if len(groups) == 1:
+            (ns,) = groups
+            lines.append(f"scored tokens for {label}: {'/'.join(f'{n:,}' for n in ns)} per cell")
+        else:
+            parts = "; ".join(f"{', '.join(ms)}: {'/'.join(f'{n:,}' for n in ns)}" for ns, ms in groups.items())
+            what = " (mixed row, no ratio across counts)" if mixed else ""
+            lines.append(f"scored tokens for {label}{what}: {parts}")
+    return lines
 
 
 def relative_to_row(rows: list[Any], ref: Any, ref_means: dict[Any, float | None] | None = None) -> None:
@@ -272,12 +389,14 @@ def caption_lines(records: list[RunRecord], baseline: str | None = None, metric:
     tokens (of one evaluator's key set, `longppl_keys.keyed_records`)."""
     all_results = to_results(keyed_records(records) if metric == "longppl" else records)
     results = [r for r in all_results if r["entries"]]
-    lines = [corpus_line(results)] if results else []
+    lines = tokenizer_line(records, metric)
+    lines += [corpus_line(results)] if results else []
     positions = {r["setting"].positions for r in results}
     if len(positions) == 1 and (only := next(iter(positions))):  # several: each row names its own
         lines.append(f"Position ids: {only} (each window its own sorted draw).")
     lines += [f"Measured in {describe_measurement(results)}."] if results else []
     lines += seed_lines(all_results)
+    lines += token_count_lines(results)
     lines += reason_lines(results, lambda r: r["label"])
     if baseline is not None:
         lines.append(
@@ -427,6 +546,11 @@ class Comparison:
             data.append(values)
         frame = pd.DataFrame(data, index=pd.Index([r.label for r in rows], name="run"), columns=["n", *names])
         frame.attrs.update(
-            title=title, caption=self.caption, metric=self.metric, baseline=self.baseline, marks=marks, std=std
+            title=title,
+            caption=self.caption,
+            metric=shown_metric(self.records, self.metric),  # bpb where the runs' tokenizers differ
+            baseline=self.baseline,
+            marks=marks,
+            std=std,
         )
         return frame

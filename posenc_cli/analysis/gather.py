@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.analysis.rows import RunRecord, labelled_series, run_identity
+from posenc_cli.analysis.rows import RunRecord, labelled_series, run_identity, run_tokenizer
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.evaluation.perplexity import find_runs
 from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, load_results
@@ -212,6 +212,7 @@ def _fill(record: RunRecord, keep: set[tuple[str, float]] | None = None) -> None
         record.error = f"incomplete ({why}); resume it with posenc train --resume {record.run_dir}"
         return
     record.identity, record.seed, record.train_fingerprint = run_identity(record.run_dir)
+    record.tokenizer, record.tokenizer_name = run_tokenizer(record.run_dir)
     record.train_length = doc.get("train_length")
     record.base_length = doc.get("base_length")
     current = current_checkpoint(record.run_dir)

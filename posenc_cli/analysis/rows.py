@@ -3,11 +3,13 @@
 A row never mixes what a cell measured (`Setting`: corpus name and fingerprint, precision, protocol with its stride
 rule, positions mode), and averages runs only over the seeds of one experiment (`seed_clusters`: one label, saved
 configs equal but for the seed, `config_identity`, and distinct seeds). `labelled_series` gives every run's cells
-under each setting (`Series`) the label of its row.
+under each setting (`Series`) the label of its row. A run's cells of one setting share their scored-token count
+where the stored cells allow it (`record_series`: the count most lengths were measured with, `same_budget`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from typing import Any
 from posenc_cli.config import Config, config_to_dict, flatten
 from posenc_cli.errors import UserError
 from posenc_cli.evaluation.results import cell_group
-from posenc_cli.run.hf_run import is_hf_dir
+from posenc_cli.run.hf_run import TOKENIZER_FILES, is_hf_dir
 from posenc_cli.run.load import read_config
 from posenc_cli.run.meta import RunMeta, read_meta
 
@@ -39,6 +41,8 @@ class RunRecord:
     identity: str | None = None  # the saved config minus seed and bookkeeping (`config_identity`); None: unknown
     seed: int | None = None
     train_fingerprint: str | None = None  # the training corpus's, from meta.json
+    tokenizer: str | None = None  # its fingerprint (`run_tokenizer`); None: unknown
+    tokenizer_name: str = ""  # 'byte', 'bpe, vocab 300', 'transformers tokenizer.json'
 
 
 # Settings that do not change what a run learns, and the seeds: runs whose saved configs agree once these are
@@ -77,6 +81,26 @@ def run_identity(run_dir: Path) -> tuple[str | None, int | None, str | None]:
     run_meta = RunMeta.from_json(meta)
     fingerprint = (run_meta.record.get("data") or {}).get("fingerprint")
     return config_identity(cfg, run_meta), cfg.train.seed, str(fingerprint) if fingerprint else None
+
+
+def run_tokenizer(run_dir: Path) -> tuple[str | None, str]:
+    """(fingerprint, name) of a run's tokenizer: a posenc run's from meta.json ('byte', 'bpe, vocab 300'); a
+    transformers directory's from the bytes of its tokenizer file; (None, "") when neither is readable. Runs whose
+    fingerprints differ count tokens differently, so their per-token scores (perplexity, NLL) do not compare."""
+    if is_hf_dir(run_dir):
+        for name in TOKENIZER_FILES:
+            if (path := Path(run_dir) / name).is_file():
+                return "hf:" + hashlib.sha256(path.read_bytes()).hexdigest()[:16], f"transformers {name}"
+        return None, ""
+    try:
+        record = (RunMeta.from_json(read_meta(run_dir)).record.get("tokenizer")) or {}
+    except UserError:
+        return None, ""
+    if not record.get("fingerprint"):
+        return None, ""
+    kind = str(record.get("kind") or "tokenizer")
+    name = f"{kind}, vocab {record['vocab_size']}" if kind != "byte" and record.get("vocab_size") else kind
+    return str(record["fingerprint"]), name
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -164,19 +188,81 @@ def positions_text(entry: dict[str, Any]) -> str:
 
 
 def record_series(record: RunRecord) -> list[Series]:
-    """A run's entries split by setting, newest entry per length in each; the run's own training corpus first,
-    the others in the order they were stored. A failed or missing job is one series without entries."""
+    """A run's entries split by setting, one entry per length in each; the run's own training corpus first, the
+    others in the order they were stored. A failed or missing job is one series without entries.
+
+    The entries of a setting share their scored-token count where the stored cells allow it (`row_token_count`):
+    at each length the newest entry of that count, else the newest entry (a mixed row). A later
+    evaluation of a few lengths with another `--tokens` therefore changes no cell of the row."""
     if record.status != "ok":
         return [Series(record=record, setting=None, entries=[])]
-    chosen: dict[Setting, dict[float, dict[str, Any]]] = {}
+    chosen: dict[Setting, dict[float, dict[int, dict[str, Any]]]] = {}
     for e, protocol in zip(record.entries, protocol_texts(record.entries), strict=True):
-        by_length = chosen.setdefault(entry_setting(e, protocol), {})
-        key = round(float(e["multiple"]), 6)
-        if key not in by_length or str(e.get("created", "")) >= str(by_length[key].get("created", "")):
-            by_length[key] = e
+        by_count = chosen.setdefault(entry_setting(e, protocol), {}).setdefault(round(float(e["multiple"]), 6), {})
+        count = int(e.get("tokens") or 0)
+        if count not in by_count or _newer(e, by_count[count]):
+            by_count[count] = e
     own = record.train_fingerprint
     order = sorted(chosen, key=lambda s: bool(own) and s.fingerprint != own)  # stable
-    return [Series(record=record, setting=s, entries=[chosen[s][k] for k in sorted(chosen[s])]) for s in order]
+    out = []
+    for setting in order:
+        by_length = chosen[setting]
+        count = row_token_count(by_length)
+        ref = next((counts[count] for counts in by_length.values() if count in counts), None)
+        out.append(
+            Series(record=record, setting=setting, entries=[_pick(by_length[k], ref) for k in sorted(by_length)])
+        )
+    return out
+
+
+def _pick(by_count: dict[int, dict[str, Any]], ref: dict[str, Any] | None) -> dict[str, Any]:
+    """The entry of one length to show beside `ref`: of `ref`'s count, else of one budget with it
+    (`same_budget`), else the newest."""
+    if ref is not None:
+        if int(ref["tokens"]) in by_count:
+            return by_count[int(ref["tokens"])]
+        alike = [e for e in by_count.values() if same_budget(e, ref)]
+        if alike:
+            return _newest(alike)
+    return _newest(by_count.values())
+
+
+def window_tokens(entry: dict[str, Any]) -> int:
+    """Tokens one window of `entry` scores: the stride (sliding) or target (fixed-target), else the length."""
+    if entry["protocol"] in ("sliding", "fixed-target") and entry.get("stride"):
+        return int(entry["stride"])
+    return int(entry["length"])
+
+
+def same_budget(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two cells' scored-token counts can come from one `--tokens` budget: evaluation scores whole windows,
+    rounding the budget up (`planning.plan_windows`), so a count T of windows of u tokens stands for any budget in
+    (T - u, T]; 1,008 tokens at 16 per window and 1,024 at 32 are both --tokens 1000."""
+    ta, tb = int(a.get("tokens") or 0), int(b.get("tokens") or 0)
+    if ta == tb:
+        return True
+    if ta <= 0 or tb <= 0:
+        return False
+    return ta - window_tokens(a) < tb and tb - window_tokens(b) < ta
+
+
+def row_token_count(by_length: dict[float, dict[int, dict[str, Any]]]) -> int | None:
+    """The scored-token count a row shows: the one most lengths were measured with (cells that scored nothing
+    aside), ties to the count measured most recently; None when no length scored a token."""
+    lengths = Counter(c for counts in by_length.values() for c in counts if c > 0)
+    if not lengths:
+        return None
+    latest = {c: max(str(e.get("created", "")) for counts in by_length.values() for n, e in counts.items() if n == c)
+              for c in lengths}  # fmt: skip
+    return max(lengths, key=lambda c: (lengths[c], latest[c]))
+
+
+def _newer(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return str(a.get("created", "")) >= str(b.get("created", ""))
+
+
+def _newest(entries: Any) -> dict[str, Any]:
+    return max(entries, key=lambda e: str(e.get("created", "")))
 
 
 def labelled_series(records: list[RunRecord]) -> list[Series]:

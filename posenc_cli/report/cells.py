@@ -56,8 +56,8 @@ NON_FINITE = "nan"
 NO_KEY_TOKENS = "none"  # LongPPL beyond the training length with no key token to average
 LEGEND = {
     CANNOT: "n/a = the scheme cannot read that many tokens (reasons below)",
-    UNMEASURABLE: "n/m = not measurable there: the corpus holds no window that long, or the length is below the "
-    "fixed target (reasons below)",
+    UNMEASURABLE: "n/m = not measurable there: the corpus holds no window that long, the length is below the fixed "
+    "target, or a ratio's two cells scored different token counts (reasons below)",
     NON_FINITE: "nan = the loss was not finite",
     NOT_MEASURED: f"{NOT_MEASURED} = not measured",
 }

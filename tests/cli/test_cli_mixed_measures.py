@@ -6,12 +6,20 @@ so."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from test_compare import entry
 from train_utils import tiny_config, write_corpus
 from typer.testing import CliRunner
 
+from posenc_cli import api
 from posenc_cli.cli import app
+from posenc_cli.config import Config, EvalConfig, ModelConfig, config_to_yaml
+from posenc_cli.evaluation.results import new_results_doc, results_path
+from posenc_cli.fsutil import atomic_write_json
+from posenc_cli.positional import config_class
+from posenc_cli.run.journal import commit_checkpoint
 from posenc_cli.run.train import train
 
 runner = CliRunner()
@@ -99,3 +107,85 @@ def test_eval_extrapolate_never_averages_a_run_and_its_export(tmp_path: Path) ->
     assert shown.exit_code == 0, shown.output
     assert "n=2" not in shown.output and "±" not in shown.output  # before: 'rope (n=2) 11.94 ± 0.000'
     assert "exported/rope" in shown.output and "runs/rope" in shown.output
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# compare: one token count per row, one tokenizer per perplexity column
+
+BYTE = {"kind": "byte", "vocab_size": 257, "fingerprint": "byte0000"}
+BPE = {"kind": "bpe", "vocab_size": 300, "fingerprint": "bpe00000"}
+
+
+def stored_run(run_dir: Path, scheme: str, entries: list[dict[str, Any]], tokenizer: dict[str, Any] = BYTE) -> None:
+    """A run directory (config, meta.json with its tokenizer, no weights) with stored eval-extrapolate cells."""
+    cfg = Config(model=ModelConfig(), pos=config_class(scheme)(name=scheme), eval=EvalConfig(lengths=[1.0, 2.0, 4.0]))
+    meta = {"kind": "posenc-run", "schema_version": 1, "step": 1, "train_length": 16, "base_length": 16}
+    meta |= {"status": "complete", "data": {"fingerprint": "x"}, "tokenizer": tokenizer}
+    commit_checkpoint(run_dir, {"config.yaml": config_to_yaml(cfg).encode()}, meta)
+    doc = new_results_doc(run_dir.name, scheme, 16, 16)
+    doc["entries"] = entries
+    atomic_write_json(results_path(run_dir), doc)
+
+
+def cell(length: int, ppl: float, tokens: int, created: str = "2025-01-01T00:00:00+00:00", **kw: Any) -> dict:
+    return {**entry(length, ppl), "tokens": tokens, "created": created, **kw}
+
+
+def row_cells(output: str, label: str) -> list[str]:
+    line = next(line for line in output.splitlines() if line.startswith(f"│ {label} "))
+    return [c.strip() for c in line.split("│")[2:-1]]
+
+
+def test_a_row_keeps_one_token_count_after_a_later_evaluation_with_another(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "rope"
+    full = [cell(16, 20.0, 16384), cell(32, 12.55, 16384), cell(64, 12.75, 16384)]
+    stored_run(run, "rope", full)
+    before = api.compare([run])
+    later = cell(16, 20.79, 1024, created="2025-02-01T00:00:00+00:00")  # eval-extrapolate --lengths 1 --tokens 1024
+    stored_run(run, "rope", [*full, later])
+    shown = runner.invoke(app, ["compare", str(run)], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert row_cells(shown.output, "rope")[:4] == ["20.00", "12.55", "12.75", "0.637"]  # before: 20.79 ... 0.613
+    assert "16,384 scored tokens per cell" in " ".join(shown.output.split())
+    after = api.compare([run])
+    assert after.equals(before)  # api.compare's answer no longer moves with a later evaluation
+
+
+def test_a_row_that_mixes_token_counts_says_so_and_has_no_ratio(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "rope"
+    stored_run(run, "rope", [cell(16, 20.79, 1024), cell(32, 12.55, 16384), cell(64, 12.75, 16384)])
+    shown = runner.invoke(app, ["compare", str(run)], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    cells = row_cells(shown.output, "rope")
+    assert cells[:3] == ["20.79", "12.55", "12.75"] and cells[3] == "n/m"  # before: 0.613, 12.75 / 20.79
+    flat = " ".join(shown.output.split())
+    assert "scored tokens per cell vary" in flat
+    assert "scored tokens for rope (mixed row, no ratio across counts): 1×: 1,024; 2×, 4×: 16,384" in flat
+    frame = api.compare([run])
+    assert frame.isna().loc["rope", "4× / 1×"]
+    mark, why = frame.attrs["marks"][("rope", "4× / 1×")]
+    assert mark == "n/m" and why == "no ratio across different scored-token counts (16,384 vs 1,024 tokens)"
+
+
+def test_runs_with_different_tokenizers_are_compared_per_byte(tmp_path: Path) -> None:
+    stored_run(tmp_path / "runs" / "bpe", "rope", [cell(16, 97.68, 4096, bpb=0.9)], tokenizer=BPE)
+    stored_run(tmp_path / "runs" / "text", "rope", [cell(16, 16.82, 4096, bpb=4.07)], tokenizer=BYTE)
+    shown = runner.invoke(app, ["compare", str(tmp_path / "runs")], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert "97.68" not in shown.output and "16.82" not in shown.output  # before: both in one "Perplexity" column
+    assert row_cells(shown.output, "bpe (rope)")[0] == "0.900" and row_cells(shown.output, "text (rope)")[0] == "4.070"
+    flat = " ".join(shown.output.split())
+    assert "Bits per byte by evaluation length" in flat
+    assert "Bits per byte, not perplexity: the runs' tokenizers differ (bpe, vocab 300: bpe (rope); byte: text" in flat
+    assert api.compare([tmp_path / "runs"]).attrs["metric"] == "bpb"
+    one = runner.invoke(app, ["compare", str(tmp_path / "runs" / "bpe")], terminal_width=200)
+    assert "97.68" in one.output and "Perplexity by evaluation length" in one.output  # one tokenizer: as asked
+
+
+def test_whole_window_rounding_of_one_budget_is_not_a_mixed_row(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "rope"  # --tokens 1000: 63 windows of 16, 32 of 32, 16 of 64
+    stored_run(run, "rope", [cell(16, 20.0, 1008), cell(32, 12.55, 1024), cell(64, 12.75, 1024)])
+    shown = runner.invoke(app, ["compare", str(run)], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert row_cells(shown.output, "rope")[3] == "0.637"
+    assert "1,008–1,024 scored tokens per cell (one budget in whole windows)" in " ".join(shown.output.split())
