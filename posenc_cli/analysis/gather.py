@@ -129,12 +129,22 @@ def labelled_in_order(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     label_of: dict[int, str] = {}
     for s in labelled_series(records):
         label_of.setdefault(id(s.record), s.label)  # one setting per evaluation result
-    return [{**results[i], "label": label_of.get(id(rec), rec.label)} for i, rec in zip(order, records, strict=True)]
+    return [
+        {**results[i], "label": label_of.get(id(rec), rec.label), "tokenizer": _tokenizer_doc(rec)}
+        for i, rec in zip(order, records, strict=True)
+    ]
+
+
+def _tokenizer_doc(record: RunRecord) -> dict[str, str] | None:
+    """{"fingerprint", "name"} of the run's tokenizer (`rows.run_tokenizer`), None when unknown: tables of runs with
+    different tokenizers show bits per byte (`report.tables.extrapolation_table`)."""
+    return {"fingerprint": record.tokenizer, "name": record.tokenizer_name} if record.tokenizer else None
 
 
 def _result_record(result: dict[str, Any], name: RunName) -> RunRecord:
     """An evaluation result as the record `compare` would gather for it: its entries and the run's identity."""
     identity, seed, fingerprint = run_identity(Path(result["path"]))
+    tokenizer, tokenizer_name = run_tokenizer(Path(result["path"]))
     return RunRecord(
         label=shown_label(name, str(result["scheme"])),
         run_dir=Path(result["path"]),
@@ -145,6 +155,8 @@ def _result_record(result: dict[str, Any], name: RunName) -> RunRecord:
         identity=identity,
         seed=seed,
         train_fingerprint=fingerprint,
+        tokenizer=tokenizer,
+        tokenizer_name=tokenizer_name,
     )
 
 

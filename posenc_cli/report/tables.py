@@ -67,6 +67,7 @@ __all__ = [  # the generic names of `report.cells` too, for the modules that imp
     "render_table",
     "run_label",
     "table_legend",
+    "tokenizer_note",
 ]
 
 Result = dict[str, Any]  # one run: {"run", "scheme", "train_length", "base_length", "entries": [...], ...}
@@ -254,23 +255,48 @@ def extrapolation_table(
     group_by: Callable[[Result], str] | None = None,
     label: Callable[[Result], str] = run_label,
 ) -> Table:
-    """The eval-extrapolate table: perplexity per run and length, titled with protocol and training length."""
-    columns, rows = extrapolation_rows(results, by=by, label=label, aggregate_by=aggregate_by, group_by=group_by)
+    """The eval-extrapolate table: perplexity per run and length, titled with protocol and training length; bits
+    per byte when the runs' tokenizers differ (`tokenizer_note`), since their tokens are different units."""
+    note = tokenizer_note(results, label)
+    metric = "bpb" if note else "ppl"
+    columns, rows = extrapolation_rows(
+        results, by=by, metric=metric, label=label, aggregate_by=aggregate_by, group_by=group_by
+    )
     if title is None:
         title = (
-            f"Perplexity by evaluation length · {describe_protocol(results)} · "
+            f"{'Bits per byte' if note else 'Perplexity'} by evaluation length · {describe_protocol(results)} · "
             f"trained at {describe_lengths(results)} tokens"
         )
-    caption = extrapolation_caption(results, by, label)
+    caption = "\n".join([*([note] if note else []), extrapolation_caption(results, by, label)])
     return render_table(columns, rows, title=title, caption=caption, label_header="run")
+
+
+def tokenizer_note(results: Sequence[Result], label: Callable[[Result], str] = run_label) -> str:
+    """Why a table of these results shows bits per byte: the measured runs use more than one tokenizer (each
+    result's "tokenizer" {fingerprint, name}, `analysis.gather.labelled_in_order`); '' when they share one."""
+    measured = [r for r in results if r["entries"] and (r.get("tokenizer") or {}).get("fingerprint")]
+    by_fingerprint: dict[str, list[Result]] = {}
+    for r in measured:
+        by_fingerprint.setdefault(str(r["tokenizer"]["fingerprint"]), []).append(r)
+    if len(by_fingerprint) < 2:
+        return ""
+    which = "; ".join(
+        f"{rs[0]['tokenizer'].get('name') or fp[:8]}: {', '.join(dict.fromkeys(label(r) for r in rs))}"
+        for fp, rs in by_fingerprint.items()
+    )
+    return (
+        f"Bits per byte, not perplexity: the runs' tokenizers differ ({which}), so a per-token score counts "
+        "different units; per byte compares them."
+    )
 
 
 def extrapolation_caption(results: Sequence[Result], by: str, label: Callable[[Result], str] = run_label) -> str:
     tokens = sorted({e["tokens"] for r in results for e in r["entries"] if e.get("status") == "ok"})
     budget = f"{tokens[0]:,}" if len(tokens) == 1 else f"{tokens[0]:,}–{tokens[-1]:,}" if tokens else "0"
     cols = "columns: multiples of each run's base length (tokens below)" if by == "multiple" else "columns: tokens"
+    what = "Bits per byte" if tokenizer_note(results, label) else "Token-weighted perplexity"
     lines = [
-        f"Token-weighted perplexity over {budget} scored tokens per length; {cols}; "
+        f"{what} over {budget} scored tokens per length; {cols}; "
         "bold = best per column, when ahead of the next by more than both seed spreads."
     ]
     lines.append(f"Measured in {describe_measurement(results)}.")

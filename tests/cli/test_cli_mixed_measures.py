@@ -189,3 +189,17 @@ def test_whole_window_rounding_of_one_budget_is_not_a_mixed_row(tmp_path: Path) 
     assert shown.exit_code == 0, shown.output
     assert row_cells(shown.output, "rope")[3] == "0.637"
     assert "1,008–1,024 scored tokens per cell (one budget in whole windows)" in " ".join(shown.output.split())
+
+
+def test_eval_extrapolate_shows_bits_per_byte_for_runs_of_two_tokenizers(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path)
+    data = ["data=text", f"data.paths=[{corpus}]", "train.steps=1", "train.batch_size=2"]
+    for name, tokenizer in (("bpe", ["tokenizer=bpe", "tokenizer.vocab_size=300"]), ("byte", [])):
+        done = runner.invoke(app, ["train", *TINY, *data, *tokenizer, "--out", str(tmp_path / "runs" / name)])
+        assert done.exit_code == 0, done.output
+    args = ["eval-extrapolate", str(tmp_path / "runs"), "--lengths", "1", "--tokens", "64", "--device", "cpu"]
+    shown = runner.invoke(app, args, terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    flat = " ".join(shown.output.split())
+    assert "Bits per byte by evaluation length" in flat  # before: both runs' per-token perplexities in one column
+    assert "the runs' tokenizers differ (bpe, vocab 300: bpe (rope); byte: byte (rope))" in flat
