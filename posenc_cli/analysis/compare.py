@@ -378,7 +378,8 @@ def write_outputs(records: list[RunRecord], out_dir: Path, competence: float = D
         stage("results.json").write_text(json.dumps(rows_json, indent=2) + "\n")
         stage("results.csv").write_text(to_csv(rows_json, task_rows(records, competence)))
         if measured:
-            write_figure(ppl_vs_length_figure(measured), stage("extrapolation.png"))
+            metric = shown_metric(records, "ppl")  # bits per byte where the runs' tokenizers differ
+            write_figure(ppl_vs_length_figure(measured, metric=metric), stage("extrapolation.png"))
             write_figure(per_position_figure(measured), stage("per_position.png"))
     return [out_dir / name for name in names]
 

@@ -18,7 +18,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullForm
 
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.report.output_files import check_writable_dir, staged_files
-from posenc_cli.report.tables import CANNOT, cell_kind, describe_lengths, describe_protocol, run_label
+from posenc_cli.report.tables import CANNOT, cell_kind, describe_lengths, describe_protocol, run_label, tokenizer_note
 
 Result = dict[str, Any]
 
@@ -72,18 +72,22 @@ def _train_lines(ax: Any, results: Sequence[Result]) -> None:
         ax.axvline(length, color="0.35", ls="--", lw=1.2, zorder=1, label="training length" if i == 0 else None)
 
 
-def ppl_vs_length_figure(results: Sequence[Result], *, title: str | None = None) -> Figure:
-    """Perplexity (log) vs evaluation length in tokens (log₂), one line per run; n/a lengths are left out."""
+def ppl_vs_length_figure(results: Sequence[Result], *, title: str | None = None, metric: str | None = None) -> Figure:
+    """Perplexity (log) vs evaluation length in tokens (log₂), one line per run; n/a lengths are left out. `metric`
+    "bpb" draws bits per byte instead; None: bits per byte when the runs' tokenizers differ (`tokenizer_note`)."""
+    if metric is None:
+        metric = "bpb" if tokenizer_note(results) else "ppl"
+    name = "bits per byte" if metric == "bpb" else "perplexity"
     fig = Figure(figsize=(9, 5), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     lengths: set[int] = set()
     for r, style in zip(results, _styles(results), strict=True):
-        ok = [e for e in sorted(r["entries"], key=lambda e: e["length"]) if e.get("ppl") is not None]
-        na = [e["length"] for e in r["entries"] if e.get("ppl") is None and cell_kind(e) == CANNOT]  # the scheme's
+        ok = [e for e in sorted(r["entries"], key=lambda e: e["length"]) if e.get(metric) is not None]
+        na = [e["length"] for e in r["entries"] if e.get(metric) is None and cell_kind(e) == CANNOT]  # the scheme's
         label = shown_label(r) + (f" — n/a from {min(na)}" if na else "")
         x = [e["length"] for e in ok]
-        ax.plot(x, [e["ppl"] for e in ok], label=label, lw=1.8, ms=5, zorder=3, **style)
+        ax.plot(x, [e[metric] for e in ok], label=label, lw=1.8, ms=5, zorder=3, **style)
         lengths.update(e["length"] for e in r["entries"])
     _train_lines(ax, results)
     ax.set_xscale("log", base=2)
@@ -101,11 +105,11 @@ def ppl_vs_length_figure(results: Sequence[Result], *, title: str | None = None)
     else:
         ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("evaluation length (tokens, log₂ scale)")
-    ax.set_ylabel("perplexity (log scale)")
+    ax.set_ylabel(f"{name} (log scale)")
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(
         title
-        or f"Perplexity vs evaluation length ({describe_protocol(results)}; trained at "
+        or f"{name.capitalize()} vs evaluation length ({describe_protocol(results)}; trained at "
         f"{describe_lengths(results)} tokens)"
     )
     _legend_outside(ax)

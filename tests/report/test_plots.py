@@ -112,3 +112,18 @@ def test_write_plots(tmp_path: Path) -> None:
         data = p.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     assert sorted(x.name for x in (tmp_path / "out").iterdir()) == ["ppl.png", "ppl_per_position.png"]  # no temp
+
+
+def test_runs_of_two_tokenizers_are_drawn_in_bits_per_byte() -> None:
+    """Per-token perplexities of a BPE and a byte-level run on one axis compared different units."""
+    bpe, byte = result("bpe", "rope", [16, 32]), result("byte", "rope", [16, 32])
+    for r, fingerprint, bpb in ((bpe, "b1", 0.9), (byte, "b2", 4.0)):
+        r["tokenizer"] = {"fingerprint": fingerprint, "name": fingerprint}
+        for e in r["entries"]:
+            e["bpb"] = bpb
+    ax = plots.ppl_vs_length_figure([bpe, byte]).axes[0]
+    assert ax.get_ylabel() == "bits per byte (log scale)" and ax.get_title().startswith("Bits per byte vs")
+    runs = [line for line in ax.get_lines() if not line.get_label().startswith("training")]
+    assert [list(line.get_ydata()) for line in runs] == [[0.9, 0.9], [4.0, 4.0]]
+    one = plots.ppl_vs_length_figure([bpe]).axes[0]
+    assert one.get_ylabel() == "perplexity (log scale)"
