@@ -79,7 +79,7 @@ def calibrate_command(
     evaluate: Annotated[
         bool, typer.Option("--eval", help="Run eval-extrapolate (default lengths) on parent and child, side by side.")
     ] = False,
-    threads: Annotated[int, typer.Option("--threads", metavar="N", help="CPU threads (0: torch's default).")] = 0,
+    threads: Annotated[int, typer.Option("--threads", metavar="N", help="CPU threads (0: the free cores).")] = 0,
 ) -> None:
     """Fit a trained run's attention temperature into a new run directory.
 

@@ -115,7 +115,7 @@ def extend_command(
     evaluate: Annotated[
         bool, typer.Option("--eval", help="Run eval-extrapolate (default lengths) on parent and child, side by side.")
     ] = False,
-    threads: Annotated[int, typer.Option("--threads", metavar="N", help="CPU threads (0: torch's default).")] = 0,
+    threads: Annotated[int, typer.Option("--threads", metavar="N", help="CPU threads (0: the free cores).")] = 0,
     layers: Annotated[
         str,
         typer.Option(
