@@ -19,6 +19,7 @@ from typing import Any
 from posenc_cli.config import Config, config_to_dict, flatten
 from posenc_cli.errors import UserError
 from posenc_cli.evaluation.results import cell_group
+from posenc_cli.run.export import EXPORT_INFO_FILE
 from posenc_cli.run.hf_run import TOKENIZER_FILES, is_hf_dir
 from posenc_cli.run.load import read_config
 from posenc_cli.run.meta import RunMeta, read_meta
@@ -88,6 +89,9 @@ def run_tokenizer(run_dir: Path) -> tuple[str | None, str]:
     transformers directory's from the bytes of its tokenizer file; (None, "") when neither is readable. Runs whose
     fingerprints differ count tokens differently, so their per-token scores (perplexity, NLL) do not compare."""
     if is_hf_dir(run_dir):
+        source = _export_source(Path(run_dir))  # a posenc export tokenizes as the run it came from
+        if source is not None:
+            return run_tokenizer(source)
         for name in TOKENIZER_FILES:
             if (path := Path(run_dir) / name).is_file():
                 return "hf:" + hashlib.sha256(path.read_bytes()).hexdigest()[:16], f"transformers {name}"
@@ -101,6 +105,15 @@ def run_tokenizer(run_dir: Path) -> tuple[str | None, str]:
     kind = str(record.get("kind") or "tokenizer")
     name = f"{kind}, vocab {record['vocab_size']}" if kind != "byte" and record.get("vocab_size") else kind
     return str(record["fingerprint"]), name
+
+
+def _export_source(hf_dir: Path) -> Path | None:
+    """The posenc run a `posenc export` directory was written from (its posenc_export.json), if still readable."""
+    try:
+        source = Path(json.loads((hf_dir / EXPORT_INFO_FILE).read_text())["source_run"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return source if source.is_dir() and not is_hf_dir(source) else None
 
 
 # ----------------------------------------------------------------------------------------------------------------

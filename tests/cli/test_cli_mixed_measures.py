@@ -107,6 +107,9 @@ def test_eval_extrapolate_never_averages_a_run_and_its_export(tmp_path: Path) ->
     assert shown.exit_code == 0, shown.output
     assert "n=2" not in shown.output and "±" not in shown.output  # before: 'rope (n=2) 11.94 ± 0.000'
     assert "exported/rope" in shown.output and "runs/rope" in shown.output
+    assert "Perplexity by evaluation length" in shown.output  # an export tokenizes as its run: one tokenizer
+    compared = runner.invoke(app, ["compare", str(exported), str(run)], terminal_width=200)
+    assert compared.exit_code == 0 and "Perplexity by evaluation length" in compared.output, compared.output
 
 
 # ----------------------------------------------------------------------------------------------------------------
