@@ -32,6 +32,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "train.packing": "stream",
     "model.temperature_c": 0.0,
     "model.temperature_form": "cell",
+    "eval.longppl_evaluator": None,
 }
 _ABSENT = object()
 

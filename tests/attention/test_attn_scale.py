@@ -158,9 +158,10 @@ def test_cli_extend_logn(parent: Path, tmp_path: Path) -> None:
 
 
 def test_drope_is_the_plain_model_up_to_L_then_beta_per_query() -> None:
-    """β_i = 1 + c·ln((i + 1)/L) beyond L (DroPE's temperature with s per query), written out."""
+    """β_i = 1 + c·ln((i + 1)/L) beyond L (DroPE's temperature with s per query, temperature_form=query), written
+    out."""
     plain = model("none", pos="nope")
-    cfg = replace(plain.config, attn_scale="drope", temperature_c=0.6, logn_length=L)
+    cfg = replace(plain.config, attn_scale="drope", temperature_c=0.6, logn_length=L, temperature_form="query")
     drope = GPT(cfg, plain.scheme.cfg, 64, L).eval()
     drope.load_state_dict(plain.state_dict())
     idx = torch.randint(0, 64, (2, 4 * L), generator=torch.Generator().manual_seed(0))
