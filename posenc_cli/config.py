@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from posenc_cli.bounds import MAX_STEPS, MAX_THREADS, MAX_TOKENS, Bound
 from posenc_cli.errors import ConfigError
 from posenc_cli.rope_scaling import NONE, ScalingSettings, method_names, param_fields, params_class
 from posenc_cli.untrusted import load_yaml
@@ -372,6 +373,36 @@ class Config:
             group = getattr(self, f.name)
             _check_finite(group, f.name)  # every float of every group, the scheme's own options included
             group.validate()
+            _check_magnitude(group, f.name)  # every number, then the sizes: before anything is built from them
+            for name, bound in KEY_BOUNDS.items():
+                key_group, _, key = name.partition(".")
+                if key_group == f.name and getattr(group, key, None) is not None:
+                    bound.check(getattr(group, key), name)
+
+
+_SIZE = Bound(0, MAX_TOKENS, integer=True)
+# Upper ends of the config keys that size the work (each group's validate() holds the rest of their range); every
+# other number of every group is held to be finite and at most MAX_MAGNITUDE (`_check_finite`).
+KEY_BOUNDS: dict[str, Bound] = {
+    "model.d_model": Bound(1, 1 << 16, integer=True),
+    "model.n_layer": Bound(1, 1024, integer=True),
+    "model.n_head": Bound(1, 1024, integer=True),
+    "model.logn_length": _SIZE,
+    "tokenizer.vocab_size": Bound(1, 1 << 24, integer=True),
+    "train.seq_len": _SIZE,
+    "train.steps": Bound(0, MAX_STEPS, integer=True),
+    "train.warmup_steps": Bound(0, MAX_STEPS, integer=True),
+    "train.threads": Bound(0, MAX_THREADS, integer=True),
+    "train.random_positions": _SIZE,
+    "train.pose_length": _SIZE,
+    "eval.tokens": _SIZE,
+    "eval.batch_tokens": _SIZE,
+    "eval.stride": _SIZE,
+    "eval.target": _SIZE,
+    "extend.finetune_steps": Bound(0, MAX_STEPS, integer=True),
+    "extend.finetune_seq_len": _SIZE,
+}
+MAX_MAGNITUDE = 1e15  # no setting of posenc is larger (RoPE bases stay below 1e9, token budgets below 2**22)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -600,6 +631,18 @@ def _check_finite(obj: Any, group: str) -> None:
         for v in values:
             if isinstance(v, float) and not math.isfinite(v):
                 raise ConfigError(f"{group}.{f.name} must be a finite number, got {value}")
+
+
+def _check_magnitude(obj: Any, group: str) -> None:
+    """`ConfigError` naming the first number field (or number in a list field) of dataclass `obj` beyond
+    ±MAX_MAGNITUDE (seeds have their own range, torch's: MAX_SEED)."""
+    for f in dataclasses.fields(obj):
+        if f.name.endswith("seed"):
+            continue
+        value = getattr(obj, f.name)
+        for v in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(v, int | float) and not isinstance(v, bool) and abs(v) > MAX_MAGNITUDE:
+                Bound(-MAX_MAGNITUDE, MAX_MAGNITUDE).check(v, f"{group}.{f.name}")
 
 
 def positive(obj: Any, group: str, *names: str) -> None:

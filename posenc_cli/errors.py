@@ -70,3 +70,9 @@ def disk_error_message(e: OSError) -> str:
         what = os.strerror(e.errno) if e.errno is not None else str(e)
     paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
     return f"{paths}: {what}" if paths else f"storage error: {what}"
+
+
+def is_disk_message(text: str) -> bool:
+    """True for a recorded error (a sweep job's failed.json: 'OSError: [Errno 28] No space left on device: ...') that
+    names a storage error of `DISK_ERRNOS` or a short write."""
+    return any(f"[Errno {n}]" in text for n in DISK_ERRNOS) or bool(_SHORT_WRITE.search(text))

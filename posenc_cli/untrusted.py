@@ -157,6 +157,8 @@ def loads_yaml(
         raise error(f"{source}: {what} is nested deeper than {max_depth} levels") from None
     except yaml.YAMLError as e:
         raise error(f"{source}: {what} is not valid YAML ({yaml_problem(e)})") from None
+    except ValueError as e:  # an integer of more than 4,300 digits (Python's int-from-string limit)
+        raise error(f"{source}: {what} holds a value that cannot be read ({_first_line(e)[:80]})") from None
     check_shape(obj, source=source, what=what, max_depth=max_depth, max_nodes=max_nodes, error=error)
     return obj
 

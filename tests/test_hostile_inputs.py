@@ -8,6 +8,10 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -361,3 +365,86 @@ def test_tampered_optimizer_groups_in_state_json_are_one_line(
         _resume(corpus, stopped_run)
     result = runner.invoke(app, ["train", "--resume", str(stopped_run), "train.steps=4", "--force-config"])
     one_line_error(result, "state.json: field 'optimizer")
+
+
+# -- a sweep on a full disk, a bench case's lifetime, a kill inside calibrate's fit (issue #40 item 5) ------------
+
+
+def test_a_sweep_whose_jobs_failed_on_the_storage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from posenc_cli.analysis.rows import RunRecord
+    from posenc_cli.cli.sweep import exit_code
+
+    full = "OSError: [Errno 28] No space left on device: '/sweep/train/pos=rope/.pending'"
+    own = "RuntimeError: the loss went NaN"
+    assert exit_code([RunRecord(label="a", run_dir=Path("a"), status="failed", error=own)]) == 1
+    records = [
+        RunRecord(label="a", run_dir=Path("a"), status="failed", error=own),
+        RunRecord(label="b", run_dir=Path("b"), status="failed", error=full),
+    ]
+    assert exit_code(records) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "1 job(s) failed on the storage" in err[0] and "No space left on device" in err[0]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has died
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_a_bench_case_dies_with_its_parent(tmp_path: Path) -> None:
+    """The parent starts a case's child as bench does (`die_with_parent`), then is SIGKILLed: the child goes too."""
+    script = (
+        "import subprocess, sys, time\n"
+        "from posenc_cli.perf.bench import die_with_parent\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], preexec_fn=die_with_parent)\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert _alive(child)
+    parent.kill()
+    parent.wait()
+    for _ in range(200):  # the kernel delivers the signal at the parent's exit; bounded wait, no timing asserted
+        if not _alive(child):
+            break
+        time.sleep(0.05)
+    alive = _alive(child)
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive
+
+
+def test_a_kill_inside_calibrates_fit_leaves_the_parent_and_no_half_child(corpus: Path, tmp_path: Path) -> None:
+    """SIGKILL at the fit's first scored point; the parent is untouched, no child run is there, and the same command
+    then writes the child a clean run writes."""
+    from posenc_cli.extension.calibrate import CalibrateSettings, calibrate_run
+    from posenc_cli.run.meta import is_run_dir
+
+    parent = tmp_path / "nope"
+    train(tiny_config(corpus, pos="nope", steps=4), parent)
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(parent.iterdir()) if p.is_file()}
+    child = tmp_path / "child"
+    script = (
+        "import os, signal, sys\n"
+        "from posenc_cli.api.calibration import calibrate\n"
+        "def killed(done, planned, loss):\n"
+        "    if done >= 2:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "calibrate(sys.argv[1], 'drope', ['4x'], sys.argv[2], progress=killed, tokens=128, step=0.5, c_max=1.0,"
+        " refine=2)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(parent), str(child)], capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(parent.iterdir()) if p.is_file()}
+    assert after == before
+    assert not is_run_dir(child)  # nothing a later command would load as a run
+    settings = CalibrateSettings("drope", ("4x",), tokens=128, step=0.5, c_max=1.0, refine=2)
+    again = calibrate_run(parent, settings, child)
+    clean = calibrate_run(parent, settings, tmp_path / "clean")
+    assert again.status == "created" and again.c == clean.c and again.history == clean.history

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from posenc_cli.bounds import check
 from posenc_cli.cli.app import app, handles_errors
 from posenc_cli.cli.eval_shared import (
     DeviceOption,
@@ -42,7 +43,11 @@ _EXAMPLES = """
 
 
 def parse_lengths(text: str) -> list[int]:
-    """'1-5,8,10-12' -> [1, 2, 3, 4, 5, 8, 10, 11, 12]: instance lengths >= 1, ranges inclusive."""
+    """'1-5,8,10-12' -> [1, 2, 3, 4, 5, 8, 10, 11, 12]: instance lengths in [1, 2·MAX_LENGTH], ranges inclusive."""
+    # deferred: keeps the task generators off posenc --help start-up
+    from posenc_cli.data.algorithmic.base import MAX_LENGTH
+
+    longest = 2 * MAX_LENGTH  # AlgorithmicEvalConfig.validate's bound
     lengths: list[int] = []
     for part in (p for p in text.replace(" ", "").split(",") if p):
         low, dash, high = part.partition("-")
@@ -50,6 +55,7 @@ def parse_lengths(text: str) -> list[int]:
             a, b = parse_list(low, int, "--lengths")[0], parse_list(high, int, "--lengths")[0]
             if b < a:
                 raise ConfigError(f"--lengths {text!r}: range {part} runs backwards")
+            check(b, f"--lengths {part}: the longest length", 1, longest, integer=True)  # before the list is built
             lengths += range(a, b + 1)
         else:
             lengths += parse_list(part, int, "--lengths")
@@ -57,6 +63,7 @@ def parse_lengths(text: str) -> list[int]:
         raise ConfigError("--lengths needs at least one length, e.g. --lengths 1-40")
     if min(lengths) < 1:
         raise ConfigError(f"--lengths must be instance lengths >= 1, got {min(lengths)}")
+    check(max(lengths), "--lengths: the longest length", 1, longest, integer=True)
     return sorted(set(lengths))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import signal
 import sys
 from collections.abc import Callable
@@ -38,6 +39,24 @@ class _FlagOption(TyperOption):
 
     def display_type_rich(self, ctx: click.Context) -> str | None:
         return None if self.is_flag else super().display_type_rich(ctx)
+
+    def process_value(self, ctx: click.Context, value: Any) -> Any:
+        """The parsed value, refused (one line, exit 2) outside the option's range in `cli/options.py`; a number
+        with no declared range still has to be finite."""
+        value = super().process_value(ctx, value)
+        numbers = [v for v in (value if isinstance(value, list | tuple) else [value]) if isinstance(v, int | float)]
+        if not numbers or isinstance(value, bool):
+            return value
+        # deferred: keeps the option table off posenc --help start-up
+        from posenc_cli.bounds import Bound
+        from posenc_cli.cli.options import option_bound
+
+        bound = option_bound(ctx.command.name, self.opts[0]) or Bound(-math.inf, math.inf)
+        for number in numbers:
+            problem = bound.problem(number)
+            if problem is not None:
+                raise click.exceptions.UsageError(f"{self.opts[0]} {problem}", ctx=ctx)
+        return value
 
 
 class PosencGroup(TyperGroup):
@@ -190,8 +209,17 @@ def split_args(args: list[str] | None) -> tuple[list[str], list[str]]:
     """
     names, overrides = [], []
     for a in args or []:
-        (overrides if "=" in a and not Path(a).exists() else names).append(a)
+        (overrides if "=" in a and not path_exists(a) else names).append(a)
     return names, overrides
+
+
+def path_exists(text: str) -> bool:
+    """`Path(text).exists()`, False for what cannot be a path at all (a name over 255 bytes, a NUL byte): an
+    override's value may be any length and is never turned into a file name."""
+    try:
+        return Path(text).exists()
+    except (OSError, ValueError):
+        return False
 
 
 def not_available(command: str, issue: str) -> None:

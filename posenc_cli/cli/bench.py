@@ -63,11 +63,13 @@ def bench_command(
         float, typer.Option("--memory-limit", metavar="GIB", help="Cost curve: no case beyond this memory.")
     ] = 24.0,
     time_budget: Annotated[
-        float,
+        float | None,
         typer.Option(
-            "--time-budget", metavar="SECONDS", min=0.0, help="Cost curve: wall time per scheme (0: no budget)."
+            "--time-budget",
+            metavar="SECONDS",
+            help="Wall time of the whole benchmark (default: none); cost curve: per scheme (default 300). 0: none.",
         ),
-    ] = 300.0,
+    ] = None,
     csv_path: Annotated[
         str | None, typer.Option("--csv", metavar="PATH", help="Cost curve: write the rows as CSV.")
     ] = None,
@@ -105,7 +107,8 @@ def bench_command(
                 raise ConfigError(f"{flag} does not apply to the cost curve (--eval-lengths){hint}")
     cfg = compose_config(overrides, Path(config_dir) if config_dir else None)
     if eval_lengths is not None:
-        curve_command(cfg, eval_lengths, schemes, memory_limit, time_budget, json_path, csv_path, plot_path)
+        budget = 300.0 if time_budget is None else time_budget
+        curve_command(cfg, eval_lengths, schemes, memory_limit, budget, json_path, csv_path, plot_path)
         return
     opts = BenchOptions(
         rounds=rounds,
@@ -116,6 +119,7 @@ def bench_command(
         eval_schemes=_items(schemes or "nope,rope,alibi", "--schemes"),
         eval_multiples=tuple(_ints(lengths or "1,8,32", "--lengths")),
         round_seconds=round_seconds,
+        time_budget_s=time_budget or None,
     )
     with err_console.status("benchmarking") as status:
         result = run_bench(cfg, opts, progress=lambda message: status.update(message))

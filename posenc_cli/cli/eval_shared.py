@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.markup import escape
 
-from posenc_cli.cli.app import console, err_console, progress_bar
+from posenc_cli.cli.app import console, err_console, path_exists, progress_bar
 from posenc_cli.errors import ConfigError
 
 
@@ -134,7 +134,7 @@ def check_run_args(paths: list[str], command: str, *, overrides: bool = False) -
     directory at all. A sweep job's directory (`pos=rope,train.seed=0`) holds "=" too: only an argument that names
     no existing path is taken for an override."""
     problem = "unknown option" if overrides else "unexpected argument"
-    stray = [p for p in paths if p.startswith("-") or (not overrides and "=" in p and not Path(p).exists())]
+    stray = [p for p in paths if p.startswith("-") or (not overrides and "=" in p and not path_exists(p))]
     if stray:
         raise ConfigError(f"{problem} {stray[0]} (see posenc {command} --help)")
     if not paths:

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from posenc_cli.cli.app import ConfigDirOption, app, console, err_console, handles_errors, split_args
-from posenc_cli.errors import UserError
+from posenc_cli.errors import UserError, is_disk_message
 from posenc_cli.report.gate import DEFAULT_COMPETENCE
 
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -120,7 +120,26 @@ def sweep_command(
     for r in report.unfinished:  # on stderr too, whatever the table showed: a log may keep only stderr
         err_console.print(f"job {r.run_dir} {r.status}: {r.error}", markup=False, highlight=False)
     if report.failed or report.unfinished:
-        raise typer.Exit(1)
+        raise typer.Exit(exit_code(report.unfinished))
+
+
+def exit_code(unfinished: list) -> int:
+    """2 when a job failed on the storage (full, read-only, forbidden: the user's to fix, as for every command),
+    else 1 (a job's own failure)."""
+    storage = [r for r in unfinished if r.status == "failed" and is_disk_message(r.error or "")]
+    if storage:
+        err_console.print(
+            f"error: {len(storage)} job(s) failed on the storage ({_first(storage[0].error)}); free it and run the "
+            "same command again",
+            markup=False,
+            highlight=False,
+        )
+        return 2
+    return 1
+
+
+def _first(text: str) -> str:
+    return text.splitlines()[0] if text else ""
 
 
 def launcher_line(name: str, given: dict) -> str:

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from posenc_cli.cli.app import ConfigDirOption, app, console, handles_errors, split_args
+from posenc_cli.cli.app import ConfigDirOption, app, console, handles_errors, path_exists, split_args
 from posenc_cli.errors import ConfigError
 
 viz_app = typer.Typer(
@@ -92,7 +92,7 @@ def encoding_command(
     from posenc_cli.report.plots import save_figure
 
     # Sweep job directories are named like `pos=rope`: an existing path is a run directory, not an override.
-    paths = [a for a in args or [] if Path(a).exists()]
+    paths = [a for a in args or [] if path_exists(a)]
     names, overrides = split_args([a for a in args or [] if a not in paths])
     names = paths + names
     if len(names) > 1:

@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc_cli import __version__
+from posenc_cli.bounds import MAX_BATCH, MAX_LR, MAX_STEPS, MAX_TOKENS, check, check_memory, workload_bytes
 from posenc_cli.config import Config, config_to_yaml, replace
 from posenc_cli.data.cache import eval_windows, load_corpus
 from posenc_cli.errors import ConfigError
@@ -92,8 +93,21 @@ __all__ = [
 ]
 
 FITTED = ("drope", "head-scale")  # the temperatures this command fits
+MAX_FIT_MULTIPLE = 1024  # a fit length at most 1024 training lengths (DroPE fits at 2-8x)
 IDENTITY_KEYS = ("method", "fit", "parent_weights_sha256")  # a re-run reuses the child when these match
 Progress = Callable[[int, int, float], None]  # (scores or steps done, planned, best or current loss)
+
+
+_SETTING_BOUNDS = (
+    ("step", 1e-6, 100.0, False),
+    ("c_min", -100.0, 100.0, False),
+    ("c_max", -100.0, 100.0, False),
+    ("refine", 0, 1000, True),
+    ("steps", 1, MAX_STEPS, True),
+    ("lr", 0.0, MAX_LR, False),
+    ("init", 0.0, 1e3, False),
+    ("batch_size", 1, MAX_BATCH, True),
+)
 
 
 @dataclass(frozen=True)
@@ -127,8 +141,9 @@ class CalibrateSettings:
         for n in self.lengths:
             if not isinstance(n, int) or n <= train_length:
                 raise ConfigError(f"--length {n}: the fit length must exceed the training length {train_length}")
-        if self.tokens < 1:
-            raise ConfigError(f"--tokens must be >= 1, got {self.tokens}")
+        check(self.tokens, "--tokens", 1, MAX_TOKENS, integer=True)
+        for name, low, high, integer in _SETTING_BOUNDS:  # the CLI's ranges (cli/options.py), for API callers too
+            check(getattr(self, name), f"--{name.replace('_', '-')}", low, high, integer=integer)
         if self.temperature == "drope":
             if not (self.step > 0 and self.c_max - self.c_min >= self.step):
                 raise ConfigError(
@@ -197,8 +212,13 @@ def fit_lengths(values: Sequence[str | int | float], train_length: int) -> tuple
         text = str(v).strip().lower()
         try:
             n = round(float(text[:-1]) * train_length) if text.endswith("x") else int(text)
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: 'infx'
             raise ConfigError(f"--length {v}: give a multiple of the training length (4x) or tokens (256)") from None
+        longest = min(MAX_TOKENS, MAX_FIT_MULTIPLE * train_length)
+        if n > longest:  # before anything is sized from it (`validate` holds the lower end)
+            raise ConfigError(
+                f"--length {v}: at most {longest} tokens ({MAX_FIT_MULTIPLE}x the training length {train_length})"
+            )
         out.append(n)
     return tuple(dict.fromkeys(out))
 
@@ -392,6 +412,9 @@ def calibrate_run(
     settings.validate(train_length)
     for n in settings.lengths:
         parent.model.scheme.check_length(n)
+    per_forward = max(settings.lengths) * (settings.batch_size if settings.temperature == "head-scale" else 1)
+    need = workload_bytes(per_forward, cfg.model.d_model, cfg.model.n_layer, cfg.tokenizer.vocab_size)
+    check_memory(need, f"calibrate at {max(settings.lengths)} tokens")
     if out_dir is None:
         out_dir = default_out_dir(parent_path, settings.temperature, settings.lengths, train_length)
     out = Path(out_dir)

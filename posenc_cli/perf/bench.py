@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posenc_cli.bounds import MAX_SECONDS, check
 from posenc_cli.config import Config, ModelConfig, TrainConfig
 from posenc_cli.data.tokenizer import BYTE_VOCAB_SIZE
 from posenc_cli.errors import ConfigError, UserError
@@ -104,13 +106,20 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
-def interleaved_rounds(cases: dict[str, Callable[[], float]], rounds: int, progress: Progress | None = None) -> dict:
+def interleaved_rounds(
+    cases: dict[str, Callable[[], float]],
+    rounds: int,
+    progress: Progress | None = None,
+    deadline: float | None = None,
+) -> dict:
     """Call every case once per round, reversing the order every other round (A B C, C B A, A B C, ...), so no case
     always runs right after the same neighbour (e.g. after the matmul probe has heated the cores); returns each
-    case's values in round order."""
+    case's values in round order. No round starts after `deadline` (`time.monotonic()`), but the first."""
     values: dict[str, list[float]] = {name: [] for name in cases}
     names = list(cases)
     for r in range(rounds):
+        if r > 0 and deadline is not None and time.monotonic() >= deadline:
+            break
         for name in names if r % 2 == 0 else names[::-1]:
             case = cases[name]
             if progress:
@@ -347,11 +356,25 @@ def memory_mib(device: torch.device, reset: bool = False) -> float:
     return peak_rss_mib()
 
 
+def die_with_parent() -> None:
+    """In a child between fork and exec (`preexec_fn`): ask Linux to SIGKILL it when its parent dies
+    (prctl(PR_SET_PDEATHSIG), prctl(2)), so a benchmark case never outlives a killed `posenc bench`. A no-op
+    elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
 def spawn_eval_case(case: EvalCase, timeout: float | None = None) -> dict[str, float]:
-    """Run `run_eval_case` in a fresh interpreter (peak memory is a per-process high-water mark)."""
+    """Run `run_eval_case` in a fresh interpreter (peak memory is a per-process high-water mark), killed with its
+    parent (`die_with_parent`) or past `timeout` seconds."""
     cmd = [sys.executable, "-m", "posenc_cli.perf.bench", "--eval-case", json.dumps(asdict(case))]
     env = {**os.environ, "OMP_NUM_THREADS": str(case.threads)} if case.threads > 0 else None
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=die_with_parent)
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"eval case {case.pos} at {case.length} tokens failed: {last}")
@@ -378,8 +401,11 @@ class BenchOptions:
     round_seconds: float = 1.0
     matmul_max_size: int | None = None  # None: 4096 on CPU, 8192 on GPUs
     slow_rounds: int = 3  # rounds for a dtype this device emulates (bf16 on CPUs without bf16 instructions)
+    time_budget_s: float | None = None  # wall time of the whole benchmark: nothing starts after it, a case is cut
 
     def validate(self) -> None:
+        if self.time_budget_s is not None:
+            check(self.time_budget_s, "--time-budget", 0.0, MAX_SECONDS)
         unknown = [d for d in self.dtypes if d not in DTYPES]
         if unknown or not self.dtypes:
             raise ConfigError(f"--dtypes: '{','.join(unknown)}' is not one of fp32, bf16")
@@ -412,9 +438,13 @@ def run_bench(cfg: Config, opts: BenchOptions, progress: Progress | None = None)
     if opts.vs_hf:
         result["hf_intermediate_size"] = llama_intermediate_size(cfg.model)
         result["hf_differences"] = HF_DIFFERENCES
+    deadline = time.monotonic() + opts.time_budget_s if opts.time_budget_s else None
     with threads(cfg.train.threads) as n_threads:
         result["threads"] = n_threads if device.type == "cpu" else None
         for name in opts.dtypes:
+            if deadline is not None and time.monotonic() >= deadline:
+                result[name] = {"skipped": f"time budget ({opts.time_budget_s:g} s) spent"}
+                continue
             try:
                 precision = resolve_precision(name, device)
             except ConfigError as e:
@@ -424,16 +454,23 @@ def run_bench(cfg: Config, opts: BenchOptions, progress: Progress | None = None)
             rounds = min(opts.rounds, opts.slow_rounds) if emulated else opts.rounds
             entry: dict[str, Any] = {"rounds": rounds, "emulated_on_this_cpu": emulated}
             if opts.train:
-                entry.update(bench_training(cfg, opts, vocab, device, precision, rounds, say))
+                entry.update(bench_training(cfg, opts, vocab, device, precision, rounds, say, deadline))
             if opts.eval:
-                entry["eval"] = bench_eval(cfg, opts, vocab, device, precision, n_threads, say)
+                entry["eval"] = bench_eval(cfg, opts, vocab, device, precision, n_threads, say, deadline)
             result[name] = entry
     result["load_average_end"] = load_average()
     return result
 
 
 def bench_training(
-    cfg: Config, opts: BenchOptions, vocab: int, device: torch.device, precision: str, rounds: int, say: Progress
+    cfg: Config,
+    opts: BenchOptions,
+    vocab: int,
+    device: torch.device,
+    precision: str,
+    rounds: int,
+    say: Progress,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Interleaved rounds of posenc training, Llama training (with `vs_hf`) and the matmul probe of `precision`."""
     dtype = DTYPES[precision]
@@ -447,7 +484,7 @@ def bench_training(
         cases["hf"] = calibrated(hf, device, opts.round_seconds, warmup)
     size = matmul_size(dtype, device, max_size=opts.matmul_max_size)
     cases["matmul"] = lambda: matmul_gflops(size, dtype, device, repeats=2)
-    values = interleaved_rounds(cases, rounds, lambda m: say(f"{precision} training, {m}"))
+    values = interleaved_rounds(cases, rounds, lambda m: say(f"{precision} training, {m}"), deadline)
     peak = max(values["matmul"])
     tps = median(values["posenc"])
     out: dict[str, Any] = {
@@ -505,13 +542,27 @@ def eval_cases(cfg: Config, opts: BenchOptions, vocab: int, device: torch.device
 
 
 def bench_eval(
-    cfg: Config, opts: BenchOptions, vocab: int, device: torch.device, precision: str, n_threads: int, say: Progress
+    cfg: Config,
+    opts: BenchOptions,
+    vocab: int,
+    device: torch.device,
+    precision: str,
+    n_threads: int,
+    say: Progress,
+    deadline: float | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """{scheme: {length: {tokens_per_s, peak_mem_mb, base_mem_mb, seconds, batch}}}."""
+    """{scheme: {length: {tokens_per_s, peak_mem_mb, base_mem_mb, seconds, batch}}}; the cases left when the
+    `deadline` (`time.monotonic()`) passes are not run, and one running then is stopped."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for case in eval_cases(cfg, opts, vocab, device, precision, n_threads):
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            break
         say(f"{precision} eval: {case.pos} at {case.length} tokens (batch {case.batch})")
-        r = spawn_eval_case(case)
+        try:
+            r = spawn_eval_case(case, timeout=left)
+        except subprocess.TimeoutExpired:
+            break
         out.setdefault(case.pos, {})[str(case.length)] = {**r, "batch": case.batch}
     return out
 

@@ -44,7 +44,7 @@ import torch
 from posenc_cli.config import Config, ModelConfig, build_dataclass
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
 from posenc_cli.model import GPT
-from posenc_cli.perf.bench import bench_vocab_size, load_average, median, memory_mib, timed
+from posenc_cli.perf.bench import bench_vocab_size, die_with_parent, load_average, median, memory_mib, timed
 from posenc_cli.positional import config_class, registry
 from posenc_cli.run.device import autocast, describe_device, resolve_device, resolve_precision, threads
 
@@ -171,7 +171,7 @@ def spawn_case(case: CurveCase, *, timeout_s: float | None, memory_limit_bytes: 
     env = {**os.environ, "OMP_NUM_THREADS": str(case.threads)} if case.threads > 0 else None
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env, preexec_fn=die_with_parent)
         stopped = None
         try:
             while proc.poll() is None:

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from posenc_cli.bounds import MAX_TOKENS, Bound
 from posenc_cli.data.tokenizer import Tokenizer
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.run.config_load import config_from_dict
@@ -274,6 +275,38 @@ def _posenc_lengths(path: Path) -> dict[str, int]:
     return {}
 
 
+# The sizes posenc reads from config.json, each a whole number in range where it is set (null: not set); a window
+# or chunk of 0 or below would attend to nothing or to everything without a word (issue #40).
+HF_FIELD_BOUNDS: dict[str, Bound] = {
+    "sliding_window": Bound(1, MAX_TOKENS, integer=True),
+    "attention_chunk_size": Bound(1, MAX_TOKENS, integer=True),
+    "max_position_embeddings": Bound(1, 1 << 30, integer=True),
+    "n_positions": Bound(1, 1 << 30, integer=True),
+    "original_max_position_embeddings": Bound(1, 1 << 30, integer=True),
+    "hidden_size": Bound(1, 1 << 20, integer=True),
+    "intermediate_size": Bound(1, 1 << 22, integer=True),
+    "num_hidden_layers": Bound(1, 1 << 20, integer=True),
+    "num_attention_heads": Bound(1, 1 << 20, integer=True),
+    "num_key_value_heads": Bound(1, 1 << 20, integer=True),
+    "head_dim": Bound(1, 1 << 16, integer=True),
+    "vocab_size": Bound(1, 1 << 24, integer=True),
+    "rope_theta": Bound(1e-6, 1e15),
+}
+
+
+def check_config_fields(path: Path, raw: dict[str, Any]) -> None:
+    """`CheckpointError` naming the first field of `HF_FIELD_BOUNDS` (in config.json or its text_config) out of
+    range, before transformers reads any of it."""
+    for where, part in (("", raw), ("text_config.", raw.get("text_config"))):
+        if not isinstance(part, dict):
+            continue
+        for name, bound in HF_FIELD_BOUNDS.items():
+            value = part.get(name)
+            problem = bound.problem(value) if value is not None else None
+            if problem is not None:
+                raise CheckpointError(f"{path}: config.json's {where}{name} {problem}")
+
+
 def inspect_hf_dir(path: Path | str) -> HFInfo:
     """Check a transformers directory without loading it; one-line `CheckpointError` for each refusal."""
     # deferred: keeps transformers off posenc --help start-up
@@ -289,6 +322,7 @@ def inspect_hf_dir(path: Path | str) -> HFInfo:
             f"{p}: this model needs remote code (auto_map in config.json); "
             "posenc never runs it (trust_remote_code=False)"
         )
+    check_config_fields(p, raw)
     if model_type not in CONFIG_MAPPING_NAMES:
         raise CheckpointError(
             f"{p}: model_type {model_type!r} is unknown to transformers {tf_version} (it would need remote code, "

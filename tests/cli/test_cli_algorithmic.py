@@ -58,7 +58,7 @@ def test_eval_algorithmic_prints_the_table_and_caches_cells(run: Path, tmp_path:
         (["--lengths", "0-3"], "--lengths must be instance lengths >= 1, got 0"),
         (["--lengths", "5-2"], "range 5-2 runs backwards"),
         (["--lengths", "a"], "expected comma-separated integers"),
-        (["--examples", "0"], "--examples must be >= 1"),
+        (["--examples", "0"], "--examples must be in [1, 1000000], got 0"),
         (["--max-length", "0"], "--max-length must be in"),
         (["data.max_length=3"], "unexpected argument data.max_length=3"),
     ],

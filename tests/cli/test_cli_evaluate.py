@@ -163,13 +163,13 @@ def test_data_override_scores_another_corpus(runs_root: Path, tmp_path: Path) ->
         ([], "at least one run directory"),
         (["{run}", "--stride", "4"], "--protocol sliding or streaming only"),
         (["{run}", "--window", "4"], "--protocol streaming only"),
-        (["{run}", "--protocol", "streaming", "--sinks", "-1"], "eval.sinks must be >= 0"),
+        (["{run}", "--protocol", "streaming", "--sinks", "-1"], "--sinks must be in [0, 4194304], got -1"),
         (["{run}", "--protocol", "diagonal"], "nonoverlap, sliding"),
         (["{run}", "--lengths", "1,two"], "comma-separated"),
         (["{run}", "--lengths", "1", "--abs-lengths", "16"], "not both"),
         (["{run}", "--lenghts", "1"], "unknown option --lenghts"),
         (["{run}", "model=tiny"], "only data overrides"),
-        (["{run}", "--tokens", "0"], "eval.tokens must be >= 1"),
+        (["{run}", "--tokens", "0"], "--tokens must be in [1, 4194304], got 0"),
     ],
 )
 def test_errors_exit_2(runs_root: Path, tmp_path: Path, args: list[str], message: str) -> None:

@@ -100,7 +100,7 @@ def test_data_command_summarises_the_passkey_corpus(tmp_path, monkeypatch) -> No
     [
         (("--lengths", "1000000"), "--lengths 1e+06 --trials 10: 128,000,000 tokens per prompt for "),
         (("--abs-lengths", "1e12"), "--abs-lengths 1000000000000 --trials 10: 1,000,000,000,000 tokens per prompt"),
-        (("--trials", "1000000000000", "--lengths", "1"), "--trials 1000000000000: 128 tokens per prompt for "),
+        (("--trials", "1000000", "--lengths", "100"), "--trials 1000000: 12,800 tokens per prompt for "),
     ],
 )
 def test_impossible_grids_are_refused_before_allocating(
