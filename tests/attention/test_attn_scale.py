@@ -201,7 +201,6 @@ def test_a_run_saved_before_the_registry_loads() -> None:
 
 
 def test_bad_temperature_settings() -> None:
-    with pytest.raises(ConfigError, match="temperature_c must be >= 0"):
-        ModelConfig(attn_scale="drope", temperature_c=-0.1).validate()
+    ModelConfig(attn_scale="drope", temperature_c=-0.1).validate()  # any sign: calibrate may fit c < 0
     with pytest.raises(ConfigError, match="needs model.attn_scale=drope"):
         ModelConfig(attn_scale="logn", temperature_c=0.3).validate()
