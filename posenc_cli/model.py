@@ -306,8 +306,8 @@ class GPT(nn.Module):
         self, idx: Tensor, cache: KVCache, position_ids: Tensor | None, cell_length: int | None = None
     ) -> Tensor:
         """The new tokens idx (B, Tq) after cache's Tc: one context over all Tc + Tq positions, layers on the new
-        rows only (the scheme's embed hook sees the whole length, the cached rows zero, so that position tables
-        line up)."""
+        rows only (a scheme's embed hook, where it has one, sees the whole length, the cached rows zero, so that
+        position tables line up)."""
         if self.training:
             raise RuntimeError("the KV cache is for inference: call model.eval() first")
         B, Tq = idx.shape
@@ -334,9 +334,11 @@ class GPT(nn.Module):
         tokens = self.wte(idx)  # (B, Tq, D)
         if self.embed_scale != 1.0:
             tokens = tokens * self.embed_scale
-        padded = tokens.new_zeros(B, Tc + Tq, tokens.shape[-1])  # (B, Tc + Tq, D)
-        padded[:, Tc:] = tokens
-        x = self.scheme.embed(padded, ctx)[:, Tc:]  # (B, Tq, D)
+        x = tokens
+        if type(self.scheme).embed is not PositionalScheme.embed:  # an embedding hook: position tables line up
+            padded = tokens.new_zeros(B, Tc + Tq, tokens.shape[-1])  # (B, Tc + Tq, D)
+            padded[:, Tc:] = tokens
+            x = self.scheme.embed(padded, ctx)[:, Tc:]  # (B, Tq, D)
         for block, layer in zip(self.blocks, self.layer_attention(ctx, contexts), strict=True):
             x = block.run(x, layer, True, cache)
         if ids is not None:
