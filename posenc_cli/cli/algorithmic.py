@@ -123,7 +123,9 @@ def run_tables(results: Sequence[dict[str, Any]], competence: float = DEFAULT_CO
         if all(g.status == NOT_TRAINED for g in gates.values()):  # L is the asked (or the paper's) length, not its own
             where = f"L = {limit} (asked; ⊘ not trained on this task: the run never trained on these tasks)"
         else:
-            where = f"L = {limit} (trained on lengths <= L)"
+            spans = sorted({g.lengths for g in gates.values() if g.lengths is not None})
+            trained = ", ".join(f"{lo}..{hi}" for lo, hi in spans) or f"<= {limit}"
+            where = f"L = {limit} (trained on lengths {trained}: the ≤L column)"
         table.caption = "\n".join(
             [
                 f"Exact-match accuracy (%) of greedy answers per instance length; {where}; "

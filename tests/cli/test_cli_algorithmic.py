@@ -39,7 +39,13 @@ def test_eval_algorithmic_prints_the_table_and_caches_cells(run: Path, tmp_path:
     args = [str(run), "--examples", "2", "--device", "cpu"]
     first = runner.invoke(app, ["eval-algorithmic", *args, "--json", str(out_json)], terminal_width=200)
     assert first.exit_code == 0, first.output
-    for text in ("copy", "parity", "≤L", "L+1..2L", "L = 3 (trained on lengths <= L); 2 examples per cell"):
+    for text in (
+        "copy",
+        "parity",
+        "≤L",
+        "L+1..2L",
+        "L = 3 (trained on lengths 3..3: the ≤L column); 2 examples per cell",
+    ):
         assert text in first.output, first.output
     entries = json.loads(out_json.read_text())["runs"][0]["entries"]
     assert [(e["task"], e["length"]) for e in entries] == [(t, n) for t in ("copy", "parity") for n in range(1, 7)]
