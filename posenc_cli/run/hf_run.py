@@ -309,11 +309,6 @@ def check_config_fields(path: Path, raw: dict[str, Any]) -> None:
 
 def inspect_hf_dir(path: Path | str) -> HFInfo:
     """Check a transformers directory without loading it; one-line `CheckpointError` for each refusal."""
-    # deferred: keeps transformers off posenc --help start-up
-    from transformers import __version__ as tf_version
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     p = Path(path)
     raw = _read_config(p)
     model_type = str(raw.get("model_type") or "")
@@ -322,7 +317,12 @@ def inspect_hf_dir(path: Path | str) -> HFInfo:
             f"{p}: this model needs remote code (auto_map in config.json); "
             "posenc never runs it (trust_remote_code=False)"
         )
-    check_config_fields(p, raw)
+    check_config_fields(p, raw)  # before transformers is even imported
+    # deferred: keeps transformers off posenc --help start-up
+    from transformers import __version__ as tf_version
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     if model_type not in CONFIG_MAPPING_NAMES:
         raise CheckpointError(
             f"{p}: model_type {model_type!r} is unknown to transformers {tf_version} (it would need remote code, "
