@@ -6,10 +6,11 @@ seeds with each scheme's pick. A `select` stage is that grid: its jobs train and
 `make_pick` reads one number per finished job (`val_loss`: the final validation loss on the held-apart split, from
 the run's meta.json, minimised; `competence`: in-distribution task accuracy from `evaluation.competence`,
 maximised) and picks, per group of `group_by` values (default: each scheme on its own), the setting of the swept keys
-other than the group's (`Pick.chosen`). Ties go to the grid point that comes first in the grid's order (the order of
-the file's params and of each key's values, as Hydra's basic sweeper expands them); a non-finite value (a diverged
-run) ranks below every finite one and is never picked. A group with an unfinished or failed point is not picked
-(`SelectionPending`) unless the stage says `partial: true`, which picks among its finished points.
+other than the group's (`Pick.chosen`). Competence ties (several points at 100%, or every point at 0% when none
+learned) go to the lower final validation loss; remaining ties to the grid point that comes first in the grid's
+order (the order of the file's params and of each key's values, as Hydra's basic sweeper expands them); a non-finite
+value (a diverged run) ranks below every finite one and is never picked. A group with an unfinished or failed point
+is not picked (`SelectionPending`) unless the stage says `partial: true`, which picks among its finished points.
 
 `write_pick` records the pick in `<sweep dir>/<stage>/pick.json` (atomically), with every grid point's value, status
 and run directory; the sweep recomputes it from disk each time it runs, so a re-run after more points finished (or
@@ -34,6 +35,7 @@ from posenc_cli.sweep.spec import SelectSpec
 PICK_FILE = "pick.json"  # in a select stage's directory
 METRIC_GOALS = {"val_loss": "min", "competence": "max"}
 TIE_BREAK = "the first grid point in the grid's order (the file's params, each key's values in order)"
+COMPETENCE_TIE_BREAK = f"the lower final val_loss, then {TIE_BREAK}"
 
 Reader = Callable[[Path], float | None]  # a finished job's directory -> its metric (None: not measured)
 GroupKey = tuple[str | None, ...]  # the values of `group_by` keys, None for a key the job does not set
@@ -89,6 +91,7 @@ class GridPoint:
     setting: tuple[str, ...]
     status: str
     value: float | None
+    tiebreak: float | None = None  # compared (lower first) between points of equal value: competence's val_loss
 
     @property
     def usable(self) -> bool:
@@ -139,7 +142,7 @@ class Pick:
             "group_by": list(self.rule.group_by),
             "chosen": list(self.chosen),
             "partial": self.rule.partial,
-            "tie_break": TIE_BREAK,
+            "tie_break": COMPETENCE_TIE_BREAK if self.rule.metric == "competence" else TIE_BREAK,
             "groups": groups,
         }
 
@@ -186,17 +189,31 @@ def metric_reader(rule: SelectSpec) -> Reader:
 
 
 def grid_points(
-    jobs: Sequence[GridJob], chosen: Sequence[str], group_by: Sequence[str], sweep_dir: Path, read: Reader
+    jobs: Sequence[GridJob],
+    chosen: Sequence[str],
+    group_by: Sequence[str],
+    sweep_dir: Path,
+    read: Reader,
+    tiebreak: Reader | None = None,
 ) -> list[GridPoint]:
-    """Every job of the grid, in the grid's order, with its status and (when done) its metric."""
+    """Every job of the grid, in the grid's order, with its status and (when done) its metric and, given `tiebreak`,
+    the value that orders points of equal metric (lower first)."""
     points = []
     for job in jobs:
         job_dir = job.dir(sweep_dir)
         status = job_status(job_dir)
         value = read(job_dir) if status == "done" else None
+        second = tiebreak(job_dir) if tiebreak is not None and status == "done" else None
         setting = tuple(line for line in job.swept if override_key(line) in chosen)
         points.append(
-            GridPoint(run=job.key, group=group_of(job.overrides, group_by), setting=setting, status=status, value=value)
+            GridPoint(
+                run=job.key,
+                group=group_of(job.overrides, group_by),
+                setting=setting,
+                status=status,
+                value=value,
+                tiebreak=second,
+            )
         )
     return points
 
@@ -210,7 +227,8 @@ def choose(
     metric: str,
     group_by: Sequence[str] = (),
 ) -> dict[GroupKey, GridPoint]:
-    """Each group's best point (`goal` "min" or "max"; ties to the earliest point; non-finite values last).
+    """Each group's best point (`goal` "min" or "max"; ties to the lower finite `tiebreak`, then the earliest
+    point; non-finite values last).
 
     Refuses (`SelectionPending`, one line naming what is missing) a grid with an unfinished point unless `partial`,
     and a group with no finished, finite point at all."""
@@ -233,8 +251,14 @@ def choose(
                 f"stage {stage} cannot pick for {group_text(group_by, group)}: no grid point finished with a finite "
                 f"{metric} ({_missing_text([p for _, p in members])})"
             )
-        best[group] = min(usable, key=lambda item: (sign * float(item[1].value or 0.0), item[0]))[1]
+        best[group] = min(usable, key=lambda item: (sign * float(item[1].value or 0.0), _second(item[1]), item[0]))[1]
     return best
+
+
+def _second(point: GridPoint) -> float:
+    """The tie-break value of a point, +inf when it has none (or a non-finite one)."""
+    t = point.tiebreak
+    return t if t is not None and math.isfinite(t) else math.inf
 
 
 def _missing_text(points: Sequence[GridPoint], at_most: int = 3) -> str:
@@ -259,7 +283,8 @@ def make_pick(
     """The pick of select stage `stage` from its jobs' directories (`read`: the metric reader, `metric_reader(rule)`
     unless given); `SelectionPending` when it cannot pick (see `choose`)."""
     read = read if read is not None else metric_reader(rule)
-    points = grid_points(jobs, chosen, rule.group_by, Path(sweep_dir), read)
+    tiebreak = read_val_loss if rule.metric == "competence" else None  # accuracy ties often: 100% or 0% everywhere
+    points = grid_points(jobs, chosen, rule.group_by, Path(sweep_dir), read, tiebreak)
     goal = METRIC_GOALS[rule.metric]
     best = choose(points, goal, partial=rule.partial, stage=stage, metric=rule.metric, group_by=rule.group_by)
     return Pick(stage=stage, rule=rule, chosen=tuple(chosen), points=tuple(points), chosen_points=best)

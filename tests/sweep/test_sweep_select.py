@@ -435,3 +435,15 @@ def test_a_grid_that_cannot_be_picked_from_stops_the_sweep_saying_how_to_resume(
     )
     assert lines[0].endswith("Resume with: posenc sweep select 'data.paths=[missing]' --out pending --config-dir cfg")
     assert not (workspace / "pending" / "seeds").exists() and not (workspace / "pending" / "grid" / PICK_FILE).exists()
+
+
+def test_competence_ties_go_to_the_lower_validation_loss(tmp_path: Path) -> None:
+    """Accuracy ties often (every point at 0% when none learned, several at 100%): the lower val_loss decides."""
+    grid = plans_of(tmp_path)[0]
+    run_grid(grid, tmp_path, grid_losses(rope=[1.5, 1.2, 1.4, 1.3], alibi=[0.3, 0.1, 0.2, 0.2]))
+    accuracy = {j.dir(tmp_path): a for j, a in zip(grid.jobs, [0.0, 0.0, 0.0, 0.0, 1.0, 0.5, 1.0, 1.0], strict=True)}
+    rule = SelectSpec(metric="competence", task="copy")
+    pick = make_pick("grid", rule, grid.jobs, grid.chosen, tmp_path, read=accuracy.get)
+    assert pick.lines(("rope",)) == ["train.lr=0.001", "train.weight_decay=0.1"]  # all 0%: val_loss 1.2
+    assert pick.lines(("alibi",)) == ["train.lr=0.003", "train.weight_decay=0"]  # 100% thrice: 0.2 twice, the first
+    assert "val_loss" in pick.to_json()["tie_break"]
