@@ -384,9 +384,9 @@ _SIZE = Bound(0, MAX_TOKENS, integer=True)
 # Upper ends of the config keys that size the work (each group's validate() holds the rest of their range); every
 # other number of every group is held to be finite and at most MAX_MAGNITUDE (`_check_finite`).
 KEY_BOUNDS: dict[str, Bound] = {
-    "model.d_model": Bound(1, 1 << 16, integer=True),
-    "model.n_layer": Bound(1, 1024, integer=True),
-    "model.n_head": Bound(1, 1024, integer=True),
+    "model.d_model": Bound(1, 1 << 20, integer=True),
+    "model.n_layer": Bound(1, 1 << 16, integer=True),
+    "model.n_head": Bound(1, 1 << 16, integer=True),
     "model.logn_length": _SIZE,
     "tokenizer.vocab_size": Bound(1, 1 << 24, integer=True),
     "train.seq_len": _SIZE,

@@ -448,3 +448,20 @@ def test_a_kill_inside_calibrates_fit_leaves_the_parent_and_no_half_child(corpus
     again = calibrate_run(parent, settings, child)
     clean = calibrate_run(parent, settings, tmp_path / "clean")
     assert again.status == "created" and again.c == clean.c and again.history == clean.history
+
+
+def test_no_bench_round_or_case_starts_after_the_time_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bench --time-budget`: a spent deadline ends the rounds after the first and runs no further eval case."""
+    from posenc_cli.perf import bench
+
+    calls: list[str] = []
+    cases = {"a": lambda: calls.append("a") or 1.0, "b": lambda: calls.append("b") or 2.0}
+    assert bench.interleaved_rounds(cases, 5, deadline=time.monotonic() - 1) == {"a": [1.0], "b": [2.0]}
+    assert calls == ["a", "b"]
+    assert len(bench.interleaved_rounds(cases, 3, deadline=None)["a"]) == 3
+    monkeypatch.setattr(bench, "eval_cases", lambda *a: [object(), object()])
+    monkeypatch.setattr(bench, "spawn_eval_case", lambda *a, **k: pytest.fail("a case started after the budget"))
+    out = bench.bench_eval(None, None, 0, None, "fp32", 1, lambda m: None, deadline=time.monotonic() - 1)  # type: ignore[arg-type]
+    assert out == {}
+    with pytest.raises(ConfigError, match="--time-budget"):
+        bench.BenchOptions(time_budget_s=float("inf")).validate()
