@@ -42,10 +42,13 @@ class LengthBeyondScheme(UserError):
         return f"scheme '{self.scheme}' supports at most {self.limit} positions"
 
 
-# Errors of the storage, not of posenc: no space, read-only, no permission, over quota. The CLI reports them as one
-# line naming the path (exit 2); any other OSError is unexpected and keeps its traceback.
+# Errors of the storage, not of posenc: no space, read-only, no permission, over quota, and a path the user gave
+# with a name longer than the file system takes (ENAMETOOLONG: a 300-byte --out). The CLI reports them as one line
+# naming the path (exit 2); any other OSError is unexpected and keeps its traceback.
 DISK_ERRNOS = frozenset(
-    getattr(errno, name) for name in ("ENOSPC", "EROFS", "EACCES", "EDQUOT", "EPERM") if hasattr(errno, name)
+    getattr(errno, name)
+    for name in ("ENOSPC", "EROFS", "EACCES", "EDQUOT", "EPERM", "ENAMETOOLONG")
+    if hasattr(errno, name)
 )
 
 

@@ -242,6 +242,14 @@ def test_the_issue_cases_are_one_line(args: list[str], nope_run: Path, empty_cwd
     assert _tree(nope_run.parent) == before and not any(empty_cwd.iterdir())
 
 
+def test_a_300_byte_out_directory_is_one_line(nope_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / ("x" * 300)
+    before = _tree(nope_run.parent)
+    result = runner.invoke(app, ["calibrate", str(nope_run), "--out", str(out), "--tokens", "64"])
+    assert "File name too long" in one_line_refusal(result)
+    assert _tree(nope_run.parent) == before
+
+
 # -- transformers config fields --------------------------------------------------------------------------------
 
 
