@@ -233,8 +233,9 @@ def extend_run(
     Refused with a one-line `UserError`, before anything is written: an unknown method, factor <= 1, a parent that
     is not a verified posenc run or not RoPE, and an `out_dir` that is the parent or holds anything else.
     `resume=True` additionally requires `out_dir` to hold the extension already. `callback` receives `train()`'s
-    events during a fine-tune; `threads` sets the fine-tune's `train.threads` (0: the free cores, `cpu_load.default_threads`). `search`: the
-    LongRoPE search that found `ext`'s factors (`longrope_search.search_identity`), recorded as `extend.search`.
+    events during a fine-tune; `threads` sets the fine-tune's `train.threads` (0: the free cores,
+    `cpu_load.default_threads`). `search`: the LongRoPE search that found `ext`'s factors
+    (`longrope_search.search_identity`), recorded as `extend.search`.
     """
     validate_extend(ext)
     parent_path, out = Path(parent_dir), Path(out_dir)
