@@ -101,10 +101,10 @@ def test_finetune_from_the_cli(runs: dict[str, Path], tmp_path: Path) -> None:
         (["--factor", "1"], "factor must be > 1"),
         (["--method", "nosuch"], "unknown scaling method 'nosuch'"),
         (["--yarn", "--linear"], "give one scaling method"),
-        (["--factor", "nan"], "extend.factor must be a finite number"),
-        (["--yarn", "--attention-factor", "nan"], "extend.params.attention_factor must be a finite number"),
-        (["--yarn", "--beta-fast", "inf"], "extend.params.beta_fast must be a finite number"),
-        (["--yarn", "--beta-slow", "-inf"], "extend.params.beta_slow must be a finite number"),
+        (["--factor", "nan"], "--factor must be a finite number"),
+        (["--yarn", "--attention-factor", "nan"], "--attention-factor must be a finite number"),
+        (["--yarn", "--beta-fast", "inf"], "--beta-fast must be a finite number"),
+        (["--yarn", "--beta-slow", "-inf"], "--beta-slow must be a finite number"),
     ],
 )
 def test_refusals_exit_2_and_write_nothing(

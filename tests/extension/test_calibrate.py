@@ -107,7 +107,7 @@ def test_head_scale_child_trains_only_the_scales(parent: Path, tmp_path: Path) -
     ("settings", "message"),
     [
         (CalibrateSettings("drope", ("1x",)), "must exceed the training length"),
-        (CalibrateSettings("drope", ("4x",), step=0.0), "need 0 < step"),
+        (CalibrateSettings("drope", ("4x",), step=0.0), r"--step must be in \[1e-06, 100\], got 0.0"),
         (CalibrateSettings("drope", ("4x",), c_min=1.0, c_max=1.0), "need 0 < step"),
         (CalibrateSettings("drope", ("4x",), form="token"), "per cell or per query"),  # type: ignore[arg-type]
         (CalibrateSettings("drope", ("4x",), c_min=-2.0, c_max=-1.0), "no c keeps β > 0"),
