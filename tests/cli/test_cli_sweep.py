@@ -9,6 +9,8 @@ from typer.testing import CliRunner
 from posenc_cli.cli import app
 from posenc_cli.config import config_dir
 
+pytestmark = pytest.mark.integration  # end to end (sweeps, launchers, DDP, compile): not in the fast lane
+
 runner = CliRunner()
 
 

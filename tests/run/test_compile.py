@@ -21,6 +21,8 @@ from posenc_cli.errors import ConfigError
 from posenc_cli.run import compile as compiling
 from posenc_cli.run.train import train
 
+pytestmark = pytest.mark.integration  # end to end (sweeps, launchers, DDP, compile): not in the fast lane
+
 runner = CliRunner()
 
 

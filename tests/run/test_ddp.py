@@ -26,6 +26,8 @@ from posenc_cli.run.distributed import DistInfo, env_info, rank_seed, shard_rows
 from posenc_cli.run.meta import read_meta
 from posenc_cli.run.train import NAN_ENV, train
 
+pytestmark = pytest.mark.integration  # end to end (sweeps, launchers, DDP, compile): not in the fast lane
+
 RTOL = 1e-5
 STEPS = dict(steps=8, save_every=4, eval_every=4, batch_size=4)
 

@@ -21,6 +21,8 @@ from posenc_cli.sweep.device_share import NotEnoughDeviceMemory, job_need_bytes,
 from posenc_cli.sweep.hydra_bridge import JobInfo, compose_config, compose_dict
 from posenc_cli.sweep.markers import FAILED_FILE
 
+pytestmark = pytest.mark.integration  # end to end (sweeps, launchers, DDP, compile): not in the fast lane
+
 GiB = 2**30
 
 

@@ -9,6 +9,8 @@ from posenc_cli.config import config_dir
 from posenc_cli.errors import ConfigError
 from posenc_cli.sweep.hydra_bridge import compose_config
 
+pytestmark = pytest.mark.integration  # end to end (sweeps, launchers, DDP, compile): not in the fast lane
+
 
 def test_defaults_compose_to_the_documented_sizes() -> None:
     cfg = compose_config([])

@@ -20,6 +20,8 @@ from typer.testing import CliRunner
 from posenc_cli.cli import app
 from posenc_cli.sweep.markers import DONE_FILE, job_status
 
+pytestmark = pytest.mark.integration  # end to end (sweeps, launchers, DDP, compile): not in the fast lane
+
 FAULT_SCRIPT = Path(__file__).with_name("sweep_fault.py")
 JOBS = ("train/pos=rope", "train/pos=alibi", "extend/pos=rope/default")
 

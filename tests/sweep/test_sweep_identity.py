@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 from posenc_cli.cli import app
 from posenc_cli.sweep.identity import PLANNED_FILE
 
+pytestmark = pytest.mark.integration  # end to end (sweeps, launchers, DDP, compile): not in the fast lane
+
 runner = CliRunner()
 
 

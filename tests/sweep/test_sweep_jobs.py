@@ -11,6 +11,8 @@ import pytest
 from posenc_cli.sweep import job, joblog, markers
 from posenc_cli.sweep.hydra_bridge import JobInfo, compose_dict
 
+pytestmark = pytest.mark.integration  # end to end (sweeps, launchers, DDP, compile): not in the fast lane
+
 
 @pytest.mark.parametrize(
     ("job_dir", "overrides", "action", "label"),

@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 from posenc_cli.cli import app
 from posenc_cli.sweep.runner import SWEEP_LOCK
 
+pytestmark = pytest.mark.integration  # end to end (sweeps, launchers, DDP, compile): not in the fast lane
+
 MICRO_MODEL = "d_model: 16\nn_layer: 1\nn_head: 2\nnorm: layernorm\nmlp_ratio: 2\nbias: true\ndropout: 0.0\n"
 TINY_SWEEP = """# posenc sweep tiny --config-dir DIR
 overrides: [model=micro, data=text, 'data.paths=[corpus]', train.steps=2, train.warmup_steps=1, train.seq_len=16,

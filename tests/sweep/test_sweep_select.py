@@ -382,6 +382,7 @@ def sweep(workspace: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple
     return result.exit_code, result.output
 
 
+@pytest.mark.integration
 def test_a_select_sweep_end_to_end_then_resumed(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code, output = sweep(workspace, monkeypatch, "select", "--dry-run")
     assert code == 0, output
