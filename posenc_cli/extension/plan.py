@@ -1,8 +1,9 @@
 """One plan for an extension: a request becomes `Scale`, `Remap` or `SearchThenScale`, and `execute` does it.
 
-`posenc extend` (its flags as an `ExtendRequest`: `plan_extension`), a sweep's extend job (its validated
-`ExtendConfig`: `plan_from_config`) and the Python API build the same three plans and run them through the one
-`execute`, so the rules of what an extension is are written once:
+`posenc extend` (its flags as an `ExtendRequest`: `plan_extension`) and a sweep's extend job (its validated
+`ExtendConfig`: `plan_from_config`) check what they were given in their own terms, then both hand the settings to
+one planner (`_plan`), which chooses among the three plans; all run through the one `execute`, so the rules of what
+an extension is are written once:
 
 - `Scale`: frequency scaling of a RoPE run (`extend.extend_run`), with an optional fine-tune. LongRoPE needs its
   factors here (given in `--factors FILE` or as `params.long_factor`).
@@ -223,15 +224,11 @@ def plan_extension(req: ExtendRequest) -> Plan:
     ext = _longrope_factors(ext, req.factors, req.search)
     validate_extend(ext)  # before naming the default directory after the method
     out = req.out if req.out is not None else default_out_dir(req.run, ext)
-    if req.search:
-        return SearchThenScale(
-            run=req.run, out=out, ext=ext, budget=req.search_budget, seed=req.search_seed, tokens=req.search_tokens,
-            threads=req.threads,
-        )  # fmt: skip
-    return Scale(run=req.run, out=out, ext=ext, threads=req.threads)
+    search = _Search(req.search_budget, req.search_seed, req.search_tokens) if req.search else None
+    return _plan(req.run, out, ext, search=search, threads=req.threads)
 
 
-def _plan_remap(req: ExtendRequest) -> Remap:
+def _plan_remap(req: ExtendRequest) -> Plan:
     """Self-Extend / ReRoPE: none of the scaling, fine-tune or LongRoPE options, and the remapping's own."""
     method, fields = str(req.method), param_fields()
     given = {
@@ -258,7 +255,8 @@ def _plan_remap(req: ExtendRequest) -> Remap:
     remap = RemapConfig(method=method, window=req.window, group=req.group or 0, leaky=req.leaky or 0.0)
     remap.validate()  # before naming the default directory after the settings
     out = req.out if req.out is not None else remap_out_dir(req.run, remap, req.logn)
-    return Remap(run=req.run, out=out, remap=remap, logn=req.logn, threads=req.threads, layers=req.layers)
+    ext = replace(_D, layers=req.layers)  # a remapping reads only the layers of the scaling settings
+    return _plan(req.run, out, ext, remap=remap, remap_logn=req.logn, threads=req.threads)
 
 
 def _method_params(method: str, given: Mapping[str, Any]) -> ScalingParams:
@@ -303,16 +301,46 @@ def _longrope_factors(ext: ExtendConfig, factors: Path | None, search: bool) -> 
 def plan_from_config(ext: ExtendConfig, run: Path | str, out: Path | str, *, threads: int = 0) -> Plan:
     """The plan of a sweep's extend job: its `extend` group (validated with the job's config) into `out`.
 
-    `extend.remap` chooses a remapping (`extend.remap_window/group/leaky`, log-n `extend.remap_logn`),
-    `extend.longrope_search: N` a search of N candidates (seed `extend.longrope_search_seed`, `SEARCH_DEFAULTS`'
-    tokens); otherwise a scaling. `ext` is kept whole in the child's config, as the sweep planned it."""
-    run, out = Path(run), Path(out)
+    `extend.remap` chooses a remapping (`extend.remap_window/group/leaky`, log-n `extend.remap_logn`, the layers
+    of `extend.layers`), `extend.longrope_search: N` a search of N candidates (seed `extend.longrope_search_seed`,
+    `SEARCH_DEFAULTS`' tokens); otherwise a scaling. `ext` is kept whole in the child's config, as the sweep planned
+    it."""
+    remap = None
     if ext.remap != "none":
         remap = RemapConfig(method=ext.remap, window=ext.remap_window, group=ext.remap_group, leaky=ext.remap_leaky)
-        return Remap(run=run, out=out, remap=remap, logn=ext.remap_logn, threads=threads)
+    search = None
     if ext.longrope_search:
+        search = _Search(ext.longrope_search, ext.longrope_search_seed, SEARCH_DEFAULTS["tokens"])
+    return _plan(Path(run), Path(out), ext, remap=remap, remap_logn=ext.remap_logn, search=search, threads=threads)
+
+
+@dataclass(frozen=True)
+class _Search:
+    """LongRoPE's search settings: candidates scored, seed, training-split tokens per candidate."""
+
+    budget: int
+    seed: int
+    tokens: int
+
+
+def _plan(
+    run: Path,
+    out: Path,
+    ext: ExtendConfig,
+    *,
+    remap: RemapConfig | None = None,
+    remap_logn: bool | None = None,
+    search: _Search | None = None,
+    threads: int = 0,
+) -> Plan:
+    """The one planner: a remapping when `remap` is given (on `ext.layers`), a search then scaling when `search`
+    is, a scaling otherwise. Both front ends (`plan_extension`, `plan_from_config`) end here, so a setting reaches
+    the plan the same way whichever asked."""
+    if remap is not None:
+        return Remap(run=run, out=out, remap=remap, logn=remap_logn, threads=threads, layers=ext.layers)
+    if search is not None:
         return SearchThenScale(
-            run=run, out=out, ext=ext, budget=ext.longrope_search, seed=ext.longrope_search_seed, threads=threads
+            run=run, out=out, ext=ext, budget=search.budget, seed=search.seed, tokens=search.tokens, threads=threads
         )
     return Scale(run=run, out=out, ext=ext, threads=threads)
 

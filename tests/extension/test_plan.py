@@ -84,6 +84,17 @@ def test_a_sweep_group_plans_the_same_kinds_and_keeps_its_settings_whole() -> No
         plan_from_config(ExtendConfig(method="longrope"), RUN, "job")
 
 
+@pytest.mark.parametrize("layers", ["global", "all"])
+def test_a_sweep_remapping_and_the_command_plan_the_same_layers(layers: str) -> None:
+    """One planner: `extend.layers` reaches a sweep's remapping as `--layers` reaches the command's (before, the
+    sweep's remapping always changed the global layers)."""
+    ext = ExtendConfig(remap="rerope", remap_window=8, layers=layers)  # type: ignore[arg-type]
+    from_sweep = plan_from_config(ext, RUN, "job")
+    request = ExtendRequest(run=RUN, out=Path("job"), method="rerope", window=8, layers=layers)
+    assert from_sweep == plan_extension(request)
+    assert isinstance(from_sweep, Remap) and from_sweep.layers == layers
+
+
 @pytest.fixture(scope="module")
 def rope_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("plan-runs")
