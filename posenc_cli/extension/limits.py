@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from posenc_cli.errors import ConfigError
-from posenc_cli.rope_scaling import frequency_summary
+from posenc_cli.rope_scaling.frequencies import frequency_summary
 
 __all__ = ["MAX_TARGET_LENGTH", "check_factor", "frequency_numbers"]
 

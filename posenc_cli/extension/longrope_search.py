@@ -46,7 +46,8 @@ from posenc_cli.extension.limits import check_factor
 from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.model import build_model
 from posenc_cli.positional.rope import rotary_dim
-from posenc_cli.rope_scaling import NONE, RopeScalingConfig, scaled_inv_freq
+from posenc_cli.rope_scaling import NONE, RopeScalingConfig
+from posenc_cli.rope_scaling.frequencies import scaled_inv_freq
 from posenc_cli.rope_scaling.longrope import LongRopeParams
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.drope import refuse_dropped

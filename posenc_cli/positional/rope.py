@@ -8,7 +8,8 @@ Two layouts pair the dimensions differently and are equivalent up to a fixed per
 `pos.p < 1` (p-RoPE) leaves the lowest-frequency 1 − p of the pairs unrotated. `pos.remap` (Self-Extend, ReRoPE;
 `posenc_cli.positional.remap`) adds a second, remapped rotation used beyond a window of distances (the `remap` hook).
 cos/sin tables are built once per forward in fp32 (also under autocast). With `scaling.method != none` the inverse
-frequencies come from `rope_scaling.scaled_inv_freq`, and cos and sin are both multiplied by its attention factor.
+frequencies come from `rope_scaling.frequencies.scaled_inv_freq`, and cos and sin are both multiplied by its
+attention factor.
 
 Position ids: p is the token's id (relative: a common shift of the ids changes nothing but rounding). A scaling
 that depends on the sequence length (dynamic NTK) sees max id + 1 (`PositionContext.length`), as in `transformers`;
@@ -28,7 +29,8 @@ from posenc_cli.errors import ConfigError
 from posenc_cli.positional import register
 from posenc_cli.positional.base import PositionalScheme, PositionContext, per_head
 from posenc_cli.positional.remap import RemapConfig, remapped_positions
-from posenc_cli.rope_scaling import RopeScalingConfig, get_method, scaled_inv_freq
+from posenc_cli.rope_scaling import RopeScalingConfig, get_method
+from posenc_cli.rope_scaling.frequencies import scaled_inv_freq
 
 Layout = Literal["rotate_half", "interleaved"]
 

@@ -1,8 +1,9 @@
 """Registry of RoPE frequency-scaling methods: `posenc extend --method NAME`, `pos.scaling.method`, export.
 
-Every module in this package is one method: a `ScalingMethod` subclass registered with `@register`, with its typed
-frozen parameter dataclass (`ScalingParams`), its inverse frequencies, attention factor, "regions" summary (for
-`extend`'s before/after table) and `transformers` rope parameters (for `export` and `extend HF_DIR`). The package
+Every module in this package but `frequencies` (the entry points callers compute with: `scaled_inv_freq`,
+`frequency_regions`, `frequency_summary`) is one method: a `ScalingMethod` subclass registered with `@register`, with
+its typed frozen parameter dataclass (`ScalingParams`), its inverse frequencies, attention factor, "regions" summary
+(for `extend`'s before/after table) and `transformers` rope parameters (for `export` and `extend HF_DIR`). The package
 is a lazy `posenc_cli.registry.Registry`: importing it loads no method; the first lookup (`registry()`,
 `get_method`, `param_fields`) imports every module of the package. So adding a method is one new file: its
 `--method` choice, `--<name>` alias and parameter flags, its config keys and its contract tests
@@ -12,7 +13,8 @@ Configs hold a scaling nested per method (`ScalingSettings`): `{method, factor, 
 `params` being the chosen method's own typed parameters (`ScalingMethod.params_cls`, its defaults filled in);
 `pos.scaling` is a `RopeScalingConfig`, `config.ExtendConfig` extends the same settings. `config.build_dataclass`
 parses `params` with the method's class and reads the flat layout saved before (every method's parameters beside
-`method`) too. The package sits below `config` (it imports only torch, `errors`, `registry` and `untrusted`).
+`method`) too. The package sits below `config`; this module imports no torch (only `errors` and `registry`), so
+that the config schema, and with it `posenc <command> --help`, loads without it.
 
 Formulas: ../shared/reference/rope-scaling.md. Convention: the attention factor multiplies both cos and sin (so
 attention logits scale by its square), as in `transformers`' `_compute_*_parameters`, whose numbers these functions
@@ -24,17 +26,16 @@ on the CPU; callers move it to their device.
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from posenc_cli.errors import ConfigError
 from posenc_cli.registry import Registry
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = [
     "NONE",
@@ -44,19 +45,14 @@ __all__ = [
     "ScalingParams",
     "ScalingSettings",
     "TransformersRope",
-    "base_inv_freq",
-    "frequency_regions",
-    "frequency_summary",
     "get_method",
     "make_params",
     "method_names",
-    "ntk_inv_freq",
     "param",
     "param_fields",
     "params_class",
     "register",
     "registry",
-    "scaled_inv_freq",
 ]
 
 NONE = "none"  # plain RoPE: the absence of a scaling method (a config value, not a registry entry)
@@ -124,7 +120,7 @@ class ScalingMethod:
 
 
 M = TypeVar("M", bound=type[ScalingMethod])
-_METHODS: Registry[type[ScalingMethod]] = Registry(__name__, "RoPE scaling method", skip=())
+_METHODS: Registry[type[ScalingMethod]] = Registry(__name__, "RoPE scaling method", skip=("frequencies",))
 _INSTANCES: dict[type[ScalingMethod], ScalingMethod] = {}  # methods are stateless: one instance per class
 
 
@@ -210,96 +206,6 @@ def _as_type(tp: Any, value: Any) -> Any:
     if bool in args:
         return bool(value)
     return value
-
-
-# ---------------------------------------------------------------------------------------- shared maths helpers
-
-
-def base_inv_freq(head_dim: int, base: float) -> Tensor:
-    """inv_k = base^(-2k/d), (d/2,) float64."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim  # (d/2,)
-    return base**-exponents
-
-
-def ntk_inv_freq(head_dim: int, base: float, scale: float) -> Tensor:
-    """NTK-aware base change base' = base · scale^(d/(d-2)) (YaRN paper Eq. 16); pair k is divided by s^(2k/(d-2))."""
-    return base_inv_freq(head_dim, base * scale ** (head_dim / (head_dim - 2)))
-
-
-def _check_common(
-    method: str, head_dim: int, base: float, factor: float, original_length: int, params: dict[str, object]
-) -> ScalingMethod | None:
-    unknown = set(params) - set(param_fields())
-    if unknown:
-        raise ConfigError(f"unknown RoPE scaling parameter(s): {', '.join(sorted(unknown))}")
-    spec = None if method == NONE else get_method(method)
-    if head_dim < 2 or head_dim % 2:
-        raise ConfigError(f"RoPE rotary dim must be even and >= 2, got {head_dim}")
-    if spec is not None and head_dim < spec.min_rotary_dim:
-        raise ConfigError(f"RoPE scaling '{method}' needs a rotary dim >= {spec.min_rotary_dim}, got {head_dim}")
-    if not base > 1.0:
-        raise ConfigError(f"RoPE base must be > 1, got {base}")
-    if not factor >= 1.0:
-        raise ConfigError(f"RoPE scaling factor must be >= 1, got {factor}")
-    if original_length < 1:
-        raise ConfigError(f"RoPE scaling original_length must be >= 1, got {original_length}")
-    return spec
-
-
-# ------------------------------------------------------------------------------------------ the public entry points
-
-
-def scaled_inv_freq(
-    method: str,
-    head_dim: int,
-    base: float,
-    factor: float,
-    original_length: int,
-    seq_len: int | None = None,
-    **params: float | bool | None,
-) -> tuple[Tensor, float]:
-    """(inv_freq (head_dim//2,) float32, attention_factor) of a scaled RoPE; same contract as `transformers`.
-
-    The attention factor multiplies both cos and sin, so attention logits scale by attention_factor². `method` is
-    "none" (inv_k = base^(-2k/d), attention 1) or a registered method (see its module for its formula);
-    `seq_len` matters only to length-dependent methods (dynamic: recompute it per sequence length). `params` may
-    hold any method's parameters (None means the default; those the method does not use are ignored). Raises
-    ConfigError for an unknown method or parameter, factor < 1 or bad parameters.
-    """
-    spec = _check_common(method, head_dim, base, factor, original_length, params)
-    if spec is None:
-        return base_inv_freq(head_dim, base).to(torch.float32), 1.0
-    p = make_params(spec, params)
-    inv = spec.inv_freq(p, head_dim, base, factor, original_length, seq_len)
-    return inv.to(torch.float32), spec.attention_factor(p, factor, original_length)
-
-
-def frequency_regions(
-    method: str, head_dim: int, base: float, factor: float, original_length: int, **params: float | bool | None
-) -> Regions:
-    """How many of the d/2 frequency pairs keep their frequency, are blended, or are fully interpolated (inv_k/s).
-
-    none, or factor 1: all keep; otherwise the method's own `regions` (see its module).
-    Returns dict(keep=int, blend=int, interpolate=int) summing to head_dim // 2.
-    """
-    spec = _check_common(method, head_dim, base, factor, original_length, params)
-    if spec is None or factor == 1.0:
-        return {"keep": head_dim // 2, "blend": 0, "interpolate": 0}
-    return spec.regions(make_params(spec, params), head_dim, base, factor, original_length)
-
-
-def frequency_summary(
-    method: str, head_dim: int, base: float, factor: float, original_length: int, **params: float | bool | None
-) -> tuple[float, Regions, tuple[float, float]]:
-    """(attention factor, regions, longest wavelength in tokens before/after) for `extend`'s before/after table;
-    a length-dependent method is shown at s·L tokens. Raises ConfigError for bad parameters."""
-    spec = get_method(method)
-    before, _ = scaled_inv_freq(NONE, head_dim, base, 1.0, original_length)
-    seq_len = round(factor * original_length) if spec.length_dependent else None
-    after, attention = scaled_inv_freq(method, head_dim, base, factor, original_length, seq_len, **params)
-    regions = frequency_regions(method, head_dim, base, factor, original_length, **params)
-    wavelengths = (2 * math.pi / float(before.min()), 2 * math.pi / float(after.min()))
-    return float(attention), regions, wavelengths
 
 
 # ------------------------------------------------------------------------------------------ the settings dataclass

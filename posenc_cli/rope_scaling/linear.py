@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, base_inv_freq, register
+from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, register
+from posenc_cli.rope_scaling.frequencies import base_inv_freq
 
 
 @register

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from posenc_cli.errors import ConfigError
-from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, base_inv_freq, param, register
+from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, param, register
+from posenc_cli.rope_scaling.frequencies import base_inv_freq
 from posenc_cli.untrusted import load_json
 
 __all__ = [

@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 
 from posenc_cli.errors import ConfigError
-from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, base_inv_freq, param, register
+from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, param, register
+from posenc_cli.rope_scaling.frequencies import base_inv_freq
 
 __all__ = ["YaRN", "YarnParams", "yarn_attention_factor", "yarn_correction_range", "yarn_ramp"]
 

@@ -14,7 +14,7 @@ from posenc_cli.config import ExtendConfig, replace
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.extension.extend import default_out_dir, extend_run
 from posenc_cli.model import build_model
-from posenc_cli.rope_scaling import frequency_regions, scaled_inv_freq
+from posenc_cli.rope_scaling.frequencies import frequency_regions, scaled_inv_freq
 from posenc_cli.rope_scaling.llama3 import Llama3Params
 from posenc_cli.rope_scaling.longrope import LongRopeParams
 from posenc_cli.rope_scaling.yarn import YarnParams

@@ -70,7 +70,7 @@ def test_extended_dir_loads_in_transformers_with_posenc_logits(
 def test_transformers_frequencies_equal_posenc_maths(sources: dict[str, Path], tmp_path: Path, method: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from posenc_cli.rope_scaling import scaled_inv_freq
+    from posenc_cli.rope_scaling.frequencies import scaled_inv_freq
 
     out = tmp_path / "ext"
     assert _extend(str(sources["llama"]), f"--{method}", "--factor", "8", "--out", str(out)).exit_code == 0

@@ -59,7 +59,7 @@ def _inv_freq(path: Path, layer_type: str) -> torch.Tensor:
 
 
 def test_yarn_scales_only_gemma3s_global_layers_by_default(sources: dict[str, Path], tmp_path: Path) -> None:
-    from posenc_cli.rope_scaling import scaled_inv_freq
+    from posenc_cli.rope_scaling.frequencies import scaled_inv_freq
 
     src, out = sources["gemma3"], tmp_path / "ext"
     before = _digest(src)

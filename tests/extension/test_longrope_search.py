@@ -27,7 +27,7 @@ from posenc_cli.extension.longrope_search import (
     search_bounds,
 )
 from posenc_cli.extension.plan import SearchThenScale, execute
-from posenc_cli.rope_scaling import scaled_inv_freq
+from posenc_cli.rope_scaling.frequencies import scaled_inv_freq
 from posenc_cli.rope_scaling.longrope import read_factors_file
 from posenc_cli.run.load import load_run
 from posenc_cli.run.train import train

@@ -14,7 +14,8 @@ import torch
 from posenc_cli.config import build_dataclass, config_to_dict
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional.rope import RopeConfig
-from posenc_cli.rope_scaling import RopeScalingConfig, frequency_regions, scaled_inv_freq
+from posenc_cli.rope_scaling import RopeScalingConfig
+from posenc_cli.rope_scaling.frequencies import frequency_regions, scaled_inv_freq
 from posenc_cli.rope_scaling.longrope import LongRopeParams, longrope_attention_factor, read_factors_file
 
 HEAD_DIMS = (8, 16, 64, 128)

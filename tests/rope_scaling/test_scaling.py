@@ -11,7 +11,8 @@ import torch
 from posenc_cli.config import ModelConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional.rope import RoPE, RopeConfig
-from posenc_cli.rope_scaling import RopeScalingConfig, frequency_regions, scaled_inv_freq
+from posenc_cli.rope_scaling import RopeScalingConfig
+from posenc_cli.rope_scaling.frequencies import frequency_regions, scaled_inv_freq
 from posenc_cli.rope_scaling.yarn import YarnParams, yarn_attention_factor, yarn_correction_range, yarn_ramp
 
 HEAD_DIMS = (16, 32, 64, 128)

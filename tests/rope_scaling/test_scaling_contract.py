@@ -13,16 +13,8 @@ import typer.main
 from posenc_cli.cli import app
 from posenc_cli.config import ExtendConfig, build_dataclass
 from posenc_cli.positional.rope import RopeConfig
-from posenc_cli.rope_scaling import (
-    NONE,
-    RopeScalingConfig,
-    ScalingParams,
-    frequency_regions,
-    frequency_summary,
-    param_fields,
-    registry,
-    scaled_inv_freq,
-)
+from posenc_cli.rope_scaling import NONE, RopeScalingConfig, ScalingParams, param_fields, registry
+from posenc_cli.rope_scaling.frequencies import frequency_regions, frequency_summary, scaled_inv_freq
 from posenc_cli.run.export import NotExportable, neox_rope
 
 METHODS = list(registry())

@@ -24,7 +24,8 @@ from posenc_cli.config import (
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.child_run import recorded_extension
 from posenc_cli.positional.rope import RoPE
-from posenc_cli.rope_scaling import RopeScalingConfig, ScalingParams, scaled_inv_freq
+from posenc_cli.rope_scaling import RopeScalingConfig, ScalingParams
+from posenc_cli.rope_scaling.frequencies import scaled_inv_freq
 from posenc_cli.rope_scaling.llama3 import Llama3Params
 from posenc_cli.rope_scaling.yarn import YarnParams
 from posenc_cli.run.config_load import config_from_dict, load_config_file

@@ -307,7 +307,8 @@ def test_partial_rotary_factor_gives_transformers_the_same_rotary_dim() -> None:
 
 def test_static_ntk_is_plain_rope_with_a_larger_base() -> None:
     from posenc_cli.positional.rope import RopeConfig
-    from posenc_cli.rope_scaling import RopeScalingConfig, scaled_inv_freq
+    from posenc_cli.rope_scaling import RopeScalingConfig
+    from posenc_cli.rope_scaling.frequencies import scaled_inv_freq
 
     pos = RopeConfig(base=10000.0, scaling=RopeScalingConfig(method="ntk", factor=4.0, original_length=L))
     scaling, base, _, _ = neox_rope(pos, 16, L)
