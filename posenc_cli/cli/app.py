@@ -3,22 +3,32 @@
 Conventions: positional arguments with `=` are Hydra-style overrides, those without are paths or names;
 `--config-dir DIR` adds a user's config directory to the search path. A `UserError` anywhere below a command
 becomes one red line on stderr and exit code 2.
+
+Commands load lazily: `lazy_commands` (called by `posenc_cli.cli`) names each command, the module that defines it
+and its one-line summary; the root group lists the summaries for `posenc --help` and imports a command's module only
+when that command runs or shows its own help, so `posenc --help` and `posenc train --help` load no torch
+(tests/cli/test_lazy_commands.py). Modules import what they use at their top.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import math
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
+import typer.core
+import typer.main
 from rich.console import Console
-from typer.core import TyperGroup, TyperOption
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 try:  # typer >= 0.24 carries its own copy of click; its exceptions are the ones raised
     from typer import _click as click
@@ -27,10 +37,11 @@ except ImportError:  # pragma: no cover
     import click  # type: ignore[no-redef]
     from click.exceptions import Abort  # type: ignore[no-redef,assignment]
 
+from posenc_cli.bounds import Bound
+from posenc_cli.cli.options import option_bound
+from posenc_cli.config import check_config_dir
 from posenc_cli.errors import UserError, disk_error_message, is_disk_error
-
-if TYPE_CHECKING:
-    from rich.progress import Progress
+from posenc_cli.run.interrupts import Stopped, sigterm_raises
 
 
 class _FlagOption(TyperOption):
@@ -47,10 +58,6 @@ class _FlagOption(TyperOption):
         numbers = [v for v in (value if isinstance(value, list | tuple) else [value]) if isinstance(v, int | float)]
         if not numbers or isinstance(value, bool):
             return value
-        # deferred: keeps the option table off posenc --help start-up
-        from posenc_cli.bounds import Bound
-        from posenc_cli.cli.options import option_bound
-
         bound = option_bound(ctx.command.name, self.opts[0]) or Bound(-math.inf, math.inf)
         for number in numbers:
             problem = bound.problem(number)
@@ -59,9 +66,50 @@ class _FlagOption(TyperOption):
         return value
 
 
+class LazyCommand(TyperCommand):
+    """A command whose module is not imported yet: its name and summary, all that `posenc --help` shows of it."""
+
+    def __init__(self, name: str, module: str, summary: str) -> None:
+        super().__init__(name, help=summary)
+        self.module = module
+
+    def load(self) -> click.Command:
+        """Import the module (which registers the command on `app`) and build the command Typer makes of it."""
+        importlib.import_module(self.module)
+        command = typer.main.get_group(app).commands.get(self.name or "")
+        if command is None or isinstance(command, LazyCommand):
+            raise RuntimeError(f"{self.module} registers no command '{self.name}'")
+        return command
+
+
+_LAZY: dict[str, LazyCommand] = {}  # by name, in `posenc --help` order
+
+
+def lazy_commands(commands: Sequence[tuple[str, str, str]]) -> None:
+    """Declare the commands as (name, module, summary), in `posenc --help` order; the summary is the first paragraph
+    of the command's own help (tests/cli/test_lazy_commands.py holds the two equal)."""
+    _LAZY.clear()
+    _LAZY.update({name: LazyCommand(name, module, summary) for name, module, summary in commands})
+
+
 class PosencGroup(TyperGroup):
     """Typer's group, but click's own usage errors (unknown option or command, a value given to a flag, a missing
-    argument) are one line on stderr and exit code 2, like every other posenc error, instead of a boxed panel."""
+    argument) are one line on stderr and exit code 2, like every other posenc error, instead of a boxed panel; and
+    the commands declared with `lazy_commands` are listed by name and summary, their module imported only when one
+    is resolved (run, or asked for its own help or completion)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        built = dict(self.commands)  # those whose module is already imported (tests import them)
+        self.commands = {name: built.pop(name, lazy) for name, lazy in _LAZY.items()} | built
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        command = self.commands.get(args[0]) if args else None
+        if isinstance(command, LazyCommand):
+            self.commands[args[0]] = command.load()
+        return super().resolve_command(ctx, args)
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
@@ -72,7 +120,7 @@ class PosencGroup(TyperGroup):
             e.show()
             sys.exit(e.exit_code)
         except click.exceptions.ClickException as e:
-            err_console.print(f"[bold red]error:[/] {_escape(usage_error_line(e))}", highlight=False)
+            err_console.print(f"[bold red]error:[/] {escape(usage_error_line(e))}", highlight=False)
             sys.exit(2 if isinstance(e, click.exceptions.UsageError) else e.exit_code)
         except Abort:
             err_console.print("[bold red]error:[/] aborted", highlight=False)
@@ -89,10 +137,6 @@ def usage_error_line(e: click.ClickException) -> str:
 
 def _flags_without_type() -> None:
     """Every option typer builds is a `_FlagOption`, so a flag's help row has no `<bool>`."""
-    # deferred: keeps this command's modules off posenc --help start-up
-    import typer.core
-    import typer.main
-
     typer.main.TyperOption = _FlagOption  # type: ignore[attr-defined,misc]
     typer.core.TyperOption = _FlagOption  # type: ignore[misc]
 
@@ -119,9 +163,6 @@ def _checked_config_dir(value: str | None) -> str | None:
     """`--config-dir DIR`, refused in one line (exit 2) unless every YAML file in DIR is a regular file of safe YAML
     (`config.check_config_dir`), before Hydra reads any of it."""
     if value is not None:
-        # deferred: keeps the config schema off posenc --help start-up
-        from posenc_cli.config import check_config_dir
-
         try:
             check_config_dir(Path(value))
         except UserError as e:
@@ -143,9 +184,6 @@ ConfigDirOption = Annotated[
 def progress_bar(description: str = "{task.description}") -> Progress:
     """A transient bar on stderr (description, bar, done/total, elapsed), shown only on a terminal, so piped
     output stays the result."""
-    # deferred: keeps this command's modules off posenc --help start-up
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     return Progress(
         TextColumn(description),
         BarColumn(),
@@ -170,14 +208,11 @@ def handles_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        # deferred: keeps this command's modules off posenc --help start-up
-        from posenc_cli.run.interrupts import Stopped, sigterm_raises
-
         try:
             with sigterm_raises():
                 return func(*args, **kwargs)
         except UserError as e:
-            raise fail(_escape(str(e)).replace("\n", " ")) from None
+            raise fail(escape(str(e)).replace("\n", " ")) from None
         except Stopped as e:
             raise fail(
                 f"stopped by {signal.Signals(e.signum).name}; results already stored are kept, and the same command "
@@ -189,7 +224,7 @@ def handles_errors(func: F) -> F:
         except OSError as e:  # a full, read-only or forbidden location: the user's to fix, not a bug
             if not is_disk_error(e):
                 raise
-            raise fail(_escape(disk_error_message(e))) from None
+            raise fail(escape(disk_error_message(e))) from None
 
     wrapper.__doc__ = one_line_paragraphs(func.__doc__ or "")  # the command's --help text
     return wrapper  # type: ignore[return-value]
@@ -225,13 +260,6 @@ def path_exists(text: str) -> bool:
 def not_available(command: str, issue: str) -> None:
     """Commands that a later capability fills: say so plainly and exit 2."""
     raise fail(f"'posenc {command}' is not available yet in this version (planned: {issue}).")
-
-
-def _escape(text: str) -> str:
-    # deferred: keeps this command's modules off posenc --help start-up
-    from rich.markup import escape
-
-    return escape(text)
 
 
 def stdout_is_terminal() -> bool:
