@@ -64,7 +64,7 @@ class SweepPlan:
             return None
         # deferred: Hydra
         from posenc_cli.cpu_load import training_busy_warning
-        from posenc_cli.sweep.hydra_bridge import compose_config
+        from posenc_cli.run.config_compose import compose_config
 
         first = next((job for plan in self.plans for job in plan.jobs), None)
         if first is None:

@@ -36,7 +36,7 @@ def train_config(
             raise ConfigError("--out and --resume name different directories; give one of them")
         return resumed_config(Path(resume), list(overrides))
     # deferred: Hydra's compose API costs a second of import
-    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.run.config_compose import compose_config
 
     return compose_config(list(overrides), Path(config_dir) if config_dir else None)
 

@@ -89,7 +89,7 @@ def bench_command(
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.fsutil import atomic_write_json
     from posenc_cli.perf.bench import BenchOptions, run_bench
-    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.run.config_compose import compose_config
 
     names, overrides = split_args(args)
     if names:

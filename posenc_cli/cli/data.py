@@ -22,7 +22,7 @@ def data_command(
     """Prepare and summarise the token cache. Example: posenc data data=text data.paths=\\[notes/] tokenizer=bpe"""
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli.data.cache import load_corpus
-    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.run.config_compose import compose_config
 
     names, overrides = split_args(args)
     if names:

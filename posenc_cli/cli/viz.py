@@ -109,7 +109,7 @@ def encoding_command(
         seed = run.config.train.seed
     else:
         # deferred: keeps this command's modules off posenc --help start-up
-        from posenc_cli.sweep.hydra_bridge import compose_config
+        from posenc_cli.run.config_compose import compose_config
 
         cfg = compose_config(overrides, Path(config_dir) if config_dir else None)
         scheme = seeded_scheme(cfg)

@@ -3,8 +3,8 @@ overrides (`train.steps=800`) read into or merged onto such a dict.
 
 The dataclasses live in `config`; this module sits above the registries, which pick the class of the `pos` group
 (the scheme's own `PosConfig` subclass) and of the `data` group (the source's own `DataConfig` subclass). It is the
-config-loading module: besides `sweep.hydra_bridge` (composition from `configs/`), the one module that imports
-OmegaConf (its dotlist grammar, for overrides applied without Hydra).
+config-loading module: besides `run.config_compose` and `sweep.hydra_bridge` (composition from `configs/`), the
+one module that imports OmegaConf (its dotlist grammar, for overrides applied without Hydra).
 """
 
 from __future__ import annotations

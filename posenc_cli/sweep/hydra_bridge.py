@@ -1,4 +1,5 @@
-"""The only module that touches Hydra: compose configs from `configs/` plus overrides.
+"""Hydra's multirun for sweeps: overrides parsed with Hydra's grammar, job directory names, and a stage launched
+through Hydra's launcher (any installed plugin); single-run composition is `run.config_compose`'s.
 
 Everything else receives the plain `Config` dataclasses built by `run.config_load.config_from_dict`.
 """
@@ -12,102 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.config import ROOT_CONFIG, Config, config_dir, suggest
-from posenc_cli.data.sources import registry as source_registry
+from posenc_cli.config import ROOT_CONFIG, config_dir, suggest
 from posenc_cli.errors import ConfigError
-from posenc_cli.positional import registry
-from posenc_cli.run.config_load import config_from_dict, unknown_override_message
-
-
-def register_groups() -> None:
-    """Make every registered scheme a `pos` option and every registered data source a `data` option, so
-    `pos=alibi` and `data=<source>` work without a YAML file: a new scheme or source is one file. A data source's
-    group file in `configs/data/`, where there is one, documents the same defaults and is used instead (a test
-    holds the two equal)."""
-    # deferred: keeps Hydra off posenc --help start-up
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    # Stored as plain mappings: OmegaConf's structured configs cannot type `Literal` fields; posenc's own schema
-    # check (`config_from_dict`) validates types and keys after composition.
-    for name, cls in registry().items():
-        store.store(group="pos", name=name, node=dataclasses.asdict(cls.config_cls(name=name)))
-    for name, source in source_registry().items():
-        if not (config_dir() / "data" / f"{name}.yaml").is_file():
-            store.store(group="data", name=name, node=dataclasses.asdict(source.config_cls(source=name)))
-
-
-def searchpath_override(user_dir: Path | None) -> list[str]:
-    if user_dir is None:
-        return []
-    user_dir = Path(user_dir).resolve()
-    if not user_dir.is_dir():
-        raise ConfigError(f"--config-dir {user_dir} is not a directory")
-    return [f"hydra.searchpath=[file://{user_dir}]"]
-
-
-def compose_dict(overrides: list[str], user_config_dir: Path | None = None) -> dict[str, Any]:
-    """Compose the root config with Hydra overrides into a plain, resolved dict (no `hydra` key)."""
-    # deferred: keeps Hydra and OmegaConf (Hydra's) off posenc --help start-up
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    register_groups()
-    all_overrides = [*overrides, *searchpath_override(user_config_dir)]
-    try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
-            cfg = compose(config_name=ROOT_CONFIG, overrides=all_overrides)
-        raw = OmegaConf.to_container(cfg, resolve=True)
-    except (HydraException, OmegaConfBaseException, ValueError) as e:
-        match = re.match(r"Could not override '([^']+)'.\s+To append", str(e))
-        if match:  # checked against the scheme and source the overrides select (pos=rope pos.bse: RopeConfig's keys)
-            raise ConfigError(unknown_override_message(match.group(1), overrides)) from e
-        raise ConfigError(_suggest_option(one_line(e))) from e
-    assert isinstance(raw, dict)
-    raw.pop("hydra", None)
-    return raw
-
-
-def compose_config(overrides: list[str], user_config_dir: Path | None = None) -> Config:
-    """Compose and validate: the `Config` a command runs with."""
-    return config_from_dict(compose_dict(overrides, user_config_dir))
-
-
-def _suggest_option(text: str) -> str:
-    """ "Could not find 'pos/alibii' (available: alibi, ...)" gains " (did you mean alibi?)" after the option."""
-    missing = re.search(r"Could not find '(?:[^']*/)?([^'/]+)'.*\(available: ([^)]*)\)", text)
-    if not missing:
-        return text
-    hint = suggest(missing.group(1), [o.strip() for o in missing.group(2).split(",")])
-    return text[: missing.end(1) + 1] + hint + text[missing.end(1) + 1 :]
-
-
-def one_line(exc: BaseException) -> str:
-    """Hydra/OmegaConf errors span several lines with hints and search paths: keep what names the problem."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    if not lines:
-        return type(exc).__name__
-    parts = [lines[0]]
-    options: list[str] = []
-    in_options = False
-    for ln in lines[1:]:
-        if ln.startswith(("Config search path", "See https", "provider=")):
-            in_options = False
-            continue
-        if ln.startswith("Available options"):
-            in_options = True
-            continue
-        if in_options:
-            options.append(ln)
-        elif ln.startswith(("Key '", "full_key:", "missing ", "no viable")):
-            parts.append(ln)
-    text = " ".join(parts)
-    if options:
-        text += f" (available: {', '.join(options)})"
-    return text
-
+from posenc_cli.run.config_compose import one_line, register_groups, searchpath_override
 
 # ----------------------------------------------------------------------------------------------------------------
 # Multirun (sweeps): expansion in posenc's own code for --dry-run, and Hydra's launcher for the real thing.

@@ -34,11 +34,12 @@ from posenc_cli.config import Config, suggest
 from posenc_cli.errors import ConfigError
 from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.run.compile import check_compile
+from posenc_cli.run.config_compose import compose_config
 from posenc_cli.run.device import resolve_device
 from posenc_cli.run.drope import check_drope
 from posenc_cli.run.meta import is_run_dir
 from posenc_cli.run.train import check_budget
-from posenc_cli.sweep.hydra_bridge import compose_config, job_name, parse_overrides
+from posenc_cli.sweep.hydra_bridge import job_name, parse_overrides
 from posenc_cli.sweep.identity import (
     difference,
     identity_hash,

@@ -34,11 +34,11 @@ from posenc_cli.evaluation.results import checkpoint_identity
 from posenc_cli.evaluation.tasks import registry as eval_registry
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class
+from posenc_cli.run.config_compose import compose_dict
 from posenc_cli.run.config_load import config_from_dict
 from posenc_cli.run.interrupts import run_lock
 from posenc_cli.run.load import LoadedRun
 from posenc_cli.run.meta import RunMeta
-from posenc_cli.sweep.hydra_bridge import compose_dict
 
 # ----------------------------------------------------------------------------------------------------------------
 # Tasks: the reference's definitions.

@@ -141,7 +141,7 @@ def test_passkey_source_through_load_corpus(tmp_path: Path) -> None:
 
 def test_data_passkey_composes_from_the_config_group() -> None:
     from posenc_cli.errors import ConfigError
-    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.run.config_compose import compose_config
 
     cfg = compose_config(["data=passkey", "data.passkey_episodes=10", "data.passkey_max_len=256"])
     assert cfg.data.source == "passkey" and cfg.data.passkey_episodes == 10 and cfg.data.passkey_max_len == 256

@@ -53,7 +53,7 @@ def test_matmul_probe_measures_something() -> None:
 
 
 def tiny_cfg():
-    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.run.config_compose import compose_config
 
     overrides = ["model.d_model=32", "model.n_layer=1", "model.n_head=2", "train.seq_len=16", "train.batch_size=2"]
     return compose_config([*overrides, "train.threads=1", "train.device=cpu"], None)

@@ -18,7 +18,7 @@ TINY = ModelConfig(d_model=32, n_layer=1, n_head=2)
 
 
 def tiny_cfg(*extra: str):
-    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.run.config_compose import compose_config
 
     overrides = ["model.d_model=32", "model.n_layer=1", "model.n_head=2", "train.seq_len=16"]
     return compose_config([*overrides, "train.threads=1", "train.device=cpu", "train.precision=fp32", *extra], None)

@@ -55,7 +55,7 @@ def test_registered_and_listed_by_posenc_schemes() -> None:
     ],
 )
 def test_selectable_through_hydra(overrides: list[str], field: str, value: object) -> None:
-    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.run.config_compose import compose_config
 
     cfg = compose_config(overrides)
     assert type(cfg.pos) is config_class(overrides[0].split("=")[1])

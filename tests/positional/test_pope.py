@@ -166,7 +166,7 @@ def test_bias_init_and_validation() -> None:
 
 
 def test_selectable_through_hydra() -> None:
-    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.run.config_compose import compose_config
 
     cfg = compose_config(["pos=pope", "pos.bias_init=uniform", "pos.base=500"])
     assert isinstance(cfg.pos, PopeConfig) and cfg.pos.bias_init == "uniform" and cfg.pos.base == 500.0

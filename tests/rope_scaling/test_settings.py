@@ -28,8 +28,8 @@ from posenc_cli.rope_scaling import RopeScalingConfig, ScalingParams
 from posenc_cli.rope_scaling.frequencies import scaled_inv_freq
 from posenc_cli.rope_scaling.llama3 import Llama3Params
 from posenc_cli.rope_scaling.yarn import YarnParams
+from posenc_cli.run.config_compose import compose_config
 from posenc_cli.run.config_load import config_from_dict, load_config_file
-from posenc_cli.sweep.hydra_bridge import compose_config
 from posenc_cli.sweep.identity import ADDED_DEFAULTS
 
 # A YaRN child's config.yaml as posenc wrote it before the nesting (every method's parameters beside `method`, in

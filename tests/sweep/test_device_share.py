@@ -16,9 +16,10 @@ from sweep_utils import MICRO_MODEL, ONE_STAGE
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
+from posenc_cli.run.config_compose import compose_config, compose_dict
 from posenc_cli.sweep import device_share, job
 from posenc_cli.sweep.device_share import NotEnoughDeviceMemory, job_need_bytes, job_threads, start_slot
-from posenc_cli.sweep.hydra_bridge import JobInfo, compose_config, compose_dict
+from posenc_cli.sweep.hydra_bridge import JobInfo
 from posenc_cli.sweep.markers import FAILED_FILE
 
 pytestmark = pytest.mark.integration  # end to end (sweeps, launchers, DDP, compile): not in the fast lane

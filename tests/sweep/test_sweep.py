@@ -187,7 +187,7 @@ def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeyp
     import posenc_cli.evaluation.perplexity
     import posenc_cli.evaluation.perplexity.discovery
     from posenc_cli.sweep import job
-    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.run.config_compose import compose_config
     from posenc_cli.sweep.markers import job_status
 
     calls: list[str] = []

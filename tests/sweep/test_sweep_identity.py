@@ -140,7 +140,7 @@ def test_a_job_that_failed_before_its_run_existed_runs_again_with_new_settings(w
 
 
 def test_identity_ignores_speed_and_logging_and_names_the_parent() -> None:
-    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.run.config_compose import compose_config
     from posenc_cli.sweep.identity import difference, identity_hash, job_identity
 
     base = job_identity(compose_config(["pos=rope"]))
@@ -155,7 +155,7 @@ def test_identity_ignores_speed_and_logging_and_names_the_parent() -> None:
 def test_identity_names_the_training_recipe_only_when_it_is_not_the_old_one() -> None:
     """train.loss_on and train.packing at their defaults (what every job did before they existed) leave an identity
     as it was, so sweeps planned before them reuse their jobs; any other value is part of it."""
-    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.run.config_compose import compose_config
     from posenc_cli.sweep.identity import identity_hash, job_identity
 
     base = job_identity(compose_config(["pos=rope"]))

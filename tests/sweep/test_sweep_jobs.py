@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from posenc_cli.run.config_compose import compose_dict
 from posenc_cli.sweep import job, joblog, markers
-from posenc_cli.sweep.hydra_bridge import JobInfo, compose_dict
+from posenc_cli.sweep.hydra_bridge import JobInfo
 
 pytestmark = pytest.mark.integration  # end to end (sweeps, launchers, DDP, compile): not in the fast lane
 
