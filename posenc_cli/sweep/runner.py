@@ -8,8 +8,10 @@ again resumes it.
 
 A select stage's pick (`sweep.select`) is made from disk once its stage has run (finished jobs skipped as always), and
 recorded in its directory; the stages after it are then planned with it, checked against the sweep directory and
-recorded before they run. A pick that cannot be made (grid points unfinished or failed) stops the sweep before any
-stage that needs it (`select.SelectionPending`); running the sweep again retries those points and picks.
+recorded before they run. A job planned with the very config of a done job of an earlier stage (seed 0 of a pick,
+which the grid trained already) is copied from it (`sweep.reuse`), not trained again. A pick that cannot be made
+(grid points unfinished or failed) stops the sweep before any stage that needs it (`select.SelectionPending`);
+running the sweep again retries those points and picks.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from posenc_cli.sweep.plan import (
     validate_plan,
     write_plan,
 )
+from posenc_cli.sweep.reuse import reuse_identical
 from posenc_cli.sweep.select import (
     GroupKey,
     Pick,
@@ -114,6 +117,8 @@ def run_sweep(
                 write_planned(sweep_dir, {k: v for k, v in identities.items() if k in keys})
                 write_plan(spec, user_overrides, sweep_dir, plans, identities)
                 continue
+            earlier = [job for p in plans[:index] for job in p.jobs]
+            reuse_identical(plan.jobs, earlier, identities, sweep_dir, say)  # e.g. seed 0 of a select stage's pick
             _run_stage(plan, sweep_dir, session, launcher_overrides, user_config_dir, on_event)
             if plan.stage.select is not None:
                 pick = _pick(plan, plans, sweep_dir, read_metric, say)
