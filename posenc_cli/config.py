@@ -1,6 +1,6 @@
 """Typed configuration: one dataclass per config group, validation, and (de)serialisation.
 
-Hydra composes YAML into a plain dict (see `sweep.hydra_bridge`); `run.config_load.config_from_dict` turns that dict
+Hydra composes YAML into a plain dict (see `run.config_compose`); `run.config_load.config_from_dict` turns that dict
 into these dataclasses (with `build_dataclass` below), rejecting unknown keys, wrong types and out-of-range values with
 one line that names the key. The same function rebuilds the config saved in a run directory, so evaluation and extension
 never need Hydra. Model code only ever sees these dataclasses. The positional schemes and data sources subclass
@@ -26,6 +26,16 @@ from posenc_cli.rope_scaling import NONE, ScalingSettings, method_names, param_f
 from posenc_cli.untrusted import load_yaml
 
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes [-2**63, 2**64) and seed + 1 seeds the sampler; numpy: seed mod 2**32
+
+# Dotted keys (or key prefixes) that are not part of what a run is. RUNTIME_KEYS change how fast a run goes or what it
+# logs, never its numbers (beyond float rounding): a sweep job planned with other values is reused (`sweep.identity`).
+# Runs whose configs agree but for these, the seeds and the bookkeeping (when validation runs and checkpoints are
+# written, where caches live, what evaluation was configured at training time) are the seeds of one experiment
+# (`analysis.rows`: NOT_IDENTITY_KEYS). A sweep job's identity keeps the bookkeeping: it names the job's files.
+RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger", "train.compile")
+SEED_KEYS = ("train.seed", "extend.longrope_search_seed")
+BOOKKEEPING_KEYS = ("train.eval_every", "train.eval_batches", "train.save_every", "data.cache_dir", "eval.")
+NOT_IDENTITY_KEYS = (*RUNTIME_KEYS, *SEED_KEYS, *BOOKKEEPING_KEYS)
 
 
 @dataclass(kw_only=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.config import Config, config_to_dict, flatten
+from posenc_cli.config import NOT_IDENTITY_KEYS, Config, config_to_dict, flatten
 from posenc_cli.errors import UserError
 from posenc_cli.evaluation.results import cell_group
 from posenc_cli.run.export import EXPORT_INFO_FILE
@@ -46,25 +46,10 @@ class RunRecord:
     tokenizer_name: str = ""  # 'byte', 'bpe, vocab 300', 'transformers tokenizer.json'
 
 
-# Settings that do not change what a run learns, and the seeds: runs whose saved configs agree once these are
-# dropped are the seeds of one experiment (eval.* only chose what the cells measure, and each cell records that).
-NOT_IDENTITY = (
-    "train.seed",
-    "extend.longrope_search_seed",
-    "train.threads",
-    "train.log_every",
-    "train.logger",
-    "train.eval_every",
-    "train.eval_batches",
-    "train.save_every",
-    "data.cache_dir",
-    "eval.",
-)
-
-
 def config_identity(cfg: Config, meta: RunMeta) -> str:
-    """The resolved config without `NOT_IDENTITY`, plus the training corpus's fingerprint, as canonical JSON."""
-    flat = {k: v for k, v in flatten(config_to_dict(cfg)).items() if not k.startswith(NOT_IDENTITY)}
+    """The resolved config without `config.NOT_IDENTITY_KEYS` (speed, logging, seeds, bookkeeping: runs that differ
+    only there are the seeds of one experiment), plus the training corpus's fingerprint, as canonical JSON."""
+    flat = {k: v for k, v in flatten(config_to_dict(cfg)).items() if not k.startswith(NOT_IDENTITY_KEYS)}
     flat["data.fingerprint"] = (meta.record.get("data") or {}).get("fingerprint")
     return json.dumps(flat, sort_keys=True, default=str)
 

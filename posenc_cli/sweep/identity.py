@@ -1,39 +1,53 @@
 """A sweep job's identity: the config it was planned with (see `sweep.plan`'s module docstring).
 
-The identity is the composed config flattened to dotted keys, without the settings that change only speed or logging
-(`RUNTIME_KEYS`), plus, for an extend job, its parent's identity hash; `identity_hash` is a canonical sha256 of it.
+The identity is the composed config flattened to dotted keys, without the settings that change only speed or
+logging (`config.RUNTIME_KEYS`), plus, for an extend job, its parent's identity hash; `identity_hash` is a canonical
+sha256 of it.
 `PLANNED_FILE` in a sweep directory keeps each job's identity and hash across sweeps into that directory.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.config import Config, config_to_dict, flatten, nest_flat_scaling_keys
+from posenc_cli.config import RUNTIME_KEYS, Config, config_to_dict, flatten, nest_flat_scaling_keys
+from posenc_cli.data.sources import config_class as data_config_class
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.fsutil import atomic_write_json
+from posenc_cli.positional import config_class as pos_config_class
+from posenc_cli.rope_scaling import params_class
+from posenc_cli.run.config_compose import group_classes
 from posenc_cli.run.layout import CONFIG_FILE
 from posenc_cli.untrusted import load_yaml
 
 PLANNED_FILE = "planned.json"  # in a sweep directory: per job, the config it was planned with
-# Settings that change a job's speed or logging, not its numbers: a job planned with other values is reused.
-RUNTIME_KEYS = ("train.device", "train.threads", "train.log_every", "train.logger", "train.compile")
-# Keys added after identities were first written, at the value that does what was done before they existed: left out
-# of an identity at that value, so a sweep planned before the key existed still matches its jobs.
-ADDED_DEFAULTS: dict[str, Any] = {
-    "train.window_start": "uniform",
-    "eval.longppl": True,
-    "extend.layers": "global",
-    "train.drope_at": 0,
-    "train.loss_on": "all",
-    "train.packing": "stream",
-    "model.temperature_c": 0.0,
-    "model.temperature_form": "cell",
-    "eval.longppl_evaluator": None,
-}
+# Keys added after identities were first written: left out of an identity at their dataclass default (which must do
+# what posenc did before the key existed), so a sweep planned before the key existed still matches its jobs. Only
+# the key is listed; its value is the field's default (`field_default`). A key added without a line here changes
+# every identity: tests/sweep/test_job_identity.py holds the identities of today's defaults fixed.
+ADDED_KEYS = (
+    "train.window_start",
+    "eval.longppl",
+    "extend.layers",
+    "train.drope_at",
+    "train.loss_on",
+    "train.packing",
+    "model.temperature_c",
+    "model.temperature_form",
+    "eval.longppl_evaluator",
+    "tokenizer.path",
+    "tokenizer.sha256",
+    "data.data_files",
+    "data.streaming",
+    "data.max_tokens",
+    "data.shuffle_buffer",
+    "data.shuffle_seed",
+)
 _ABSENT = object()
 
 
@@ -68,12 +82,45 @@ def run_config_identity(run_dir: Path) -> dict[str, Any] | None:
 
 
 def numbers_keys(flat: dict[str, Any]) -> dict[str, Any]:
-    """The dotted settings that decide a job's numbers: without `RUNTIME_KEYS` and `ADDED_DEFAULTS` at their value
+    """The dotted settings that decide a job's numbers: without `RUNTIME_KEYS` and `ADDED_KEYS` at their default
     (applied to recorded identities too, so one planned when a runtime key was still in them compares equal)."""
     flat = nest_flat_scaling_keys(flat)  # identities planned before scaling settings were nested per method
     if not flat.get("train.random_positions"):  # how ids are drawn matters only when they are drawn
         flat = {k: v for k, v in flat.items() if k != "train.random_positions_draw"}
-    return {k: v for k, v in flat.items() if not k.startswith(RUNTIME_KEYS) and ADDED_DEFAULTS.get(k, _ABSENT) != v}
+    return {
+        k: v
+        for k, v in flat.items()
+        if not k.startswith(RUNTIME_KEYS) and not (k in ADDED_KEYS and field_default(k, flat) == v)
+    }
+
+
+def field_default(key: str, flat: dict[str, Any]) -> Any:
+    """The dataclass default of dotted `key` in the config `flat` describes (a `pos.*` key: of its scheme's class; a
+    `data.*` key: of its source's; a scaling's `params.*`: of its method's parameters), JSON-normalised as
+    identities are; `_ABSENT` where no class of that config has the field."""
+    for scaling in ("extend", "pos.scaling"):
+        if key.startswith(f"{scaling}.params."):
+            method = flat.get(f"{scaling}.method")
+            params = params_class(method) if isinstance(method, str) else None
+            return _defaults(params).get(key.removeprefix(f"{scaling}.params."), _ABSENT)
+    group, _, name = key.partition(".")
+    cls: type | None
+    try:
+        if group == "pos":
+            cls = pos_config_class(str(flat.get("pos.name", "nope")))
+        elif group == "data":
+            cls = data_config_class(str(flat.get("data.source", "stdlib")))
+        else:
+            cls = group_classes().get(group)
+    except UserError:  # a scheme or source this posenc does not have: no default to compare with
+        return _ABSENT
+    return _defaults(cls).get(name, _ABSENT)
+
+
+@functools.cache
+def _defaults(cls: type | None) -> dict[str, Any]:
+    """Dataclass `cls`'s defaults as dotted keys, JSON-normalised (empty for None)."""
+    return {} if cls is None else _normalised(flatten(dataclasses.asdict(cls())))
 
 
 def read_planned(sweep_dir: Path) -> dict[str, Any]:

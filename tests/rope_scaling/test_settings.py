@@ -30,7 +30,7 @@ from posenc_cli.rope_scaling.llama3 import Llama3Params
 from posenc_cli.rope_scaling.yarn import YarnParams
 from posenc_cli.run.config_compose import compose_config
 from posenc_cli.run.config_load import config_from_dict, load_config_file
-from posenc_cli.sweep.identity import ADDED_DEFAULTS
+from posenc_cli.sweep.identity import ADDED_KEYS, field_default
 
 # A YaRN child's config.yaml as posenc wrote it before the nesting (every method's parameters beside `method`, in
 # pos.scaling and in extend); beta_fast and the llama3 values changed from their defaults.
@@ -109,7 +109,7 @@ def test_flat_dotted_keys_of_the_old_layout_match_todays() -> None:
     """A sweep's recorded identity (dotted keys) from before the nesting equals today's for the same config."""
     old = flatten(yaml.safe_load(OLD_LAYOUT))
     today = flatten(config_to_dict(config_from_dict(yaml.safe_load(OLD_LAYOUT), saved=True)))
-    today = {k: v for k, v in today.items() if ADDED_DEFAULTS.get(k, "<absent>") != v}  # keys added since, at default
+    today = {k: v for k, v in today.items() if not (k in ADDED_KEYS and field_default(k, today) == v)}  # added since
     scaling = ("pos.scaling.", "extend.")
     assert {k: v for k, v in nest_flat_scaling_keys(old).items() if k.startswith(scaling)} == {
         k: v for k, v in today.items() if k.startswith(scaling)

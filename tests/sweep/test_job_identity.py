@@ -1,0 +1,87 @@
+"""A sweep job's identity (`sweep.identity`) as pure functions: fixed for today's defaults, blind to the keys added
+since identities were first recorded (at their dataclass default), and one list of the keys that are no identity."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from posenc_cli.analysis.rows import config_identity
+from posenc_cli.config import RUNTIME_KEYS, Config, TrainConfig, config_to_dict, flatten
+from posenc_cli.data.sources import config_class as data_config_class
+from posenc_cli.data.sources import registry as source_registry
+from posenc_cli.positional import config_class
+from posenc_cli.run.meta import RunMeta
+from posenc_cli.sweep.identity import ADDED_KEYS, field_default, identity_hash, job_identity, numbers_keys
+
+# The identity hashes of configs at today's defaults, as every posenc since the record began computed them. A field
+# added to a config dataclass changes them unless its key is in ADDED_KEYS (at a default that does what was done
+# before the field existed): sweeps planned before it would then refuse their own finished jobs.
+FIXED = {
+    "nope": "aab0fc555c8cd0a0",
+    "rope": "0a3aaea4032c5e08",
+    "alibi": "6005ae7257218b1a",
+    "t5": "1f65e4c8e187e2a6",
+    "learned": "5934d8e506a5733c",
+    "sinusoidal": "b4c92c1d0512d92b",
+}
+
+
+@pytest.mark.parametrize("scheme", sorted(FIXED))
+def test_the_identity_of_the_defaults_is_what_it_was(scheme: str) -> None:
+    identity = job_identity(Config(pos=config_class(scheme)()))
+    assert identity_hash(identity) == FIXED[scheme], (
+        "a new config key changed every sweep job's identity: list it in sweep/identity.py ADDED_KEYS (its default "
+        "must do what posenc did before it existed)"
+    )
+    assert identity_hash(job_identity(Config(), "parent0")) == "372f99884ce4590f"  # an extend job names its parent
+
+
+def _config_with(key: str) -> Config:
+    """A default config whose data source has `key` (a `data.*` key of one source, such as hf's)."""
+    group, _, name = key.partition(".")
+    if group == "data":
+        for source in source_registry():
+            if name in {f.name for f in dataclasses.fields(data_config_class(source))}:
+                return Config(data=data_config_class(source)())
+    return Config()
+
+
+@pytest.mark.parametrize("key", ADDED_KEYS)
+def test_an_added_key_at_its_default_is_no_part_of_an_identity(key: str) -> None:
+    """The value left out is the field's own default (not a second statement of it), and a record planned before the
+    key existed (without it) compares equal to today's identity; any other value is part of the identity."""
+    cfg = _config_with(key)
+    flat = flatten(config_to_dict(cfg))
+    if key not in flat:
+        pytest.skip(f"{key} is not a field of this posenc's config classes")
+    assert field_default(key, flat) == flat[key]
+    today = job_identity(cfg)
+    assert key not in today
+    recorded = {k: v for k, v in numbers_keys(flat).items() if k != key}
+    assert identity_hash(numbers_keys(recorded)) == identity_hash(today)
+
+
+def test_an_added_key_set_otherwise_is_part_of_the_identity() -> None:
+    cfg = Config(train=TrainConfig(loss_on="answer"))
+    assert job_identity(cfg)["train.loss_on"] == "answer"
+    assert identity_hash(job_identity(cfg)) != identity_hash(job_identity(Config()))
+
+
+def test_a_scaling_parameter_default_is_the_chosen_methods() -> None:
+    flat = {"extend.method": "yarn", "pos.scaling.method": "none"}
+    assert field_default("extend.params.beta_fast", flat) == 32.0
+    assert field_default("extend.params.low_freq_factor", {"extend.method": "llama3"}) == 1.0
+    assert field_default("pos.base", {"pos.name": "rope"}) == 10000.0
+
+
+def test_one_list_of_runtime_keys_for_sweeps_and_tables() -> None:
+    """Speed and logging settings are left out of a sweep job's identity and of the config identity that groups
+    runs as seeds of one experiment, from one list (`config.RUNTIME_KEYS`)."""
+    meta = RunMeta.from_json({"step": 1})
+    fast = Config(train=TrainConfig(device="cpu", threads=2, compile=True, log_every=7, logger="tensorboard"))
+    assert identity_hash(job_identity(fast)) == identity_hash(job_identity(Config()))
+    assert config_identity(fast, meta) == config_identity(Config(), meta)
+    assert config_identity(Config(train=TrainConfig(seed=3)), meta) == config_identity(Config(), meta)
+    assert all(key.startswith("train.") for key in RUNTIME_KEYS)
