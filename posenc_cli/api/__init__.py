@@ -24,7 +24,14 @@ from posenc_cli.analysis.compare import Comparison
 from posenc_cli.api.calibration import calibrate
 from posenc_cli.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison, task_scores
 from posenc_cli.api.evaluation import Evaluation, eval_config, evaluate, evaluate_passkey
-from posenc_cli.api.extension import extend
+from posenc_cli.api.extension import (
+    evaluate_pair,
+    extend,
+    one_method,
+    scaling_method,
+    scaling_methods,
+    scaling_params,
+)
 from posenc_cli.api.sweeps import (
     SweepPlan,
     SweepReport,
@@ -50,10 +57,15 @@ __all__ = [
     "comparison",
     "eval_config",
     "evaluate",
+    "evaluate_pair",
     "evaluate_passkey",
     "extend",
+    "one_method",
     "plan_sweep",
     "run_planned_sweep",
+    "scaling_method",
+    "scaling_methods",
+    "scaling_params",
     "sweep",
     "sweep_report",
     "task_scores",

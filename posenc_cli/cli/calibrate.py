@@ -11,9 +11,10 @@ import typer
 from rich.markup import escape
 
 from posenc_cli.cli.app import app, console, handles_errors, progress_bar
+from posenc_cli.cli.extend_report import evaluation_table
 
 if TYPE_CHECKING:
-    from posenc_cli.extension.calibrate import CalibrateResult
+    from posenc_cli.api.calibration import CalibrateResult
 
 _EPILOG = "\n".join(
     [
@@ -91,10 +92,11 @@ def calibrate_command(
     returns the child already there.
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.api.calibration import calibrate
+    from posenc_cli import api
 
     bar = progress_bar()
     task = None
+    spinner = None
 
     def progress(done: int, planned: int, loss: float) -> None:
         nonlocal task
@@ -106,14 +108,25 @@ def calibrate_command(
             task, completed=done, total=planned, description=f"calibrate {temperature} ({what}) · loss {loss:.4f}"
         )
 
+    def status(message: str) -> None:  # --eval: the fit's bar gives way to a spinner per run
+        nonlocal spinner
+        bar.stop()
+        if spinner is None:
+            spinner = console.status(escape(message), spinner="dots")
+            spinner.start()
+        else:
+            spinner.update(escape(message))
+
     try:
-        result = calibrate(
+        result = api.calibrate(
             run_dir,
             temperature,
             length or ["4x"],
             out,
             threads=threads,
             progress=progress,
+            evaluate=evaluate,
+            status=status,
             tokens=tokens,
             split=split,
             step=step,
@@ -128,12 +141,12 @@ def calibrate_command(
         )
     finally:
         bar.stop()
+        if spinner is not None:
+            spinner.stop()
     for line in summary_lines(result):
         console.print(line, highlight=False)
-    if evaluate:
-        from posenc_cli.cli.extend import _evaluate_both  # the same side-by-side table as extend --eval
-
-        _evaluate_both(result, threads)  # type: ignore[arg-type]
+    if result.evaluation is not None:  # the same side-by-side table as extend --eval
+        console.print(evaluation_table(result.evaluation))
 
 
 def edge_note(result: CalibrateResult) -> str:

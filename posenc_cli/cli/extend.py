@@ -1,30 +1,24 @@
 """`posenc extend`: RoPE frequency scaling of a checkpoint into a new run directory (+ optional short fine-tune), a
 Self-Extend / ReRoPE remapping, or LongRoPE's search then scaling.
 
-The command maps its flags to an `extension.plan.ExtendRequest`, plans it (`plan_extension`: every rule of which
-flags go together lives there), runs `execute` under the progress displays and prints the result
-(`cli.extend_report`). The scaling methods' shorthands and parameter flags come from the registry
-(`cli.extend_flags`).
+The command maps its flags to one `api.extend` call (which plans the request: every rule of which flags go together
+lives in `extension.plan`), under the progress displays, and prints the result (`cli.extend_report`). The scaling
+methods' shorthands and parameter flags come from the registry through the API (`cli.extend_flags`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 
+from posenc_cli.api.extension import scaling_methods, scaling_params
 from posenc_cli.cli.app import app, console, err_console, handles_errors, progress_bar, stdout_is_terminal
 from posenc_cli.cli.extend_flags import with_scaling_options
-from posenc_cli.cli.extend_report import remap_table, search_line, summary_table
+from posenc_cli.cli.extend_report import evaluation_table, remap_table, search_line, summary_table
 from posenc_cli.config import ExtendConfig
-from posenc_cli.rope_scaling import param_fields, registry
-
-if TYPE_CHECKING:
-    from posenc_cli.extension.plan import ExtendOutcome, Plan
-    from posenc_cli.extension.remap import RemapResult
-    from posenc_cli.run.outcome import ExtendResult
 
 _D = ExtendConfig()  # flag defaults = configs/extend/default.yaml = ExtendConfig's defaults
 _REMAP = "Self-Extend / ReRoPE"
@@ -60,7 +54,7 @@ def extend_command(
         typer.Option(
             "--method",
             metavar="METHOD",
-            help=f"One of {', '.join(registry())}, self-extend, rerope (default {_D.method}).",
+            help=f"One of {', '.join(scaling_methods())}, self-extend, rerope (default {_D.method}).",
             rich_help_panel="Method",
         ),
     ] = None,
@@ -189,14 +183,11 @@ def extend_command(
     also scales queries by log-n, as its reference does (--no-logn: not).
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.extension.plan import ExtendRequest, SearchThenScale, one_method, plan_extension
+    from posenc_cli import api
 
-    defaults = param_fields()  # a parameter flag left at its method's default is not given
-
-    request = ExtendRequest(
-        run=run_dir,
-        out=out,
-        method=one_method([*chosen, *([method] if method is not None else [])]),
+    defaults = scaling_params()  # a parameter flag left at its method's default is not given
+    request = dict(
+        method=api.one_method([*chosen, *([method] if method is not None else [])]),
         factor=factor,
         original_length=original_length,
         params={name: value for name, value in scaling.items() if value != defaults[name].default},
@@ -218,9 +209,16 @@ def extend_command(
         threads=threads,
         layers=layers,
     )
-    plan = plan_extension(request)
-    with _Displays(plan) as displays:
-        outcome = displays.execute()
+    with _Displays(factor, finetune=finetune_steps > 0, search=search) as displays:
+        outcome = api.extend(
+            run_dir,
+            out,
+            evaluate=evaluate,
+            callback=displays.train_event,
+            progress=displays.search_progress,
+            status=displays.status,
+            **request,
+        )
     result = outcome.result
     if outcome.remapped:
         console.print(remap_table(result))  # type: ignore[arg-type]
@@ -229,14 +227,12 @@ def extend_command(
     if getattr(result, "kept_types", ()):  # a transformers directory whose layer types were scaled apart
         scaled, kept = ", ".join(result.scaled_types), ", ".join(result.kept_types)  # type: ignore[union-attr]
         console.print(f"--layers {result.layers}: scaled {scaled}; kept {kept} unchanged", highlight=False)  # type: ignore[union-attr]
-    if isinstance(plan, SearchThenScale) and not outcome.interrupted:
+    if search and not outcome.interrupted:
         console.print(search_line(outcome), highlight=False)
-    if not outcome.remapped and outcome.plan.ext.pose:  # type: ignore[union-attr]
-        # deferred: keeps this command's modules off posenc --help start-up
-        from posenc_cli.extension.extend import finetune_length
-
-        span = finetune_length(outcome.plan.ext, result.original_length)  # type: ignore[union-attr]
-        console.print(f"PoSE: fine-tuned on {result.train_length}-token windows, position ids spanning {span}")
+    if outcome.pose_span is not None:
+        console.print(
+            f"PoSE: fine-tuned on {result.train_length}-token windows, position ids spanning {outcome.pose_span}"
+        )
     if outcome.interrupted:
         # deferred: keeps this command's modules off posenc --help start-up
         from posenc_cli.run.progress import interrupted_message
@@ -244,24 +240,27 @@ def extend_command(
         assert result.finetune is not None  # type: ignore[union-attr]
         err_console.print(f"[yellow]{escape(interrupted_message(result.finetune))}[/]", highlight=False)  # type: ignore[union-attr]
         raise typer.Exit(128 + (result.finetune.signal or 2))  # type: ignore[union-attr]
-    if evaluate:
-        _evaluate_both(result, threads)
+    if outcome.evaluation is not None:
+        console.print(evaluation_table(outcome.evaluation))
 
 
 class _Displays:
-    """The progress shown while a plan runs: the search's transient bar (stderr, on a terminal), closed before the
-    fine-tune's live display (stdout) opens, as rich runs one live display at a time."""
+    """The progress shown while `api.extend` runs: the search's transient bar (stderr, on a terminal), closed before
+    the fine-tune's live display (stdout) opens, which closes before the evaluations' spinner, as rich runs one live
+    display at a time."""
 
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
+    def __init__(self, factor: float, *, finetune: bool, search: bool) -> None:
+        self.factor = factor
         self.bar: Any = None
         self.display: Any = None
-        ext = getattr(plan, "ext", None)
-        if ext is not None and ext.finetune_steps > 0:
+        self.spinner: Any = None
+        if finetune:
             # deferred: keeps this command's modules off posenc --help start-up
             from posenc_cli.run.progress import TrainDisplay
 
             self.display = TrainDisplay(console, live=stdout_is_terminal(), log_every=1)
+        self.search_progress = self._search_progress if search else None
+        self.train_event = self._train_event if self.display is not None else None
         self._entered = False
 
     def __enter__(self) -> _Displays:
@@ -269,25 +268,18 @@ class _Displays:
 
     def __exit__(self, *exc: object) -> None:
         self._close_bar()
-        if self._entered:
-            self.display.__exit__(*exc)
-
-    def execute(self) -> ExtendOutcome:
-        # deferred: keeps this command's modules off posenc --help start-up
-        from posenc_cli.extension.plan import SearchThenScale, execute
-
-        progress = self._search_progress if isinstance(self.plan, SearchThenScale) else None
-        callback = self._train_event if self.display is not None else None
-        return execute(self.plan, callback=callback, progress=progress)
+        self._close_display(*exc)
+        if self.spinner is not None:
+            self.spinner.stop()
+            self.spinner = None
 
     def _search_progress(self, done: int, total: int, best: float) -> None:
-        factor = self.plan.ext.factor  # type: ignore[union-attr]
         if self.bar is None:
             self.bar = progress_bar()
             self.bar.start()
-            self.task = self.bar.add_task(f"LongRoPE search ×{factor:g}", total=total)
+            self.task = self.bar.add_task(f"LongRoPE search ×{self.factor:g}", total=total)
         self.bar.update(self.task, completed=done, total=total,
-                        description=f"LongRoPE search ×{factor:g} · best ppl {best:.4g}")  # fmt: skip
+                        description=f"LongRoPE search ×{self.factor:g} · best ppl {best:.4g}")  # fmt: skip
 
     def _train_event(self, event: dict[str, Any]) -> None:
         self._close_bar()
@@ -296,25 +288,22 @@ class _Displays:
             self._entered = True
         self.display(event)
 
+    def status(self, message: str) -> None:
+        """`--eval`: "evaluating <dir> ..." under a spinner, once the other displays are closed."""
+        self._close_bar()
+        self._close_display(None, None, None)
+        if self.spinner is None:
+            self.spinner = console.status(escape(message), spinner="dots")
+            self.spinner.start()
+        else:
+            self.spinner.update(escape(message))
+
     def _close_bar(self) -> None:
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
 
-
-def _evaluate_both(result: ExtendResult | RemapResult, threads: int) -> None:
-    """`--eval`: eval-extrapolate (default lengths) on parent and child, side by side (the parent never written)."""
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.analysis.compare import labelled_in_order
-    from posenc_cli.config import EvalConfig
-    from posenc_cli.evaluation.perplexity import CorpusCache, evaluate_run_dir
-    from posenc_cli.report.tables import extrapolation_table
-
-    cfg = EvalConfig()
-    corpora = CorpusCache()
-    docs = []
-    for path, store in ((result.parent_dir, False), (result.out_dir, True)):  # the source run is never written
-        with console.status(f"evaluating {escape(str(path))} ...", spinner="dots"):
-            docs.append(evaluate_run_dir(path, cfg, threads=threads, corpora=corpora, store=store))
-    docs = labelled_in_order(docs)  # the labels compare gives these runs (a sweep's job: its plan label)
-    console.print(extrapolation_table(docs, label=lambda r: r["label"]))
+    def _close_display(self, *exc: object) -> None:
+        if self._entered:
+            self.display.__exit__(*exc)
+            self._entered = False

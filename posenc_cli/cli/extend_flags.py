@@ -1,5 +1,6 @@
-"""The scaling registry's part of `posenc extend`'s command line: one `--<method>` shorthand per RoPE scaling method
-and one flag per method parameter (`--beta-fast`, `--truncate/--no-truncate`, ...), each in its method's help panel.
+"""The scaling registry's part of `posenc extend`'s command line, read through `api.extension`: one `--<method>`
+shorthand per RoPE scaling method and one flag per method parameter (`--beta-fast`, `--truncate/--no-truncate`,
+...), each in its method's help panel.
 
 `with_scaling_options` adds them to a command's signature, so Typer builds them like the written-out options; a new
 method file in `posenc_cli/rope_scaling/` brings its own.
@@ -13,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from posenc_cli.rope_scaling import param_fields, registry
+from posenc_cli.api.extension import scaling_methods, scaling_params
 
 __all__ = ["with_scaling_options"]
 
@@ -21,16 +22,16 @@ __all__ = ["with_scaling_options"]
 def _scaling_options() -> tuple[dict[str, str], list[inspect.Parameter]]:
     """({parameter name: method} of the shorthands, the generated parameters)."""
     aliases, params = {}, []
-    for name in registry():
+    for name in scaling_methods():
         arg = f"use_{name}"
         aliases[arg] = name
         option = typer.Option(f"--{name}", help=f"Shorthand for --method {name}.", rich_help_panel="Method")
         params.append(inspect.Parameter(arg, inspect.Parameter.KEYWORD_ONLY, default=False,
                                         annotation=Annotated[bool, option]))  # fmt: skip
-    for f in param_fields().values():
+    for f in scaling_params().values():
         flag = "--" + f.name.replace("_", "-")
         decl = f"{flag}/--no-{flag[2:]}" if f.type is bool else flag
-        panel = registry()[f.method].title
+        panel = scaling_methods()[f.method].title
         option = typer.Option(decl, help=f.help, metavar=f.metavar, rich_help_panel=panel)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
                                         annotation=Annotated[f.type, option]))  # fmt: skip
@@ -56,6 +57,6 @@ def with_scaling_options(func: Callable[..., None]) -> Callable[..., None]:
     )
     command.__annotations__ = {p.name: p.annotation for p in params}
     command.__name__, command.__qualname__ = func.__name__, func.__qualname__
-    titles = ", ".join(m.title for m in registry().values())
+    titles = ", ".join(m.title for m in scaling_methods().values())
     command.__doc__ = (func.__doc__ or "").replace("{methods}", titles)  # one line per paragraph: handles_errors
     return command

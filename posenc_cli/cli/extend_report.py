@@ -1,29 +1,29 @@
-"""What `posenc extend` prints: the before/after table of a scaling or a remapping, and the LongRoPE search's line."""
+"""What `posenc extend` prints: the before/after table of a scaling or a remapping, the LongRoPE search's line, and
+`--eval`'s side-by-side table (also `posenc calibrate --eval`'s)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from posenc_cli.rope_scaling import get_method
+from posenc_cli.api.extension import scaling_method
+from posenc_cli.report.tables import extrapolation_table
 
 if TYPE_CHECKING:
-    from posenc_cli.extension.plan import ExtendOutcome
-    from posenc_cli.extension.remap import RemapResult
-    from posenc_cli.run.outcome import ExtendResult
+    from posenc_cli.api.extension import ExtendOutcome, ExtendResult, RemapResult
 
-__all__ = ["remap_table", "search_line", "shown", "summary_table"]
+__all__ = ["evaluation_table", "remap_table", "search_line", "shown", "summary_table"]
 
 
 def summary_table(r: ExtendResult) -> Table:
     """Before/after: scaling, attention factor, frequency pairs, longest wavelength, lengths, directories."""
     pairs = r.rotary_dim // 2
-    at = " (at s·L tokens; it rescales per sequence length)" if get_method(r.method).length_dependent else ""
+    at = " (at s·L tokens; it rescales per sequence length)" if scaling_method(r.method).length_dependent else ""
     title = {
         "created": "extended",
         "finetuned": "extended and fine-tuned",
@@ -108,3 +108,8 @@ def shown(path: Path) -> str:
 
 def _tokens(x: float) -> str:
     return f"{x:,.0f}"
+
+
+def evaluation_table(docs: list[dict[str, Any]]) -> Table:
+    """`--eval`: perplexity by length of parent and child, side by side, labelled as compare labels them."""
+    return extrapolation_table(docs, label=lambda r: r["label"])

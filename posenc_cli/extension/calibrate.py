@@ -196,6 +196,7 @@ class CalibrateResult:
     form: str | None = None  # drope: `cell` or `query` (`temperatures.drope`)
     seconds: float = 0.0
     data: dict[str, Any] = field(default_factory=dict)
+    evaluation: list[dict[str, Any]] | None = None  # parent and child side by side (`api.calibrate(evaluate=True)`)
 
     def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)

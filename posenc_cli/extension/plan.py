@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from posenc_cli.config import ExtendConfig, replace
 from posenc_cli.errors import ConfigError
-from posenc_cli.extension.extend import default_out_dir, extend_run, validate_extend
+from posenc_cli.extension.extend import default_out_dir, extend_run, finetune_length, validate_extend
 from posenc_cli.extension.longrope_search import (
     Progress,
     SearchResult,
@@ -133,12 +133,14 @@ Plan = Scale | Remap | SearchThenScale
 @dataclass
 class ExtendOutcome:
     """What `execute` did: the child's result, and for `SearchThenScale` the search run now (None: the child of this
-    same search was already there, so it was not run again) and the factors file written."""
+    same search was already there, so it was not run again) and the factors file written. `evaluation`: parent and
+    child measured side by side, when the caller asked (`api.extend(evaluate=True)`)."""
 
     plan: Plan
     result: ExtendResult | RemapResult
     search: SearchResult | None = None
     factors_file: Path | None = None
+    evaluation: list[dict[str, Any]] | None = None
 
     @property
     def interrupted(self) -> bool:
@@ -147,6 +149,13 @@ class ExtendOutcome:
     @property
     def remapped(self) -> bool:
         return isinstance(self.plan, Remap)
+
+    @property
+    def pose_span(self) -> int | None:
+        """A PoSE fine-tune: the span of position ids its windows covered (`extend.finetune_length`); else None."""
+        if isinstance(self.plan, Remap) or not self.plan.ext.pose:
+            return None
+        return finetune_length(self.plan.ext, self.result.original_length)  # type: ignore[union-attr]
 
 
 # ----------------------------------------------------------------------------------------------------------------
