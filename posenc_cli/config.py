@@ -253,6 +253,17 @@ class TrainConfig:
             raise ConfigError(f"train.seed must be in [0, 2**63-1] (torch's seed range), got {self.seed}")
 
 
+WINDOW_STRIDE_PROTOCOLS = ("sliding", "streaming")  # the eval protocols that take a stride
+
+
+def legacy_eval_options(raw: dict[str, Any]) -> dict[str, Any]:
+    """A saved config's `eval` mapping without a stride its protocol never used: posenc accepted `eval.stride` with
+    any protocol before `EvalConfig.validate` refused it (it changed nothing: only sliding and streaming read it)."""
+    if raw.get("stride") is not None and raw.get("protocol", "nonoverlap") not in WINDOW_STRIDE_PROTOCOLS:
+        return {**raw, "stride": None}
+    return raw
+
+
 @dataclass(kw_only=True)
 class EvalConfig:
     """Defaults of `posenc eval-extrapolate` (flags mirror these fields)."""
@@ -288,6 +299,10 @@ class EvalConfig:
             raise ConfigError("eval.window must be >= 1")
         if self.sinks < 0:
             raise ConfigError("eval.sinks must be >= 0")
+        if self.stride is not None and self.protocol not in WINDOW_STRIDE_PROTOCOLS:
+            raise ConfigError(
+                f"eval.stride (--stride) needs eval.protocol (--protocol) sliding or streaming, not {self.protocol}"
+            )
         if self.longppl_evaluator is not None and self.protocol == "streaming":
             raise ConfigError("eval.longppl_evaluator: LongPPL is measured on window protocols, not streaming")
 

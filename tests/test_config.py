@@ -201,3 +201,50 @@ def test_a_config_dir_with_an_unsafe_file_is_refused_naming_it(tmp_path, name: s
     assert not marker.exists()
     with pytest.raises(ConfigError, match="no such directory"):
         check_config_dir(tmp_path / "nope")
+
+
+STRIDE_RULE = "eval.stride (--stride) needs eval.protocol (--protocol) sliding or streaming, not nonoverlap"
+
+
+def test_a_stride_without_a_protocol_that_takes_one_is_refused_by_the_config() -> None:
+    """The rule lives in EvalConfig.validate, so every door refuses it alike (was: api.eval_config only, and a sweep's
+    eval.stride=64 with the default protocol was accepted)."""
+    raw = base_dict()
+    raw["eval"]["stride"] = 64
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    assert str(err.value) == STRIDE_RULE
+    for protocol in ("sliding", "streaming"):
+        raw["eval"]["protocol"] = protocol
+        assert config_from_dict(raw).eval.stride == 64
+
+
+def test_a_saved_config_with_an_unused_stride_still_loads(tmp_path) -> None:
+    """A run trained with eval.stride under the default protocol (accepted before the rule) loads, without the
+    stride it never used."""
+    raw = base_dict()
+    raw["eval"]["stride"] = 64
+    assert config_from_dict(raw, saved=True).eval.stride is None
+
+
+def test_the_cli_the_api_and_a_sweeps_dry_run_refuse_a_stride_alike(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from posenc_cli import api
+    from posenc_cli.cli import app
+
+    with pytest.raises(ConfigError, match=r"^eval.stride \(--stride\) needs eval.protocol \(--protocol\) sliding"):
+        api.eval_config(stride=64)
+    with pytest.raises(ConfigError, match=r"^eval.stride \(--stride\) needs eval.protocol \(--protocol\) sliding"):
+        api.train_config(["eval.stride=64"])
+    runner = CliRunner()
+    for args in (
+        ["eval-extrapolate", str(tmp_path), "--stride", "64"],
+        ["train", "eval.stride=64", "--out", str(tmp_path / "run")],
+        ["sweep", "extrapolation", "eval.stride=64", "--dry-run", "--out", str(tmp_path / "sweep")],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip() and not ln.startswith("warning: this machine")]
+        assert len(lines) == 1 and lines[0].endswith(STRIDE_RULE), (args, result.stderr)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()

@@ -21,6 +21,7 @@ from posenc_cli.config import (
     ModelConfig,
     build_dataclass,
     config_dir,
+    legacy_eval_options,
     legacy_model_defaults,
     legacy_train_defaults,
     unknown_key_message,
@@ -52,6 +53,8 @@ def config_from_dict(raw: dict[str, Any], *, saved: bool = False) -> Config:
             raw["model"] = legacy_model_defaults(raw["model"])
         if isinstance(raw.get("train"), dict):
             raw["train"] = legacy_train_defaults(raw["train"])
+        if isinstance(raw.get("eval"), dict):
+            raw["eval"] = legacy_eval_options(raw["eval"])
     raw["pos"] = pos
     raw["data"] = build_data_config(raw.get("data", {}) or {}, drop_foreign=saved)
     cfg = build_dataclass(Config, raw, "")

@@ -62,7 +62,7 @@ def test_compare_report_json_csv_and_baseline(two_runs: list[Path], tmp_path: Pa
 def test_user_errors_are_typed(two_runs: list[Path], tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--lengths .* or --abs-lengths"):
         api.eval_config(lengths=[1], abs_lengths=[16])
-    with pytest.raises(ConfigError, match="--stride applies to --protocol sliding or streaming"):
+    with pytest.raises(ConfigError, match=r"eval.stride \(--stride\) needs eval.protocol \(--protocol\) sliding or"):
         api.eval_config(stride=4)
     with pytest.raises(UserError, match="--metric must be ppl, bpb, nll or longppl"):
         api.compare(two_runs, metric="acc")
