@@ -20,7 +20,7 @@ from posenc_cli.config import Config, config_to_yaml, nest_scaling_params
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
 from posenc_cli.extension.identity import differences
 from posenc_cli.fsutil import exclusive_or_fail
-from posenc_cli.rope_scaling import RopeScalingConfig
+from posenc_cli.rope_scaling import RopeScalingConfig, params_class
 from posenc_cli.run.journal import commit_checkpoint
 from posenc_cli.run.layout import CONFIG_FILE, MODEL_FILE
 from posenc_cli.run.meta import RunMeta, is_run_dir, read_meta
@@ -120,8 +120,19 @@ def recorded_extension(meta: dict[str, Any]) -> Any:
     scaling = old.get("scaling") if isinstance(old, dict) else None
     if isinstance(scaling, dict) and "params" not in scaling:
         with contextlib.suppress(ConfigError):  # not a scaling this version knows: it differs, as it is
-            old = {**old, "scaling": nest_scaling_params(RopeScalingConfig, scaling, "extend.scaling")}
-    return old
+            scaling = nest_scaling_params(RopeScalingConfig, scaling, "extend.scaling")
+    if isinstance(scaling, dict) and isinstance(scaling.get("params"), dict):
+        scaling = {**scaling, "params": with_added_params(scaling.get("method"), scaling["params"])}
+    return old if scaling is None or not isinstance(old, dict) else {**old, "scaling": scaling}
+
+
+def with_added_params(method: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """A recorded method's `params` with the parameters added to the method since (YaRN's `mscale`, ...) at their
+    defaults, which do what was done before they existed; `params` as it is for a method this version lacks."""
+    cls = params_class(method) if isinstance(method, str) else None
+    if cls is None:
+        return params
+    return {**cls().values(), **params}
 
 
 def check_same_keys(out_dir: Path, meta: dict[str, Any], record: dict[str, Any], keys: Sequence[str]) -> None:

@@ -4,6 +4,12 @@ correction_dim(r) = d·ln(L/(2π·r)) / (2·ln base) is the pair whose wavelengt
 low = floor(correction_dim(β_fast)) to high = ceil(correction_dim(β_slow)) (no rounding without `truncate`), clamped
 to [0, d-1]; ramp_k = clamp((k - low)/(high - low), 0, 1) and inv_k' = (inv_k/s)·ramp_k + inv_k·(1 - ramp_k).
 Attention factor √(1/t) = 0.1·ln s + 1 on cos and sin (Eq. 22), unless given. transformers: rope_type yarn.
+
+DeepSeek's `mscale` m and `mscale_all_dim` m' (transformers `rope_parameters` keys, `_compute_yarn_parameters`):
+with both set (and no `attention_factor`) the factor is get_mscale(s, m)/get_mscale(s, m'), get_mscale(s, m) =
+0.1·m·ln s + 1 for s > 1, else 1; with one of them unset it stays 0.1·ln s + 1. transformers' MLA models (DeepSeek
+V2/V3) also multiply their softmax scale by get_mscale(s, m')² (`yarn_apply_mscale`); posenc has no MLA attention,
+so, as for transformers' Llama-style models, only the factor on cos and sin applies.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from posenc_cli.errors import ConfigError
 from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, param, register
 from posenc_cli.rope_scaling.frequencies import base_inv_freq
 
-__all__ = ["YaRN", "YarnParams", "yarn_attention_factor", "yarn_correction_range", "yarn_ramp"]
+__all__ = ["YaRN", "YarnParams", "yarn_attention_factor", "yarn_correction_range", "yarn_get_mscale", "yarn_ramp"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,13 +38,28 @@ class YarnParams(ScalingParams):
         positive=True,
     )
     truncate: bool = param(True, help="YaRN: round the ramp's ends to whole pairs.")
+    mscale: float | None = param(
+        None, help="YaRN: DeepSeek's mscale m, with --mscale-all-dim: factor (0.1·m·ln s + 1)/(0.1·m'·ln s + 1).",
+        metavar="M", positive=True,
+    )  # fmt: skip
+    mscale_all_dim: float | None = param(
+        None, help="YaRN: DeepSeek's mscale_all_dim m', the divisor's (see --mscale).", metavar="M", positive=True
+    )
 
 
-def yarn_attention_factor(factor: float) -> float:
-    """Default YaRN factor on cos and sin: √(1/t) = 0.1·ln s + 1 (paper Eq. 22), 1 for s <= 1 (`transformers`'
-    `get_mscale(factor)`; its DeepSeek-style `mscale`/`mscale_all_dim` ratio is not offered: no posenc config sets it).
-    """
-    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+def yarn_get_mscale(factor: float, mscale: float = 1.0) -> float:
+    """0.1·m·ln s + 1 for s > 1, else 1 (YaRN paper Eq. 22 with DeepSeek's multiplier m; `transformers`'
+    `yarn_get_mscale`)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_attention_factor(factor: float, mscale: float | None = None, mscale_all_dim: float | None = None) -> float:
+    """YaRN's factor on cos and sin when none is given: get_mscale(s, m)/get_mscale(s, m') with both DeepSeek
+    multipliers set (non-zero), else √(1/t) = 0.1·ln s + 1 (paper Eq. 22), 1 for s <= 1 (`transformers`'
+    `_compute_yarn_parameters`)."""
+    if mscale and mscale_all_dim:
+        return yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
+    return yarn_get_mscale(factor)
 
 
 def yarn_correction_range(
@@ -112,7 +133,7 @@ class YaRN(ScalingMethod):
     def attention_factor(self, p: YarnParams, factor: float, original_length: int) -> float:
         if p.attention_factor is not None:  # used as given, whatever the factor (as in transformers)
             return p.attention_factor
-        return yarn_attention_factor(factor)
+        return yarn_attention_factor(factor, p.mscale, p.mscale_all_dim)
 
     def regions(self, p: YarnParams, head_dim: int, base: float, factor: float, original_length: int) -> dict:
         """ramp 0 → keep, 0 < ramp < 1 → blend, ramp 1 → interpolate."""
@@ -125,4 +146,7 @@ class YaRN(ScalingMethod):
         params.update(beta_fast=float(p.beta_fast), beta_slow=float(p.beta_slow), truncate=bool(p.truncate))
         if p.attention_factor is not None:
             params["attention_factor"] = float(p.attention_factor)
+        for key in ("mscale", "mscale_all_dim"):
+            if getattr(p, key) is not None:
+                params[key] = float(getattr(p, key))
         return TransformersRope(params, 1.0, max(original_length, round(factor * original_length)))

@@ -47,6 +47,10 @@ ADDED_KEYS = (
     "data.max_tokens",
     "data.shuffle_buffer",
     "data.shuffle_seed",
+    "extend.params.mscale",
+    "extend.params.mscale_all_dim",
+    "pos.scaling.params.mscale",
+    "pos.scaling.params.mscale_all_dim",
 )
 _ABSENT = object()
 

@@ -11,7 +11,7 @@ import torch
 from posenc_cli.config import ModelConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional.rope import RoPE, RopeConfig
-from posenc_cli.rope_scaling import RopeScalingConfig
+from posenc_cli.rope_scaling import RopeScalingConfig, get_method
 from posenc_cli.rope_scaling.frequencies import frequency_regions, scaled_inv_freq
 from posenc_cli.rope_scaling.yarn import YarnParams, yarn_attention_factor, yarn_correction_range, yarn_ramp
 
@@ -115,6 +115,13 @@ def test_yarn_matches_transformers(hf, head_dim: int, base: float, truncate: boo
         ({"attention_factor": 0.8}, {"attention_factor": 0.8}),
         ({"attention_factor": 1.5, "truncate": False}, {"attention_factor": 1.5, "truncate": False}),
         ({"beta_fast": 16.0, "beta_slow": 2.0}, {"beta_fast": 16.0, "beta_slow": 2.0}),
+        ({"mscale": 1.0, "mscale_all_dim": 1.0}, {"mscale": 1.0, "mscale_all_dim": 1.0}),  # DeepSeek-V3: factor 1
+        ({"mscale": 0.707, "mscale_all_dim": 1.0}, {"mscale": 0.707, "mscale_all_dim": 1.0}),
+        ({"mscale": 1.0, "mscale_all_dim": 0.707}, {"mscale": 1.0, "mscale_all_dim": 0.707}),
+        ({"mscale": 0.707}, {"mscale": 0.707}),  # one alone: the default 0.1·ln s + 1
+        ({"mscale_all_dim": 0.707}, {"mscale_all_dim": 0.707}),
+        ({"mscale": 2.0, "mscale_all_dim": 1.0, "attention_factor": 1.2},
+         {"mscale": 2.0, "mscale_all_dim": 1.0, "attention_factor": 1.2}),  # a given factor wins
     ],
 )  # fmt: skip
 def test_yarn_params_match_transformers(hf, params: dict, scaling: dict) -> None:
@@ -125,6 +132,36 @@ def test_yarn_params_match_transformers(hf, params: dict, scaling: dict) -> None
         )  # fmt: skip
         inv, attn = scaled_inv_freq("yarn", head_dim, 10000.0, factor, length, **params)
         assert_inv_close(inv, ref, f"yarn {params} d={head_dim} L={length}")
+        assert attn == pytest.approx(ref_attn, rel=1e-12, abs=0.0)
+
+
+def test_yarn_mscale_worked_values() -> None:
+    """The sheet's DeepSeek numbers, s = 40: m = m' = 1 gives 1; m = 0.707, m' = 1 gives 0.921042."""
+    assert yarn_attention_factor(40.0, 1.0, 1.0) == 1.0
+    assert yarn_attention_factor(40.0, 0.707, 1.0) == pytest.approx(0.921042, abs=1e-6)
+    assert yarn_attention_factor(40.0, 0.707, None) == yarn_attention_factor(40.0) == pytest.approx(1.368888, abs=1e-6)
+    assert yarn_attention_factor(1.0, 0.707, 1.0) == 1.0
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"mscale": 0.707, "mscale_all_dim": 1.0}, {"mscale": 1.0, "mscale_all_dim": 0.5}, {"mscale": 0.707}, {}],
+)
+def test_yarn_exported_parameters_read_back_by_transformers(hf, params: dict) -> None:
+    """What export and `extend HF_DIR` write (`YaRN.transformers`), read by transformers: posenc's frequencies and
+    attention factor, mscale keys included."""
+    method = get_method("yarn")
+    for head_dim, length, factor in [(64, 256, 4.0), (128, 4096, 40.0)]:
+        exported = method.transformers(YarnParams(**params), factor, length, head_dim)
+        for key in ("mscale", "mscale_all_dim"):
+            assert exported.parameters.get(key) == params.get(key)
+        config = hf[0](
+            hidden_size=2 * head_dim, num_attention_heads=2, head_dim=head_dim, rope_theta=10000.0,
+            max_position_embeddings=exported.max_position_embeddings, rope_scaling=exported.parameters,
+        )  # fmt: skip
+        ref, ref_attn = hf_call(hf, config)
+        inv, attn = scaled_inv_freq("yarn", head_dim, 10000.0, factor, length, **params)
+        assert_inv_close(inv, ref, f"yarn export {params} d={head_dim} L={length}")
         assert attn == pytest.approx(ref_attn, rel=1e-12, abs=0.0)
 
 

@@ -101,7 +101,7 @@ def test_a_config_saved_in_the_flat_layout_loads_as_the_same_scaling(tmp_path: P
     assert torch.equal(inv, ref) and attention == ref_attention
     saved = config_to_dict(cfg)  # written again in today's layout, only the method's own parameters
     assert saved["pos"]["scaling"]["params"] == {"beta_fast": 16.0, "beta_slow": 1.0, "attention_factor": None,
-                                                 "truncate": True}  # fmt: skip
+                                                 "truncate": True, "mscale": None, "mscale_all_dim": None}  # fmt: skip
     assert "beta_fast" not in saved["extend"] and config_from_dict(saved) == cfg
 
 
@@ -164,6 +164,8 @@ def test_an_old_childs_flat_record_is_the_same_extension_asked_again() -> None:
             "low_freq_factor": 1.0, "high_freq_factor": 4.0}  # fmt: skip
     nested = config_to_dict(RopeScalingConfig(method="yarn", factor=2.0, original_length=16))
     assert recorded_extension({"extend": {"method": "yarn", "scaling": flat}})["scaling"] == nested
+    before_mscale = {**nested, "params": {k: v for k, v in nested["params"].items() if not k.startswith("mscale")}}
+    assert recorded_extension({"extend": {"method": "yarn", "scaling": before_mscale}})["scaling"] == nested
     assert recorded_extension({"extend": {"method": "rerope", "scaling": None}})["scaling"] is None
 
 
