@@ -23,7 +23,9 @@ from __future__ import annotations
 from posenc_cli.analysis.compare import Comparison
 from posenc_cli.api.calibration import calibrate
 from posenc_cli.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison, task_scores
+from posenc_cli.api.data import prepare_data
 from posenc_cli.api.evaluation import Evaluation, eval_config, evaluate, evaluate_passkey
+from posenc_cli.api.export import export
 from posenc_cli.api.extension import (
     evaluate_pair,
     extend,
@@ -32,6 +34,8 @@ from posenc_cli.api.extension import (
     scaling_methods,
     scaling_params,
 )
+from posenc_cli.api.models import load_model
+from posenc_cli.api.schemes import schemes
 from posenc_cli.api.sweeps import (
     SweepPlan,
     SweepReport,
@@ -59,13 +63,17 @@ __all__ = [
     "evaluate",
     "evaluate_pair",
     "evaluate_passkey",
+    "export",
     "extend",
+    "load_model",
     "one_method",
     "plan_sweep",
+    "prepare_data",
     "run_planned_sweep",
     "scaling_method",
     "scaling_methods",
     "scaling_params",
+    "schemes",
     "sweep",
     "sweep_report",
     "task_scores",

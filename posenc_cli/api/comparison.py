@@ -73,6 +73,8 @@ def comparison(
     # deferred: perf and reference tables are only needed when asked for
     from posenc_cli.report.reference_tables import REFERENCE_TABLES, reference_table
 
+    if not runs:
+        raise UserError("give at least one run or sweep directory to compare")
     check_threshold(competence)
     if metric not in METRICS:
         raise UserError(f"--metric must be {', '.join(list(METRICS)[:-1])} or {list(METRICS)[-1]}, got {metric}")
@@ -132,5 +134,12 @@ def compare(
     runs: Sequence[PathLike], *, metric: str = "ppl", baseline: str | None = None, all_lengths: bool = False
 ) -> pd.DataFrame:
     """The comparison table as a DataFrame (`Comparison.to_frame`): index "run" (row labels), column "n", then the
-    mean `metric` per length and the ratio column; NaN where the table shows n/a, n/m or –."""
-    return comparison(runs, metric=metric, baseline=baseline, all_lengths=all_lengths).comparison.to_frame()
+    mean `metric` per length and the ratio column; NaN where the table shows n/a, n/m or –. No run, or runs of
+    which none holds a stored cell of `metric` (not evaluated yet), is a `UserError` rather than an empty frame."""
+    frame = comparison(runs, metric=metric, baseline=baseline, all_lengths=all_lengths).comparison.to_frame()
+    if not frame.drop(columns="n", errors="ignore").notna().to_numpy().any():
+        names = ", ".join(map(str, runs))
+        raise UserError(
+            f"no {metric} cells stored below {names}: evaluate first (posenc eval-extrapolate, api.evaluate)"
+        )
+    return frame

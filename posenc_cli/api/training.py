@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,14 +75,18 @@ def train(
     force_config: bool = False,
     config_dir: PathLike | None = None,
     callback: Event | None = None,
+    progress: bool | None = None,
 ) -> TrainResult:
     """Train one model into run directory `out` (default outputs/runs/<time>-<pos>-<model>), continuing the run
     already there; `resume`: continue the run in that directory with its saved config (`overrides` then set single
     keys). `overrides` may be a `Config` (`train_config`'s). A changed config is refused unless `force_config`; a
     finished run returns at once (`stopped_reason="already_complete"`); SIGTERM or Ctrl-C during training saves a
     checkpoint and returns `stopped_reason="interrupted"`. `callback` receives every training event (the CLI's
-    `run.progress.TrainDisplay`); the configured tracker (train.logger) gets them too."""
+    `run.progress.TrainDisplay`); the configured tracker (train.logger) gets them too. `progress`: show a progress
+    bar with the start line and validation losses (`run.progress.notebook_display`); None (the default) shows it in
+    a Jupyter notebook when no `callback` is given and stays silent elsewhere, True always, False never."""
     # deferred: torch
+    from posenc_cli.run.progress import notebook_display
     from posenc_cli.run.run_dir import default_run_dir
     from posenc_cli.run.trackers import tracked
     from posenc_cli.run.train import train as run_training
@@ -94,5 +99,24 @@ def train(
         cfg = train_config(overrides, out=out, resume=resume, config_dir=config_dir)
     where = resume if resume is not None else out
     run_dir = Path(where) if where else default_run_dir(cfg)
-    with tracked(callback, cfg, run_dir) as events:
-        return run_training(cfg, run_dir, resume=resume is not None, force_config=force_config, callback=events)
+    display = None
+    if progress or (progress is None and callback is None):
+        display = notebook_display(cfg.train.log_every, always=bool(progress))
+    with contextlib.ExitStack() as stack:
+        if display is not None:
+            stack.enter_context(display)
+            callback = _both(callback, display)
+        with tracked(callback, cfg, run_dir) as events:
+            return run_training(cfg, run_dir, resume=resume is not None, force_config=force_config, callback=events)
+
+
+def _both(first: Event | None, second: Event) -> Event:
+    """One callback that calls `first` (when given) then `second` with each event."""
+    if first is None:
+        return second
+
+    def both(event: dict[str, Any]) -> None:
+        first(event)
+        second(event)
+
+    return both

@@ -83,7 +83,8 @@ lazy_commands(
         (
             "export",
             "posenc_cli.cli.export",
-            "Export a run to transformers: `learned` runs as GPT-2, `rope` runs (plain or extended) as GPT-NeoX.",
+            "Export a run to transformers: learned runs as GPT-2, RoPE runs as GPT-NeoX (LayerNorm) or SmolLM3 "
+            "(RMSNorm).",
         ),
         (
             "viz",

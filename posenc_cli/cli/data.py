@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -21,14 +20,12 @@ def data_command(
 ) -> None:
     """Prepare and summarise the token cache. Example: posenc data data=text data.paths=\\[notes/] tokenizer=bpe"""
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.data.cache import load_corpus
-    from posenc_cli.run.config_compose import compose_config
+    from posenc_cli import api
 
     names, overrides = split_args(args)
     if names:
         hint = f"for a corpus use data=text data.paths=[{names[0]}]"
         raise ConfigError(f"posenc data takes only KEY=VALUE overrides, got '{names[0]}' ({hint})")
-    cfg = compose_config(overrides, Path(config_dir) if config_dir else None)
     with progress_bar("{task.description:<18}") as bar:
         tasks: dict[str, TaskID] = {}
 
@@ -37,8 +34,8 @@ def data_command(
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done, total=total)
 
-        corpus = load_corpus(cfg.data, cfg.tokenizer, progress=progress)
-    console.print(summary_table(corpus.info))
+        info = api.prepare_data(overrides, config_dir=config_dir, progress=progress)
+    console.print(summary_table(info))
 
 
 def _splits(values: dict[str, int]) -> str:

@@ -1,4 +1,5 @@
-"""`posenc export`: write a run as a `transformers` model directory (GPT-2 for learned, GPT-NeoX for RoPE runs)."""
+"""`posenc export`: write a run as a `transformers` model directory (`api.export`): GPT-2 for learned runs, GPT-NeoX
+for LayerNorm RoPE runs, SmolLM3 for RMSNorm RoPE runs and per-layer layouts of RoPE and NoPE layers."""
 
 from __future__ import annotations
 
@@ -32,17 +33,21 @@ def export_command(
         ),
     ] = True,
 ) -> None:
-    """Export a run to transformers: `learned` runs as GPT-2, `rope` runs (plain or extended) as GPT-NeoX.
+    """Export a run to transformers: learned runs as GPT-2, RoPE runs as GPT-NeoX (LayerNorm) or SmolLM3 (RMSNorm).
 
-    The directory holds config.json, model.safetensors and a tokenizer, and loads with
-    AutoModelForCausalLM.from_pretrained(DIR) and AutoTokenizer.from_pretrained(DIR), no remote code. Other
-    schemes, and model.norm=rmsnorm, have no matching transformers architecture and are refused (exit 2).
+    RoPE runs are plain or extended; those with model.norm=rmsnorm, and per-layer layouts of RoPE and NoPE layers
+    with full or sliding-window attention (pos=smollm3, rnope-swa, layout), export as SmolLM3. The directory holds
+    config.json, model.safetensors and a tokenizer, and loads with AutoModelForCausalLM.from_pretrained(DIR) and
+    AutoTokenizer.from_pretrained(DIR), no remote code; --verify (the default) compares its logits with posenc's
+    before it is moved into place. Other schemes and settings with no exact transformers counterpart (chunked
+    attention, query temperatures, p-RoPE, position remaps, attention-logit scaling, positions dropped) are refused
+    before anything is written (exit 2).
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.run.export import export_run
+    from posenc_cli import api
 
     quiet_transformers()
-    r = export_run(run_dir, out, to=to, verify=verify)
+    r = api.export(run_dir, out, to=to, verify=verify)
     rope = f", rope {r.rope_type}" if r.rope_type else ""
     if r.rope_scaling:
         original = r.rope_scaling.get("original_max_position_embeddings")

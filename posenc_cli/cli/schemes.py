@@ -13,40 +13,6 @@ LONGER_INPUTS_NOTE = (
 )
 
 
-def scheme_rows() -> list[dict[str, str]]:
-    """One dict per registered scheme: name, hooks, learned parameters, extrapolates (= can read inputs longer than
-    the training length, not that quality holds there), paper."""
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.config import ModelConfig
-    from posenc_cli.positional import registry
-    from posenc_cli.positional.layout import is_layout
-
-    rows = []
-    for name, cls in registry().items():
-        hooks, extrapolates, learned = ", ".join(cls.hooks) or "none", cls.extrapolates, "?"
-        try:  # instantiate at the default sizes (a layout: deep enough for its pattern) to read what it has
-            cfg = cls.config_cls(name=name)
-            model = ModelConfig(n_layer=max(ModelConfig().n_layer, len(getattr(cfg, "layers", ()))))
-            scheme = cls(cfg, model, 128)
-            learned = "yes" if any(True for _ in scheme.parameters()) else "no"
-            hooks, extrapolates = ", ".join(scheme.hooks) or "none", scheme.extrapolates  # a layout's: its layers'
-            if is_layout(scheme):  # "per layer (rope, nope): rotate"
-                names = dict.fromkeys(line.split(",")[0] for line in scheme.describe_layers())
-                hooks = f"per layer ({', '.join(names)}): {hooks}"
-        except Exception:
-            pass
-        rows.append(
-            {
-                "name": name,
-                "hooks": hooks,
-                "learned": learned,
-                "extrapolates": "yes" if extrapolates else "no",
-                "paper": cls.paper,
-            }
-        )
-    return rows
-
-
 @app.command(
     "schemes",
     epilog="Example: posenc schemes   then train one of them: posenc train pos=kerple pos.variant=power",
@@ -65,6 +31,9 @@ def schemes_command() -> None:
     table.add_column("learned")
     table.add_column("reads longer inputs")
     table.add_column("paper", overflow="fold")
-    for row in scheme_rows():
+    # deferred: keeps this command's modules off posenc --help start-up
+    from posenc_cli import api
+
+    for row in api.schemes():
         table.add_row(row["name"], row["hooks"], row["learned"], row["extrapolates"], row["paper"])
     console.print(table)

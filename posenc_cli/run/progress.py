@@ -115,6 +115,16 @@ class TrainDisplay:
         self.print(f"step {e['step']}: val loss {e['val_loss']:.4f} (ppl {ppl})")
 
 
+def notebook_display(log_every: int, *, always: bool = False) -> TrainDisplay | None:
+    """The display `api.train` shows by itself: a live bar with the run's start line and validation losses on a
+    fresh console, in a Jupyter notebook (rich draws its bar there) or anywhere when `always`; None otherwise (a
+    script's `api.train` stays silent unless asked, `progress=True`)."""
+    console = Console()
+    if not (always or console.is_jupyter):
+        return None
+    return TrainDisplay(console, live=console.is_jupyter or console.is_terminal, log_every=log_every)
+
+
 QUIET_S = 10.0  # an evaluation done within this many seconds prints no progress at all
 EVERY_S = 10.0  # then a line at least this often, and one per completed cell
 

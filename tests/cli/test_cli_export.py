@@ -66,6 +66,14 @@ def test_help_has_an_example() -> None:
     assert result.exit_code == 0 and "posenc export outputs/runs/rope --to hf --out" in result.output
 
 
+def test_help_says_what_exports_today() -> None:
+    """RMSNorm RoPE runs and layouts export as SmolLM3 (run/export_smollm3.py); the help once said they were refused."""
+    result = runner.invoke(app, ["export", "--help"], env={"COLUMNS": "400"})
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 0 and "SmolLM3" in text and "model.norm=rmsnorm" in text
+    assert "model.norm=rmsnorm, have no matching" not in text
+
+
 def test_the_exported_directory_and_files_get_the_usual_modes(runs: dict[str, Path], tmp_path: Path) -> None:
     import os
     import stat

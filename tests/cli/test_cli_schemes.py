@@ -6,8 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 import posenc_cli.positional as positional
+from posenc_cli import api
 from posenc_cli.cli import app
-from posenc_cli.cli.schemes import scheme_rows
 from posenc_cli.positional import PositionalScheme
 
 
@@ -32,7 +32,7 @@ def test_the_length_column_says_what_it_means() -> None:
 
 
 def test_rows_describe_hooks_parameters_and_extrapolation() -> None:
-    rows = {r["name"]: r for r in scheme_rows()}
+    rows = {r["name"]: r for r in api.schemes()}
     assert rows["learned"]["learned"] == "yes" and rows["learned"]["extrapolates"] == "no"
     assert rows["alibi"]["hooks"] == "bias" and rows["alibi"]["learned"] == "no"
     assert rows["rope"]["hooks"] == "rotate"
@@ -54,8 +54,6 @@ def test_new_schemes_appear_automatically(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_layouts_show_their_layers_hooks() -> None:
     """A layout's row reads its layers (the class has no hooks of its own): irope rotates in its RoPE layers."""
-    from posenc_cli.cli.schemes import scheme_rows
-
-    rows = {row["name"]: row for row in scheme_rows()}
+    rows = {row["name"]: row for row in api.schemes()}
     assert rows["irope"]["hooks"] == "per layer (rope, nope): rotate"
     assert rows["gemma3"]["hooks"] == "per layer (rope): rotate" and rows["gemma3"]["learned"] == "no"

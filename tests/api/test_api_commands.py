@@ -1,0 +1,93 @@
+"""The API functions behind the commands (issue #41 items 1 and 6): extend and calibrate with evaluate=True, data,
+schemes, export, load_model, train's progress, and compare's refusals; a tiny RoPE run, nothing printed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from train_utils import tiny_overrides, write_corpus
+
+from posenc_cli import api
+from posenc_cli.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("api-commands"))
+
+
+@pytest.fixture(scope="module")
+def rope(corpus: Path) -> Path:
+    """A 4-step RoPE run, never evaluated (the children below store their cells in themselves)."""
+    return api.train([*tiny_overrides(corpus, steps=4), "pos=rope"], out=corpus.parent / "rope").run_dir
+
+
+def test_train_reports_progress_to_a_callback_and_a_bar(corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    events: list[dict[str, Any]] = []
+    api.train([*tiny_overrides(corpus, steps=2)], out=corpus.parent / "cb", callback=events.append)
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "data" and "start" in kinds and kinds.count("step") == 2
+    assert capsys.readouterr() == ("", "")  # a script's api.train is silent unless asked
+
+    api.train([*tiny_overrides(corpus, steps=2)], out=corpus.parent / "bar", progress=True)
+    shown = capsys.readouterr().out
+    assert "train" in shown and "new run" in shown and "step 2" in shown  # the start line and the log lines
+
+
+def test_extend_evaluates_parent_and_child(rope: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    seen: list[str] = []
+    outcome = api.extend(rope, tmp_path / "yarn", method="yarn", factor=2.0, threads=1, evaluate=True,
+                         status=seen.append)  # fmt: skip
+    assert outcome.result.status == "created" and outcome.evaluation is not None
+    assert [Path(doc["path"]).resolve() for doc in outcome.evaluation] == [
+        rope.resolve(),
+        (tmp_path / "yarn").resolve(),
+    ]
+    assert [doc["label"] for doc in outcome.evaluation] == ["rope", "yarn (rope)"]  # as compare labels them
+    assert any(e["status"] == "ok" for doc in outcome.evaluation for e in doc["entries"])
+    assert seen == [f"evaluating {rope} ...", f"evaluating {tmp_path / 'yarn'} ..."]
+    assert not (rope / "eval").exists()  # the parent is never written
+    assert api.extend(rope, tmp_path / "yarn", method="yarn", factor=2.0).evaluation is None  # only when asked
+    assert capsys.readouterr() == ("", "")
+
+
+def test_calibrate_evaluates_parent_and_child(rope: Path, tmp_path: Path) -> None:
+    result = api.calibrate(rope, "drope", ["2x"], tmp_path / "drope", tokens=64, refine=0, threads=1, evaluate=True)
+    assert result.status == "created" and result.c is not None and result.evaluation is not None
+    assert [Path(doc["path"]).resolve() for doc in result.evaluation] == [
+        rope.resolve(),
+        (tmp_path / "drope").resolve(),
+    ]
+
+
+def test_prepare_data_returns_the_cache_summary(corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stages: list[str] = []
+    overrides = ["data=text", f"data.paths=[{corpus}]", "data.val_fraction=0.1"]
+    info = api.prepare_data(overrides, progress=lambda stage, done, total: stages.append(stage))
+    assert info["source"] == "text" and info["tokens"]["train"] > 0 and info["tokens"]["val"] > 0
+    assert api.prepare_data(overrides)["reused"] is True
+    assert capsys.readouterr() == ("", "")
+
+
+def test_schemes_lists_the_registry() -> None:
+    rows = {row["name"]: row for row in api.schemes()}
+    assert rows["rope"]["hooks"] == "rotate" and rows["rope"]["learned"] == "no"
+    assert rows["learned"]["extrapolates"] == "no" and rows["alibi"]["extrapolates"] == "yes"
+    assert set(rows["rope"]) == {"name", "hooks", "learned", "extrapolates", "paper"}
+
+
+def test_load_model_and_export(rope: Path, tmp_path: Path) -> None:
+    run = api.load_model(rope)
+    assert run.config.pos.name == "rope" and run.meta.step == 4 and not run.model.training
+    result = api.export(rope, tmp_path / "hf")
+    assert result.architecture == "GPTNeoXForCausalLM" and (tmp_path / "hf" / "config.json").is_file()
+    assert result.max_abs_diff is not None and result.max_abs_diff < 1e-4
+
+
+def test_compare_refuses_no_run_and_unevaluated_runs(rope: Path) -> None:
+    with pytest.raises(UserError, match="give at least one run or sweep directory"):
+        api.compare([])
+    with pytest.raises(UserError, match="no ppl cells stored below .*evaluate first"):
+        api.compare([rope])
