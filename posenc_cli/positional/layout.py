@@ -181,8 +181,11 @@ class Layout(PositionalScheme):
         ctx.tables["layout"] = children
 
     def layer_view(self, layer: int, ctx: PositionContext) -> LayerView:
+        """The entry's scheme's own view of layer `layer` (its per-layer part, as FoPE's coefficients), with the
+        layout's span and temperature for that layer."""
         j = self.scheme_of_layer[layer]
-        return LayerView(self.schemes[j], ctx.tables["layout"][j], self.spans[layer], self.temperatures[layer])
+        inner = self.schemes[j].layer_view(layer, ctx.tables["layout"][j])
+        return LayerView(inner.scheme, inner.ctx, self.spans[layer], self.temperatures[layer])
 
     def describe_layers(self) -> list[str]:
         out = []
