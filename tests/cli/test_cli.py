@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cli_utils import full_command_tree
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
@@ -68,9 +69,7 @@ def _command_paths(command: object, prefix: tuple[str, ...] = ()) -> list[tuple[
 
 
 def test_every_command_help_shows_an_example() -> None:
-    import typer
-
-    paths = _command_paths(typer.main.get_command(app))[1:]
+    paths = _command_paths(full_command_tree())[1:]
     assert len(paths) >= len(COMMANDS) + 3  # viz has three sub-commands
     for path in paths:
         result = runner.invoke(app, [*path, "--help"], terminal_width=200)
@@ -211,7 +210,6 @@ def test_every_command_help_has_one_line_per_paragraph() -> None:
     """A docstring's source line breaks made --help ragged at 80 columns or in a pipe; rich wraps each paragraph
     to the terminal instead (commands and `viz` subcommands alike)."""
     import click
-    import typer.main
 
     def commands(group: click.Command, prefix: str = "") -> list[tuple[str, click.Command]]:
         out = []
@@ -220,7 +218,7 @@ def test_every_command_help_has_one_line_per_paragraph() -> None:
             out += commands(cmd, prefix + name + " ")
         return out
 
-    found = commands(typer.main.get_command(app))
+    found = commands(full_command_tree())
     assert len(found) >= 15
     for name, cmd in found:
         for paragraph in (cmd.help or "").split("\n\n"):

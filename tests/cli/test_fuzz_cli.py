@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 
 import pytest
-import typer.main
+from cli_utils import full_command_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from train_utils import tiny_config, write_corpus
@@ -33,7 +33,7 @@ FUZZ = settings(max_examples=5, deadline=None, suppress_health_check=[HealthChec
 
 def numeric_options() -> list[tuple[str, str, bool]]:
     """(command, flag, integer) of every option whose value is a number (or a list of numbers)."""
-    group = typer.main.get_command(app)
+    group = full_command_tree()
     found = []
     for name, command in sorted(group.commands.items()):
         for param in command.params:
@@ -47,7 +47,7 @@ def numeric_options() -> list[tuple[str, str, bool]]:
 
 
 def needs_argument(command: str) -> bool:
-    group = typer.main.get_command(app)
+    group = full_command_tree()
     return any(p.param_type_name == "argument" and p.required for p in group.commands[command].params)
 
 
@@ -66,7 +66,7 @@ def _one_click_command():
     """Typer's runner builds the click command anew on every call (30 ms of CPU): build it once for this module."""
     import typer.testing
 
-    command = typer.main.get_command(app)
+    command = full_command_tree()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(typer.testing, "_get_command", lambda _app: command)
         yield

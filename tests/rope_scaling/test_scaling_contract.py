@@ -8,14 +8,14 @@ import itertools
 
 import pytest
 import torch
-import typer.main
+from cli_utils import full_command_tree
 
-from posenc_cli.cli import app
 from posenc_cli.config import ExtendConfig, build_dataclass
+from posenc_cli.errors import NotExportable
 from posenc_cli.positional.rope import RopeConfig
 from posenc_cli.rope_scaling import NONE, RopeScalingConfig, ScalingParams, param_fields, registry
 from posenc_cli.rope_scaling.frequencies import frequency_regions, frequency_summary, scaled_inv_freq
-from posenc_cli.run.export import NotExportable, neox_rope
+from posenc_cli.run.export_rope import neox_rope
 
 METHODS = list(registry())
 HEAD_DIMS = (8, 16, 64)
@@ -97,8 +97,7 @@ def test_config_keys_round_trip(name: str) -> None:
 
 @pytest.mark.parametrize("name", METHODS)
 def test_cli_has_the_shorthand_and_the_parameter_flags(name: str) -> None:
-    command = typer.main.get_command(app)
-    extend = command.commands["extend"]  # type: ignore[attr-defined]
+    extend = full_command_tree().commands["extend"]  # type: ignore[attr-defined]
     flags = {opt for p in extend.params for opt in (*p.opts, *p.secondary_opts)}
     assert f"--{name}" in flags
     for f in dataclasses.fields(registry()[name].params_cls):
