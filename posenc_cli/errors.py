@@ -27,6 +27,10 @@ class DataError(UserError):
     """A data source cannot be read or fetched."""
 
 
+class NotExportable(UserError):
+    """A run's model has no exactly matching architecture in `transformers` (`posenc export`)."""
+
+
 class LengthBeyondScheme(UserError):
     """A positional scheme cannot serve the requested sequence length."""
 

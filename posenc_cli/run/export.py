@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import re
 import shutil
@@ -36,36 +35,35 @@ from typing import TYPE_CHECKING, Any
 
 import safetensors.torch
 import torch
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
 from torch import Tensor
 
 from posenc_cli import __version__
 from posenc_cli.config import Config
 from posenc_cli.data.tokenizer import EOD_TOKEN
-from posenc_cli.errors import ConfigError, UserError
+from posenc_cli.errors import ConfigError, NotExportable, UserError
 from posenc_cli.fsutil import make_temp_dir, set_default_mode
 from posenc_cli.positional.layout import LayoutConfig
 from posenc_cli.positional.rope import rotary_dim
-from posenc_cli.rope_scaling import get_method
+from posenc_cli.run.export_rope import interleaved_to_half, neox_rope
+from posenc_cli.run.export_smollm3 import check_smollm3_exportable, smollm3_config_kwargs, smollm3_weights
 from posenc_cli.run.journal import fsync_dir
 from posenc_cli.run.load import load_run
 
 if TYPE_CHECKING:
-    from posenc_cli.positional.rope import RopeConfig
     from posenc_cli.run.load import LoadedRun
 
 __all__ = [
     "ARCHITECTURES",
     "ExportResult",
-    "NotExportable",
     "byte_level_alphabet",
     "check_exportable",
     "export_run",
     "gpt2_weights",
     "hf_config_kwargs",
     "hf_tokenizer",
-    "interleaved_to_half",
     "neox_qkv_rows",
-    "neox_rope",
     "neox_weights",
 ]
 
@@ -75,10 +73,6 @@ EXPORT_INFO_FILE = "posenc_export.json"
 VERIFY_MAX_TOKENS = 256
 VERIFY_RTOL = 1e-4  # max |Δlogit| / max(1, max |logit|) allowed by the built-in check
 _INSTALL_HINT = "pip install 'posenc[hf]'"
-
-
-class NotExportable(UserError):
-    """The run's model has no exactly matching architecture in `transformers`."""
 
 
 @dataclass
@@ -112,8 +106,6 @@ def architecture(cfg: Config) -> str | None:
 def check_exportable(cfg: Config) -> None:
     """Raise `NotExportable` (one line) unless the run maps exactly onto GPT-2, GPT-NeoX or SmolLM3."""
     if architecture(cfg) == SMOLLM3:
-        from posenc_cli.run.export_smollm3 import check_smollm3_exportable  # it imports this module
-
         check_smollm3_exportable(cfg)
         return
     scheme = cfg.pos.name
@@ -147,27 +139,6 @@ def check_exportable(cfg: Config) -> None:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configs (keyword arguments of the transformers config classes; legacy names that 4.x and 5.x both accept).
-
-
-def neox_rope(pos: RopeConfig, head_dim: int, train_length: int) -> tuple[dict[str, Any] | None, float, float, int]:
-    """(rope_scaling or None, rope base, partial_rotary_factor, max_position_embeddings) of a RoPE run.
-
-    `transformers` takes int(head_dim · partial_rotary_factor) rotary dims, so the factor is nudged up when the
-    float quotient d/hd would truncate below d. L = the scaling's original length (default: training length).
-    """
-    d = rotary_dim(head_dim, pos.rotary_fraction)
-    partial = d / head_dim
-    while int(head_dim * partial) < d:
-        partial = math.nextafter(partial, math.inf)
-    s = pos.scaling
-    if s.method == "none":
-        return None, float(pos.base), partial, train_length
-    hf = get_method(s.method).transformers(s.params, s.factor, s.original_length or train_length, d)
-    if hf is None:  # a scaling method transformers has no rope type for
-        raise NotExportable(f"not exportable: RoPE scaling '{s.method}' has no transformers rope type")
-    base = float(pos.base * hf.theta_scale) if hf.theta_scale != 1.0 else float(pos.base)  # static NTK: new base
-    scaling = None if hf.parameters["rope_type"] == "default" else hf.parameters
-    return scaling, base, partial, hf.max_position_embeddings
 
 
 def hf_config_kwargs(cfg: Config, vocab_size: int, eod_id: int, table_length: int | None) -> dict[str, Any]:
@@ -250,14 +221,6 @@ def gpt2_weights(state: dict[str, Tensor], n_layer: int) -> dict[str, Tensor]:
     return out
 
 
-def interleaved_to_half(rotary_dim: int) -> Tensor:
-    """perm (d,) with new[j] = old[perm[j]]: the interleaved pair (2k, 2k+1) becomes the rotate_half pair (k, k+d/2).
-
-    Applied to the rows of both q and k, it leaves every q·k dot product, and so attention, unchanged.
-    """
-    return torch.cat([torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)])
-
-
 def neox_qkv_rows(n_head: int, head_dim: int, rotary_dim: int, interleaved: bool) -> Tensor:
     """(3·D,) indices into posenc's fused qkv rows [q | k | v] giving NeoX's per-head [q_h, k_h, v_h] order."""
     rows = torch.arange(3 * n_head * head_dim).view(3, n_head, head_dim)  # (3, H, hd): posenc row of (part, h, j)
@@ -310,10 +273,6 @@ def byte_level_alphabet() -> list[str]:
 
 def _byte_tokenizer_json() -> str:
     """A `tokenizers` byte-level model with ids = byte values and 256 = <|endoftext|> (posenc's byte tokenizer)."""
-    # deferred: keeps tokenizers off posenc --help start-up
-    from tokenizers import AddedToken, decoders, models, pre_tokenizers
-    from tokenizers import Tokenizer as HFTokenizer
-
     vocab = {ch: b for b, ch in enumerate(byte_level_alphabet())}
     vocab[EOD_TOKEN] = 256
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=[]))  # no merges: one token per byte
@@ -325,9 +284,7 @@ def _byte_tokenizer_json() -> str:
 
 def hf_tokenizer(tokenizer: Any, model_max_length: int | None) -> Any:
     """A `transformers` fast tokenizer for posenc's byte or BPE tokenizer (no BOS is added, as in training)."""
-    # deferred: keeps tokenizers and transformers off posenc --help start-up
-    from tokenizers import Tokenizer as HFTokenizer
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # optional (the [hf] extra): see _require_transformers
 
     raw = _byte_tokenizer_json() if tokenizer.kind == "byte" else tokenizer.to_json()
     kwargs: dict[str, Any] = {"eos_token": EOD_TOKEN}
@@ -341,8 +298,9 @@ def hf_tokenizer(tokenizer: Any, model_max_length: int | None) -> Any:
 
 
 def _require_transformers() -> Any:
+    """`transformers`, an optional dependency (the [hf] extra), or a one-line refusal naming the install command;
+    the functions that use it import it where they run, after this check."""
     try:
-        # deferred: keeps transformers off posenc --help start-up
         import transformers
     except ImportError as e:
         raise UserError(f"posenc export --to hf needs the transformers package: {_INSTALL_HINT}") from e
@@ -358,8 +316,7 @@ def _check_out_dir(out: Path) -> None:
 
 def verify_export(run: LoadedRun, hf_dir: Path, length: int, seed: int = 0) -> tuple[float, float]:
     """(max |Δlogit|, max |logit|) of posenc vs `AutoModelForCausalLM.from_pretrained(hf_dir)` on random ids."""
-    # deferred: keeps transformers off posenc --help start-up
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # optional (the [hf] extra): see _require_transformers
 
     hf = AutoModelForCausalLM.from_pretrained(str(hf_dir)).float().eval()
     ids = torch.randint(0, run.tokenizer.vocab_size, (1, length), generator=torch.Generator().manual_seed(seed))
@@ -376,8 +333,6 @@ def _write(run: LoadedRun, directory: Path, transformers: Any) -> tuple[dict[str
     table = int(state["scheme.wpe.weight"].shape[0]) if cfg.pos.name == "learned" else None
     target = architecture(cfg)
     if target == SMOLLM3:
-        from posenc_cli.run.export_smollm3 import smollm3_config_kwargs, smollm3_weights  # it imports this module
-
         kwargs = smollm3_config_kwargs(cfg, run.tokenizer.vocab_size, run.tokenizer.eod_id)
         hf_cfg, weights = transformers.SmolLM3Config(**kwargs), smollm3_weights(state, cfg)
     elif cfg.pos.name == "learned":

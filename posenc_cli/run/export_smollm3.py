@@ -31,9 +31,10 @@ import torch
 from torch import Tensor
 
 from posenc_cli.config import Config
+from posenc_cli.errors import NotExportable
 from posenc_cli.positional.layout import default_window
 from posenc_cli.positional.rope import RopeConfig, rotary_dim
-from posenc_cli.run.export import NotExportable, interleaved_to_half, neox_rope
+from posenc_cli.run.export_rope import interleaved_to_half, neox_rope
 
 __all__ = ["check_smollm3_exportable", "smollm3_config_kwargs", "smollm3_layers", "smollm3_weights"]
 

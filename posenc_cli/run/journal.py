@@ -16,20 +16,23 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from posenc_cli.fsutil import atomic_write_bytes, atomic_write_json
 from posenc_cli.run.layout import META_FILE, PENDING
 
-if TYPE_CHECKING:
-    from posenc_cli.run.meta import RunMeta
+
+class JsonRecord(Protocol):
+    """A record that gives the JSON object it is saved as (`run.meta.RunMeta`, which sits above this module)."""
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def commit_checkpoint(run_dir: Path, files: dict[str, bytes], meta: RunMeta | dict[str, Any]) -> dict[str, Any]:
+def commit_checkpoint(run_dir: Path, files: dict[str, bytes], meta: JsonRecord | dict[str, Any]) -> dict[str, Any]:
     """Atomically replace the run's checkpoint by `files` + `meta` (meta gains `files`: sha256 per file); the one
     writer of meta.json. Returns the meta.json object written."""
     if not isinstance(meta, dict):  # a RunMeta

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from posenc_cli.config import Config, ModelConfig, TrainConfig
-from posenc_cli.errors import ConfigError
+from posenc_cli.errors import ConfigError, NotExportable
 from posenc_cli.model import GPT, build_model
 from posenc_cli.positional import PositionContext
 from posenc_cli.positional.rope import RopeConfig, p_rope_inv_freq, rope_inv_freq
 from posenc_cli.rope_scaling import RopeScalingConfig
-from posenc_cli.run.export import NotExportable, check_exportable
+from posenc_cli.run.export import check_exportable
 
 
 def model(p: float, seed: int = 0, **rope: object) -> GPT:

@@ -307,7 +307,8 @@ def test_a_rebuilt_model_of_a_dropped_run_stays_dropped(references: dict[str, Pa
 
 def test_a_dropped_run_is_not_exported(references: dict[str, Path], tmp_path: Path) -> None:
     """Every architecture export writes encodes positions: writing one would put the scheme back."""
-    from posenc_cli.run.export import NotExportable, export_run
+    from posenc_cli.errors import NotExportable
+    from posenc_cli.run.export import export_run
 
     with pytest.raises(NotExportable, match=f"dropped its positions after step {K}"):
         export_run(references["rope"], tmp_path / "hf")

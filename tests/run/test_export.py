@@ -12,7 +12,7 @@ from train_utils import tiny_config, write_corpus
 
 from posenc_cli.config import ExtendConfig, TokenizerConfig, replace
 from posenc_cli.data.tokenizer import ByteTokenizer
-from posenc_cli.errors import ConfigError, UserError
+from posenc_cli.errors import ConfigError, NotExportable, UserError
 from posenc_cli.extension.extend import extend_run
 from posenc_cli.positional.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from posenc_cli.rope_scaling.llama3 import Llama3Params
@@ -24,15 +24,13 @@ from posenc_cli.run.train import train
 transformers = pytest.importorskip("transformers", reason="transformers is the test oracle (pip install transformers)")
 
 from posenc_cli.run.export import (  # noqa: E402
-    NotExportable,
     architecture,
     byte_level_alphabet,
     check_exportable,
     export_run,
-    interleaved_to_half,
     neox_qkv_rows,
-    neox_rope,
 )
+from posenc_cli.run.export_rope import interleaved_to_half, neox_rope  # noqa: E402
 
 L = 16  # training length of the tiny runs
 TOL = 1e-4

@@ -13,8 +13,8 @@ from train_utils import tiny_config, write_corpus
 pytest.importorskip("transformers")
 
 from posenc_cli.config import Config, replace
+from posenc_cli.errors import NotExportable
 from posenc_cli.run.config_load import config_from_dict
-from posenc_cli.run.export import NotExportable
 from posenc_cli.run.export_smollm3 import check_smollm3_exportable, smollm3_config_kwargs, smollm3_weights
 from posenc_cli.run.load import load_run
 from posenc_cli.run.train import train
