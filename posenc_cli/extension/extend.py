@@ -42,6 +42,7 @@ from posenc_cli.extension.rope_layers import (
     selected_settings,
     with_rope_options,
 )
+from posenc_cli.positional.fope import FopeConfig
 from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.rope_scaling import RopeScalingConfig, method_names
 from posenc_cli.run.device import threads as use_threads
@@ -231,10 +232,10 @@ def extend_run(
     Idempotent: when `out_dir` already holds this extension of these parent weights, a complete child is returned
     as is (status "already_complete") and an interrupted fine-tune is resumed. `out_dir` may exist if empty.
     Refused with a one-line `UserError`, before anything is written: an unknown method, factor <= 1, a parent that
-    is not a verified posenc run or not RoPE, and an `out_dir` that is the parent or holds anything else.
-    `resume=True` additionally requires `out_dir` to hold the extension already. `callback` receives `train()`'s
-    events during a fine-tune; `threads` sets the fine-tune's `train.threads` (0: the free cores,
-    `cpu_load.default_threads`). `search`: the LongRoPE search that found `ext`'s factors
+    is not a verified posenc run or not RoPE (or FoPE, with linear or yarn), and an `out_dir` that is the parent or
+    holds anything else. `resume=True` additionally requires `out_dir` to hold the extension already. `callback`
+    receives `train()`'s events during a fine-tune; `threads` sets the fine-tune's `train.threads` (0: the free
+    cores, `cpu_load.default_threads`). `search`: the LongRoPE search that found `ext`'s factors
     (`longrope_search.search_identity`), recorded as `extend.search`.
     """
     validate_extend(ext)
@@ -251,14 +252,17 @@ def extend_run(
         parent = load_run(parent_path)
     refuse_dropped(parent_path, parent.positions_dropped_at, "there are no RoPE frequencies to scale")
     cfg = parent.config
-    entries = rope_entries(cfg, ext.layers, parent_path)  # [] for a plain RoPE run
+    fope = isinstance(cfg.pos, FopeConfig)  # FoPE: its kept frequencies take PI or YaRN (positional/fope.py)
+    entries = [] if fope else rope_entries(cfg, ext.layers, parent_path)  # [] for a plain RoPE or FoPE run
     if ext.logn and cfg.model.attn_scale != "none":
         raise ConfigError(f"{parent_path} already scales attention logits (model.attn_scale={cfg.model.attn_scale})")
     scaling = resolve_scaling(ext, cfg, parent.meta)
-    for rope in selected_settings(cfg, entries)[1:]:  # every scaled layer's frequencies must take this scaling
+    if fope:
+        replace(cfg.pos, scaling=scaling).validate()  # linear or yarn only, in one line
+    for rope in [] if fope else selected_settings(cfg, entries)[1:]:  # every scaled layer must take this scaling
         _frequency_numbers(scaling, rotary_dim(cfg.model.head_dim, rope.rotary_fraction), rope.base)
-    rope = rope_settings(cfg, entries)  # what the report shows: the run's RoPE, or the first scaled layer's
-    rotary = rotary_dim(cfg.model.head_dim, rope.rotary_fraction)
+    rope = cfg.pos if fope else rope_settings(cfg, entries)  # what the report shows: the run's, or a layer's
+    rotary = cfg.model.head_dim if fope else rotary_dim(cfg.model.head_dim, rope.rotary_fraction)
     attention, regions, wavelengths = _frequency_numbers(scaling, rotary, rope.base)
     parent_length, base_length = parent.meta.lengths(cfg)
     layers = describe_entries(cfg, entries, ext.layers)
