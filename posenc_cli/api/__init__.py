@@ -46,11 +46,13 @@ from posenc_cli.api.sweeps import (
     sweep_report,
 )
 from posenc_cli.api.training import train, train_config, train_warning
+from posenc_cli.api.viz import EncodingPicture, viz_attention, viz_compare, viz_encoding
 
 __all__ = [
     "REFERENCES",
     "CompareReport",
     "Comparison",
+    "EncodingPicture",
     "Evaluation",
     "SweepPlan",
     "SweepReport",
@@ -80,4 +82,7 @@ __all__ = [
     "train",
     "train_config",
     "train_warning",
+    "viz_attention",
+    "viz_compare",
+    "viz_encoding",
 ]

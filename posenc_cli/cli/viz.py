@@ -21,7 +21,7 @@ viz_app = typer.Typer(
 )
 app.add_typer(viz_app, name="viz")
 
-DEFAULT_DIR = Path("outputs/viz")
+DEFAULT_DIR = Path("outputs/viz")  # as api.viz.DEFAULT_DIR, named in the help before the API loads
 
 
 def out_option(default: str) -> Any:
@@ -86,10 +86,7 @@ def encoding_command(
 ) -> None:
     """Draw what a scheme's hooks do: added embeddings, rotation angles, or score biases (also a grid here)."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli.analysis.viz import encoding_figure, layout_figure, layout_terminal, terminal_grids
-    from posenc_cli.analysis.viz_data import encoding_data, layout_encoding, seeded_scheme
-    from posenc_cli.positional.layout import is_layout
-    from posenc_cli.report.plots import save_figure
+    from posenc_cli import api
 
     # Sweep job directories are named like `pos=rope`: an existing path is a run directory, not an override.
     paths = [a for a in args or [] if path_exists(a)]
@@ -97,34 +94,18 @@ def encoding_command(
     names = paths + names
     if len(names) > 1:
         raise ConfigError(f"give at most one run directory, got {len(names)}: {' '.join(names)}")
-    if names:
-        if overrides:
-            raise ConfigError("overrides apply to composed configs, not to a run directory: give one or the other")
-        # deferred: keeps this command's modules off posenc --help start-up
-        from posenc_cli.run.load import load_run
-
-        run = load_run(names[0])
-        scheme = run.model.scheme
-        source = f"trained run {run.path.name}, step {run.meta.step}"
-        seed = run.config.train.seed
-    else:
-        # deferred: keeps this command's modules off posenc --help start-up
-        from posenc_cli.run.config_compose import compose_config
-
-        cfg = compose_config(overrides, Path(config_dir) if config_dir else None)
-        scheme = seeded_scheme(cfg)
-        source, seed = None, cfg.train.seed
-    n = length if length is not None else scheme.train_length
-    if is_layout(scheme):  # one block per distinct scheme of the layers, then their spans and temperatures
-        enc = layout_encoding(scheme, n, source=source, head=head, layer=layer, seed=seed)
-        grids, figure, name = layout_terminal(enc), layout_figure(enc), enc.layout
-    else:
-        data = encoding_data(scheme, n, source=source, head=head, layer=layer or 0, seed=seed)
-        grids, figure, name = terminal_grids(data), encoding_figure(data), data.scheme
-    for grid in grids:
+    picture = api.viz_encoding(
+        overrides,
+        names[0] if names else None,
+        out=out,
+        length=length,
+        head=head,
+        layer=layer,
+        config_dir=config_dir,
+    )
+    for grid in picture.grids:
         console.print(grid)
-    path = save_figure(figure, out or DEFAULT_DIR / f"encoding-{name}.png")
-    console.print(f"wrote {escape(str(path))}", highlight=False)
+    console.print(f"wrote {escape(str(picture.path))}", highlight=False)
 
 
 @viz_app.command("attention", epilog=_ATTENTION_EXAMPLES)
@@ -145,15 +126,11 @@ def attention_command(
 ) -> None:
     """Attention maps at the training length and a longer one, side by side, and attention mass by distance."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli.analysis.viz import attention_figure
-    from posenc_cli.analysis.viz_data import attention_report
-    from posenc_cli.report.plots import save_figure
-    from posenc_cli.run.device import resolve_device
-    from posenc_cli.run.load import load_run
+    from posenc_cli import api
 
-    run = load_run(run_dir, device=resolve_device(device))
-    report = attention_report(run, length=length, layer=layer, head=head, windows=windows)
-    path = save_figure(attention_figure(report), out or Path(run_dir) / "viz" / "attention.png")
+    report, path = api.viz_attention(
+        run_dir, length=length, layer=layer, head=head, windows=windows, out=out, device=device
+    )
     table = Table(title=f"Mean attended distance (tokens) · {escape(report.run)} · trained at {report.train_length}")
     table.add_column("layer", justify="right")
     if report.layer_notes:  # a per-layer layout: each layer's scheme, span and temperature
@@ -181,11 +158,7 @@ def compare_command(
 ) -> None:
     """One small panel per run: attention mass by distance at 1× and at --multiple × the training length."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli.analysis.viz import write_attention_comparison
+    from posenc_cli import api
 
-    if multiple <= 0:
-        raise ConfigError(f"--multiple must be > 0, got {multiple}")
-    path = write_attention_comparison(
-        paths, out or DEFAULT_DIR / "attention-compare.png", multiple=multiple, windows=windows, device=device
-    )
+    path = api.viz_compare(paths, multiple=multiple, windows=windows, out=out, device=device)
     console.print(f"wrote {escape(str(path))}", highlight=False)

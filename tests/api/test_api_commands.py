@@ -91,3 +91,12 @@ def test_compare_refuses_no_run_and_unevaluated_runs(rope: Path) -> None:
         api.compare([])
     with pytest.raises(UserError, match="no ppl cells stored below .*evaluate first"):
         api.compare([rope])
+
+
+def test_viz_encoding_writes_its_figure_and_returns_the_grids(tmp_path: Path) -> None:
+    picture = api.viz_encoding(["pos=rope", "model=tiny"], out=tmp_path / "rope.png", length=32)
+    assert picture.path == tmp_path / "rope.png" and picture.path.stat().st_size > 0 and picture.grids
+    with pytest.raises(UserError, match="overrides apply to composed configs"):
+        api.viz_encoding(["pos=rope"], tmp_path)
+    with pytest.raises(UserError, match="--multiple must be > 0"):
+        api.viz_compare([tmp_path], multiple=0)
