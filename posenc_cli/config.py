@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import math
 import types
 import typing
@@ -149,13 +150,30 @@ class DataConfig:
 
 @dataclass(kw_only=True)
 class TokenizerConfig:
-    kind: Literal["byte", "bpe"] = "byte"
+    """`byte`, `bpe` (trained on the corpus, `vocab_size` ids) or `hf`: a pretrained `tokenizers`/`transformers`
+    folder `path` holding tokenizer.json. `sha256` (hf) is that file's hash, filled in by `validate` when empty (and
+    checked against the file when a run starts), so a run's config and a sweep cell's key name the tokenizer's
+    content, not only its path."""
+
+    kind: Literal["byte", "bpe", "hf"] = "byte"
     vocab_size: int = 1024
+    path: str | None = None
+    sha256: str | None = None
 
     def validate(self) -> None:
         positive(self, "tokenizer", "vocab_size")
         if self.kind == "bpe" and self.vocab_size < 260:
             raise ConfigError("tokenizer.vocab_size must be >= 260 for bpe (256 bytes + specials)")
+        if self.kind != "hf":
+            return
+        if not self.path:
+            raise ConfigError("tokenizer=hf needs tokenizer.path=DIR (a folder holding tokenizer.json)")
+        if self.sha256 is not None:  # a run's saved config keeps the hash; its run directory keeps the file
+            return
+        file = Path(self.path).expanduser() / "tokenizer.json"
+        if not file.is_file():
+            raise ConfigError(f"tokenizer.path={self.path}: no tokenizer.json in it")
+        self.sha256 = hashlib.sha256(file.read_bytes()).hexdigest()
 
 
 @dataclass(kw_only=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 import platform
 import time
@@ -27,11 +28,23 @@ import torch
 
 from posenc_cli.config import DataConfig, TokenizerConfig
 from posenc_cli.data.sources import open_source
-from posenc_cli.data.sources.base import FORMAT_VERSION, Docs, ProgressFn, Source, report_progress, short_hash
+from posenc_cli.data.sources.base import (
+    BATCH_BYTES,
+    FORMAT_VERSION,
+    Docs,
+    ProgressFn,
+    Source,
+    Stream,
+    is_validation,
+    report_progress,
+    short_hash,
+)
 from posenc_cli.data.tokenizer import (
     BPETokenizer,
     ByteTokenizer,
     Tokenizer,
+    check_token_bytes,
+    load_tokenizer,
     train_bpe,
 )
 from posenc_cli.errors import CheckpointError, DataError, UserError
@@ -100,16 +113,30 @@ def _corpus_tokenizer(
     """Bytes, or BPE trained on this corpus's training split and cached by (corpus fingerprint, vocab size)."""
     if tok.kind == "byte":
         return ByteTokenizer()
+    if tok.kind == "hf":
+        return load_tokenizer(tok)  # pretrained: tokenizer.path, checked against tokenizer.sha256
     path = root / "tokenizers" / f"bpe-{source.fingerprint}-{tok.vocab_size}.json"
     if path.is_file():
         with contextlib.suppress(CheckpointError):  # a damaged cache file is retrained
             return BPETokenizer.from_file(path)
     train, _, _ = docs()
     report_progress(progress, "training tokenizer", 0, 1)
-    bpe = train_bpe(_bpe_sample(train), tok.vocab_size)
+    sample = _stream_head(train) if source.stream is not None else _bpe_sample(train)  # a stream's size is unknown
+    bpe = train_bpe(sample, tok.vocab_size)
     atomic_write_text(path, bpe.to_json())
     report_progress(progress, "training tokenizer", 1, 1)
     return bpe
+
+
+def _stream_head(train: Any, budget: int = BPE_TRAIN_BYTES) -> Iterator[str]:
+    """The first training documents of a stream, about `budget` characters in all."""
+    size = 0
+    for batch in train.batches():
+        for doc in batch:
+            yield doc[: budget - size]
+            size += len(doc)
+            if size >= budget:
+                return
 
 
 def tokenize(tokenizer: Tokenizer, docs: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -173,7 +200,7 @@ def _build_entry(
                 if mask_f is not None:
                     write_ids(mask_f, scored)
                 n_tokens += int(ids.size)
-                n_bytes += int(tokenizer.token_bytes[ids].sum())
+                n_bytes += check_token_bytes(tokenizer, batch, ids)  # the text's bytes, which its tokens add up to
                 n_scored += int(scored.sum())
                 done += len(batch)
                 report_progress(progress, "tokenizing", done, total)
@@ -195,6 +222,107 @@ def _build_entry(
         "split_method": method,
         "tokenizer": {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "fingerprint": tokenizer.fingerprint},
         "splits": splits,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    atomic_write_json(entry / MANIFEST, manifest)
+    report_progress(progress, "writing", 3, 3)
+    return manifest
+
+
+def _byte_batches(read: Callable[[], Iterator[list[str]]]) -> Iterator[list[str]]:
+    """The non-empty documents of `read()` regrouped into lists of about `BATCH_BYTES` characters."""
+    out: list[str] = []
+    size = 0
+    for batch in read():
+        for doc in batch:  # one step per document
+            if doc:
+                out.append(doc)
+                size += len(doc)
+        if size >= BATCH_BYTES:
+            yield out
+            out, size = [], 0
+    if out:
+        yield out
+
+
+def _cut(ids: dict[str, np.ndarray], room: int) -> dict[str, np.ndarray]:
+    """Keep `room` of the ids of both splits, shared in proportion to their sizes (the validation part rounded)."""
+    total = sum(a.size for a in ids.values())
+    if total <= room:
+        return ids
+    keep_val = round(room * ids["val"].size / total)
+    return {"train": ids["train"][: room - keep_val], "val": ids["val"][:keep_val]}
+
+
+def _build_stream_entry(
+    entry: Path, key: str, stream: Stream, tokenizer: Tokenizer, progress: ProgressFn | None
+) -> dict[str, Any]:
+    """Tokenize a `Stream` into `entry` in one pass for both splits, stopping at its budget; the manifest also keeps
+    `content_sha256`, a hash of the ids written (what was read, as tokens). Memory: one batch of text at a time."""
+    t0 = time.perf_counter()
+    entry.mkdir(parents=True, exist_ok=True)
+    (entry / MANIFEST).unlink(missing_ok=True)
+    budget = stream.max_tokens
+    if stream.read_val is None:
+        phases = [(stream.read, None, budget)]  # both splits from one stream, by document hash
+        method = "document hash (streamed)"
+    else:
+        val_budget = None if budget is None else max(1, round(budget * stream.val_fraction))
+        phases = [
+            (stream.read, "train", None if budget is None else budget - val_budget),
+            (stream.read_val, "val", val_budget),
+        ]
+        method = "data.val_split"
+    counts = {s: {"documents": 0, "tokens": 0, "bytes": 0} for s in SPLITS}
+    digests = {s: hashlib.sha256() for s in SPLITS}
+    with contextlib.ExitStack() as files:
+        out = {s: files.enter_context(open(files.enter_context(atomic_path(entry / f"{s}.bin")), "wb")) for s in SPLITS}
+        for read, only, limit in phases:
+            written = 0
+            for batch in _byte_batches(read):
+                groups: dict[str, list[str]] = {"train": [], "val": []}
+                for doc in batch:  # one step per document
+                    groups[only or ("val" if is_validation(doc, stream.val_fraction) else "train")].append(doc)
+                ids = {s: tokenizer.encode_documents(groups[s]) for s in SPLITS}
+                n_bytes = {s: check_token_bytes(tokenizer, groups[s], ids[s]) for s in SPLITS}
+                room = None if limit is None else limit - written
+                if room is not None and room < sum(a.size for a in ids.values()):
+                    ids = _cut(ids, room)
+                    n_bytes = {s: int(tokenizer.token_bytes[ids[s]].sum()) for s in SPLITS}
+                for s in SPLITS:
+                    if ids[s].size == 0:
+                        continue
+                    write_ids(out[s], ids[s].astype(tokenizer.dtype, copy=False))
+                    digests[s].update(np.ascontiguousarray(ids[s].astype(tokenizer.dtype, copy=False)).tobytes())
+                    ends = int((ids[s] == tokenizer.eod_id).sum())
+                    counts[s]["documents"] += ends + int(ids[s][-1] != tokenizer.eod_id)  # a document cut short
+                    counts[s]["tokens"] += int(ids[s].size)
+                    counts[s]["bytes"] += n_bytes[s]
+                    written += int(ids[s].size)
+                report_progress(progress, "tokenizing", written, limit or written)
+                if limit is not None and written >= limit:
+                    break
+    if counts["train"]["tokens"] == 0:
+        raise DataError("the stream gave no training text (an empty dataset, or data.text_column holds only blanks)")
+    if counts["val"]["tokens"] == 0 and stream.val_fraction > 0:
+        raise DataError(
+            "no document of the stream went to validation before the budget ran out: raise data.max_tokens or "
+            "data.val_fraction, or give data.val_split"
+        )
+    splits = {
+        s: {**counts[s], "file": f"{s}.bin", "scored_file": None, "scored_tokens": counts[s]["tokens"]} for s in SPLITS
+    }
+    content = hashlib.sha256("".join(digests[s].hexdigest() for s in SPLITS).encode()).hexdigest()
+    manifest = {
+        "format": FORMAT_VERSION,
+        "layout": LAYOUT,
+        "key": key,
+        "dtype": tokenizer.dtype.name,
+        "split_method": method,
+        "tokenizer": {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size, "fingerprint": tokenizer.fingerprint},
+        "splits": splits,
+        "max_tokens": budget,
+        "content_sha256": content,
         "seconds": round(time.perf_counter() - t0, 3),
     }
     atomic_write_json(entry / MANIFEST, manifest)
@@ -240,7 +368,9 @@ def load_corpus(
     entry = root / "tokens" / key
     manifest = read_manifest(entry, key)
     reused = manifest is not None
-    if manifest is None:
+    if manifest is None and source.stream is not None:
+        manifest = _build_stream_entry(entry, key, source.stream, tokenizer, progress)
+    elif manifest is None:
         train_docs, val_docs, method = docs()
         manifest = _build_entry(entry, key, train_docs, val_docs, method, tokenizer, progress)
     splits = manifest["splits"]
@@ -259,6 +389,8 @@ def load_corpus(
         "cache_path": str(entry),
         "reused": reused,
     }
+    if "content_sha256" in manifest:  # a streamed corpus: what was read, as tokens
+        info["content_sha256"] = manifest["content_sha256"]
     info.setdefault("python_version", platform.python_version())
     info["seconds"] = round(time.perf_counter() - t0, 3)
     return Corpus(

@@ -8,6 +8,7 @@ so bits-per-byte = sum(loss) / (ln 2 * sum(token_bytes[targets])) for any tokeni
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -250,13 +251,160 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
     return BPETokenizer(hf, source="trained tokenizer")
 
 
+# The end-of-document token of a pretrained tokenizer, when its tokenizer_config.json names no `eos_token`: the first
+# of these in its vocabulary (GPT-2 and SmolLM: <|endoftext|>; Llama 3: <|end_of_text|>; Llama 2, Mistral: </s>).
+EOD_CANDIDATES = (EOD_TOKEN, "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>")
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
+
+class PretrainedTokenizer(Tokenizer):
+    """A pretrained `tokenizers`/`transformers` tokenizer (`tokenizer=hf tokenizer.path=DIR`: DIR/tokenizer.json).
+
+    No special token is added around a document (`add_special_tokens=False`) and special-token strings inside the text
+    are encoded as text, so only the pipeline places the end-of-document token (its `eos_token`). `token_bytes` comes
+    from the vocabulary (byte-level BPE: one byte per character of a token); the token cache checks, batch by batch,
+    that the tokens' bytes add up to the text's, so bits per byte stay exact or the corpus is refused
+    (`check_token_bytes`).
+    """
+
+    kind = "hf"
+
+    def __init__(self, tokenizer_json: str, eod_token: str | None, source: str) -> None:
+        # deferred: keeps tokenizers off posenc --help start-up
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            hf = HFTokenizer.from_str(tokenizer_json)
+        except Exception as e:  # the Rust loader raises plain Exception on bad JSON
+            raise DataError(f"{source}: not a readable tokenizer.json ({first_line(e)})") from e
+        self._hf = hf
+        self._hf.encode_special_tokens = True  # literal special-token strings in text are just text
+        vocab = hf.get_vocab(with_added_tokens=True)
+        names = [eod_token] if eod_token else [t for t in EOD_CANDIDATES if t in vocab]
+        if not names or names[0] not in vocab:
+            wanted = eod_token or " or ".join(EOD_CANDIDATES)
+            raise DataError(
+                f"{source}: the tokenizer has no end-of-document token {wanted} (tokenizer_config.json's eos_token)"
+            )
+        self.eod_token = names[0]
+        self.eod_id = int(vocab[self.eod_token])
+        self.vocab_size = max(vocab.values()) + 1
+        self.token_bytes = byte_level_counts(hf, self.vocab_size)
+        self.token_bytes[self.eod_id] = 0
+        self._json = tokenizer_json
+        self.fingerprint = _short_hash(f"{tokenizer_json}|eod={self.eod_token}")
+
+    @classmethod
+    def from_dir(cls, path: Path) -> PretrainedTokenizer:
+        """The tokenizer of folder `path`: tokenizer.json, and the `eos_token` of tokenizer_config.json if present."""
+        file = Path(path).expanduser() / TOKENIZER_FILE
+        if not file.is_file():
+            raise DataError(f"{path}: no {TOKENIZER_FILE} (tokenizer=hf takes a tokenizers/transformers folder)")
+        try:
+            text = file.read_bytes().decode("utf-8")  # bytes as stored: tokenizer.sha256 is their hash
+        except UnicodeDecodeError as e:
+            raise DataError(f"{file}: not UTF-8 JSON") from e
+        return cls(text, eos_token_of(Path(path).expanduser()), str(file))
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._hf.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+
+    def encode_documents(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.empty(0, dtype=self.dtype)
+        encodings = self._hf.encode_batch_fast(list(texts), add_special_tokens=False)  # parallel, in Rust
+        eod = np.array([self.eod_id], dtype=self.dtype)
+        parts: list[np.ndarray] = []
+        for enc in encodings:  # one step per document, not per token
+            parts += [np.asarray(enc.ids, dtype=self.dtype), eod]
+        return np.concatenate(parts)
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64).ravel()
+        return self._hf.decode(arr.tolist(), skip_special_tokens=False)
+
+    def to_json(self) -> str:
+        return self._json
+
+    def save(self, run_dir: Path) -> None:
+        """tokenizer.json as given, and a tokenizer_config.json naming the end-of-document token."""
+        atomic_write_text(Path(run_dir) / TOKENIZER_FILE, self._json)
+        atomic_write_text(Path(run_dir) / TOKENIZER_CONFIG_FILE, json.dumps({"eos_token": self.eod_token}) + "\n")
+
+    def describe(self) -> str:
+        return f"hf (vocab {self.vocab_size}, end of document {self.eod_token})"
+
+
+def eos_token_of(folder: Path) -> str | None:
+    """The `eos_token` tokenizer_config.json names (a string, or a dict with `content`), None without one."""
+    path = folder / TOKENIZER_CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: not readable JSON ({first_line(e)})") from e
+    eos = raw.get("eos_token") if isinstance(raw, dict) else None
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) and eos else None
+
+
+def byte_level_counts(hf: object, size: int) -> np.ndarray:
+    """(size,) int64 UTF-8 bytes per id: a byte-level token's character count (GPT-2's byte map), otherwise its
+    UTF-8 length with SentencePiece's '▁' as a space; 0 for special tokens. Exact for byte-level BPE; the token cache
+    refuses a tokenizer whose counts do not add up to the text (`check_token_bytes`)."""
+    # deferred: keeps tokenizers off posenc --help start-up
+    from tokenizers import pre_tokenizers
+
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+    special = {i for i, t in hf.get_added_tokens_decoder().items() if t.special}  # type: ignore[attr-defined]
+    out = np.zeros(size, dtype=np.int64)
+    for token, idx in hf.get_vocab(with_added_tokens=True).items():  # type: ignore[attr-defined]  # once per id
+        if idx in special:
+            continue
+        out[idx] = len(token) if set(token) <= alphabet else len(token.replace("\u2581", " ").encode("utf-8"))
+    return out
+
+
+def check_token_bytes(tokenizer: Tokenizer, texts: Sequence[str], ids: np.ndarray) -> int:
+    """The UTF-8 bytes of `texts` (what bits per byte divides by); DataError when the bytes its tokens `ids` stand
+    for add up to another number (a tokenizer that adds a prefix space or normalises text), since evaluation counts
+    a window's bytes from its tokens."""
+    n_text = sum(len(t.encode("utf-8")) for t in texts)
+    n_tokens = int(tokenizer.token_bytes[ids].sum())
+    if n_text != n_tokens:
+        raise DataError(
+            f"tokenizer {tokenizer.describe()}: its tokens stand for {n_tokens:,} bytes of text that has {n_text:,} "
+            "(a prefix space or normalisation), so bits per byte would be wrong; use a byte-level BPE tokenizer "
+            "(GPT-2, Llama 3, SmolLM, Qwen)"
+        )
+    return n_text
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def load_tokenizer(cfg: TokenizerConfig, run_dir: Path | None = None) -> Tokenizer:
-    """The byte tokenizer, or a run's BPE tokenizer from `run_dir/tokenizer.json`.
+    """The byte tokenizer, a run's BPE or pretrained tokenizer from `run_dir/tokenizer.json`, or (no run directory,
+    `tokenizer=hf`) the pretrained tokenizer of `tokenizer.path`, checked against `tokenizer.sha256`.
 
     A BPE tokenizer is trained from a corpus by `data.load_corpus`; without a run directory there is none to load.
     """
     if cfg.kind == "byte":
         return ByteTokenizer()
+    if cfg.kind == "hf":
+        folder = Path(run_dir) if run_dir is not None else Path(cfg.path or ".").expanduser()
+        tokenizer = PretrainedTokenizer.from_dir(folder)
+        digest = hashlib.sha256(tokenizer.to_json().encode("utf-8")).hexdigest()
+        if run_dir is None and cfg.sha256 is not None and digest != cfg.sha256:
+            raise DataError(
+                f"{folder / TOKENIZER_FILE}: sha256 {digest[:16]} differs from tokenizer.sha256={cfg.sha256[:16]} "
+                "(the file changed since the config was made)"
+            )
+        return tokenizer
     if run_dir is None:
         raise DataError("tokenizer=bpe is trained from the corpus: prepare it with load_corpus or give a run directory")
     path = Path(run_dir) / TOKENIZER_FILE

@@ -228,7 +228,7 @@ def test_hf_unreachable_message(monkeypatch: pytest.MonkeyPatch) -> None:
         load_corpus(HfDataConfig(name="wikitext", config="wikitext-2-raw-v1"), BYTE)
     message = str(err.value)
     assert "\n" not in message
-    assert "could not be fetched" in message and "data=text data.paths=" in message and "Couldn't reach" in message
+    assert "could not be fetched" in message and "data.data_files=" in message and "Couldn't reach" in message
 
 
 def test_hf_offline_env_is_honoured_without_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,7 +246,7 @@ def test_hf_offline_env_is_honoured_without_network(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
     with pytest.raises(DataError, match="offline mode is on") as err:
         load_corpus(HfDataConfig(name="posenc-tests/no-such-dataset"), BYTE)
-    assert "data=text data.paths=" in str(err.value)
+    assert "data.data_files=" in str(err.value) and "load_dataset(" in str(err.value)
     assert attempts == []
     assert before == datasets.config.HF_HUB_OFFLINE  # the library setting is restored afterwards
 

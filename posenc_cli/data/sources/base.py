@@ -164,13 +164,76 @@ def split_table(table: Table, val_fraction: float, what: str) -> tuple[Docs, Doc
     return Docs(table, keep & ~val), Docs(table, val), "document hash"
 
 
+def is_validation(doc: str, val_fraction: float) -> bool:
+    """A streamed document's split: validation when its content hash is below `val_fraction` (as `validation_mask`
+    decides for a table, without its at-least-one rule, which needs every document first)."""
+    return hash_unit(doc.encode("utf-8")) < val_fraction
+
+
+@dataclass
+class Stream:
+    """Documents read once, in order, never held whole (a `datasets` stream): each non-empty document goes to
+    validation by `is_validation`, or, with `read_val`, validation is that stream's documents. The token cache stops
+    reading at `max_tokens` tokens (end-of-document tokens included; with `read_val`, its share `val_fraction` of the
+    budget is read from it)."""
+
+    read: Callable[[], Iterator[list[str]]]
+    val_fraction: float
+    max_tokens: int | None = None
+    read_val: Callable[[], Iterator[list[str]]] | None = None
+
+    def split(self, want_val: bool) -> StreamDocs:
+        return StreamDocs(self, want_val)
+
+
+@dataclass
+class StreamDocs:
+    """One split of a `Stream`, read lazily for whoever asks for documents (`Docs`' interface without a budget:
+    `count` and `nbytes` read the whole stream). The token cache reads a `Stream` itself, once, for both splits."""
+
+    stream: Stream
+    want_val: bool
+
+    def batches(self, batch_bytes: int | None = None) -> Iterator[list[str]]:
+        batch_bytes = batch_bytes or BATCH_BYTES
+        s = self.stream
+        read = s.read_val if (self.want_val and s.read_val is not None) else s.read
+        by_hash = s.read_val is None
+        out: list[str] = []
+        size = 0
+        for batch in read():
+            for doc in batch:  # one step per document
+                if not doc or (by_hash and is_validation(doc, s.val_fraction) != self.want_val):
+                    continue
+                out.append(doc)
+                size += len(doc)
+                if size >= batch_bytes:
+                    yield out
+                    out, size = [], 0
+        if out:
+            yield out
+
+    @property
+    def count(self) -> int:
+        return sum(len(b) for b in self.batches())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(d.encode("utf-8")) for b in self.batches() for d in b)
+
+
 @dataclass
 class Source:
-    """A source opened cheaply: fingerprint and summary now, documents only when tokenization needs them."""
+    """A source opened cheaply: fingerprint and summary now, documents only when tokenization needs them.
+
+    `stream`: set by a source that reads its documents as a stream (`data=hf data.streaming=true`); the token cache
+    then reads it once for both splits, up to its budget, and `documents` gives its splits lazily to other readers.
+    """
 
     fingerprint: str
     info: dict[str, Any]
     documents: Callable[[], tuple[Docs, Docs, str]]
+    stream: Stream | None = None
 
 
 class DataSource:
