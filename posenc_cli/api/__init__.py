@@ -21,6 +21,7 @@ nothing that this module does not.
 from __future__ import annotations
 
 from posenc_cli.analysis.compare import Comparison
+from posenc_cli.api.bench import bench, cost_curve
 from posenc_cli.api.calibration import calibrate
 from posenc_cli.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison, task_scores
 from posenc_cli.api.data import prepare_data
@@ -58,9 +59,11 @@ __all__ = [
     "SweepReport",
     "SweepRun",
     "TextTable",
+    "bench",
     "calibrate",
     "compare",
     "comparison",
+    "cost_curve",
     "eval_config",
     "evaluate",
     "evaluate_pair",

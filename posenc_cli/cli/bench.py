@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
@@ -87,9 +87,7 @@ def bench_command(
     and sizes come from the config (model=..., train.seq_len, train.batch_size, train.device, train.threads).
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.fsutil import atomic_write_json
-    from posenc_cli.perf.bench import BenchOptions, run_bench
-    from posenc_cli.run.config_compose import compose_config
+    from posenc_cli import api
 
     names, overrides = split_args(args)
     if names:
@@ -105,28 +103,47 @@ def bench_command(
             if value is not None:
                 hint = " (the curve runs in train.precision=fp32|bf16|auto)" if flag == "--dtypes" else ""
                 raise ConfigError(f"{flag} does not apply to the cost curve (--eval-lengths){hint}")
-    cfg = compose_config(overrides, Path(config_dir) if config_dir else None)
+    cfg = api.train_config(overrides, config_dir=config_dir)  # a bad override before a bad flag value, as always
     if eval_lengths is not None:
         budget = 300.0 if time_budget is None else time_budget
         curve_command(cfg, eval_lengths, schemes, memory_limit, budget, json_path, csv_path, plot_path)
         return
-    opts = BenchOptions(
-        rounds=rounds,
+    opts = BenchFlags(
         dtypes=_items(dtypes or "fp32,bf16", "--dtypes"),
-        vs_hf=vs == "hf",
         train=not no_train,
         eval=not no_eval,
         eval_schemes=_items(schemes or "nope,rope,alibi", "--schemes"),
         eval_multiples=tuple(_ints(lengths or "1,8,32", "--lengths")),
-        round_seconds=round_seconds,
-        time_budget_s=time_budget or None,
     )
     with err_console.status("benchmarking") as status:
-        result = run_bench(cfg, opts, progress=lambda message: status.update(message))
+        result = api.bench(
+            cfg,
+            rounds=rounds,
+            dtypes=opts.dtypes,
+            vs_hf=vs == "hf",
+            train=opts.train,
+            evaluate=opts.eval,
+            schemes=opts.eval_schemes,
+            multiples=opts.eval_multiples,
+            round_seconds=round_seconds,
+            time_budget=time_budget,
+            json_path=json_path,
+            progress=lambda message: status.update(message),
+        )
     render(result, opts)
     if json_path:
-        atomic_write_json(Path(json_path), result)
         console.print(f"wrote {json_path}", highlight=False)
+
+
+@dataclass(frozen=True)
+class BenchFlags:
+    """What `render` reads of the flags: the dtypes asked for and which kinds of case ran."""
+
+    dtypes: tuple[str, ...]
+    train: bool
+    eval: bool
+    eval_schemes: tuple[str, ...]
+    eval_multiples: tuple[int, ...]
 
 
 def _items(text: str, option: str) -> tuple[str, ...]:
@@ -252,42 +269,27 @@ def curve_command(
     csv_path: str | None,
     plot_path: str | None,
 ) -> None:
-    """`posenc bench --eval-lengths ...`: measure, print both tables, write the JSON, CSV and plot asked for."""
+    """`posenc bench --eval-lengths ...`: measure and write the JSON, CSV and plot asked for (`api.cost_curve`), print
+    both tables and what was written."""
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.fsutil import atomic_write_json, atomic_write_text
-    from posenc_cli.perf.cost_curve import CurveOptions, csv_text, run_curve
-    from posenc_cli.report.output_files import check_writable_dir
-    from posenc_cli.report.plots import figure_format, save_figure
+    from posenc_cli import api
 
-    opts = CurveOptions(
-        lengths=tuple(_ints(eval_lengths, "--eval-lengths")),
-        schemes=_items(schemes, "--schemes") if schemes is not None else None,
-        memory_limit_gib=memory_limit,
-        time_budget_s=time_budget or None,
-    )
-    opts.validate()
-    for path in (json_path, csv_path):  # fail before the measuring, not after it
-        if path and Path(path).is_dir():
-            raise ConfigError(f"cannot write {path}: it is a directory")
-        if path:
-            check_writable_dir(Path(path).parent, shown=path)
-    if plot_path:
-        figure_format(plot_path)
     with err_console.status("measuring the cost curve") as status:
-        result = run_curve(cfg, opts, progress=lambda message: status.update(message))
+        result = api.cost_curve(
+            cfg,
+            lengths=_ints(eval_lengths, "--eval-lengths"),
+            schemes=_items(schemes, "--schemes") if schemes is not None else None,
+            memory_limit=memory_limit,
+            time_budget=time_budget,
+            json_path=json_path,
+            csv_path=csv_path,
+            plot_path=plot_path,
+            progress=lambda message: status.update(message),
+        )
     render_curve(result)
-    if json_path:
-        atomic_write_json(Path(json_path), result)
-        console.print(f"wrote {json_path}", highlight=False)
-    if csv_path:
-        atomic_write_text(Path(csv_path), csv_text(result))
-        console.print(f"wrote {csv_path}", highlight=False)
-    if plot_path:
-        # deferred: matplotlib only when a plot is asked for
-        from posenc_cli.perf.cost_plot import cost_curve_figure
-
-        save_figure(cost_curve_figure(result), plot_path)
-        console.print(f"wrote {plot_path}", highlight=False)
+    for path in (json_path, csv_path, plot_path):
+        if path:
+            console.print(f"wrote {path}", highlight=False)
 
 
 def render_curve(result: dict[str, Any]) -> None:

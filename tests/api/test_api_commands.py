@@ -100,3 +100,12 @@ def test_viz_encoding_writes_its_figure_and_returns_the_grids(tmp_path: Path) ->
         api.viz_encoding(["pos=rope"], tmp_path)
     with pytest.raises(UserError, match="--multiple must be > 0"):
         api.viz_compare([tmp_path], multiple=0)
+
+
+def test_cost_curve_checks_its_outputs_before_measuring(tmp_path: Path) -> None:
+    """Measuring and writing are the command's slow test (tests/cli/test_cli_bench.py), through this function."""
+    tiny = ["model.d_model=32", "model.n_layer=1", "model.n_head=2", "train.seq_len=16", "train.device=cpu"]
+    messages: list[str] = []
+    with pytest.raises(UserError, match="it is a directory"):
+        api.cost_curve(tiny, lengths=[16], json_path=tmp_path, progress=messages.append)
+    assert messages == [] and list(tmp_path.iterdir()) == []
