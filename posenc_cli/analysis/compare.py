@@ -9,7 +9,7 @@ stored cells allow it (`rows.record_series`); a row that still mixes counts is n
 ratio across them, and the title says the count. Runs with different tokenizers are compared in bits per byte
 (`shown_metric`): their per-token perplexities count different units. The files of `--out` are staged and moved
 into place together (`report.output_files`). `Comparison` holds it all as data (JSON, CSV, markdown, a pandas
-DataFrame); `posenc compare` renders it (`cli.compare`). The gathering names stay importable from here.
+DataFrame); `posenc compare` renders it (`cli.compare`).
 """
 
 from __future__ import annotations
@@ -24,16 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from posenc_cli.analysis.gather import (
-    RunName,
-    current_checkpoint,
-    enclosing_sweep,
-    gather,
-    labelled_in_order,
-    run_names,
-    shown_label,
-    sweep_lengths,
-)
 from posenc_cli.analysis.longppl_keys import keyed_records
 from posenc_cli.analysis.rows import RunRecord, labelled_series, positions_text, same_budget
 from posenc_cli.analysis.task_results import task_frame, task_markdown, task_rows
@@ -61,22 +51,14 @@ from posenc_cli.report.tables import (
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = [  # the gathering names too, for the commands and tests that import them from here
+__all__ = [
     "ENTRY_FIELDS",
     "METRICS",
     "Comparison",
-    "RunName",
     "caption_lines",
     "comparison",
-    "current_checkpoint",
-    "enclosing_sweep",
-    "gather",
-    "labelled_in_order",
     "records_to_json",
-    "run_names",
-    "shown_label",
     "shown_metric",
-    "sweep_lengths",
     "to_csv",
     "to_markdown",
     "to_results",

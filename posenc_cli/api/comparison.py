@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from posenc_cli.analysis.compare import METRICS, Comparison, gather, to_results, write_outputs
+from posenc_cli.analysis.compare import METRICS, Comparison, to_results, write_outputs
+from posenc_cli.analysis.gather import gather
 from posenc_cli.analysis.longppl_keys import keyed_records
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.evaluation.competence import check_threshold
@@ -63,7 +64,7 @@ def comparison(
     include_unlearned: bool = False,
     longppl_evaluator: PathLike | None = None,
 ) -> CompareReport:
-    """Gather the runs below `runs` (`analysis.compare.gather`) and compare them in `metric` (ppl, bpb, nll or
+    """Gather the runs below `runs` (`analysis.gather.gather`) and compare them in `metric` (ppl, bpb, nll or
     longppl), divided by `baseline`'s row (a label or run directory); with `out`, write results.csv/json and the
     plots there (`analysis.compare.write_outputs`). `competence`: the competence gate's threshold (a run whose
     in-distribution accuracy on a task is below it is "not learned" in the task tables and left out of the NoPE-paper

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from posenc_cli.analysis.compare import labelled_in_order
+from posenc_cli.analysis.gather import labelled_in_order
 from posenc_cli.config import EvalConfig, build_dataclass
 from posenc_cli.errors import ConfigError
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from posenc_cli.analysis.compare import Comparison, gather, write_outputs
+from posenc_cli.analysis.compare import Comparison, write_outputs
+from posenc_cli.analysis.gather import gather
 from posenc_cli.evaluation.competence import check_threshold
 from posenc_cli.report.gate import DEFAULT_COMPETENCE
 

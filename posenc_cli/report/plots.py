@@ -48,7 +48,7 @@ _STYLES = ("-", "-.", ":", (0, (5, 1)))
 
 
 def shown_label(result: Result) -> str:
-    """The label the table gives the run (`compare.labelled_in_order`), else the run name with its scheme."""
+    """The label the table gives the run (`analysis.gather.labelled_in_order`), else the run name with its scheme."""
     return str(result.get("label") or run_label(result))
 
 

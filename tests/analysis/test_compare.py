@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from posenc_cli.analysis import compare
 from posenc_cli.analysis import rows as row_setup
+from posenc_cli.analysis.gather import gather, labelled_in_order
 from posenc_cli.cli import app
 from posenc_cli.cli.compare import print_comparison
 from posenc_cli.config import Config, EvalConfig, ModelConfig, config_to_yaml
@@ -103,32 +104,32 @@ def labels(records: list[row_setup.RunRecord]) -> list[str]:
 
 def test_one_label_and_order_however_the_runs_are_reached(sweep_dir: Path) -> None:
     expected = ["rope", "alibi", "learned", "train/pos=rope-yarnx2"]
-    assert labels(compare.gather([sweep_dir])) == expected
-    assert labels(compare.gather([sweep_dir / "train"])) == expected  # was pos=alibi, pos=learned, ... sorted
-    assert labels(compare.gather([sweep_dir / "train/pos=alibi"])) == ["alibi"]
+    assert labels(gather([sweep_dir])) == expected
+    assert labels(gather([sweep_dir / "train"])) == expected  # was pos=alibi, pos=learned, ... sorted
+    assert labels(gather([sweep_dir / "train/pos=alibi"])) == ["alibi"]
     results = [{"path": str(sweep_dir / "train" / d), "scheme": s} for d, s in (("pos=alibi", "alibi"),
                ("pos=learned", "learned"), ("pos=rope", "rope"), ("pos=rope-yarnx2", "rope"))]  # fmt: skip
-    assert [r["label"] for r in compare.labelled_in_order(results)] == expected
+    assert [r["label"] for r in labelled_in_order(results)] == expected
 
 
 def test_outside_a_sweep_runs_keep_their_names(tmp_path: Path) -> None:
     fake_run(tmp_path / "runs" / "b", "rope", {16: 10.0}, [1.0])
     fake_run(tmp_path / "runs" / "a-alibi", "alibi", {16: 9.0}, [1.0])
-    assert labels(compare.gather([tmp_path / "runs"])) == ["a-alibi", "b (rope)"]
+    assert labels(gather([tmp_path / "runs"])) == ["a-alibi", "b (rope)"]
 
 
 def test_a_sweep_shows_its_own_lengths_unless_asked(sweep_dir: Path) -> None:
-    columns, _, _ = compare.comparison(compare.gather([sweep_dir]))
+    columns, _, _ = compare.comparison(gather([sweep_dir]))
     assert [c.key for c in columns] == [1.0, 2.0, 4.0, "ratio"]  # no 3× of alibi, no 0.5× of the extend output
-    assert {e["multiple"] for e in compare.records_to_json(compare.gather([sweep_dir]))} == {1.0, 2.0, 4.0}
-    columns, _, _ = compare.comparison(compare.gather([sweep_dir / "train"]))
+    assert {e["multiple"] for e in compare.records_to_json(gather([sweep_dir]))} == {1.0, 2.0, 4.0}
+    columns, _, _ = compare.comparison(gather([sweep_dir / "train"]))
     assert [c.key for c in columns] == [1.0, 2.0, 4.0, "ratio"]
-    columns, _, _ = compare.comparison(compare.gather([sweep_dir], all_lengths=True))
+    columns, _, _ = compare.comparison(gather([sweep_dir], all_lengths=True))
     assert [c.key for c in columns] == [0.5, 1.0, 2.0, 3.0, 4.0, "ratio"]
 
 
 def test_write_outputs_never_adds_columns_the_sweep_did_not_measure(sweep_dir: Path, tmp_path: Path) -> None:
-    compare.write_outputs(compare.gather([sweep_dir]), sweep_dir)
+    compare.write_outputs(gather([sweep_dir]), sweep_dir)
     rows = json.loads((sweep_dir / "results.json").read_text())
     assert sorted({r["multiple"] for r in rows}) == [1.0, 2.0, 4.0]
     header = (sweep_dir / "results.csv").read_text().splitlines()[0]
@@ -143,7 +144,7 @@ def render(records: list[row_setup.RunRecord], *, fmt: str = "table", **kw: Any)
 
 
 def test_cannot_and_not_measured_look_different(sweep_dir: Path) -> None:
-    text = render(compare.gather([sweep_dir], all_lengths=True))
+    text = render(gather([sweep_dir], all_lengths=True))
     learned = next(line for line in text.splitlines() if line.startswith("│ learned"))
     cells = [c.strip() for c in learned.split("│")[2:-1]]
     assert cells == ["–", "11.00", "n/a", "–", "n/a", "n/a"]  # 0.5× and 3× never measured; 2×, 4× cannot
@@ -151,12 +152,12 @@ def test_cannot_and_not_measured_look_different(sweep_dir: Path) -> None:
     assert "n/a = the scheme cannot read that many tokens (reasons below); – = not measured" in flat
     assert "n/a for learned at 32, 64: scheme 'learned' supports at most 16 positions" in flat
     assert "Measured in fp32 on cpu (Test CPU)." in flat
-    markdown = " ".join(render(compare.gather([sweep_dir], all_lengths=True), fmt="markdown").split())
+    markdown = " ".join(render(gather([sweep_dir], all_lengths=True), fmt="markdown").split())
     assert "| learned | – | 11.00 | n/a | – | n/a | n/a |" in markdown and "– = not measured" in markdown
 
 
 def test_baseline_divides_the_ratio_column_too(sweep_dir: Path) -> None:
-    records = compare.gather([sweep_dir])
+    records = gather([sweep_dir])
     columns, rows, title = compare.comparison(records, baseline="alibi")
     assert columns[-1].header == "4× / 1×\n÷ alibi" and "relative to alibi" in title
     rope = next(r for r in rows if r.label == "rope")
@@ -189,7 +190,7 @@ def test_cells_of_an_earlier_checkpoint_are_not_measured(tmp_path: Path) -> None
     atomic_write_json(results_path(run), doc)
     new = _checkpoint(run, 2, b"weights at step 2")  # trained further: every stored cell is of step 1
 
-    rope = next(r for r in compare.gather([tmp_path / "runs"]) if r.run_dir == run)
+    rope = next(r for r in gather([tmp_path / "runs"]) if r.run_dir == run)
     assert (rope.status, rope.entries) == ("missing", [])
     assert "earlier checkpoint, not on step 2" in rope.error
 
@@ -198,7 +199,7 @@ def test_cells_of_an_earlier_checkpoint_are_not_measured(tmp_path: Path) -> None
     doc["entries"].append({**entry(32, 5.0), "checkpoint": {**new, "model_sha256": "0" * 64}, "created": later})
     doc["entries"].append({k: v for k, v in entry(64, 4.0).items() if k != "checkpoint"})  # checkpoint unknown
     atomic_write_json(results_path(run), doc)
-    text = render(compare.gather([tmp_path / "runs"]))
+    text = render(gather([tmp_path / "runs"]))
     row = next(line for line in text.splitlines() if line.startswith("│ rope"))
     assert [c.strip() for c in row.split("│")[2:-1]] == ["8.000", "–", "–", "–"]
     assert "[missing]" not in text
@@ -233,7 +234,7 @@ def test_cells_of_two_corpora_are_two_rows_own_corpus_first(tmp_path: Path) -> N
     b = [{**entry(16, 7.0), "data": {"name": "text:b.txt", "fingerprint": "b" * 16}, "created": later}]
     own = [entry(n, p) for n, p in ((16, 10.0), (32, 12.0))]  # data "text", fingerprint "x": the training corpus
     fake_run(tmp_path / "runs" / "rope", "rope", {}, [1.0, 2.0], entries=[*a, *b, *own])
-    records = compare.gather([tmp_path / "runs"])
+    records = gather([tmp_path / "runs"])
     _, rows, _ = compare.comparison(records)
     assert [r.label for r in rows] == ["rope · text", "rope · text:a.txt", "rope · text:b.txt"]
     assert [r.group for r in rows] == ["0", "1", "2"]  # a section per corpus
@@ -259,7 +260,7 @@ def test_two_texts_of_one_name_are_told_apart_by_fingerprint(tmp_path: Path) -> 
     one = [{**entry(16, 5.0), "data": {"name": "text:corpus.txt", "fingerprint": "1" * 16}}]
     two = [{**entry(16, 6.0), "data": {"name": "text:corpus.txt", "fingerprint": "2" * 16}}]
     fake_run(tmp_path / "runs" / "rope", "rope", {}, [1.0], entries=[*one, *two])
-    _, rows, _ = compare.comparison(compare.gather([tmp_path / "runs"]))
+    _, rows, _ = compare.comparison(gather([tmp_path / "runs"]))
     assert [r.label for r in rows] == ["rope · text:corpus.txt@11111111", "rope · text:corpus.txt@22222222"]
 
 
@@ -267,7 +268,7 @@ def test_precisions_and_protocols_are_separate_rows(tmp_path: Path) -> None:
     bf16 = [{**entry(16, 10.1), "dtype": "bf16"}]
     sliding = [{**entry(n, 9.0), "protocol": "sliding", "stride": n // 2} for n in (16, 32)]
     fake_run(tmp_path / "runs" / "rope", "rope", {}, [1.0, 2.0], entries=[entry(16, 10.0), *bf16, *sliding])
-    _, rows, _ = compare.comparison(compare.gather([tmp_path / "runs"]))
+    _, rows, _ = compare.comparison(gather([tmp_path / "runs"]))
     labels_ = [r.label for r in rows]
     assert labels_ == ["rope · fp32 · nonoverlap", "rope · bf16 · nonoverlap", "rope · fp32 · sliding, stride L/2"]
     assert all(r.members == 1 for r in rows)
@@ -306,7 +307,7 @@ def test_a_run_and_its_export_are_two_rows(tmp_path: Path) -> None:
     (export / "eval" / "extrapolate.json").unlink()  # same precision: told apart by directory, not averaged
     doc["entries"] = [{**e, "dtype": "fp32"} for e in doc["entries"]]
     atomic_write_json(results_path(export), doc)
-    _, rows, _ = compare.comparison(compare.gather([run, export]))
+    _, rows, _ = compare.comparison(gather([run, export]))
     assert [(r.label, r.members) for r in rows] == [("rope · runs/rope", 1), ("rope · exported/rope", 1)]
 
 
@@ -317,7 +318,7 @@ def test_only_seeds_are_averaged(tmp_path: Path) -> None:
         fake_run(runs / f"s{i}" / "rope", "rope", {16: ppl}, [1.0], seed=seed)
     fake_run(runs / "longer" / "rope", "rope", {16: 9.0}, [1.0], seed=2, steps=800)  # another experiment
     fake_run(runs / "copy" / "rope", "rope", {16: 10.0}, [1.0], seed=0)  # seed 0 again: not a further seed
-    records = compare.gather([runs / "s0", runs / "s1", runs / "longer", runs / "copy"])
+    records = gather([runs / "s0", runs / "s1", runs / "longer", runs / "copy"])
     _, rows, _ = compare.comparison(records)
     by_label = {r.label: r for r in rows}
     assert len(rows) == 3 and all(r.members == 1 for r in rows if r.label != "rope · s0/rope")
@@ -346,7 +347,7 @@ def test_baseline_divides_each_corpus_by_its_own(tmp_path: Path) -> None:
     fake_run(tmp_path / "runs" / "rope", "rope", {}, [1.0], entries=[on("x", 16, 10.0), on("other", 16, 30.0)])
     fake_run(tmp_path / "runs" / "alibi", "alibi", {}, [1.0], entries=[on("x", 16, 5.0), on("other", 16, 20.0)])
     fake_run(tmp_path / "runs" / "t5", "t5", {}, [1.0], entries=[on("third", 16, 7.0)])
-    _, rows, _ = compare.comparison(compare.gather([tmp_path / "runs"]), baseline="alibi")
+    _, rows, _ = compare.comparison(gather([tmp_path / "runs"]), baseline="alibi")
     means = {r.label: r.cells[1.0].mean for r in rows}
     assert means["rope · x"] == pytest.approx(2.0) and means["rope · other"] == pytest.approx(1.5)
     assert means["alibi · other"] == pytest.approx(1.0) and means["t5 · third"] is None
@@ -360,10 +361,10 @@ def test_random_positions_are_a_setting_and_said(tmp_path: Path) -> None:
     random = {"mode": "random", "range": 64, "seed": 0}
     drawn = [{**entry(n, 9.0), "positions": random} for n in (16, 32)]
     fake_run(tmp_path / "runs" / "rope", "rope", {}, [1.0, 2.0], entries=[entry(16, 10.0), *drawn])
-    _, rows, _ = compare.comparison(compare.gather([tmp_path / "runs"]))
+    _, rows, _ = compare.comparison(gather([tmp_path / "runs"]))
     assert [r.label for r in rows] == ["rope · positions 0..L-1", "rope · random positions [0, 64), seed 0"]
     fake_run(tmp_path / "only" / "rope", "rope", {}, [1.0, 2.0], entries=drawn)
-    flat = " ".join(render(compare.gather([tmp_path / "only"])).split())
+    flat = " ".join(render(gather([tmp_path / "only"])).split())
     assert "Position ids: random positions [0, 64), seed 0" in flat
 
 
@@ -374,7 +375,7 @@ def test_streaming_cells_of_another_decode_are_another_row(tmp_path: Path) -> No
     old = {**entry(32, 9.0), **cache}
     new = {**entry(32, 8.0), **cache, "decode": "kv-cache"}
     fake_run(tmp_path / "runs" / "rope", "rope", {}, [2.0], entries=[old, new])
-    _, rows, _ = compare.comparison(compare.gather([tmp_path / "runs"]))
+    _, rows, _ = compare.comparison(gather([tmp_path / "runs"]))
     assert [r.label for r in rows] == [
         "rope · streaming, window 12, 4 sinks, blocks of 4, recompute",
         "rope · streaming, window 12, 4 sinks, blocks of 4, kv-cache",
@@ -398,7 +399,7 @@ def test_longppl_cells_say_why_they_are_empty_and_count_key_tokens(tmp_path: Pat
     at_1x = {**entry(16, 10.0), "longppl": None, "key_tokens": 0, **keyed()}
     at_2x = {**entry(32, 12.0), "longppl": 15.0, "key_tokens": 7, **keyed()}
     fake_run(tmp_path / "runs" / "rope", "rope", {}, [1.0, 2.0, 4.0], entries=[at_1x, at_2x, entry(64, 20.0)])
-    records = compare.gather([tmp_path / "runs"])
+    records = gather([tmp_path / "runs"])
     columns, _, title = compare.comparison(records, metric="longppl")
     assert [c.key for c in columns] == [1.0, 2.0, 4.0] and title.startswith("LongPPL by evaluation length")
     text = render(records, metric="longppl")
@@ -421,7 +422,7 @@ def test_longppl_beyond_the_training_length_without_key_tokens_is_none_not_n_a(t
     at_1x = {**entry(16, 10.0), "longppl": None, "key_tokens": 0, **keyed()}
     at_2x = {**entry(32, 12.0), "longppl": None, "key_tokens": 0, **keyed()}
     fake_run(tmp_path / "runs" / "alibi", "alibi", {}, [1.0, 2.0], entries=[at_1x, at_2x])
-    text = render(compare.gather([tmp_path / "runs"]), metric="longppl")
+    text = render(gather([tmp_path / "runs"]), metric="longppl")
     line = next(x for x in text.splitlines() if x.startswith("│ alibi"))
     assert [c.strip() for c in line.split("│")[2:-1]] == ["n/a", "none"]
     assert "none = beyond the training length but no key token" in " ".join(text.split())
@@ -433,7 +434,7 @@ def test_longppl_shows_one_evaluators_cells_never_self_chosen_ones(tmp_path: Pat
     runs = tmp_path / "runs"
     old_kind = {**entry(32, 12.0), "longppl": 1.5, "key_tokens": 9}  # self-chosen: < e² by construction
     fake_run(runs / "nope", "nope", {}, [2.0], entries=[old_kind])
-    text = " ".join(render(compare.gather([runs]), metric="longppl").split())
+    text = " ".join(render(gather([runs]), metric="longppl").split())
     assert "│ nope │ n/m │" in text and "1.50" not in text and "chosen by" not in text
     stamp = keyed(run="pos=alibi")  # a sweep job's directory name; the caption names the row the evaluator is shown as
     stamp["longppl_evaluator"]["path"] = str((runs / "alibi").resolve())

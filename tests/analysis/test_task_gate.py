@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from posenc_cli import api
-from posenc_cli.analysis.compare import gather
+from posenc_cli.analysis.gather import gather
 from posenc_cli.analysis.task_results import stored_task_results
 from posenc_cli.cli import app
 from posenc_cli.cli.tasks import tasks_figure, tasks_tables

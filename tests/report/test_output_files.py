@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from posenc_cli.analysis import compare
 from posenc_cli.analysis import rows as row_setup
+from posenc_cli.analysis.gather import gather
 from posenc_cli.cli import app
 from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.report import output_files, plots
@@ -50,7 +51,7 @@ def test_a_kill_during_compare_out_leaves_nothing_the_next_run_keeps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake_run(tmp_path / "runs" / "rope", "rope", {16: 10.0, 32: 12.0}, [1.0, 2.0])
-    records = compare.gather([tmp_path / "runs"])
+    records = gather([tmp_path / "runs"])
     out = tmp_path / "out"
     out.mkdir()
     foreign = out / ".per_position.png.abc123.tmp"  # someone else's temporary: never ours to delete
