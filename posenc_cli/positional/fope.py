@@ -201,8 +201,8 @@ class FoPE(PositionalScheme):
 
     def __init__(self, cfg: FopeConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__(cfg, model, train_length)
-        if model.head_dim % 2:
-            raise ConfigError(f"pos=fope needs an even head dim, got {model.head_dim}")
+        if model.head_dim % 2 or model.head_dim < 4:  # D_out = min(D_in, hd/4) must be >= 1
+            raise ConfigError(f"pos=fope needs an even head dim >= 4, got {model.head_dim}")
         self.clip_length = cfg.scaling.original_length or train_length  # the length the coefficients were fit at
         self.kept = kept_frequencies(model.head_dim, cfg.base, self.clip_length, cfg.floor_ratio)
         d_in, d_out = fourier_dims(model.head_dim, self.kept)

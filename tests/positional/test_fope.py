@@ -240,6 +240,9 @@ def test_scalings_the_reference_does_not_apply_are_refused(method: str) -> None:
 def test_a_training_length_that_keeps_no_frequency_is_refused() -> None:
     with pytest.raises(ConfigError, match="keeps no frequency"):
         FoPE(FopeConfig(), STUB, 4)  # 2π/4 > θ_0 = 1
+    for d_model in (4, 6):  # head dims 2 (no output slot: hd/4 = 0) and 3
+        with pytest.raises(ConfigError, match="even head dim >= 4"):
+            FoPE(FopeConfig(), ModelConfig(d_model=d_model, n_layer=1, n_head=2), 512)
 
 
 def test_bad_options_are_refused() -> None:
