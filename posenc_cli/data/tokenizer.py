@@ -335,6 +335,16 @@ class PretrainedTokenizer(Tokenizer):
         return f"hf (vocab {self.vocab_size}, end of document {self.eod_token})"
 
 
+def pretrained_vocab_size(path: str | None) -> int | None:
+    """The vocabulary of the pretrained tokenizer in folder `path` (largest id + 1), None when it cannot be read."""
+    if not path:
+        return None
+    try:
+        return PretrainedTokenizer.from_dir(Path(path)).vocab_size
+    except DataError:
+        return None
+
+
 def eos_token_of(folder: Path) -> str | None:
     """The `eos_token` tokenizer_config.json names (a string, or a dict with `content`), None without one."""
     path = folder / TOKENIZER_CONFIG_FILE

@@ -57,7 +57,13 @@ def check_fits(cfg: Config, vocab_size: int, bytes_per_param: int, what: str, av
 
 
 def planned_vocab_size(cfg: Config) -> int:
-    """The vocabulary a run of `cfg` will have, known before its tokenizer is built (bytes: 256 + end-of-document)."""
+    """The vocabulary a run of `cfg` will have, known before its tokenizer is built (bytes: 256 + end-of-document;
+    a pretrained tokenizer's own, read from `tokenizer.path` when it is there)."""
+    if cfg.tokenizer.kind == "hf":
+        # deferred: keeps numpy and tokenizers off posenc --help start-up
+        from posenc_cli.data.tokenizer import pretrained_vocab_size
+
+        return pretrained_vocab_size(cfg.tokenizer.path) or cfg.tokenizer.vocab_size
     return 257 if cfg.tokenizer.kind == "byte" else cfg.tokenizer.vocab_size
 
 

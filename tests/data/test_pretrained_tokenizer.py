@@ -19,6 +19,7 @@ from posenc_cli.data.sources.text import TextDataConfig
 from posenc_cli.data.tokenizer import PretrainedTokenizer, load_tokenizer
 from posenc_cli.errors import ConfigError, DataError
 from posenc_cli.run.load import load_run
+from posenc_cli.run.memory import planned_vocab_size
 from posenc_cli.sweep.identity import identity_hash, job_identity
 
 TEXT = "".join(f"The cat number {i} sat on mat {i % 7}; naïve café ünïcode — ok. " for i in range(300))
@@ -62,6 +63,7 @@ def test_a_saved_tokenizer_loads_with_its_hash_and_exact_byte_counts(tmp_path: P
     tok.save(tmp_path / "run")
     again = load_tokenizer(cfg, tmp_path / "run")
     assert again.fingerprint == tok.fingerprint and again.eod_id == tok.eod_id
+    assert planned_vocab_size(Config(tokenizer=cfg)) == tok.vocab_size != cfg.vocab_size  # the memory check's
 
 
 def test_the_end_of_document_token_comes_from_tokenizer_config(tmp_path: Path) -> None:
