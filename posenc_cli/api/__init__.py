@@ -36,6 +36,7 @@ from posenc_cli.api.extension import (
     scaling_params,
 )
 from posenc_cli.api.models import load_model
+from posenc_cli.api.profiles import profile_rows
 from posenc_cli.api.schemes import schemes
 from posenc_cli.api.sweeps import (
     SweepPlan,
@@ -46,7 +47,7 @@ from posenc_cli.api.sweeps import (
     sweep,
     sweep_report,
 )
-from posenc_cli.api.training import train, train_config, train_warning
+from posenc_cli.api.training import is_main_process, train, train_config, train_warning
 from posenc_cli.api.viz import EncodingPicture, viz_attention, viz_compare, viz_encoding
 
 __all__ = [
@@ -70,10 +71,12 @@ __all__ = [
     "evaluate_passkey",
     "export",
     "extend",
+    "is_main_process",
     "load_model",
     "one_method",
     "plan_sweep",
     "prepare_data",
+    "profile_rows",
     "run_planned_sweep",
     "scaling_method",
     "scaling_methods",

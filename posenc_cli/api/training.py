@@ -17,7 +17,7 @@ from posenc_cli.run.meta import read_meta
 if TYPE_CHECKING:
     from posenc_cli.run.outcome import TrainResult
 
-__all__ = ["resumed_config", "train", "train_config", "train_warning"]
+__all__ = ["is_main_process", "resumed_config", "train", "train_config", "train_warning"]
 
 PathLike = str | Path
 Event = Callable[[dict[str, Any]], None]
@@ -65,6 +65,14 @@ def train_warning(cfg: Config) -> str | None:
     check_budget(cfg)
     busy = training_busy_warning(cfg.train.device, cfg.train.threads)
     return busy if busy and env_info().is_main else None
+
+
+def is_main_process() -> bool:
+    """Whether this process reports (`run.distributed.env_info`): always outside torchrun, only rank 0 under it."""
+    # deferred: torch
+    from posenc_cli.run.distributed import env_info
+
+    return env_info().is_main
 
 
 def train(

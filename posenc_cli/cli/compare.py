@@ -18,8 +18,7 @@ from posenc_cli.report.gate import DEFAULT_COMPETENCE
 if TYPE_CHECKING:
     import pandas as pd
 
-    from posenc_cli.analysis.compare import Comparison
-    from posenc_cli.api import TextTable
+    from posenc_cli.api import Comparison, TextTable
 
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 FORMATS = ("table", "csv", "json", "markdown")

@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from posenc_cli.perf.profiling import summary_rows
+from posenc_cli.api.profiles import profile_rows
 
 
 def _sig(value: float | None) -> str:
@@ -23,7 +23,7 @@ def print_profile(doc: dict[str, Any], console: Console) -> None:
     table = Table(title="where the time went (jobs' phases, summed over jobs)", title_justify="left")
     for name in ("phase", "s", "share", "GFLOP", "GFLOP/s", "% of peak"):
         table.add_column(name, justify="left" if name == "phase" else "right")
-    for row in summary_rows(doc):
+    for row in profile_rows(doc):
         eff = row["efficiency"]
         table.add_row(
             row["phase"],

@@ -67,7 +67,6 @@ def run(cfg: Config, resume: str | None, out: str | None, force_config: bool) ->
     """Train `cfg` through the API under the progress display, then say how it ended."""
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli import api
-    from posenc_cli.run.distributed import env_info
     from posenc_cli.run.progress import TrainDisplay, interrupted_message, summary_table
 
     if busy := api.train_warning(cfg):  # a config that cannot run is refused before the busy-machine advice
@@ -75,7 +74,7 @@ def run(cfg: Config, resume: str | None, out: str | None, force_config: bool) ->
     display = TrainDisplay(console, live=stdout_is_terminal(), log_every=cfg.train.log_every)
     with display:
         result = api.train(cfg, out, resume=resume, force_config=force_config, callback=display)
-    if not env_info().is_main:  # under torchrun only rank 0 reports, like it alone writes
+    if not api.is_main_process():  # under torchrun only rank 0 reports, like it alone writes
         if result.stopped_reason == "interrupted":
             raise typer.Exit(128 + (result.signal or 2))
         return

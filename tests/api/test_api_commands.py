@@ -109,3 +109,10 @@ def test_cost_curve_checks_its_outputs_before_measuring(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="it is a directory"):
         api.cost_curve(tiny, lengths=[16], json_path=tmp_path, progress=messages.append)
     assert messages == [] and list(tmp_path.iterdir()) == []
+
+
+def test_profile_rows_and_the_main_process() -> None:
+    doc = {"phases": {"eval L=32": {"seconds": 1.0}, "steps": {"seconds": 3.0, "gflop": 6.0, "gflops_per_s": 2.0}}}
+    rows = api.profile_rows(doc)
+    assert [r["phase"] for r in rows] == ["steps", "eval L=32"] and rows[0]["share"] == pytest.approx(0.75)
+    assert api.is_main_process()  # no torchrun here
