@@ -365,7 +365,7 @@ def stream_fingerprint(data: HfDataConfig) -> str:
 def _info(data: HfDataConfig) -> dict[str, Any]:
     info: dict[str, Any] = {
         "source": "hf",
-        "name": data.name,
+        "name": data.name or ",".join(Path(p).name or p for p in data.data_files),  # local files: their names
         "config": data.config,
         "split": data.split,
         "val_split": data.val_split,
