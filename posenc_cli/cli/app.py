@@ -257,10 +257,5 @@ def path_exists(text: str) -> bool:
         return False
 
 
-def not_available(command: str, issue: str) -> None:
-    """Commands that a later capability fills: say so plainly and exit 2."""
-    raise fail(f"'posenc {command}' is not available yet in this version (planned: {issue}).")
-
-
 def stdout_is_terminal() -> bool:
     return sys.stdout.isatty()

@@ -68,7 +68,6 @@ __all__ = [
     "is_valid",
     "mutate",
     "search_bounds",
-    "search_extension",
     "search_identity",
     "search_long_factors",
     "search_windows",
@@ -342,29 +341,6 @@ def _with_factors(ext: ExtendConfig, run: LoadedRun, long_factor: Sequence[float
     return replace(ext, params=params)
 
 
-def search_extension(
-    parent_dir: Path | str,
-    ext: ExtendConfig,
-    *,
-    budget: int = 16,
-    seed: int = 0,
-    tokens: int = 8192,
-    threads: int = 0,
-    progress: Progress | None = None,
-) -> tuple[ExtendConfig, SearchResult]:
-    """Search LongRoPE's long factors on run `parent_dir`: (`ext` with the found long factors and short factors 1,
-    so the model is unchanged up to L; the search). Writes nothing; refused with one line for a run that is not
-    RoPE (or a transformers directory) and a method other than longrope."""
-    with use_threads(threads):
-        run = _searchable_run(parent_dir, ext, budget, tokens)
-        original_length = ext.original_length or parent_train_length(run.config, run.meta)
-        check_factor(ext.method, ext.factor, original_length)
-        result = search_long_factors(
-            run, ext.factor, original_length, budget=budget, seed=seed, tokens=tokens, progress=progress
-        )
-    return _with_factors(ext, run, result.long_factor), result
-
-
 def _earlier_factors(
     out_dir: Path, identity: dict[str, Any], parent_sha: str, scaling: dict[str, Any]
 ) -> list[float] | None:
@@ -398,8 +374,9 @@ def searched_factors(
 ) -> tuple[ExtendConfig, SearchResult | None, dict[str, Any]]:
     """(`ext` with the searched factors, the search, its `search_identity`) for `extend_run(..., search=identity)`
     into `out_dir`. When `out_dir` already holds the child of this same search, the search is not re-run: the
-    factors are the child's and the search returned is None. Writes nothing; refused with one line as
-    `search_extension`, and for an `out_dir` that is the parent or holds something else, before any search."""
+    factors are the child's and the search returned is None. Writes nothing; refused with one line for a run that
+    is not RoPE (or a transformers directory), a method other than longrope, and an `out_dir` that is the parent or
+    holds something else, before any search."""
     check_not_parent(Path(parent_dir), Path(out_dir))
     with use_threads(threads):
         run = _searchable_run(parent_dir, ext, budget, tokens)

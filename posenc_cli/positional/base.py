@@ -336,7 +336,3 @@ def batch_bias(bias: Tensor) -> Tensor:
 def per_head(table: Tensor) -> Tensor:
     """A per-position table (T, X) or (B, T, X) -> broadcastable against (B, H, T, X): (B, 1, T, X) for (B, T) ids."""
     return table if table.dim() == 2 else table.unsqueeze(-3)
-
-
-def default_device_dtype(ref: Tensor) -> dict[str, Any]:
-    return {"device": ref.device, "dtype": torch.float32}
