@@ -29,6 +29,7 @@ from posenc_cli.api.lm_eval_model import PosencLM, continuation_scores, cut_at_s
 from posenc_cli.errors import ConfigError
 from posenc_cli.evaluation.corpus import CorpusCache
 from posenc_cli.evaluation.perplexity.measuring import evaluate_model
+from posenc_cli.evaluation.positions import trained_positions
 from posenc_cli.run.load import LoadedRun, load_run
 
 MAX_LENGTH = 64  # the adapter's context: rolling windows of 64 tokens (the runs trained at 128)
@@ -198,6 +199,26 @@ def test_exported_run_through_lm_evals_hf_model(runs: dict[str, Path], tasks: Pa
         assert theirs["arguments"] == ours["arguments"]
         for (a, _), (b, _) in zip((r[0] for r in theirs["resps"]), (r[0] for r in ours["resps"]), strict=True):
             assert a == pytest.approx(b, abs=1e-4)
+
+
+def test_randomized_positions_run_reads_its_trained_draws(tmp_path: Path) -> None:
+    """A run trained with randomized positions (per-layer draws from [0, 512)) is scored at the draw eval-extrapolate
+    feeds a window of the same length, not at 0..T-1."""
+    corpus = write_corpus(tmp_path)
+    overrides = ["model=tiny", "train=quick", "train.steps=20", "pos=rope", "train.random_positions=512", "data=text"]
+    overrides += [f"data.paths=[{corpus}]", "train.device=cpu", "train.precision=fp32", "train.threads=1"]
+    run_dir = api.train([*overrides, "train.eval_batches=1"], out=tmp_path / "run").run_dir
+    run = load_run(run_dir)
+    positions = trained_positions(run.config)
+    assert positions.random and positions.layers == run.config.model.n_layer  # one draw per layer
+    text = ROLLING[0]["text"][:MAX_LENGTH]
+    stream = np.array([run.tokenizer.eod_id, *run.tokenizer.encode(text)])
+    own = evaluate_model(run.model, stream, None, length=MAX_LENGTH, n_tokens=MAX_LENGTH, positions=positions)
+    sequential = evaluate_model(run.model, stream, None, length=MAX_LENGTH, n_tokens=MAX_LENGTH)
+    lm = PosencLM(run=str(run_dir), device="cpu", threads=1, max_length=MAX_LENGTH)
+    (logp,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)], disable_tqdm=True)
+    assert logp == pytest.approx(-own["nll"] * MAX_LENGTH, abs=1e-5)
+    assert abs(logp + sequential["nll"] * MAX_LENGTH) > 1e-3  # the draw matters: 0..T-1 scores otherwise
 
 
 # -- The adapter's pieces. -----------------------------------------------------------------------------------------
