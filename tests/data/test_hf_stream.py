@@ -162,3 +162,10 @@ def test_stream_splits_are_readable_without_the_cache(tmp_path: Path, parquet: P
     _, val, method = source.documents()
     first = next(iter(val.batches()))
     assert first and all(is_validation(d, 0.2) for d in first) and method == "document hash (streamed)"
+
+
+def test_bpe_is_trained_on_the_head_of_a_stream(tmp_path: Path, parquet: Path) -> None:
+    corpus = load_corpus(
+        streamed(tmp_path, [str(parquet)], max_tokens=3000), TokenizerConfig(kind="bpe", vocab_size=300)
+    )
+    assert corpus.tokenizer.kind == "bpe" and sum(corpus.info["tokens"].values()) == 3000
