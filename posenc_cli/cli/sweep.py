@@ -69,21 +69,24 @@ def sweep_command(
     """
     # deferred: keeps this command's modules off posenc --help start-up
     from posenc_cli import api
+    from posenc_cli.api.sweep_control import (
+        SelectionPending,
+        Stopped,
+        SweepInterrupted,
+        check_competence,
+        interrupts_raise,
+        startup_seconds,
+    )
     from posenc_cli.cli.compare import print_comparison
     from posenc_cli.cli.profile import print_profile
     from posenc_cli.cli.tasks import print_task_summary
-    from posenc_cli.evaluation.competence import check_threshold
-    from posenc_cli.perf.profiling import process_age_s
-    from posenc_cli.run.interrupts import Stopped, sigterm_raises
-    from posenc_cli.sweep.runner import SweepInterrupted
-    from posenc_cli.sweep.select import SelectionPending
 
-    startup_s = process_age_s()  # interpreter start-up and the CLI's imports, before any work
+    startup_s = startup_seconds()  # interpreter start-up and the CLI's imports, before any work
     names, overrides = split_args(args)
     if len(names) > 1:
         raise UserError(f"one sweep name expected, got {', '.join(names)} (overrides need '=')")
     name = names[0] if names else "extrapolation"
-    check_threshold(competence)  # before anything is planned or run
+    check_competence(competence)  # before anything is planned or run
     plan = api.plan_sweep(name, overrides, out, config_dir=config_dir, check=dry_run)
     if dry_run:
         _print_plan(plan.spec.name, plan.plans, out, plan.launcher_name, plan.launcher_given, plan.pending)
@@ -95,7 +98,7 @@ def sweep_command(
     again = ["posenc", "sweep", name, *overrides, "--out", str(sweep_dir)]
     again += ["--config-dir", str(config_dir)] if config_dir else []
     try:
-        with sigterm_raises():  # between jobs too (jobs in this process handle their own)
+        with interrupts_raise():  # between jobs too (jobs in this process handle their own)
             ran = api.run_planned_sweep(
                 plan, on_event=lambda kind, text: console.print(f"[cyan]{kind}[/] {text}", highlight=False)
             )
@@ -158,12 +161,12 @@ def launcher_line(name: str, given: dict) -> str:
 def print_picks(picks: dict[str, dict]) -> None:
     """Each select stage's pick, one line per group (scheme): 'picked by select (val_loss, lowest): ...'."""
     # deferred: keeps the sweep package off posenc --help start-up
-    from posenc_cli.sweep.select import pick_summary
+    from posenc_cli.api.sweep_control import pick_lines
 
     for stage, doc in picks.items():
         goal = {"min": "lowest", "max": "highest"}.get(str(doc.get("goal")), "best")
         console.print(f"\n[bold]picked by stage {escape(stage)}[/] ({escape(str(doc.get('metric')))}, {goal}):")
-        for line in pick_summary(doc):
+        for line in pick_lines(doc):
             console.print(f"  {escape(line)}", highlight=False)
 
 

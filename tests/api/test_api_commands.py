@@ -116,3 +116,15 @@ def test_profile_rows_and_the_main_process() -> None:
     rows = api.profile_rows(doc)
     assert [r["phase"] for r in rows] == ["steps", "eval L=32"] and rows[0]["share"] == pytest.approx(0.75)
     assert api.is_main_process()  # no torchrun here
+
+
+def test_sweep_control_checks_the_threshold_and_writes_picks() -> None:
+    from posenc_cli.api.sweep_control import check_competence, pick_lines, startup_seconds
+
+    with pytest.raises(UserError, match="--competence must be an accuracy in"):
+        check_competence(1.5)
+    entry = {"group": {"pos": "rope"}, "picked": {"train.lr": 0.003}, "value": 1.2345, "points": [{"value": 1.0}] * 6}
+    assert pick_lines({"metric": "val_loss", "groups": [entry]}) == [
+        "pos=rope: train.lr=0.003 (val_loss 1.234, best of 6)"
+    ]
+    assert startup_seconds() is None or startup_seconds() > 0
