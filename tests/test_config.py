@@ -248,3 +248,24 @@ def test_the_cli_the_api_and_a_sweeps_dry_run_refuse_a_stride_alike(tmp_path) ->
         lines = [ln for ln in result.stderr.splitlines() if ln.strip() and not ln.startswith("warning: this machine")]
         assert len(lines) == 1 and lines[0].endswith(STRIDE_RULE), (args, result.stderr)
     assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
+
+
+def test_the_cli_the_api_and_a_sweep_refuse_an_extension_factor_alike(tmp_path) -> None:
+    """factor > 1 lives in ExtendConfig.validate (pos.scaling's >= 1 in the scheme's): every door names the key."""
+    from typer.testing import CliRunner
+
+    from posenc_cli import api
+    from posenc_cli.cli import app
+
+    rule = "extend.factor must be > 1, got 1.0"
+    with pytest.raises(ConfigError, match=rf"^{rule}$"):
+        api.extend(tmp_path / "run", factor=1.0)
+    runner = CliRunner()
+    for args in (
+        ["extend", str(tmp_path / "run"), "--factor", "1"],
+        ["sweep", "extrapolation", "extend.factor=1", "--dry-run", "--out", str(tmp_path / "sweep")],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip() and not ln.startswith("warning: this machine")]
+        assert len(lines) == 1 and lines[0].endswith(rule), (args, result.stderr)

@@ -7,6 +7,7 @@ Everything else receives the plain `Config` dataclasses built by `run.config_loa
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import re
 from collections.abc import Callable
@@ -40,8 +41,29 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, str, list[str] | No
 
 
 def job_name(lines: list[str]) -> str:
-    """Hydra's `override_dirname` for a job's swept overrides: sorted `key=value` lines joined by commas."""
-    return ",".join(sorted(lines))
+    """A job's directory name: Hydra's `override_dirname` for its swept overrides (sorted `key=value` lines joined by
+    commas), shortened where it would not fit a file name (`short_name`)."""
+    return short_name(",".join(sorted(lines)))
+
+
+MAX_NAME_BYTES = 255  # NAME_MAX: the longest file name (in bytes) of Linux's and macOS's file systems
+_DIGEST_CHARS = 16
+
+
+def short_name(name: str) -> str:
+    """`name` itself where it fits a file name (`MAX_NAME_BYTES`), else its longest prefix that leaves room for '~'
+    and 16 hex digits of its sha256 (a swept long `pos.layers` list): readable, deterministic, and two long names
+    that share a prefix stay apart. Hydra names a stage's job directories with it too (`launch_multirun`)."""
+    data = name.encode()
+    if len(data) <= MAX_NAME_BYTES:
+        return name
+    digest = hashlib.sha256(data).hexdigest()[:_DIGEST_CHARS]
+    prefix = data[: MAX_NAME_BYTES - 1 - _DIGEST_CHARS].decode(errors="ignore")  # never half a character
+    return f"{prefix}~{digest}"
+
+
+_NAME_RESOLVER = "posenc_job_dir"  # `short_name` as an OmegaConf resolver, for Hydra's `hydra.sweep.subdir`
+_SUBDIR = "'${" + _NAME_RESOLVER + ":${hydra.job.override_dirname}}'"  # quoted, or Hydra's grammar refuses it
 
 
 def launch_multirun(
@@ -56,16 +78,19 @@ def launch_multirun(
 ) -> None:
     """Run one sweep stage through Hydra's multirun, so any installed launcher plugin works unchanged.
 
-    Each job's directory is `stage_dir/<override_dirname>` (swept keys only; `subdir` when nothing is swept), and
-    the job runs `job(raw_config, JobInfo)` (see `HydraTask`).
+    Each job's directory is `stage_dir/<override_dirname>` (swept keys only, `short_name`; `subdir` when nothing is
+    swept), and the job runs `job(raw_config, JobInfo)` (see `HydraTask`).
     """
     # deferred: keeps Hydra off posenc --help start-up
     from hydra._internal.utils import _run_hydra, get_args_parser
+    from omegaconf import OmegaConf
 
     register_groups()
+    # Hydra's launchers carry registered resolvers to their workers (Singleton state), so every job resolves it
+    OmegaConf.register_new_resolver(_NAME_RESOLVER, short_name, replace=True)
     hydra_overrides = [
         f"hydra.sweep.dir={quote_value(str(stage_dir))}",
-        f"hydra.sweep.subdir={subdir or '${hydra.job.override_dirname}'}",
+        f"hydra.sweep.subdir={subdir or _SUBDIR}",
         f"hydra.job.config.override_dirname.exclude_keys=[{','.join(exclude_keys)}]",
         "hydra.output_subdir=null",
         "hydra/job_logging=none",
@@ -236,7 +261,7 @@ class HydraTask:
         own = [str(o) for o in hc.overrides.task if str(o).split("=", 1)[0].lstrip("+~") not in excluded]
         info = JobInfo(
             output_dir=Path(hc.runtime.output_dir),
-            name=str(hc.job.override_dirname),
+            name=short_name(str(hc.job.override_dirname)),
             parallel_jobs=int(n_jobs) if n_jobs is not None else 1,
             overrides=tuple(own),
         )

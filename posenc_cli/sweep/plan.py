@@ -121,9 +121,11 @@ def plan_sweep(spec: SweepSpec, user_overrides: list[str], picks: Mapping[str, P
     """Expand every stage into its jobs: the cartesian product of swept values, as Hydra's basic sweeper does.
 
     Precedence: sweep-file globals < stage overrides < stage params < the user's command-line overrides. A user's
-    comma list sweeps the stages whose params name that key (or the first stage if none does). A stage `after` a
-    select stage runs once per group of it (the group keys the stage does not set itself are the select stage's),
-    each job with its group's pick from `picks` (by select stage name); without one, the stage `awaiting` it.
+    comma list sweeps the stages whose params name that key (or the first stage if none does); one value of a key a
+    stage sweeps narrows that sweep to it (`pos=rope`: job `train/pos=rope`, as in the full grid, not `default`). A
+    stage `after` a select stage runs once per group of it (the group keys the stage does not set itself are the
+    select stage's), each job with its group's pick from `picks` (by select stage name); without one, the stage
+    `awaiting` it.
     """
     picks = picks or {}
     user = parse_overrides(user_overrides)
@@ -137,6 +139,8 @@ def plan_sweep(spec: SweepSpec, user_overrides: list[str], picks: Mapping[str, P
             _assign(fixed, swept, key, line, values)
         for key, line, values in user:
             in_some_stage = any(key in keys for keys in stage_keys)
+            if values is None and key in swept:  # one value of a swept key: still swept, so its job keeps the name
+                values = [line.split("=", 1)[1]]
             if values is None or key in st.params or (not in_some_stage and index == 0):
                 _assign(fixed, swept, key, line, values)
         if st.action == "select":

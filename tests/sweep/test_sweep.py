@@ -134,7 +134,7 @@ def test_a_failed_jobs_reason_is_on_stderr(workspace: Path, monkeypatch) -> None
     result = runner.invoke(app, args, terminal_width=200)
     assert result.exit_code == 1, result.output
     lines = [ln for ln in result.stderr.splitlines() if ln.startswith("job ")]
-    assert len(lines) == 1 and "fail-err/train/default failed: " in lines[0] and "missing" in lines[0], result.stderr
+    assert len(lines) == 1 and "fail-err/train/pos=alibi failed: " in lines[0] and "missing" in lines[0], result.stderr
 
 
 def test_each_jobs_log_lines_name_the_job(two_stage: tuple[Path, str]) -> None:
@@ -170,14 +170,14 @@ def test_submitit_local_launcher(workspace: Path, monkeypatch) -> None:
         "submitit",
     )
     assert code == 0, output
-    assert (workspace / "submitit/train/default/eval/extrapolate.json").is_file()
+    assert (workspace / "submitit/train/pos=alibi/eval/extrapolate.json").is_file()
 
 
 def test_jobs_log_to_the_configured_tracker(workspace: Path, monkeypatch) -> None:
     pytest.importorskip("tensorboard")
     code, output = sweep(workspace, monkeypatch, "one", "pos=alibi", "train.logger=tensorboard", "--out", "tb")
     assert code == 0, output
-    events = list((workspace / "tb/train/default").rglob("events.out.tfevents.*"))
+    events = list((workspace / "tb/train/pos=alibi").rglob("events.out.tfevents.*"))
     assert events, "the job wrote no TensorBoard event file"
 
 

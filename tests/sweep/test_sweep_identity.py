@@ -51,31 +51,31 @@ def _snapshot(job_dir: Path) -> bytes:
     return (job_dir / "model.safetensors").read_bytes()
 
 
-def test_a_scheme_changed_on_the_command_line_is_refused_not_shown_under_its_label(
-    workspace: Path, nope_run: Path
-) -> None:
-    before = _snapshot(nope_run / "train/default")
+def test_a_scheme_narrowed_on_the_command_line_runs_in_its_own_directory(workspace: Path, nope_run: Path) -> None:
+    """`pos=alibi` narrows the stage's pos sweep: its job is train/pos=alibi (as in the full grid), beside NoPE's,
+    never in NoPE's directory or under its label (it was train/default for both, refused by the identity check)."""
+    before = _snapshot(nope_run / "train/pos=nope")
     code, out, err = sweep(workspace, "pos=alibi", "--out", "nope")
-    assert code == 2, out + err  # was: "all 1 job(s) already done" and a row 'alibi' holding NoPE's numbers
-    assert "was planned with pos.name=nope; this sweep asks pos.name=alibi" in err
-    assert "train/default" in err and "use another --out" in err and len(err.strip().splitlines()) == 1
-    assert "already done" not in out and "Traceback" not in out + err
-    assert _snapshot(nope_run / "train/default") == before
-    records = json.loads((nope_run / "results.json").read_text())
-    assert {r["label"] for r in records} == {"nope"}  # the earlier table stands; no 'alibi' row was written
+    assert code == 0, out + err
+    assert (nope_run / "train/pos=alibi/done.json").is_file()
+    assert _snapshot(nope_run / "train/pos=nope") == before
 
 
-def test_the_dry_run_refuses_what_the_run_would(workspace: Path, nope_run: Path) -> None:
-    code, out, err = sweep(workspace, "pos=alibi", "--out", "nope", "--dry-run")
-    assert code == 2 and "was planned with pos.name=nope; this sweep asks pos.name=alibi" in err, out + err
-    code, out, err = sweep(workspace, "pos=nope", "--out", "nope", "--dry-run")
-    assert code == 0 and "dry run" in out, out + err
-
-
-def test_a_changed_setting_is_refused(workspace: Path, nope_run: Path) -> None:
+def test_a_changed_fixed_setting_is_refused_not_shown_under_its_label(workspace: Path, nope_run: Path) -> None:
+    before = _snapshot(nope_run / "train/pos=nope")
     code, out, err = sweep(workspace, "pos=nope", "train.steps=6", "--out", "nope")
     assert code == 2, out + err  # was: skipped as done, the 4-step model shown for train.steps=6
     assert "was planned with train.steps=4; this sweep asks train.steps=6" in err
+    assert "train/pos=nope" in err and "use another --out" in err and len(err.strip().splitlines()) == 1
+    assert "already done" not in out and "Traceback" not in out + err
+    assert _snapshot(nope_run / "train/pos=nope") == before
+
+
+def test_the_dry_run_refuses_what_the_run_would(workspace: Path, nope_run: Path) -> None:
+    code, out, err = sweep(workspace, "pos=nope", "train.steps=6", "--out", "nope", "--dry-run")
+    assert code == 2 and "was planned with train.steps=4; this sweep asks train.steps=6" in err, out + err
+    code, out, err = sweep(workspace, "pos=nope", "--out", "nope", "--dry-run")
+    assert code == 0 and "dry run" in out, out + err
 
 
 def test_the_unchanged_rerun_still_skips_and_runtime_settings_do_not_count(workspace: Path, nope_run: Path) -> None:
@@ -117,8 +117,8 @@ def test_a_directory_without_the_record_is_checked_through_the_jobs_config(works
     code, out, err = sweep(workspace, "pos=nope", "--out", "legacy")
     assert code == 0 and "already done" in out, out + err
     (legacy / PLANNED_FILE).unlink()
-    code, out, err = sweep(workspace, "pos=alibi", "--out", "legacy")
-    assert code == 2 and "was planned with pos.name=nope; this sweep asks pos.name=alibi" in err, out + err
+    code, out, err = sweep(workspace, "pos=nope", "train.steps=6", "--out", "legacy")
+    assert code == 2 and "was planned with train.steps=4; this sweep asks train.steps=6" in err, out + err
 
 
 def test_new_jobs_of_a_grown_grid_run_beside_the_old(workspace: Path) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from posenc_cli.config import config_dir
 from posenc_cli.errors import ConfigError
+from posenc_cli.sweep.hydra_bridge import MAX_NAME_BYTES, job_name, short_name
 from posenc_cli.sweep.plan import plan_sweep, validate_plan
 from posenc_cli.sweep.spec import find_sweep_file, load_sweep_spec
 
@@ -133,3 +134,31 @@ def test_sweep_name_and_group_option_typos_suggest_the_name(tmp_path: Path) -> N
         with pytest.raises(ConfigError) as e:
             validate_plan(plan_sweep(spec, [override]), None)
         assert hint in str(e.value) and "(available: " in str(e.value)
+
+
+def test_one_value_of_a_swept_key_keeps_the_jobs_name(tmp_path: Path) -> None:
+    """`posenc sweep extrapolation pos=rope` planned `train/default` (a fixed override names no job); it narrows the
+    sweep, so the job keeps the name it has in the full grid, and its extend stage still finds it."""
+    plans = plan_sweep(load_sweep_spec(write(tmp_path, TWO_STAGES)), ["pos=rope"])
+    train, extend = plans
+    assert sorted(j.name for j in train.jobs) == ["pos=rope,train.seed=0", "pos=rope,train.seed=1"]
+    assert {j.parent for j in extend.jobs} == {"train/pos=rope,train.seed=0", "train/pos=rope,train.seed=1"}
+    spec = load_sweep_spec(find_sweep_file("extrapolation", [config_dir()]))
+    (train, *_) = plan_sweep(spec, ["pos=rope"])
+    assert [(j.name, j.label) for j in train.jobs] == [("pos=rope", "rope")]
+    (train, *_) = plan_sweep(spec, ["train.steps=5"])  # a key no stage sweeps stays fixed: no name
+    assert "train.steps=5" not in {line for j in train.jobs for line in j.swept}
+
+
+def test_a_long_job_name_is_shortened_deterministically() -> None:
+    """A swept long list (pos.layers of a deep layout) would name a directory past the 255 bytes a file name may
+    have; the name keeps a readable prefix and a hash of the whole, and short names are unchanged."""
+    short = ["pos=rope", "train.seed=1"]
+    assert job_name(short) == "pos=rope,train.seed=1"
+    layers = "[" + ",".join(["rope"] * 30 + ["nope"] * 30) + "]"
+    other = "[" + ",".join(["rope"] * 30 + ["nope"] * 29 + ["rope"]) + "]"
+    long_a, long_b = job_name([f"pos.layers={layers}", "pos=layout"]), job_name([f"pos.layers={other}", "pos=layout"])
+    assert len(f"pos.layers={layers},pos=layout".encode()) > MAX_NAME_BYTES
+    assert len(long_a.encode()) == MAX_NAME_BYTES and long_a.startswith("pos.layers=[rope,rope,")
+    assert long_a != long_b and long_a == job_name(["pos=layout", f"pos.layers={layers}"])
+    assert short_name("é" * 200).encode().decode() == short_name("é" * 200)  # never cut inside a character
