@@ -221,6 +221,25 @@ def test_randomized_positions_run_reads_its_trained_draws(tmp_path: Path) -> Non
     assert abs(logp + sequential["nll"] * MAX_LENGTH) > 1e-3  # the draw matters: 0..T-1 scores otherwise
 
 
+def test_extension_and_layout_score_as_eval_extrapolate(runs: dict[str, Path], tmp_path: Path) -> None:
+    """A YaRN child of the RoPE run (its 2x length) and an iRoPE layout (chunked RoPE layers, a NoPE layer with a
+    position-dependent temperature) read 256 tokens, beyond their roots' 128: one rolling window each, equal to
+    eval-extrapolate's window over the same tokens."""
+    child = api.extend(runs["rope"], tmp_path / "yarn", method="yarn", factor=2.0).result.out_dir
+    corpus = write_corpus(tmp_path)
+    overrides = ["model=tiny", "train=quick", "train.steps=20", "pos=irope", "data=text", f"data.paths=[{corpus}]"]
+    overrides += ["train.device=cpu", "train.precision=fp32", "train.threads=1", "train.eval_batches=1"]
+    layout = api.train(overrides, out=tmp_path / "irope").run_dir
+    text = (ROLLING[0]["text"] * 2)[:256]
+    for run_dir in (child, layout):
+        run = load_run(run_dir)
+        stream = np.array([run.tokenizer.eod_id, *run.tokenizer.encode(text)])
+        own = evaluate_model(run.model, stream, None, length=256, n_tokens=256)
+        lm = PosencLM(run=str(run_dir), device="cpu", threads=1, max_length=256)
+        (logp,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)], disable_tqdm=True)
+        assert logp == pytest.approx(-own["nll"] * 256, abs=1e-5)
+
+
 # -- The adapter's pieces. -----------------------------------------------------------------------------------------
 
 
