@@ -28,8 +28,8 @@ def make(name: str, train_length: int = 16, seed: int = 0, n_layer: int = TINY.n
 
 
 def test_registered_and_listed_by_posenc_schemes() -> None:
+    from posenc_cli.api import schemes as scheme_rows
     from posenc_cli.cli import app
-    from posenc_cli.cli.schemes import scheme_rows
 
     assert set(LEARNED) <= set(registry())
     rows = {r["name"]: r for r in scheme_rows()}
