@@ -40,30 +40,6 @@ from posenc_cli.sweep.markers import DONE_FILE, FAILED_FILE, job_status, mark_do
 INTERNAL_KEY = "posenc_job"  # the config key under which the parent loop passes a job its action, dirs and session
 STOPPED: dict[str, int | None] = {}  # sweep sessions in which this process saw a job's training interrupted
 
-Callback = Callable[[dict[str, Any]], None]
-Progress = Callable[[str, int, int], None]
-
-
-class JobHooks:
-    """The moments of a job that a test may act at; these hooks do nothing. The seam is `job_hooks`, which a test
-    replaces (tests/sweep/sweep_fault.py stops a sweep by a signal at a chosen step or evaluation report)."""
-
-    def on_step(self, callback: Callback) -> Callback:
-        """Training's (or fine-tuning's) callback, whose "step" events name the step."""
-        return callback
-
-    def before_evaluate(self) -> None:
-        """Training finished and no signal came: the evaluation starts next."""
-
-    def on_progress(self, progress: Progress) -> Progress:
-        """The evaluation's progress callback (what, done, total)."""
-        return progress
-
-
-def job_hooks(job_dir: Path) -> JobHooks:
-    """The hooks of the job in `job_dir`: none (the seam a test patches)."""
-    return JobHooks()
-
 
 def _job_threads(job: dict[str, Any], parallel_jobs: int) -> int:
     """`train.threads` of a job whose config leaves it 0: the free cores the sweep measured before launching
@@ -90,7 +66,6 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
     print(f"== job {job_dir} ==", flush=True)  # the job's own log (a file under Slurm)
     (job_dir / FAILED_FILE).unlink(missing_ok=True)
     (job_dir / DONE_FILE).unlink(missing_ok=True)  # one of an earlier checkpoint
-    hooks = job_hooks(job_dir)
     try:
         with sigterm_raises():  # outside training's own handler (data, evaluation) SIGTERM stops the job too
             cfg = config_from_dict(raw)
@@ -102,15 +77,14 @@ def run_job(raw: dict[str, Any], info: JobInfo) -> dict[str, Any]:
             # parallel jobs on one GPU: this one starts once its memory is free (bounded wait), one start at a time
             with device_share.start_slot(cfg, sweep_dir or job_dir.parent, info.parallel_jobs, _say(log)) as release:
                 if action == "train":
-                    finished = _train_job(cfg, job_dir, sweep_dir, profile, hooks, log, release)
+                    finished = _train_job(cfg, job_dir, sweep_dir, profile, log, release)
                 else:
                     parent = Path(job["parent_dir"])
-                    finished = _extend_job(cfg, job_dir, parent, sweep_dir, profile, hooks, log, release)
+                    finished = _extend_job(cfg, job_dir, parent, sweep_dir, profile, log, release)
             if finished is not None:  # a signal stopped training (at its last step too): do not evaluate it
                 STOPPED[session] = finished
                 return {"status": "interrupted", "dir": str(job_dir)}
-            hooks.before_evaluate()
-            _evaluate_job(cfg, job_dir, profile, hooks)
+            _evaluate_job(cfg, job_dir, profile)
             write_job_profile(job_dir, profile, time.perf_counter() - started)  # informative; not a done marker
             mark_done(job_dir, info.name)
             return {"status": "ok", "dir": str(job_dir)}
@@ -147,7 +121,6 @@ def _train_job(
     job_dir: Path,
     sweep_dir: Path | None,
     profile: JobProfile,
-    hooks: JobHooks,
     log: Console | None = None,
     started: Callable[[], None] = lambda: None,
 ) -> int | None:
@@ -155,7 +128,7 @@ def _train_job(
     it (0: unknown) or that came at its last step. `started` is called after the first step (`device_share`)."""
     seen = SignalSeen()
     with _job_display(cfg, log) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
-        steps = device_share.released_after_first_step(hooks.on_step(callback), started)
+        steps = device_share.released_after_first_step(callback, started)
         recorder = TrainRecorder(profile, cfg, seen.wrap(steps))
         result = train(cfg, job_dir, resume=is_run_dir(job_dir), callback=recorder)
     return (result.signal or 0) if result.stopped_reason == "interrupted" else seen.signum
@@ -167,7 +140,6 @@ def _extend_job(
     parent_dir: Path,
     sweep_dir: Path | None,
     profile: JobProfile,
-    hooks: JobHooks,
     log: Console | None = None,
     started: Callable[[], None] = lambda: None,
 ) -> int | None:
@@ -177,7 +149,7 @@ def _extend_job(
     seen = SignalSeen()
     with _job_display(cfg, log) as display, _tracked(display, cfg, job_dir, sweep_dir) as callback:
         booked, start = sum(profile.seconds.values()), time.perf_counter()
-        steps = device_share.released_after_first_step(hooks.on_step(callback), started)
+        steps = device_share.released_after_first_step(callback, started)
         recorder = TrainRecorder(profile, cfg, seen.wrap(steps))
         plan = plan_from_config(cfg.extend, parent_dir, job_dir, threads=cfg.train.threads)
         outcome = execute(plan, callback=recorder)
@@ -189,7 +161,7 @@ def _extend_job(
     return (getattr(result, "signal", None) or 0) if result.status == "interrupted" else seen.signum
 
 
-def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None, hooks: JobHooks | None = None) -> None:
+def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None) -> None:
     """The evaluation tasks of the job's data source (`DataSource.tasks`: eval-extrapolate for every source, passkey
     retrieval first for `data=passkey`), on one loaded model. Each cell is stored when measured; the job's done
     marker comes after all of them (`run_job`), so a job stopped during any evaluation measures its missing cells on
@@ -207,8 +179,7 @@ def _evaluate_job(cfg: Any, job_dir: Path, profile: JobProfile | None = None, ho
                     task.evaluate_job(run, cfg, device=device)
                 continue
             recorder = EvalRecorder(profile, run)
-            progress = recorder if hooks is None else hooks.on_progress(recorder)
-            result = task.evaluate_job(run, cfg, device=device, progress=progress)
+            result = task.evaluate_job(run, cfg, device=device, progress=recorder)
             entries = result.get("entries") or []
             recorder.book_flops(entries)
             eval_facts(profile, entries, device)

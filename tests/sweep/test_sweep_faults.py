@@ -1,8 +1,8 @@
 """A sweep stopped at any moment (SIGTERM or SIGKILL; in training, evaluation or extension) and run again ends with
 exactly the results of an uninterrupted sweep (issue #16): a job is done only by its marker, written last.
 
-The stops come from a child process that signals itself at a chosen moment: `sweep_fault.py` patches `Fault` into
-the job module's seam (`posenc_cli.sweep.job.job_hooks`) and runs the sweep.
+The stops come from a child process that signals itself at a chosen moment: `sweep_fault.py` wraps what the job
+module calls (training, the extension, the evaluation and its progress reports) and runs the sweep.
 """
 
 from __future__ import annotations
