@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from posenc_cli.config import Config, DataConfig, ModelConfig, TrainConfig
@@ -104,3 +106,20 @@ def metrics(run_dir: Path, keys: tuple[str, ...] = ("step", "tokens", "train_los
 
 def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@contextlib.contextmanager
+def nan_loss_at(step: int) -> Iterator[None]:
+    """Within the block, training's loss turns NaN at `step` (1-based), as a diverging run's does: that step's
+    logits (training's one forward, `run.train._Trainer._forward`) are multiplied by NaN."""
+    from posenc_cli.run import train as train_module
+
+    forward = train_module._Trainer._forward
+
+    def diverging(self: Any, batch: Any) -> torch.Tensor:
+        logits = forward(self, batch)
+        return logits * float("nan") if self.step + 1 == step else logits
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train_module._Trainer, "_forward", diverging)
+        yield

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import platform
 import random
 import time
@@ -95,8 +94,6 @@ from posenc_cli.run.verified import load_tensors, read_verified
 from posenc_cli.run.weights import load_weights_into, model_file_bytes, tokenizer_files
 
 Callback = Callable[[dict[str, Any]], None]
-
-NAN_ENV = "POSENC_DEBUG_NAN_AT_STEP"  # test hook: make the loss of this (1-based) step NaN
 
 
 @dataclass
@@ -284,11 +281,6 @@ def _session_precision(precision: str, device: torch.device, prev: RunMeta | Non
     return resolve_precision(precision, device)
 
 
-def _restore_sampler(tensors: dict[str, Tensor], info: dict[str, Any], sampler: torch.Generator) -> None:
-    """Restore all RNG states, the batch sampler's included (tests monkeypatch this to prove it matters)."""
-    restore_rng(tensors, info, sampler, sampler_too=True)
-
-
 class _Trainer:
     """One training session of a run directory (fresh or resumed); `run()` is the loop."""
 
@@ -457,13 +449,13 @@ class _Trainer:
         self.val_loss = info.get("val_loss")
         if self.dist.is_main:
             self.metrics.truncate_after(self.step)
-        _restore_sampler(tensors, info["rng"], self.sampler)  # last: nothing may draw random numbers after this
+        # all RNG states, the batch sampler's included; last: nothing may draw random numbers after this
+        restore_rng(tensors, info["rng"], self.sampler)
 
     # -- the loop ------------------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
         tc, steps = self.tc, self.tc.steps
         tokens_per_step = tc.batch_size * tc.grad_accum * tc.seq_len
-        nan_at = int(os.environ.get(NAN_ENV, "0") or 0)
         self.session_start = time.perf_counter()
         self.train_time, self.session_tokens = 0.0, 0
         log_t, log_tokens = 0.0, 0
@@ -519,8 +511,6 @@ class _Trainer:
                         else:  # every target counts: the mean of each micro-batch, as always
                             loss = F.cross_entropy(logits.float().reshape(-1, V), b.y.reshape(-1))
                             share = loss / tc.grad_accum
-                        if nan_at == self.step + 1:
-                            loss, share = loss * float("nan"), share * float("nan")
                         share.backward()
                     loss_sum += loss.detach()
                     step_tokens, counted = step_tokens + b.real, counted + b.scored
@@ -791,4 +781,4 @@ class _Trainer:
         return result
 
 
-__all__ = ["NAN_ENV", "TrainingDiverged", "check_budget", "train"]
+__all__ = ["TrainingDiverged", "check_budget", "train"]

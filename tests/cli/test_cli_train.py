@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from train_utils import tiny_overrides, write_corpus
+from train_utils import nan_loss_at, tiny_overrides, write_corpus
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
-from posenc_cli.run.train import NAN_ENV
 
 runner = CliRunner()
 
@@ -70,9 +69,9 @@ def test_resume_errors(tmp_path: Path) -> None:
     assert both.exit_code == 2 and "different directories" in both.stderr
 
 
-def test_nan_exits_nonzero_naming_the_step(corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(NAN_ENV, "3")
-    result = runner.invoke(app, ["train", *tiny_overrides(corpus, steps=6), "--out", str(tmp_path / "run")])
+def test_nan_exits_nonzero_naming_the_step(corpus: Path, tmp_path: Path) -> None:
+    with nan_loss_at(3):
+        result = runner.invoke(app, ["train", *tiny_overrides(corpus, steps=6), "--out", str(tmp_path / "run")])
     assert result.exit_code == 2
     assert "non-finite loss (nan) at step 3" in result.stderr
 

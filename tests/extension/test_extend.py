@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_utils import tiny_config, write_corpus
+from train_utils import nan_loss_at, tiny_config, write_corpus
 
 from posenc_cli.config import ExtendConfig, replace
 from posenc_cli.errors import ConfigError, UserError
@@ -21,7 +21,7 @@ from posenc_cli.rope_scaling.yarn import YarnParams
 from posenc_cli.run.layout import MODEL_FILE
 from posenc_cli.run.load import load_run
 from posenc_cli.run.meta import read_meta
-from posenc_cli.run.train import NAN_ENV, TrainingDiverged, train
+from posenc_cli.run.train import TrainingDiverged, train
 
 L = 16  # the parents' training length
 HEAD_DIM = 16  # d_model 32 / 2 heads
@@ -224,17 +224,13 @@ def test_default_out_dir_is_next_to_the_parent(tmp_path: Path) -> None:
 # -- fine-tune --------------------------------------------------------------------------------------------------
 
 
-def test_finetune_child_lengths_resume_and_reextension(
-    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_finetune_child_lengths_resume_and_reextension(runs: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "ft"
     ext = ExtendConfig(method="yarn", factor=4, finetune_steps=3, finetune_lr=1e-4, finetune_warmup=1)
 
-    monkeypatch.setenv(NAN_ENV, "2")  # the fine-tune dies at step 2, after its first checkpoint
-    with pytest.raises(TrainingDiverged):
+    with nan_loss_at(2), pytest.raises(TrainingDiverged):  # the fine-tune dies at step 2, after its first checkpoint
         extend_run(runs["rope"], out, ext, threads=1)
     assert read_meta(out)["status"] == "running"
-    monkeypatch.delenv(NAN_ENV)
 
     res = extend_run(runs["rope"], out, ext, threads=1)  # the same command resumes it
     assert res.status == "finetuned"

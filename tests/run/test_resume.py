@@ -16,6 +16,7 @@ import posenc_cli.run.train as train_mod
 from posenc_cli.run.layout import PENDING
 from posenc_cli.run.load import load_run
 from posenc_cli.run.meta import read_meta
+from posenc_cli.run.resume_state import restore_rng
 from posenc_cli.run.train import train
 
 # dropout and grad accumulation make the comparison sensitive to every RNG stream and to the batch order
@@ -79,15 +80,13 @@ def test_control_without_sampler_state_the_runs_differ(
 ) -> None:
     """The equality above is not vacuous: skipping the sampler-generator restore breaks it."""
 
-    def restore_all_but_sampler(tensors, info, sampler) -> None:
-        from posenc_cli.run.resume_state import restore_rng
-
+    def restore_all_but_sampler(tensors, info, sampler, sampler_too: bool = True) -> None:
         restore_rng(tensors, info, sampler, sampler_too=False)
 
     cfg = tiny_config(corpus, model=MODEL, **STEPS)
     run = tmp_path / "run"
     train(cfg, run, callback=_signal_at(12))
-    monkeypatch.setattr(train_mod, "_restore_sampler", restore_all_but_sampler)
+    monkeypatch.setattr(train_mod, "restore_rng", restore_all_but_sampler)
     train(cfg, run, resume=True)
     assert not same_weights(weights(run), weights(reference))
     assert metrics(run)[:12] == metrics(reference)[:12] and metrics(run)[12:] != metrics(reference)[12:]

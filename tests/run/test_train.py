@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_utils import metrics, tiny_config, weights, write_corpus
+from train_utils import metrics, nan_loss_at, tiny_config, weights, write_corpus
 
 from posenc_cli.config import TrainConfig
 from posenc_cli.errors import CheckpointError, ConfigError, DataError
@@ -17,7 +17,7 @@ from posenc_cli.model import build_model
 from posenc_cli.run.load import load_run
 from posenc_cli.run.meta import read_meta
 from posenc_cli.run.optim import lr_at, param_groups
-from posenc_cli.run.train import NAN_ENV, TrainingDiverged, train
+from posenc_cli.run.train import TrainingDiverged, train
 
 
 @pytest.fixture
@@ -177,19 +177,18 @@ def test_a_refused_run_keeps_what_was_there_before(tmp_path: Path) -> None:
     assert (run / "failed.json").read_text() == "{}"
 
 
-def test_nan_loss_stops_before_the_update_and_keeps_the_last_checkpoint(
-    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_nan_loss_stops_before_the_update_and_keeps_the_last_checkpoint(corpus: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    monkeypatch.setenv(NAN_ENV, "8")
-    with pytest.raises(TrainingDiverged, match=r"non-finite loss \(nan\) at step 8.*checkpoint \(step 5\)") as info:
+    with (
+        nan_loss_at(8),
+        pytest.raises(TrainingDiverged, match=r"non-finite loss \(nan\) at step 8.*checkpoint \(step 5\)") as info,
+    ):
         train(tiny_config(corpus, steps=20, save_every=5), run)
     assert info.value.step == 8 and info.value.last_good == 5
     loaded = load_run(run, complete_only=False)  # the step-5 checkpoint is intact and finite
     assert loaded.meta.step == 5 and loaded.meta.status == "running"
     assert all(torch.isfinite(t).all() for t in loaded.model.state_dict().values())
     assert max(r[0] for r in metrics(run)) == 7  # step 8 never happened
-    monkeypatch.delenv(NAN_ENV)
     done = train(tiny_config(corpus, steps=20, save_every=5), run)  # resumable from the good checkpoint
     assert done.step == 20 and [r[0] for r in metrics(run)] == list(range(1, 21))
 
