@@ -129,3 +129,17 @@ def test_an_unknown_scheme_key_lists_the_chosen_schemes_keys_with_a_suggestion()
         compose_config(["pos=rope", "pos.bse=500"])
     with pytest.raises(ConfigError, match=r"did you mean pos.num_buckets\?; valid keys: max_distance, name, num_bu"):
         compose_config(["pos=t5", "pos.num_bucket=8"])
+
+
+def test_composing_imports_no_sweep_module() -> None:
+    """Single-run composition is config loading's neighbour, not the sweep package's (`sweep.hydra_bridge` adds only
+    Hydra's multirun)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from posenc_cli.run.config_compose import compose_config; compose_config(['train.steps=1']); "
+        "print(sorted(m for m in sys.modules if m.startswith('posenc_cli.sweep')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
