@@ -11,7 +11,6 @@ import typer
 from rich.markup import escape
 
 from posenc_cli.cli.app import app, console, handles_errors, progress_bar
-from posenc_cli.cli.extend_report import evaluation_table
 
 if TYPE_CHECKING:
     from posenc_cli.api.calibration import CalibrateResult
@@ -91,8 +90,9 @@ def calibrate_command(
     its meta.json the parent and the fit; `posenc eval-extrapolate CHILD` applies it. Re-running the same command
     returns the child already there.
     """
-    # deferred: keeps this command's modules off posenc --help start-up
+    # deferred: keeps this command's modules (and torch, which the API loads) off posenc --help start-up
     from posenc_cli import api
+    from posenc_cli.cli.extend_report import evaluation_table
 
     bar = progress_bar()
     task = None
