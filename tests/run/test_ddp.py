@@ -24,7 +24,7 @@ from posenc_cli.errors import ConfigError
 from posenc_cli.run import distributed
 from posenc_cli.run.distributed import DistInfo, env_info, rank_seed, shard_rows
 from posenc_cli.run.meta import read_meta
-from posenc_cli.run.train import NAN_ENV, train
+from posenc_cli.run.train import train
 
 pytestmark = pytest.mark.integration  # end to end (sweeps, launchers, DDP, compile): not in the fast lane
 
@@ -60,12 +60,17 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-def torchrun(overrides: list[str], out: Path, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+NAN_TRAIN = Path(__file__).with_name("nan_train.py")
+
+
+def torchrun(overrides: list[str], out: Path, nan_at: int | None = None) -> subprocess.CompletedProcess:
+    """`posenc train` on 2 ranks; `nan_at`: its loss turns NaN at that step on every rank (`nan_train.py`)."""
     # --tee 3: each worker's stdout and stderr reach ours, prefixed by its rank, so a failure shows the rank's own
     # message and not only torchrun's summary
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--tee", "3"]
-    cmd += ["-m", "posenc_cli", "train", *overrides, "--out", str(out)]
-    env = {k: v for k, v in os.environ.items() if k != NAN_ENV} | {"OMP_NUM_THREADS": "1"} | (env_extra or {})
+    cmd += ["-m", "posenc_cli"] if nan_at is None else [str(NAN_TRAIN), str(nan_at)]
+    cmd += ["train", *overrides, "--out", str(out)]
+    env = dict(os.environ) | {"OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
 
 
@@ -86,7 +91,7 @@ def test_two_ranks_match_one_process_and_resume_after_a_crash(corpus: Path, tmp_
 
     ddp = tmp_path / "ddp"
     overrides = tiny_overrides(corpus, **STEPS)
-    crashed = torchrun(overrides, ddp, {NAN_ENV: "6"})  # every rank sees the all-reduced NaN loss at step 6
+    crashed = torchrun(overrides, ddp, nan_at=6)  # every rank sees the all-reduced NaN loss at step 6
     assert crashed.returncode != 0
     assert "non-finite loss" in crashed.stderr + crashed.stdout
     assert read_meta(ddp)["step"] == 4  # the last checkpoint rank 0 wrote
