@@ -13,6 +13,7 @@ from posenc_cli.analysis.compare import Comparison, write_outputs
 from posenc_cli.analysis.gather import gather
 from posenc_cli.evaluation.competence import check_threshold
 from posenc_cli.report.gate import DEFAULT_COMPETENCE
+from posenc_cli.run.config_compose import check_override_list
 
 if TYPE_CHECKING:
     from posenc_cli.analysis.rows import RunRecord
@@ -96,6 +97,7 @@ def plan_sweep(
     from posenc_cli.sweep.plan import plan_sweep as plan_stages
     from posenc_cli.sweep.spec import find_sweep_file, load_sweep_spec
 
+    overrides = check_override_list(overrides)  # one string holding several: refused in one line
     user_dir = Path(config_dir) if config_dir else None
     launcher = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
     task = [o for o in overrides if o not in launcher]

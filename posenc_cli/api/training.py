@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from posenc_cli.config import Config, config_to_dict
 from posenc_cli.errors import ConfigError
+from posenc_cli.run.config_compose import check_override_list
 from posenc_cli.run.config_load import config_from_dict, merge_dotlist
 from posenc_cli.run.load import read_config
 from posenc_cli.run.meta import read_meta
@@ -32,6 +33,7 @@ def train_config(
 ) -> Config:
     """The config `train` would run: composed from Hydra-style `overrides` (`pos=alibi train.steps=600`), or with
     `resume` the run's saved config with dotted overrides (`train.steps=800`) applied on top."""
+    overrides = check_override_list(overrides)  # one string holding several: refused in one line
     if resume is not None:
         if out is not None and Path(out).resolve() != Path(resume).resolve():
             raise ConfigError("--out and --resume name different directories; give one of them")

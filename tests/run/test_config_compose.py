@@ -143,3 +143,13 @@ def test_composing_imports_no_sweep_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_api_refuses_overrides_as_one_string() -> None:
+    """`api.train("pos=rope train.steps=10")` said "missing EQUAL at '<EOF>'" (the string was read character by
+    character); the API's functions that take overrides name the fix instead."""
+    from posenc_cli import api
+
+    for call in (lambda: api.train_config("pos=rope train.steps=10"), lambda: api.plan_sweep("seeds", "pos=rope")):
+        with pytest.raises(ConfigError, match=r"^overrides are a list of strings, one per setting"):
+            call()  # type: ignore[no-untyped-call]
