@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from posenc_cli.cli import app
 from posenc_cli.errors import CheckpointError, ConfigError
-from posenc_cli.evaluation.perplexity import find_runs
+from posenc_cli.evaluation.runs import find_runs
 from posenc_cli.run.load import load_run
 from posenc_cli.run.train import train
 

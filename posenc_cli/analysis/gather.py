@@ -18,8 +18,8 @@ from typing import Any
 
 from posenc_cli.analysis.rows import RunRecord, labelled_series, run_identity, run_tokenizer
 from posenc_cli.errors import CheckpointError, UserError
-from posenc_cli.evaluation.perplexity import find_runs
 from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, load_results
+from posenc_cli.evaluation.runs import find_runs
 from posenc_cli.report.tables import run_label
 from posenc_cli.run.hf_run import is_hf_dir, weights_identity
 from posenc_cli.run.load import read_config

@@ -3,28 +3,29 @@
 
 `stored_task_results` / `stored_passkey_results` / `stored_algorithmic_results` read each record's results file
 (cells of the run's current checkpoint and of the current prompt generator, the latest per cell) as result docs
-with the record's label, its "path" and training length; `task_rows` flattens them into one row per run × task ×
-scoring × length (the mean over depths) with the run's in-distribution accuracy and gate state beside every row,
-for results.csv; `task_frame` is one row per run × task × scoring, for the API. The numbers of a flagged run stay:
-only its `competence` column says "not learned" or "not trained on this task".
+with the record's label, its "path" and training length (`stored_results`: those of any registered evaluation task,
+`task_summaries`: what each task's `summarise` makes of them, printed after a sweep's or `compare`'s table);
+`task_rows` flattens them into one row per run × task × scoring × length (the mean over depths) with the run's
+in-distribution accuracy and gate state beside every row, for results.csv; `task_frame` is one row per run × task ×
+scoring, for the API. The numbers of a flagged run stay: only its `competence` column says "not learned" or "not
+trained on this task".
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from posenc_cli.analysis.gather import current_checkpoint
 from posenc_cli.evaluation.competence import (
-    Competence,
-    algorithmic_competence,
     check_threshold,
-    result_data_config,
-    retrieval_competence,
+    result_competence,
 )
-from posenc_cli.evaluation.results import checkpoint_key, read_results_file
+from posenc_cli.evaluation.results import TASKS_COMMAND, TASKS_FILE, checkpoint_key, read_results_file
+from posenc_cli.evaluation.tasks import registry
+from posenc_cli.evaluation.tasks.base import EvalTask, Summary
 from posenc_cli.report.gate import DEFAULT_COMPETENCE, gate_note, gate_text
 
 if TYPE_CHECKING:
@@ -33,14 +34,15 @@ if TYPE_CHECKING:
 __all__ = [
     "TASK_FIELDS",
     "passkey_gates",
-    "result_competence",
     "scoring_of",
     "stored_algorithmic_results",
     "stored_passkey_results",
+    "stored_results",
     "stored_task_results",
     "task_frame",
     "task_markdown",
     "task_rows",
+    "task_summaries",
 ]
 
 # The columns results.csv gives a task row (besides the run's label, stage, job, scheme...).
@@ -52,21 +54,36 @@ def scoring_of(entry: dict[str, Any]) -> str:
     return str(entry.get("scoring", "exact"))
 
 
-def _stored(records: Sequence[Any], path: Path, command: str, generator: int | None, key: Any) -> list[dict[str, Any]]:
+def _stored(
+    records: Sequence[Any],
+    path: Path,
+    command: str,
+    generator: int | None,
+    key: Any,
+    keep: Callable[[dict[str, Any]], bool] | None = None,
+    docs: dict[Path, dict[str, Any] | None] | None = None,
+) -> list[dict[str, Any]]:
     """Result docs of `path` (inside each run) for the records that have it: the latest cell per `key(entry)` among
-    those of the run's current checkpoint (and of `generator`, when given). Failed jobs are left out."""
+    those of the run's current checkpoint (and of `generator`, when given, and that `keep`). Failed jobs are left
+    out. `docs` caches the files read (several tasks share one)."""
     results = []
+    docs = {} if docs is None else docs
     for record in records:
         if record.status == "failed":
             continue
-        doc = read_results_file(Path(record.run_dir) / path, command)
+        file = Path(record.run_dir) / path
+        if file not in docs:
+            docs[file] = read_results_file(file, command)
+        doc = docs[file]
         if doc is None:
             continue
         current = current_checkpoint(Path(record.run_dir))
         ours = [
             e
             for e in doc["entries"]
-            if checkpoint_key(e) == current and (generator is None or e.get("generator", 1) == generator)
+            if checkpoint_key(e) == current
+            and (generator is None or e.get("generator", 1) == generator)
+            and (keep is None or keep(e))
         ]
         cells = {key(e): e for e in ours}
         if cells:
@@ -83,16 +100,42 @@ def _stored(records: Sequence[Any], path: Path, command: str, generator: int | N
     return results
 
 
+def stored_results(
+    records: Sequence[Any], task: type[EvalTask], docs: dict[Path, dict[str, Any] | None] | None = None
+) -> list[dict[str, Any]]:
+    """The cells of a registered evaluation task the records' runs stored: per run, the latest entry per
+    `task.cell` among those of the run's current checkpoint that `task.current` keeps, as a result doc (see
+    `_stored`)."""
+    return _stored(records, task.results_file, task.command, None, task.cell, keep=task.current, docs=docs)
+
+
+def task_summaries(
+    records: Sequence[Any], threshold: float | None = None, competence: float = DEFAULT_COMPETENCE
+) -> list[Summary]:
+    """What every registered evaluation task adds after a comparison of the records' runs (`EvalTask.summarise` of
+    its stored cells), in `summary_rank` then name order; tasks without cells, or without a summary, add nothing."""
+    check_threshold(competence)
+    docs: dict[Path, dict[str, Any] | None] = {}
+    summaries = []
+    for task in sorted(registry().values(), key=lambda t: (t.summary_rank, t.name)):
+        if getattr(task.summarise, "__func__", None) is EvalTask.summarise.__func__:
+            continue  # the comparison table itself (eval-extrapolate), or a task without a summary
+        results = stored_results(records, task, docs)
+        summary = task.summarise(results, threshold=threshold, competence=competence) if results else None
+        if summary is not None:
+            summaries.append(summary)
+    return summaries
+
+
 def stored_task_results(records: Sequence[Any]) -> list[dict[str, Any]]:
     """eval-tasks cells (eval/tasks.json) of the records' runs: the latest per task × scoring × length × depth."""
     # deferred: the retrieval evaluation imports torch
     from posenc_cli.data.ruler.base import GENERATOR_VERSION
-    from posenc_cli.evaluation.tasks.retrieval import COMMAND, TASKS_FILE
 
     def key(e: dict[str, Any]) -> tuple[Any, ...]:
         return e["task"], scoring_of(e), int(e["length"]), None if e.get("depth") is None else float(e["depth"])
 
-    return _stored(records, TASKS_FILE, COMMAND, GENERATOR_VERSION, key)
+    return _stored(records, TASKS_FILE, TASKS_COMMAND, GENERATOR_VERSION, key)
 
 
 def stored_passkey_results(records: Sequence[Any]) -> list[dict[str, Any]]:
@@ -110,20 +153,6 @@ def stored_algorithmic_results(records: Sequence[Any]) -> list[dict[str, Any]]:
     from posenc_cli.evaluation.algorithmic import ALGORITHMIC_FILE, COMMAND
 
     return _stored(records, ALGORITHMIC_FILE, COMMAND, GENERATOR_VERSION, lambda e: (e["task"], int(e["length"])))
-
-
-def result_competence(
-    result: dict[str, Any], task: str, family: str, threshold: float = DEFAULT_COMPETENCE, scoring: str | None = None
-) -> Competence:
-    """The gate of one result doc's `task`: `family` "algorithmic", "passkey" or "retrieval" (its `scoring` cells)."""
-    data = result_data_config(result)
-    entries = result["entries"]
-    if family == "algorithmic":
-        return algorithmic_competence(entries, task, data, threshold)
-    if family == "passkey":
-        return retrieval_competence(entries, "passkey", data, result.get("train_length"), threshold, "accuracy")
-    mine = [e for e in entries if scoring is None or scoring_of(e) == scoring]
-    return retrieval_competence(mine, task, data, result.get("train_length"), threshold)
 
 
 def passkey_gates(

@@ -30,7 +30,8 @@ from posenc_cli.analysis.viz_data import (
     attention_report,
     layers_text,
 )
-from posenc_cli.evaluation.perplexity import CorpusCache, find_runs
+from posenc_cli.evaluation.corpus import CorpusCache
+from posenc_cli.evaluation.runs import find_runs
 from posenc_cli.report.plots import log_binned_mean, save_figure, scheme_colour
 from posenc_cli.report.tables import run_label
 from posenc_cli.run.device import resolve_device

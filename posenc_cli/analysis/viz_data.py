@@ -26,7 +26,7 @@ from posenc_cli.attention.scored import chunk_logits, visible_keys
 from posenc_cli.config import Config
 from posenc_cli.data.cache import eval_windows
 from posenc_cli.errors import ConfigError, DataError, LengthBeyondScheme
-from posenc_cli.evaluation.perplexity import CorpusCache
+from posenc_cli.evaluation.corpus import CorpusCache
 from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme
 from posenc_cli.positional.base import LayerView
 from posenc_cli.positional.layout import is_layout

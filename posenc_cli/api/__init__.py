@@ -25,7 +25,17 @@ from posenc_cli.api.bench import bench, cost_curve
 from posenc_cli.api.calibration import calibrate
 from posenc_cli.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison, task_scores
 from posenc_cli.api.data import prepare_data
-from posenc_cli.api.evaluation import Evaluation, eval_config, evaluate, evaluate_passkey
+from posenc_cli.api.evaluation import (
+    Evaluation,
+    TaskEvaluation,
+    eval_config,
+    evaluate,
+    evaluate_algorithmic,
+    evaluate_passkey,
+    evaluate_tasks,
+    longest_instance_length,
+    task_summaries,
+)
 from posenc_cli.api.export import export
 from posenc_cli.api.extension import (
     evaluate_pair,
@@ -59,6 +69,7 @@ __all__ = [
     "SweepPlan",
     "SweepReport",
     "SweepRun",
+    "TaskEvaluation",
     "TextTable",
     "bench",
     "calibrate",
@@ -67,12 +78,15 @@ __all__ = [
     "cost_curve",
     "eval_config",
     "evaluate",
+    "evaluate_algorithmic",
     "evaluate_pair",
     "evaluate_passkey",
+    "evaluate_tasks",
     "export",
     "extend",
     "is_main_process",
     "load_model",
+    "longest_instance_length",
     "one_method",
     "plan_sweep",
     "prepare_data",
@@ -85,6 +99,7 @@ __all__ = [
     "sweep",
     "sweep_report",
     "task_scores",
+    "task_summaries",
     "train",
     "train_config",
     "train_warning",

@@ -66,7 +66,7 @@ def evaluate_pair(
     from posenc_cli.analysis.gather import labelled_in_order
     from posenc_cli.config import EvalConfig
     from posenc_cli.evaluation.corpus import CorpusCache
-    from posenc_cli.evaluation.perplexity.discovery import evaluate_run_dir
+    from posenc_cli.evaluation.tasks.extrapolate import evaluate_run_dir
 
     cfg, corpora, docs = EvalConfig(), CorpusCache(), []
     for path, store in ((Path(parent), False), (Path(child), True)):  # the source run is never written

@@ -43,31 +43,6 @@ def optional_list(text: str | None, kind: type, flag: str) -> list[Any] | None:
     return parse_list(text, kind, flag) if text is not None else None
 
 
-def set_grid(
-    cfg: Any,
-    lengths: str | None,
-    abs_lengths: str | None,
-    depths: str | None,
-    paths: list[str] | None = None,
-) -> None:
-    """Set a retrieval evaluation's `lengths`, `abs_lengths` and `depths` from their comma-separated flags (the ones
-    given; the config's defaults stay for the others). With the command's run `paths`, then refuse a grid no memory
-    can hold for them (`evaluation.grid.check_grid_fits`: multiples of each run's base length are known only there;
-    eval-tasks checks its episodes itself and passes none)."""
-    for field, text, kind, flag in (
-        ("lengths", lengths, float, "--lengths"),
-        ("abs_lengths", abs_lengths, int, "--abs-lengths"),
-        ("depths", depths, float, "--depths"),
-    ):
-        if text is not None:
-            setattr(cfg, field, parse_list(text, kind, flag))
-    if paths is not None:
-        # deferred: keeps this command's modules off posenc --help start-up
-        from posenc_cli.evaluation.grid import check_grid_fits
-
-        check_grid_fits(cfg, paths)
-
-
 def one_kind_of_lengths(lengths: str | None, abs_lengths: str | None) -> None:
     if lengths is not None and abs_lengths is not None:
         raise ConfigError("give either --lengths (multiples of the base length) or --abs-lengths (tokens), not both")

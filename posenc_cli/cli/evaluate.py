@@ -273,17 +273,13 @@ def eval_passkey_command(
     """Passkey retrieval: exact match of a key hidden at each depth of growing prompts; in RUN/eval/passkey.json."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
     from posenc_cli import api
-    from posenc_cli.analysis.task_results import passkey_gates
-    from posenc_cli.evaluation.competence import check_threshold
-    from posenc_cli.evaluation.passkey import combined_json
     from posenc_cli.report.passkey_report import passkey_figure, passkey_table
     from posenc_cli.report.plots import save_figure
 
     paths = paths or []
     check_run_args(paths, "eval-passkey")
-    check_threshold(competence)
     one_kind_of_lengths(lengths, abs_lengths)  # before either list is parsed
-    results, seconds = evaluate_timed(
+    evaluation, seconds = evaluate_timed(
         "prompts",
         lambda display: api.evaluate_passkey(
             paths,
@@ -298,11 +294,13 @@ def eval_passkey_command(
             device=device,
             threads=threads,
             force=force,
+            competence=competence,
             progress=display.progress,
             on_run=display.on_run,
         ),
     )
-    gates = passkey_gates(results, competence)  # in distribution first: the competence gate of each run
+    results = evaluation.results
+    gates = [(g["passkey"].status, g["passkey"].accuracy) for g in evaluation.gates]  # in distribution first
     report(
         results,
         seconds,
@@ -311,5 +309,5 @@ def eval_passkey_command(
         plot=plot,
         write_plot=lambda path: [save_figure(passkey_figure(results, gates, competence), path)],
         json_path=json_path,
-        combined=combined_json(results),
+        combined=evaluation.to_json(),
     )

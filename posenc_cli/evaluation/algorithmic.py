@@ -9,9 +9,9 @@ reference compares the whole generated output with the target (McGill-NLP/length
 `src/data/data_instance_processor/data_instance_processor.py` `is_prediction_correct`). Prompts of one cell are
 decoded in groups of equal token length (no padding, so every row sees exactly its own tokens at positions 0..).
 
-Cells go to `eval/algorithmic.json` through the shared loop (`loop.measure`), keyed by task, length, examples,
-seed, generator version, precision, the least training length and checkpoint; each records L, the least training
-length (`train_min_length`: `data.min_length`, else the task's builder default `train_min`;
+Cells go to `eval/algorithmic.json` through the shared loop (the task `evaluation.tasks.algorithmic`), keyed by
+task, length, examples, seed, generator version, precision, the least training length and checkpoint; each records
+L, the least training length (`train_min_length`: `data.min_length`, else the task's builder default `train_min`;
 `data.algorithmic.in_distribution_lengths`) and whether n is in distribution (train_min..L, the lengths of training)
 or not (beyond: L+1..2L, the paper's test split; lengths below train_min are measured but in neither mean). The
 means weigh each length as the reference's splits do (`AlgorithmicTask.length_weight`, a property of the task: the
@@ -22,34 +22,29 @@ needs more positions than the scheme can read is n/a with the reason every evalu
 
 from __future__ import annotations
 
-import datetime as _dt
 import zlib
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from posenc_cli import __version__
 from posenc_cli.data.algorithmic import in_distribution_lengths, paper_tasks, task_class
 from posenc_cli.data.algorithmic import registry as task_registry
 from posenc_cli.data.algorithmic.base import GENERATOR_VERSION, MAX_LENGTH, Example
 from posenc_cli.data.sources.algorithmic import PAPER_MAX_LENGTH, AlgorithmicDataConfig
-from posenc_cli.errors import ConfigError, LengthBeyondScheme
-from posenc_cli.evaluation.loop import Entry, measure, results_header
+from posenc_cli.errors import ConfigError
 from posenc_cli.evaluation.passkey import check_readable, decode_prompts
-from posenc_cli.evaluation.perplexity import check_not_training, evaluate_each_run, find_runs, resolve_dtype
-from posenc_cli.evaluation.positions import BeyondRange, Positions, trained_positions
-from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, positions_key, read_results_file
+from posenc_cli.evaluation.positions import BeyondRange, Positions
+from posenc_cli.evaluation.results import read_results_file
 from posenc_cli.evaluation.teacher_forced import evaluate_scored_cell
 
 if TYPE_CHECKING:
     from torch import nn
 
     from posenc_cli.data.tokenizer import Tokenizer
-    from posenc_cli.run.load import LoadedRun
 
 ALGORITHMIC_FILE = Path("eval") / "algorithmic.json"
 COMMAND = "eval-algorithmic"
@@ -211,133 +206,6 @@ def evaluate_cell(
 
 # ----------------------------------------------------------------------------------------------------------------
 # Results file and runs.
-
-
-def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
-    """Two entries measure the same cell when these agree (the checkpoint too: see `results.checkpoint_key`)."""
-    cell = (entry["task"], entry["length"], entry["examples"], entry["seed"], entry["generator"], entry["dtype"])
-    cell = (*cell, entry.get("measures", 1))  # cells stored before token_accuracy existed are measured again
-    lengths = (entry.get("train_min_length", 1), entry["train_max_length"])  # addition's examples follow the first
-    return (*cell, *lengths, *positions_key(entry), *checkpoint_key(entry))
-
-
-@dataclass(frozen=True, kw_only=True)
-class AlgorithmicEntry(Entry):
-    """One task × instance-length cell of `eval/algorithmic.json`; the fields in the order of the stored keys."""
-
-    task: str
-    length: int
-    train_max_length: int  # L
-    train_min_length: int  # the least training length: train_min_length..L are in distribution
-    in_distribution: bool
-    examples: int
-    seed: int
-    generator: int
-    dtype: str
-    measures: int = MEASURES  # what a cell records (in the key): 2 added token_accuracy
-    positions: dict[str, Any] = field(default_factory=lambda: Positions().to_json())  # the ids fed (in the key)
-    checkpoint: dict[str, Any]
-    status: str = "n/a"
-    reason: str | None = None
-    tokens: int | None = None
-    correct: int | None = None
-    accuracy: float | None = None
-    token_accuracy: float | None = None
-    samples: list[dict[str, str]] = field(default_factory=list)
-    posenc_version: str = __version__
-    created: str
-
-
-def evaluate_algorithmic_run(
-    run: LoadedRun,
-    cfg: AlgorithmicEvalConfig,
-    *,
-    device: str | torch.device | None = None,
-    force: bool | None = None,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Measure (or reuse) every task × length cell `cfg` asks of a loaded run; store them in eval/algorithmic.json.
-
-    Returns the results doc restricted to this call's entries (task-major, length-minor) plus "path", "reused" and
-    "not_saved". A run being trained right now is refused.
-    """
-    cfg.validate()
-    check_not_training(run.path)
-    force = cfg.force if force is None else force
-    device = torch.device(device) if device is not None else next(run.model.parameters()).device
-    dtype = resolve_dtype(cfg.dtype, run.meta.precision, device)
-    checkpoint = checkpoint_identity(run.meta)
-    train_length, base_length = run.meta.lengths(run.config)
-    plan = plan_for(cfg, run.config.data)
-    positions = trained_positions(run.config)  # Ruoss et al. evaluate randomized positions with fresh draws too
-
-    def cells() -> Iterator[list[AlgorithmicEntry]]:
-        for task in plan.tasks:
-            for n in (n for n in plan.lengths if n >= task_class(task).min_length):  # flip-flop: from 2
-                yield [
-                    AlgorithmicEntry(
-                        task=task,
-                        length=n,
-                        train_max_length=plan.max_length,
-                        train_min_length=plan.least[task],
-                        in_distribution=plan.least[task] <= n <= plan.max_length,
-                        examples=plan.examples,
-                        seed=cfg.seed,
-                        generator=GENERATOR_VERSION,
-                        dtype=dtype,
-                        positions=positions.to_json(),
-                        checkpoint=dict(checkpoint),
-                        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                    )
-                ]
-
-    def measure_cell(group: Sequence[AlgorithmicEntry]) -> list[AlgorithmicEntry]:
-        (cell,) = group
-        examples = cell_examples(cell.task, cell.length, cell.examples, cell.seed, cell.train_min_length)
-        try:
-            measured = evaluate_cell(
-                run.model,
-                run.tokenizer,
-                examples,
-                batch_tokens=cfg.batch_tokens,
-                dtype=dtype,
-                device=device,
-                progress=progress,
-                label=f"{cell.task} n={cell.length}",
-                positions=positions,
-            )
-        except LengthBeyondScheme as e:  # the same reason text as eval-extrapolate
-            return [replace(cell, reason=e.reason)]
-        except BeyondRange as e:
-            return [replace(cell, reason=str(e))]
-        return [replace(cell, status="ok", **measured)]
-
-    header = results_header(run.path.name, run.scheme_label, train_length, base_length)  # DroPE: "rope, dropped at k"
-    done = measure(
-        run.path / ALGORITHMIC_FILE, COMMAND, header, checkpoint, cells(), measure_cell, key=entry_key, force=force
-    )
-    out = dict(done.header)
-    out.update(path=str(run.path), reused=done.reused, entries=done.entries, not_saved=done.not_saved)
-    return out
-
-
-def evaluate_algorithmic_paths(
-    paths: Sequence[Path | str],
-    cfg: AlgorithmicEvalConfig,
-    *,
-    device: str | torch.device = "auto",
-    threads: int = 0,
-    force: bool | None = None,
-    progress: Progress | None = None,
-    on_run: Callable[[Path, int, int], None] | None = None,
-) -> list[dict[str, Any]]:
-    """Find the runs below `paths` and evaluate each in turn (one model in memory at a time)."""
-    cfg.validate()
-
-    def evaluate(run: LoadedRun, run_device: torch.device) -> dict[str, Any]:
-        return evaluate_algorithmic_run(run, cfg, device=run_device, force=force, progress=progress)
-
-    return evaluate_each_run(find_runs(paths), evaluate, device=device, threads=threads, on_run=on_run)
 
 
 def load_algorithmic_results(run_dir: Path | str) -> dict[str, Any] | None:

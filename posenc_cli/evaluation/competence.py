@@ -36,7 +36,13 @@ from posenc_cli.data.sources.algorithmic import AlgorithmicDataConfig
 from posenc_cli.data.sources.passkey import PasskeyDataConfig
 from posenc_cli.data.sources.tasks import TasksDataConfig
 from posenc_cli.errors import CheckpointError, ConfigError, UserError
-from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, read_results_file
+from posenc_cli.evaluation.results import (
+    TASKS_COMMAND,
+    TASKS_FILE,
+    checkpoint_identity,
+    checkpoint_key,
+    read_results_file,
+)
 from posenc_cli.report.gate import (
     CANNOT_MEASURE,
     DEFAULT_COMPETENCE,
@@ -63,6 +69,7 @@ __all__ = [
     "competence",
     "gate_status",
     "in_distribution",
+    "result_competence",
     "result_data_config",
     "retrieval_competence",
     "run_data_config",
@@ -252,8 +259,6 @@ def assess_run(
     from posenc_cli.evaluation.algorithmic import ALGORITHMIC_FILE
     from posenc_cli.evaluation.algorithmic import COMMAND as ALGORITHMIC_COMMAND
     from posenc_cli.evaluation.passkey import PASSKEY_FILE
-    from posenc_cli.evaluation.tasks.retrieval import COMMAND as TASKS_COMMAND
-    from posenc_cli.evaluation.tasks.retrieval import TASKS_FILE
 
     check_threshold(threshold)
     run_dir = Path(run_dir)
@@ -289,3 +294,18 @@ def result_data_config(result: dict[str, Any]) -> Any:
     decides)."""
     path = result.get("path") or result.get("run_dir")
     return run_data_config(path) if path else None
+
+
+def result_competence(
+    result: dict[str, Any], task: str, family: str, threshold: float = DEFAULT_COMPETENCE, scoring: str | None = None
+) -> Competence:
+    """The gate of one result doc's `task`: `family` "algorithmic", "passkey" or "retrieval" (its `scoring` cells,
+    all of them when None; a cell stored before its scoring was recorded was "exact")."""
+    data = result_data_config(result)
+    entries = result["entries"]
+    if family == ALGORITHMIC:
+        return algorithmic_competence(entries, task, data, threshold)
+    if family == PASSKEY:
+        return retrieval_competence(entries, PASSKEY, data, result.get("train_length"), threshold, "accuracy")
+    mine = [e for e in entries if scoring is None or str(e.get("scoring", "exact")) == scoring]
+    return retrieval_competence(mine, task, data, result.get("train_length"), threshold)

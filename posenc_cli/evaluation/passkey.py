@@ -15,17 +15,17 @@ pieces one by one (its pre-tokenizer splits before " word" / " 123"), and token-
 model trained on. The landmark/YaRN preamble sentence is left out: at a training length of 128 bytes it would not
 fit.
 
-- `posenc eval-passkey` (`evaluate_passkey_run`): for each length × depth, `trials` prompts of exactly that many
-  tokens (prompt + answer) with fresh seeded keys, greedy decoding of the answer's tokens (batched; one forward
-  per generated token), exact match. Results go to `eval/passkey.json` in the style of `eval/extrapolate.json`.
+- `posenc eval-passkey` (the task `evaluation.tasks.passkey.PasskeyTask`): for each length × depth, `trials`
+  prompts of exactly that many tokens (prompt + answer) with fresh seeded keys, greedy decoding of the answer's
+  tokens (batched; one forward per generated token), exact match. Results go to `eval/passkey.json` in the style of
+  `eval/extrapolate.json`.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,10 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from posenc_cli import __version__
 from posenc_cli.config import EvalConfig
 from posenc_cli.data.sources.passkey import (
-    DEFAULT_DIGITS,
     FILLER,
     KEY_SENTENCE,
     QUESTION,
@@ -44,20 +42,12 @@ from posenc_cli.data.sources.passkey import (
     random_keys,
 )
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
-from posenc_cli.evaluation.loop import Entry, measure, results_header
-from posenc_cli.evaluation.perplexity import (
-    check_not_training,
-    evaluate_each_run,
-    find_runs,
-    plan_lengths,
-    resolve_dtype,
-)
-from posenc_cli.evaluation.positions import Positions, trained_positions
-from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, positions_key, read_results_file
+from posenc_cli.evaluation.perplexity.planning import plan_lengths
+from posenc_cli.evaluation.positions import Positions
+from posenc_cli.evaluation.results import read_results_file
 
 if TYPE_CHECKING:
     from posenc_cli.data.tokenizer import Tokenizer
-    from posenc_cli.run.load import LoadedRun
 
 SCHEMA_VERSION = 1
 PASSKEY_FILE = Path("eval") / "passkey.json"
@@ -67,14 +57,11 @@ Progress = Callable[[str, int, int], None]  # (description, done, total)
 __all__ = [
     "PASSKEY_FILE",
     "PasskeyConfig",
-    "PasskeyEntry",
     "PromptBatch",
     "PromptTooShort",
     "build_prompts",
     "combined_json",
     "evaluate_passkey_model",
-    "evaluate_passkey_paths",
-    "evaluate_passkey_run",
     "exact_match",
     "greedy_decode",
     "load_passkey_results",
@@ -401,138 +388,6 @@ def results_path(run_dir: Path | str) -> Path:
 def load_passkey_results(run_dir: Path | str) -> dict[str, Any] | None:
     """The stored `eval/passkey.json` of a run, None when absent; CheckpointError when unreadable."""
     return read_results_file(results_path(run_dir), "eval-passkey")
-
-
-def entry_key(entry: dict[str, Any]) -> tuple[Any, ...]:
-    """Two entries measure the same cell when these agree (the checkpoint too: see `results.checkpoint_key`)."""
-    cell = (entry["length"], entry["depth"], entry["trials"], entry["digits"], entry["seed"], entry["dtype"])
-    return (*cell, *positions_key(entry), *checkpoint_key(entry))
-
-
-@dataclass(frozen=True, kw_only=True)
-class PasskeyEntry(Entry):
-    """One length × depth cell of `eval/passkey.json`; the fields in the order of the stored keys."""
-
-    length: int
-    multiple: float
-    depth: float
-    trials: int
-    digits: int
-    seed: int
-    dtype: str
-    positions: dict[str, Any] = field(default_factory=lambda: Positions().to_json())  # the ids fed (in the key)
-    checkpoint: dict[str, Any]
-    status: str = "n/a"
-    reason: str | None = None
-    correct: int | None = None
-    accuracy: float | None = None
-    token_accuracy: float | None = None
-    samples: list[dict[str, str]] = field(default_factory=list)
-    posenc_version: str = __version__
-    created: str
-
-
-def evaluate_passkey_run(
-    run: LoadedRun,
-    cfg: PasskeyConfig,
-    *,
-    device: str | torch.device | None = None,
-    force: bool | None = None,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Measure (or reuse) every length × depth cell of `cfg` for a loaded run and store them in eval/passkey.json.
-
-    Returns the results doc restricted to this call's entries (length-major, depth-minor) plus "path" and "reused".
-    Cells are keyed by the checkpoint they measured; a run being trained right now is refused. The depths of one
-    length are one group of the shared loop `loop.measure` (decoded in one batch, stored together).
-    """
-    cfg.validate()
-    check_not_training(run.path)
-    force = cfg.force if force is None else force
-    device = torch.device(device) if device is not None else next(run.model.parameters()).device
-    digits = cfg.digits if cfg.digits is not None else getattr(run.config.data, "passkey_digits", DEFAULT_DIGITS)
-    dtype = resolve_dtype(cfg.dtype, run.meta.precision, device)
-    checkpoint = checkpoint_identity(run.meta)
-    train_length, base_length = run.meta.lengths(run.config)
-    positions = trained_positions(run.config)  # a randomized-position run reads at draws from its range
-
-    def plan() -> Iterator[list[PasskeyEntry]]:
-        for length, multiple in cfg.planned_lengths(base_length):
-            yield [
-                PasskeyEntry(
-                    length=length,
-                    multiple=multiple,
-                    depth=float(d),
-                    trials=cfg.trials,
-                    digits=digits,
-                    seed=cfg.seed,
-                    dtype=dtype,
-                    positions=positions.to_json(),
-                    checkpoint=dict(checkpoint),
-                    created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                )
-                for d in cfg.depths
-            ]
-
-    def measure_length(cells: Sequence[PasskeyEntry]) -> list[PasskeyEntry]:
-        if (beyond := positions.beyond_range(cells[0].length)) is not None:
-            return [replace(c, reason=beyond) for c in cells]
-        try:
-            measured = evaluate_passkey_model(
-                run.model,
-                run.tokenizer,
-                length=cells[0].length,
-                depths=cfg.depths,
-                trials=cfg.trials,
-                digits=digits,
-                seed=cfg.seed,
-                batch_tokens=cfg.batch_tokens,
-                dtype=dtype,
-                device=device,
-                progress=progress,
-                positions=positions,
-            )
-        except LengthBeyondScheme as e:  # the same reason text as eval-extrapolate
-            return [replace(c, reason=e.reason) for c in cells]
-        except PromptTooShort as e:
-            return [replace(c, reason=str(e)) for c in cells]
-        keys = ("correct", "accuracy", "token_accuracy", "samples")
-        return [replace(c, status="ok", **{k: m[k] for k in keys}) for c, m in zip(cells, measured, strict=True)]
-
-    header = results_header(run.path.name, run.scheme_label, train_length, base_length)  # DroPE: "rope, dropped at k"
-    done = measure(
-        results_path(run.path),
-        "eval-passkey",
-        header,
-        checkpoint,
-        plan(),
-        measure_length,
-        key=entry_key,
-        force=force,
-        unwritable="raise",
-    )
-    out = dict(done.header)
-    out.update(path=str(run.path), reused=done.reused, entries=done.entries)
-    return out
-
-
-def evaluate_passkey_paths(
-    paths: Sequence[Path | str],
-    cfg: PasskeyConfig,
-    *,
-    device: str | torch.device = "auto",
-    threads: int = 0,
-    force: bool | None = None,
-    progress: Progress | None = None,
-    on_run: Callable[[Path, int, int], None] | None = None,
-) -> list[dict[str, Any]]:
-    """Find the runs below `paths` and evaluate each in turn (one model in memory at a time)."""
-    cfg.validate()
-
-    def evaluate(run: LoadedRun, run_device: torch.device) -> dict[str, Any]:
-        return evaluate_passkey_run(run, cfg, device=run_device, force=force, progress=progress)
-
-    return evaluate_each_run(find_runs(paths), evaluate, device=device, threads=threads, on_run=on_run)
 
 
 def combined_json(results: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -44,6 +44,8 @@ from posenc_cli.run.meta import RunMeta
 
 SCHEMA_VERSION = 1
 EXTRAPOLATE_FILE = Path("eval") / "extrapolate.json"
+TASKS_FILE = Path("eval") / "tasks.json"  # every RULER-style retrieval task's cells (`tasks.retrieval`)
+TASKS_COMMAND = "eval-tasks"
 Protocol = Literal["nonoverlap", "sliding", "fixed-target", "streaming"]
 CellStatus = Literal["ok", "n/a", "too_few_tokens", "shorter_than_target", "non_finite"]
 OK: CellStatus = "ok"
@@ -62,6 +64,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "SEQUENTIAL",
     "SHORTER_THAN_TARGET",
+    "TASKS_COMMAND",
+    "TASKS_FILE",
     "TOO_FEW_TOKENS",
     "cell_group",
     "cell_status",

@@ -4,26 +4,32 @@ turn (one model in memory at a time). Shared by every evaluation command (`perpl
 `find_runs` resolves run, sweep and transformers directories; `checked_runs` reads every run cheaply first
 (`check_run_files`: meta.json, config, weights file listed and present), so a folder holding a leftover broken run
 says so at once, naming it, instead of failing after the good runs were measured: a run found by a search is left
-out with a warning, a run named on the command line is a one-line error (`perplexity.evaluate_each_run` then loads
-and evaluates them in turn).
+out with a warning, a run named on the command line is a one-line error. `evaluate_each_run` then loads each in
+turn (posenc's or an exported Hugging Face one; one model in memory at a time) and hands it to an evaluation: every
+evaluation command and a sweep job share it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from posenc_cli.errors import CheckpointError, UserError
-from posenc_cli.run.hf_run import inspect_hf_dir, is_hf_dir
+from posenc_cli.run.device import resolve_device
+from posenc_cli.run.device import threads as use_threads
+from posenc_cli.run.hf_run import inspect_hf_dir, is_hf_dir, load_hf_run
 from posenc_cli.run.journal import committed_file
-from posenc_cli.run.load import read_config
+from posenc_cli.run.load import load_run, read_config
 from posenc_cli.run.meta import NotARunError, read_meta
 
 if TYPE_CHECKING:
-    from posenc_cli.config import Config
+    import torch
 
-__all__ = ["check_run_files", "checked_runs", "find_runs", "locate_runs", "named_error"]
+    from posenc_cli.config import Config
+    from posenc_cli.run.load import LoadedRun
+
+__all__ = ["check_run_files", "checked_runs", "evaluate_each_run", "find_runs", "locate_runs", "named_error"]
 
 
 def find_runs(paths: Iterable[Path | str]) -> list[Path]:
@@ -153,3 +159,37 @@ def checked_runs(
             raise named_error(path, e) from e
     searched = {p.resolve() for p, named in located if not named}
     return runs, [p for p in runs if p.resolve() in searched]
+
+
+def evaluate_each_run(
+    run_dirs: Sequence[Path | str],
+    evaluate: Callable[[LoadedRun, torch.device], dict[str, Any]],
+    *,
+    device: str | torch.device = "auto",
+    threads: int = 0,
+    on_run: Callable[[Path, int, int], None] | None = None,
+    skippable: Iterable[Path] = (),
+    on_skip: Callable[[Path, str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Load each run directory in turn (one model in memory at a time) and collect `evaluate(run, device)`.
+
+    A run of `skippable` (found by a search, not named) that fails to load is left out with `on_skip(run, why)`;
+    any other failure to load raises, naming the run.
+    """
+    device = resolve_device(device)
+    may_skip = {Path(p).resolve() for p in skippable}
+    results = []
+    with use_threads(threads):
+        for i, path in enumerate(run_dirs):
+            if on_run is not None:
+                on_run(Path(path), i, len(run_dirs))
+            try:
+                run = load_hf_run(path, device=device) if is_hf_dir(path) else load_run(path, device=device)
+            except UserError as e:
+                if Path(path).resolve() not in may_skip or on_skip is None:
+                    raise named_error(Path(path), e) from e
+                on_skip(Path(path), str(named_error(Path(path), e)))
+                continue
+            results.append(evaluate(run, device))
+            del run
+    return results

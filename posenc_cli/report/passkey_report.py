@@ -1,7 +1,7 @@
 """Passkey results as a rich table and a heatmap figure (objects only; the CLI prints and saves them).
 
-Input: the result documents of `posenc_cli.evaluation.passkey.evaluate_passkey_run` (`eval/passkey.json`), one per run,
-and optionally each run's competence gate as (state, in-distribution accuracy) pairs (`evaluation.competence`,
+Input: the result documents of `posenc_cli.evaluation.tasks.passkey.evaluate_passkey_run` (`eval/passkey.json`), one
+per run, and optionally each run's competence gate as (state, in-distribution accuracy) pairs (`evaluation.competence`,
 computed by the caller: this layer reads no run): the table prints it beside the run (≤L) and the figure hatches the
 panel of a run that did not learn the task or never trained on it (`report.gate`).
 """

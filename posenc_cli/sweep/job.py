@@ -22,7 +22,7 @@ from rich.console import Console
 from posenc_cli import cpu_load
 from posenc_cli.config import replace
 from posenc_cli.data.sources import source_class
-from posenc_cli.evaluation.perplexity import evaluate_each_run
+from posenc_cli.evaluation.runs import evaluate_each_run
 from posenc_cli.evaluation.tasks import task_class
 from posenc_cli.extension.plan import SearchThenScale, execute, plan_from_config
 from posenc_cli.perf.profiling import EvalRecorder, JobProfile, TrainRecorder, eval_facts, write_job_profile

@@ -18,9 +18,10 @@ from posenc_cli import api
 from posenc_cli.analysis.gather import gather
 from posenc_cli.analysis.task_results import stored_task_results
 from posenc_cli.cli import app
-from posenc_cli.cli.tasks import tasks_figure, tasks_tables
 from posenc_cli.data.ruler.base import GENERATOR_VERSION
 from posenc_cli.evaluation.results import checkpoint_identity
+from posenc_cli.evaluation.tasks.retrieval import retrieval_gates
+from posenc_cli.report.retrieval_report import tasks_figure, tasks_tables
 from posenc_cli.run.meta import read_run_meta
 
 runner = CliRunner()
@@ -120,11 +121,11 @@ def test_eval_tasks_tables_and_heatmap_mark_the_run(run: Path) -> None:
     from rich.console import Console
 
     console = Console(width=250, record=True)
-    for table in tasks_tables(results, tasks):
+    for table in tasks_tables(results, tasks, retrieval_gates(results)):
         console.print(table)
     text = console.export_text()
     assert "≤L" in text and "60% ✗ not learned" in text and "100% ⊘ not trained on this task" in text
-    figure = tasks_figure(results, tasks)
+    figure = tasks_figure(results, tasks, retrieval_gates(results))
     titles = [ax.get_title() for ax in figure.axes if ax.get_title()]
     assert any("niah-single" in t and "✗ not learned" in t for t in titles), titles
     assert any("niah-multikey" in t and "⊘ not trained on this task" in t for t in titles), titles
@@ -133,7 +134,7 @@ def test_eval_tasks_tables_and_heatmap_mark_the_run(run: Path) -> None:
     (legend,) = figure.legends
     labels = [t.get_text() for t in legend.get_texts()]
     assert labels == ["✗ not learned (≤L below 90%)", "⊘ not trained on this task"]
-    learned = tasks_figure(results, ["niah-single"], competence=0.5)
+    learned = tasks_figure(results, ["niah-single"], retrieval_gates(results, 0.5), competence=0.5)
     assert not learned.legends and not [p for ax in learned.axes for p in ax.patches if p.get_hatch()]
 
 
@@ -148,7 +149,9 @@ def test_eval_algorithmic_on_a_run_never_trained_on_it_says_so(run: Path) -> Non
 def test_the_algorithmic_summary_marks_tasks_not_learned() -> None:
     from rich.console import Console
 
-    from posenc_cli.cli.algorithmic import summary_table
+    from posenc_cli.evaluation.algorithmic import summarize
+    from posenc_cli.evaluation.tasks.algorithmic import gates_of
+    from posenc_cli.report.algorithmic_report import summary_table
 
     def result(run: str, accuracies: dict[int, float]) -> dict:
         cells = [{"task": "copy", "length": n, "train_max_length": 2, "examples": 4, "status": "ok", "accuracy": a}
@@ -158,7 +161,8 @@ def test_the_algorithmic_summary_marks_tasks_not_learned() -> None:
     results = [result("a", {1: 1.0, 2: 0.5, 3: 0.25, 4: 0.0}), result("b", {1: 1.0, 2: 1.0, 3: 1.0})]
     for competence, marked in ((0.9, True), (0.7, False)):
         console = Console(width=200, record=True)
-        console.print(summary_table(results, competence))
+        summaries = [summarize(r["entries"]) for r in results]
+        console.print(summary_table(results, summaries, gates_of(results, competence), competence))
         lines = console.export_text().splitlines()
         a, b = next(x for x in lines if "│ a" in x), next(x for x in lines if "│ b" in x)
         assert ("75 / 12 ✗ not learned" in a) is marked and "75 / 12" in a

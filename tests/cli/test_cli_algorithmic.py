@@ -12,14 +12,14 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from posenc_cli.analysis.task_results import stored_algorithmic_results
 from posenc_cli.cli import app
-from posenc_cli.cli.algorithmic import (
-    parse_lengths,
-    print_algorithmic_summary,
-    stored_algorithmic_results,
-    summary_table,
-)
+from posenc_cli.cli.algorithmic import parse_lengths
+from posenc_cli.cli.tasks import print_task_summary
 from posenc_cli.errors import ConfigError
+from posenc_cli.evaluation.algorithmic import summarize
+from posenc_cli.evaluation.tasks.algorithmic import gates_of
+from posenc_cli.report.algorithmic_report import summary_table
 
 runner = CliRunner()
 TINY = ["model=tiny", "model.d_model=32", "model.n_layer=1", "model.n_head=2", "train.seq_len=64"]
@@ -100,13 +100,14 @@ def _result(run: str, scheme: str, accuracies: dict[int, float]) -> dict:
 
 def test_summary_table_shows_both_means_per_run() -> None:
     results = [_result("a", "rope", {1: 1.0, 2: 0.5, 3: 0.25, 4: 0.0}), _result("b", "nope", {1: 1.0, 3: 1.0})]
-    table = summary_table(results)
+    summaries = [summarize(r["entries"]) for r in results]
+    table = summary_table(results, summaries, gates_of(results))
     console = Console(width=200, record=True)
     console.print(table)
     text = console.export_text()
     assert "75 / 12" in text  # (100 + 50) / 2 in distribution; (25 + 0) / 2 = 12.5 beyond, printed as 12
     assert "100 / 100" in text
-    assert summary_table(results[:1]) is None  # one run: its own table says it all
+    assert summary_table(results[:1], summaries[:1], gates_of(results[:1])) is None  # one run: its own table
 
 
 def test_a_sweeps_end_reads_the_stored_cells_of_the_current_checkpoint(run: Path) -> None:
@@ -119,7 +120,7 @@ def test_a_sweeps_end_reads_the_stored_cells_of_the_current_checkpoint(run: Path
     (result,) = stored_algorithmic_results(records)
     assert result["run"] == "pos=rope" and len(result["entries"]) == 12
     console = Console(width=200, record=True)
-    print_algorithmic_summary(records, console)
+    print_task_summary(records, console)  # every registered task's summary: here the algorithmic one
     assert "L+1..2L" in console.export_text()
     doc = json.loads((run / "eval" / "algorithmic.json").read_text())
     for e in doc["entries"]:

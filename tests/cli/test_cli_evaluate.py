@@ -11,9 +11,10 @@ from typer.testing import CliRunner
 
 from posenc_cli.cli import app
 from posenc_cli.data.sources.text import TextDataConfig
-from posenc_cli.evaluation import perplexity as ev
-from posenc_cli.evaluation.perplexity import workflow  # where the measuring functions are called
+from posenc_cli.evaluation.perplexity.measuring import evaluate_model
 from posenc_cli.evaluation.results import cell_group, load_results
+from posenc_cli.evaluation.tasks import extrapolate as extrapolate_task  # where the measuring functions are called
+from posenc_cli.evaluation.tasks.extrapolate import evaluate_paths
 
 runner = CliRunner()
 SCHEMES = ("alibi", "learned", "rope")
@@ -70,24 +71,26 @@ def test_runs_are_paired_and_match_own_validation_split(runs_root: Path) -> None
     from posenc_cli.run.load import load_run
 
     cfg = EvalConfig(abs_lengths=[16], tokens=48)
-    results = ev.evaluate_paths([runs_root / "sweep"], cfg, device="cpu")
+    results = evaluate_paths([runs_root / "sweep"], cfg, device="cpu")
     fingerprints = {r["entries"][0]["data"]["fingerprint"] for r in results}
     assert len(fingerprints) == 1 and all(r["entries"][0]["tokens"] == 48 for r in results)
     run = load_run(runs_root / "sweep" / "rope")
     val = load_corpus(run.config.data, run.config.tokenizer, tokenizer=run.tokenizer).val
-    direct = ev.evaluate_model(run.model, val, run.tokenizer.token_bytes, length=16, n_tokens=48)
+    direct = evaluate_model(run.model, val, run.tokenizer.token_bytes, length=16, n_tokens=48)
     assert results[2]["entries"][0]["nll"] == pytest.approx(direct["nll"], rel=1e-6)
 
 
 def test_reuse_without_force_does_no_forward(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = runs_root / "sweep" / "rope"
     assert invoke(run, "--lengths", "1,2", "--tokens", 80).exit_code == 0
-    monkeypatch.setattr(workflow, "evaluate_model", lambda *a, **k: pytest.fail("forward without --force"))
+    monkeypatch.setattr(extrapolate_task, "evaluate_model", lambda *a, **k: pytest.fail("forward without --force"))
     result = invoke(run, "--lengths", "1,2", "--tokens", 80)
     assert result.exit_code == 0, result.output
     assert "2 of 2 cells reused" in result.output
     calls = []
-    monkeypatch.setattr(workflow, "evaluate_model", lambda *a, **k: calls.append(k["length"]) or _fake_result(k))
+    monkeypatch.setattr(
+        extrapolate_task, "evaluate_model", lambda *a, **k: calls.append(k["length"]) or _fake_result(k)
+    )
     assert invoke(run, "--lengths", "1,2", "--tokens", 80, "--force").exit_code == 0
     assert calls == [16, 32]
 
@@ -120,7 +123,7 @@ def test_streaming_protocol(runs_root: Path, tmp_path: Path, monkeypatch: pytest
         (16, 96, 6, 2, 1), (48, 96, 6, 2, 1)]  # fmt: skip
     # keyed by window and sinks: another cache is measured, the same one reused without a forward
     assert invoke(run, *args[:5], 0, *args[6:]).exit_code == 0
-    monkeypatch.setattr(workflow, "evaluate_streaming", lambda *a, **k: pytest.fail("recomputed a stored cell"))
+    monkeypatch.setattr(extrapolate_task, "evaluate_streaming", lambda *a, **k: pytest.fail("recomputed a stored cell"))
     assert invoke(run, *args).exit_code == 0
     monkeypatch.undo()
     stored = [e for e in load_results(run)["entries"] if e["protocol"] == "streaming"]

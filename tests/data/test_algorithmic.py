@@ -27,11 +27,11 @@ from posenc_cli.evaluation.algorithmic import (
     AlgorithmicEvalConfig,
     cell_examples,
     encode_example,
-    evaluate_algorithmic_run,
     summarize,
 )
 from posenc_cli.evaluation.results import checkpoint_identity
 from posenc_cli.evaluation.tasks import registry as eval_registry
+from posenc_cli.evaluation.tasks.algorithmic import evaluate_algorithmic_run
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class
 from posenc_cli.run.config_compose import compose_dict

@@ -157,8 +157,8 @@ def test_a_layouts_position_limit_is_its_learned_tables() -> None:
 
     from posenc_cli.config import ModelConfig
     from posenc_cli.errors import LengthBeyondScheme
-    from posenc_cli.evaluation import perplexity as ev
     from posenc_cli.evaluation.passkey import check_readable
+    from posenc_cli.evaluation.perplexity.measuring import evaluate_model
     from posenc_cli.evaluation.streaming import evaluate_streaming
     from posenc_cli.model import GPT
     from posenc_cli.positional.layout import LayoutConfig
@@ -166,9 +166,9 @@ def test_a_layouts_position_limit_is_its_learned_tables() -> None:
     model = GPT(ModelConfig(d_model=32, n_layer=2, n_head=2), LayoutConfig(layers=[{"name": "learned"}]), 50, 16)
     tokens = np.arange(200) % 50
     assert model.scheme.max_length == 16
-    assert np.isfinite(ev.evaluate_model(model, tokens, None, length=16, n_tokens=32)["nll"])
+    assert np.isfinite(evaluate_model(model, tokens, None, length=16, n_tokens=32)["nll"])
     for measure in (
-        lambda: ev.evaluate_model(model, tokens, None, length=17, n_tokens=34),
+        lambda: evaluate_model(model, tokens, None, length=17, n_tokens=34),
         lambda: evaluate_streaming(model, tokens, None, length=40, window=16, sinks=1, n_tokens=40),
         lambda: check_readable(model, 18),
     ):

@@ -14,9 +14,10 @@ import torch
 
 from posenc_cli.config import Config, EvalConfig, ModelConfig, TrainConfig
 from posenc_cli.errors import ConfigError
-from posenc_cli.evaluation import perplexity as ev
+from posenc_cli.evaluation.perplexity.measuring import evaluate_model
 from posenc_cli.evaluation.positions import Positions, resolve_positions
 from posenc_cli.evaluation.results import load_results, positions_key
+from posenc_cli.evaluation.tasks.extrapolate import evaluate_run
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class
 from posenc_cli.run.meta import RunMeta
@@ -63,7 +64,7 @@ def test_random_position_run_is_fed_sorted_draws_from_its_range(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen = spy(monkeypatch)
-    out = ev.evaluate_run(run_with(tmp_path, M), EvalConfig(abs_lengths=[16, 32], tokens=96), corpus=corpus())
+    out = evaluate_run(run_with(tmp_path, M), EvalConfig(abs_lengths=[16, 32], tokens=96), corpus=corpus())
     assert seen and all(ids is not None for ids in seen)
     rows = [r for ids in seen if ids is not None for r in ids.reshape(-1, ids.shape[-1])]  # (T,) per window (one layer)
     # 6 windows of 16 and 3 of 32 (no LongPPL: it is measured only when an evaluator is named)
@@ -79,25 +80,25 @@ def test_random_position_run_is_fed_sorted_draws_from_its_range(
 def test_draws_are_seeded_and_independent_of_batching(tmp_path: Path) -> None:
     run = run_with(tmp_path, M)
     kwargs = {"length": 16, "n_tokens": 128, "positions": Positions("random", M, 3)}
-    a = ev.evaluate_model(run.model, corpus().val, BYTES, batch_tokens=16, **kwargs)
-    b = ev.evaluate_model(run.model, corpus().val, BYTES, batch_tokens=10_000, **kwargs)
+    a = evaluate_model(run.model, corpus().val, BYTES, batch_tokens=16, **kwargs)
+    b = evaluate_model(run.model, corpus().val, BYTES, batch_tokens=10_000, **kwargs)
     assert a["nll"] == pytest.approx(b["nll"], rel=1e-6)
-    other = ev.evaluate_model(run.model, corpus().val, BYTES, **{**kwargs, "positions": Positions("random", M, 4)})
-    sequential = ev.evaluate_model(run.model, corpus().val, BYTES, **{**kwargs, "positions": None})
+    other = evaluate_model(run.model, corpus().val, BYTES, **{**kwargs, "positions": Positions("random", M, 4)})
+    sequential = evaluate_model(run.model, corpus().val, BYTES, **{**kwargs, "positions": None})
     assert other["nll"] != pytest.approx(a["nll"], rel=1e-9) and sequential["nll"] != pytest.approx(a["nll"], rel=1e-9)
 
 
 def test_modes_are_separate_cells_and_lengths_beyond_M_are_na(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = run_with(tmp_path, M)
     cfg = EvalConfig(abs_lengths=[16, 128], tokens=32)
-    out = ev.evaluate_run(run, cfg, corpus=corpus())
+    out = evaluate_run(run, cfg, corpus=corpus())
     beyond = out["entries"][1]
     assert beyond["status"] == "n/a" and "train.random_positions=64" in beyond["reason"] and beyond["ppl"] is None
     seen = spy(monkeypatch)
-    sequential = ev.evaluate_run(run, cfg, corpus=corpus(), positions="sequential")
+    sequential = evaluate_run(run, cfg, corpus=corpus(), positions="sequential")
     assert sequential["reused"] == 0 and seen and all(ids is None for ids in seen)  # measured, fed 0..T-1
     assert [e["status"] for e in sequential["entries"]] == ["ok", "ok"]  # 128 tokens of RoPE: readable
-    seeded = ev.evaluate_run(run, cfg, corpus=corpus(), positions_seed=1)
+    seeded = evaluate_run(run, cfg, corpus=corpus(), positions_seed=1)
     assert seeded["reused"] == 0
     stored = load_results(run.path)["entries"]
     assert sorted({positions_key(e) for e in stored}, key=str) == [
@@ -106,7 +107,7 @@ def test_modes_are_separate_cells_and_lengths_beyond_M_are_na(tmp_path: Path, mo
         ("sequential", None, None),
     ]
     seen.clear()
-    again = ev.evaluate_run(run, cfg, corpus=corpus(), positions="sequential")
+    again = evaluate_run(run, cfg, corpus=corpus(), positions="sequential")
     assert again["reused"] == 2 and not seen  # its own cells, reused
 
 
@@ -121,12 +122,12 @@ def test_choosing_positions() -> None:
 
 
 def test_sequential_run_and_streaming_keep_their_positions(tmp_path: Path) -> None:
-    out = ev.evaluate_run(run_with(tmp_path, 0, "plain"), EvalConfig(abs_lengths=[16], tokens=32), corpus=corpus())
+    out = evaluate_run(run_with(tmp_path, 0, "plain"), EvalConfig(abs_lengths=[16], tokens=32), corpus=corpus())
     assert out["entries"][0]["positions"] == {"mode": "sequential"}
     with pytest.raises(ConfigError, match="not trained with randomized"):
-        ev.evaluate_run(run_with(tmp_path, 0, "p"), EvalConfig(abs_lengths=[16]), corpus=corpus(), positions="random")
+        evaluate_run(run_with(tmp_path, 0, "p"), EvalConfig(abs_lengths=[16]), corpus=corpus(), positions="random")
     streaming = EvalConfig(abs_lengths=[32], tokens=32, protocol="streaming")
-    out = ev.evaluate_run(run_with(tmp_path, M, "rand"), streaming, corpus=corpus())
+    out = evaluate_run(run_with(tmp_path, M, "rand"), streaming, corpus=corpus())
     assert out["entries"][0]["positions"] == {"mode": "sequential"}  # the cache's own positions
     with pytest.raises(ConfigError, match="does not apply to --protocol streaming"):
-        ev.evaluate_run(run_with(tmp_path, M, "rand"), streaming, corpus=corpus(), positions="random")
+        evaluate_run(run_with(tmp_path, M, "rand"), streaming, corpus=corpus(), positions="random")

@@ -24,10 +24,13 @@ from posenc_cli.cli import app
 from posenc_cli.config import EvalConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.evaluation import longppl as lp
-from posenc_cli.evaluation import perplexity as ev
-from posenc_cli.evaluation.perplexity import workflow
+from posenc_cli.evaluation.perplexity.entries import ENTRY_FIELDS, STREAMING_FIELDS, ExtrapolateEntry, read_entry
 from posenc_cli.evaluation.perplexity.evaluator import KeyEvaluator
+from posenc_cli.evaluation.perplexity.measuring import evaluate_model
+from posenc_cli.evaluation.perplexity.planning import plan_windows
 from posenc_cli.evaluation.results import load_results, results_path
+from posenc_cli.evaluation.tasks import extrapolate as extrapolate_task
+from posenc_cli.evaluation.tasks.extrapolate import evaluate_run
 from posenc_cli.run.train import train
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -85,11 +88,11 @@ def test_longppl_on_the_stub_by_hand() -> None:
     targets at stream indices 7 and 15 (position p of a window at s predicts s + p + 1)."""
     model = KnownLogProbs(train_length=4)
     keys = lp.KeyTokens(train_length=4)
-    found = ev.evaluate_model(model, cycle(40), None, length=8, n_tokens=16, key_tokens=keys)
+    found = evaluate_model(model, cycle(40), None, length=8, n_tokens=16, key_tokens=keys)
     assert found["tokens"] == 16 and found["key_targets"].tolist() == [7, 15]
     # the short context never exceeds the training length: 2 long forwards of 8, then forwards of exactly L = 4
     assert model.widths[0] == 8 and set(model.widths[1:]) == {4}
-    res = ev.evaluate_model(model, cycle(40), None, length=8, n_tokens=16, score_keys=found["key_targets"])
+    res = evaluate_model(model, cycle(40), None, length=8, n_tokens=16, score_keys=found["key_targets"])
     assert res["key_tokens"] == 2 and res["longppl"] == pytest.approx(math.exp(-logp(6.0)), rel=1e-6)
     # the plain perplexity is untouched: the mean over every position of both windows
     plain = [-logp(LOGIT[t % SV % 3][0 if p + 1 > 4 else 1]) for s in (0, 8) for p, t in enumerate(range(s, s + 8))]
@@ -98,10 +101,10 @@ def test_longppl_on_the_stub_by_hand() -> None:
 
 def test_at_or_below_the_training_length_there_are_no_key_tokens() -> None:
     model = KnownLogProbs(train_length=8)
-    res = ev.evaluate_model(model, cycle(40), None, length=8, n_tokens=16, key_tokens=lp.KeyTokens(train_length=8))
+    res = evaluate_model(model, cycle(40), None, length=8, n_tokens=16, key_tokens=lp.KeyTokens(train_length=8))
     assert res["key_targets"].tolist() == []
     assert model.widths == [8]  # no short forward at all
-    scored = ev.evaluate_model(model, cycle(40), None, length=8, n_tokens=16, score_keys=res["key_targets"])
+    scored = evaluate_model(model, cycle(40), None, length=8, n_tokens=16, score_keys=res["key_targets"])
     assert scored["key_tokens"] == 0 and scored["longppl"] is None
 
 
@@ -123,17 +126,17 @@ def test_the_evaluated_model_is_scored_exactly_on_the_evaluators_key_tokens(prot
     evaluator, evaluated = KnownLogProbs(train_length=4), tiny_model("rope")
     tokens, length = cycle(200), 8
     stride = 8 if protocol == "nonoverlap" else 4
-    found = ev.evaluate_model(
+    found = evaluate_model(
         evaluator, tokens, None, length=length, protocol=protocol, stride=stride, n_tokens=32,
         key_tokens=lp.KeyTokens(train_length=4),
     )  # fmt: skip
     targets = found["key_targets"].tolist()
-    starts = [int(s) for s in ev.plan_windows(len(tokens), length, stride, 32, protocol)]
+    starts = [int(s) for s in plan_windows(len(tokens), length, stride, 32, protocol)]
     # the protocol's scored targets t = s + p + 1 at window positions p: key where p + 1 > L and input class 0
     scored = [(s + p + 1, p) for s in starts for p in range(length - stride, length)]
     expected = sorted(t for t, p in scored if p + 1 > 4 and (t - 1) % SV % 3 == 0)
     assert targets == expected and targets
-    res = ev.evaluate_model(
+    res = evaluate_model(
         evaluated, tokens, None, length=length, protocol=protocol, stride=stride, n_tokens=32,
         score_keys=found["key_targets"],
     )  # fmt: skip
@@ -220,7 +223,7 @@ def stub_corpus(n: int = 2000):
 def test_entries_hold_longppl_at_2x_and_cannot_measure_at_1x(tmp_path: Path) -> None:
     run = stub_run(tmp_path)
     cfg = EvalConfig(lengths=[0.5, 1, 2], tokens=64)
-    out = ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
+    out = evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
     by_len = {e["length"]: e for e in load_results(run.path)["entries"]}
     assert by_len == {e["length"]: e for e in out["entries"]}
     for n in (8, 16):  # at L' <= L: cannot be measured, said as 0 key tokens and no value
@@ -244,7 +247,7 @@ def test_entries_hold_longppl_at_2x_and_cannot_measure_at_1x(tmp_path: Path) -> 
 def test_every_window_protocol_stores_longppl(tmp_path: Path, protocol: str) -> None:
     run = stub_run(tmp_path)
     cfg = EvalConfig(lengths=[1, 2], protocol=protocol, stride=8, target=8, tokens=32)
-    out = ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
+    out = evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
     one, two = out["entries"]
     assert one["key_tokens"] == 0 and one["longppl"] is None
     assert two["key_tokens"] > 0 and two["longppl"] == pytest.approx(math.exp(-logp(6.0)), rel=1e-6)
@@ -254,14 +257,14 @@ def test_streaming_has_no_evaluator_longppl(tmp_path: Path) -> None:
     run = stub_run(tmp_path)
     cfg = EvalConfig(lengths=[2], protocol="streaming", sinks=0, window=16, tokens=64)
     with pytest.raises(ConfigError, match="streaming"):
-        ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
+        evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
     with pytest.raises(ConfigError, match="streaming"):
         EvalConfig(protocol="streaming", longppl_evaluator="somewhere").validate()
 
 
 def test_without_an_evaluator_no_longppl_is_measured(tmp_path: Path) -> None:
     run = stub_run(tmp_path)
-    out = ev.evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=64), corpus=stub_corpus())
+    out = evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=64), corpus=stub_corpus())
     assert all(not {"longppl", "key_tokens", "longppl_evaluator"} & set(e) for e in out["entries"])
 
 
@@ -274,14 +277,14 @@ def test_two_runs_are_scored_on_the_same_key_tokens(tmp_path: Path, monkeypatch:
     original = KeyEvaluator._choose
     monkeypatch.setattr(KeyEvaluator, "_choose", lambda self, *args: chosen.append(1) or original(self, *args))
     cfg = EvalConfig(lengths=[2], tokens=64)
-    (ea,) = ev.evaluate_run(a, cfg, corpus=stub_corpus(), evaluator=evaluator)["entries"]
-    (eb,) = ev.evaluate_run(b, cfg, corpus=stub_corpus(), evaluator=evaluator)["entries"]
+    (ea,) = evaluate_run(a, cfg, corpus=stub_corpus(), evaluator=evaluator)["entries"]
+    (eb,) = evaluate_run(b, cfg, corpus=stub_corpus(), evaluator=evaluator)["entries"]
     assert chosen == [1]
     assert ea["longppl_evaluator"] == eb["longppl_evaluator"] and ea["key_tokens"] == eb["key_tokens"] > 0
     # b beyond its own L = 8 everywhere: class-0 targets are predicted with the long logit, as for a
     assert eb["longppl"] == pytest.approx(math.exp(-logp(6.0)), rel=1e-6)
     # a new process (no memory) reads the stored set instead of choosing again
-    (again,) = ev.evaluate_run(b, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(a), force=True)["entries"]
+    (again,) = evaluate_run(b, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(a), force=True)["entries"]
     assert chosen == [1] and again["longppl"] == eb["longppl"]
 
 
@@ -290,9 +293,9 @@ def test_the_key_set_changes_with_the_evaluator(tmp_path: Path) -> None:
     and records the new one; the same evaluator reuses it."""
     run, other = stub_run(tmp_path), stub_run(tmp_path, name="run-e", step=7)
     cfg = EvalConfig(lengths=[2], tokens=64)
-    first = ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
-    assert ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))["reused"] == 1
-    second = ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(other))
+    first = evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
+    assert evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))["reused"] == 1
+    second = evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(other))
     assert second["reused"] == 0
     (e1,), (e2,) = first["entries"], second["entries"]
     assert e1["longppl_evaluator"]["keys"] != e2["longppl_evaluator"]["keys"]
@@ -311,9 +314,7 @@ def test_a_run_with_another_tokenizer_is_refused_in_one_line(tmp_path: Path) -> 
     evaluator, run = stub_run(tmp_path), stub_run(tmp_path, name="run-b")
     run.tokenizer = SimpleNamespace(token_bytes=run.tokenizer.token_bytes, fingerprint="bpe-512")
     with pytest.raises(ConfigError, match=r"its tokenizer \(bpe-512\) is not the LongPPL evaluator's \(byte") as e:
-        ev.evaluate_run(
-            run, EvalConfig(lengths=[2], tokens=64), corpus=stub_corpus(), evaluator=KeyEvaluator(evaluator)
-        )
+        evaluate_run(run, EvalConfig(lengths=[2], tokens=64), corpus=stub_corpus(), evaluator=KeyEvaluator(evaluator))
     assert "\n" not in str(e.value) and load_results(run.path, missing_ok=True) is None
 
 
@@ -322,7 +323,7 @@ def test_stored_entries_of_the_old_kind_are_measured_again_not_shown_as_measured
 ) -> None:
     run = stub_run(tmp_path)
     cfg = EvalConfig(lengths=[1, 2], tokens=64)
-    ev.evaluate_run(run, cfg, corpus=stub_corpus(), longppl=False)  # as entries from before LongPPL
+    evaluate_run(run, cfg, corpus=stub_corpus(), longppl=False)  # as entries from before LongPPL
     old = load_results(run.path)["entries"]
     assert all("longppl" not in e and "key_tokens" not in e for e in old)
     # the self-chosen kind of an older posenc: longppl and key_tokens but no evaluator
@@ -330,30 +331,32 @@ def test_stored_entries_of_the_old_kind_are_measured_again_not_shown_as_measured
     doc["entries"] = [{**e, "longppl": 1.5, "key_tokens": 3} for e in doc["entries"]]
     results_path(run.path).write_text(json.dumps(doc))
     # without LongPPL asked for, they are reused as they are
-    monkeypatch.setattr(workflow, "evaluate_model", lambda *a, **k: pytest.fail("forward without LongPPL asked"))
-    assert ev.evaluate_run(run, cfg, corpus=stub_corpus(), longppl=False)["reused"] == 2
+    monkeypatch.setattr(
+        extrapolate_task, "evaluate_model", lambda *a, **k: pytest.fail("forward without LongPPL asked")
+    )
+    assert evaluate_run(run, cfg, corpus=stub_corpus(), longppl=False)["reused"] == 2
     monkeypatch.undo()
     # with an evaluator, measured again and replaced in place: same key, same perplexity, the evaluator's LongPPL
-    out = ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
+    out = evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
     assert out["reused"] == 0
     new = load_results(run.path)["entries"]
     assert len(new) == 2 and [e["nll"] for e in new] == [e["nll"] for e in old]
     assert [e["key_tokens"] for e in new] == [0, out["entries"][1]["key_tokens"]] and new[1]["key_tokens"] > 0
     assert all(e["longppl_evaluator"]["run"] == "run-a" for e in new)
-    assert ev.evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))["reused"] == 2
+    assert evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))["reused"] == 2
 
 
 def test_read_entry_types_stored_entries(tmp_path: Path) -> None:
     run = stub_run(tmp_path)
-    ev.evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=32), corpus=stub_corpus(), evaluator=KeyEvaluator(run))
-    ev.evaluate_run(run, EvalConfig(lengths=[2], tokens=32), corpus=stub_corpus(), longppl=False, force=True)
-    entries = [ev.read_entry(e) for e in json.loads(results_path(run.path).read_text())["entries"]]
-    assert [type(e) for e in entries] == [ev.ExtrapolateEntry, ev.ExtrapolateEntry]
+    evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=32), corpus=stub_corpus(), evaluator=KeyEvaluator(run))
+    evaluate_run(run, EvalConfig(lengths=[2], tokens=32), corpus=stub_corpus(), longppl=False, force=True)
+    entries = [read_entry(e) for e in json.loads(results_path(run.path).read_text())["entries"]]
+    assert [type(e) for e in entries] == [ExtrapolateEntry, ExtrapolateEntry]
     assert entries[0].key_tokens == 0 and entries[1].key_tokens is None  # not measured: no fields, None
     assert entries[0].longppl_evaluator is not None and entries[1].longppl_evaluator is None
     assert [e.to_json() for e in entries] == load_results(run.path)["entries"]
-    assert set(ev.ENTRY_FIELDS) >= {"ppl", "longppl", "key_tokens", "longppl_evaluator"}
-    assert "window" in ev.STREAMING_FIELDS
+    assert set(ENTRY_FIELDS) >= {"ppl", "longppl", "key_tokens", "longppl_evaluator"}
+    assert "window" in STREAMING_FIELDS
 
 
 def test_a_tiny_trained_run_end_to_end(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from posenc_cli.data.sources.passkey import PasskeyDataConfig
 from posenc_cli.data.tokenizer import ByteTokenizer, train_bpe
 from posenc_cli.errors import LengthBeyondScheme
 from posenc_cli.evaluation import passkey as pk
+from posenc_cli.evaluation.tasks.passkey import evaluate_passkey_run
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry
 from posenc_cli.report import passkey_report
@@ -249,7 +250,7 @@ def fake_run(path: Path, model: nn.Module, name: str = "nope") -> LoadedRun:
 def test_results_file_schema_reuse_and_na(tmp_path: Path) -> None:
     run = fake_run(tmp_path / "copy", CopyModel(max_length=256), name="learned")
     cfg = pk.PasskeyConfig(lengths=[0.5, 1, 2, 4], depths=[0.0, 1.0], trials=3)
-    out = pk.evaluate_passkey_run(run, cfg, device="cpu")
+    out = evaluate_passkey_run(run, cfg, device="cpu")
     doc = json.loads((tmp_path / "copy" / "eval" / "passkey.json").read_text())
     assert {k: doc[k] for k in ("schema_version", "run", "scheme", "train_length", "base_length")} == {
         "schema_version": 1,
@@ -276,12 +277,12 @@ def test_results_file_schema_reuse_and_na(tmp_path: Path) -> None:
     assert reasons[512] == "scheme 'learned' supports at most 256 positions"
     assert [e["multiple"] for e in out["entries"]][::2] == [0.5, 1.0, 2.0, 4.0] and out["reused"] == 0
 
-    again = pk.evaluate_passkey_run(run, cfg, device="cpu")
+    again = evaluate_passkey_run(run, cfg, device="cpu")
     assert again["reused"] == 8 and again["entries"] == out["entries"]
-    forced = pk.evaluate_passkey_run(run, cfg, device="cpu", force=True)
+    forced = evaluate_passkey_run(run, cfg, device="cpu", force=True)
     assert forced["reused"] == 0 and len(pk.load_passkey_results(run.path)["entries"]) == 8
 
-    more = pk.evaluate_passkey_run(run, pk.PasskeyConfig(lengths=[1], depths=[0.5], trials=3), device="cpu")
+    more = evaluate_passkey_run(run, pk.PasskeyConfig(lengths=[1], depths=[0.5], trials=3), device="cpu")
     assert more["reused"] == 0 and len(pk.load_passkey_results(run.path)["entries"]) == 9
 
 
@@ -291,7 +292,7 @@ def test_table_and_figure_render(tmp_path: Path) -> None:
     from posenc_cli.report.plots import save_figure
 
     results = [
-        pk.evaluate_passkey_run(fake_run(tmp_path / n, m), pk.PasskeyConfig(lengths=[1, 2], trials=2), device="cpu")
+        evaluate_passkey_run(fake_run(tmp_path / n, m), pk.PasskeyConfig(lengths=[1, 2], trials=2), device="cpu")
         for n, m in (("copy", CopyModel()), ("rand", RandomModel()))
     ]
     console = Console(record=True, width=160)

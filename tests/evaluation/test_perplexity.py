@@ -16,10 +16,21 @@ from scheme_utils import n_layer_for
 from posenc_cli.config import Config, EvalConfig, ModelConfig, TrainConfig
 from posenc_cli.data.sources.stdlib import StdlibDataConfig
 from posenc_cli.errors import CheckpointError, ConfigError, LengthBeyondScheme
-from posenc_cli.evaluation import perplexity as ev
-from posenc_cli.evaluation.perplexity import planning, workflow
+from posenc_cli.evaluation.corpus import data_config_with_overrides
+from posenc_cli.evaluation.perplexity import planning
 from posenc_cli.evaluation.perplexity.evaluator import KeyEvaluator
+from posenc_cli.evaluation.perplexity.measuring import evaluate_model
+from posenc_cli.evaluation.perplexity.planning import (
+    no_window_reason,
+    plan_lengths,
+    plan_windows,
+    resolve_dtype,
+    resolve_stride,
+)
 from posenc_cli.evaluation.results import load_results, results_path
+from posenc_cli.evaluation.runs import find_runs
+from posenc_cli.evaluation.tasks import extrapolate as extrapolate_task
+from posenc_cli.evaluation.tasks.extrapolate import evaluate_run
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry
 from posenc_cli.run.meta import RunMeta
@@ -60,38 +71,38 @@ def hand_nll(model: torch.nn.Module, tokens: np.ndarray, starts: list[int], leng
 
 
 def test_plan_windows_budget_and_availability() -> None:
-    assert ev.plan_windows(1000, 16, 16, 64).tolist() == [0, 16, 32, 48]
-    assert ev.plan_windows(1000, 16, 16, 65).tolist() == [0, 16, 32, 48, 64]  # rounded up to whole windows
+    assert plan_windows(1000, 16, 16, 64).tolist() == [0, 16, 32, 48]
+    assert plan_windows(1000, 16, 16, 65).tolist() == [0, 16, 32, 48, 64]  # rounded up to whole windows
     # stream of 50 tokens: windows need s + 17 <= 50 -> s in {0, 16, 32}
-    assert ev.plan_windows(50, 16, 16, 10_000).tolist() == [0, 16, 32]
-    assert ev.plan_windows(16, 16, 16, 100).size == 0  # one window needs 17 tokens
-    assert ev.plan_windows(17, 16, 16, 100).tolist() == [0]
-    assert ev.plan_windows(1000, 16, 4, 10).tolist() == [0, 4, 8]  # sliding: 3 windows x 4 scored >= 10
+    assert plan_windows(50, 16, 16, 10_000).tolist() == [0, 16, 32]
+    assert plan_windows(16, 16, 16, 100).size == 0  # one window needs 17 tokens
+    assert plan_windows(17, 16, 16, 100).tolist() == [0]
+    assert plan_windows(1000, 16, 4, 10).tolist() == [0, 4, 8]  # sliding: 3 windows x 4 scored >= 10
 
 
 def test_plan_lengths_multiples_and_absolute() -> None:
     cfg = EvalConfig(lengths=[0.5, 1, 2, 2.0])
-    assert ev.plan_lengths(cfg, 16) == [(8, 0.5), (16, 1.0), (32, 2.0)]
+    assert plan_lengths(cfg, 16) == [(8, 0.5), (16, 1.0), (32, 2.0)]
     cfg = EvalConfig(abs_lengths=[64, 8])
-    assert ev.plan_lengths(cfg, 16) == [(8, 0.5), (64, 4.0)]
+    assert plan_lengths(cfg, 16) == [(8, 0.5), (64, 4.0)]
 
 
 def test_resolve_stride_and_dtype() -> None:
-    assert ev.resolve_stride("nonoverlap", 3, 32) == 32
-    assert ev.resolve_stride("sliding", None, 32) == 16
-    assert ev.resolve_stride("sliding", 100, 32) == 32
-    assert ev.resolve_dtype("auto", "bf16") == "bf16"
-    assert ev.resolve_dtype("auto", "fp32") == "fp32"
+    assert resolve_stride("nonoverlap", 3, 32) == 32
+    assert resolve_stride("sliding", None, 32) == 16
+    assert resolve_stride("sliding", 100, 32) == 32
+    assert resolve_dtype("auto", "bf16") == "bf16"
+    assert resolve_dtype("auto", "fp32") == "fp32"
     assert RunMeta(step=0).precision == "fp32"  # runs from before the record say nothing
-    assert ev.resolve_dtype("fp32", "bf16") == "fp32"
-    assert ev.resolve_dtype("bf16", "fp32", torch.device("cpu")) == "bf16"  # explicit wins
+    assert resolve_dtype("fp32", "bf16") == "fp32"
+    assert resolve_dtype("bf16", "fp32", torch.device("cpu")) == "bf16"  # explicit wins
 
 
 def test_auto_dtype_avoids_emulated_bf16_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(planning, "cpu_has_fast_bf16", lambda: False)  # run.device's, as planning imported it
-    assert ev.resolve_dtype("auto", "bf16", torch.device("cpu")) == "fp32"
+    assert resolve_dtype("auto", "bf16", torch.device("cpu")) == "fp32"
     monkeypatch.setattr(planning, "cpu_has_fast_bf16", lambda: True)
-    assert ev.resolve_dtype("auto", "bf16", torch.device("cpu")) == "bf16"
+    assert resolve_dtype("auto", "bf16", torch.device("cpu")) == "bf16"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -103,7 +114,7 @@ def test_ppl_is_exp_of_hand_computed_cross_entropy(scheme: str) -> None:
     model = tiny_model(scheme)
     tokens = byte_stream(400)
     L = 24
-    res = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=L, n_tokens=100, batch_tokens=50)
+    res = evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=L, n_tokens=100, batch_tokens=50)
     starts = [0, 24, 48, 72, 96]  # ceil(100 / 24) = 5 windows
     ref = hand_nll(model, tokens, starts, L, L)
     assert res["tokens"] == len(ref) == 5 * L
@@ -115,14 +126,14 @@ def test_sliding_reference_and_stride_equal_length_is_nonoverlap() -> None:
     model = tiny_model("nope")
     tokens = byte_stream(300)
     L = 20
-    slide = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=L, protocol="sliding", stride=5, n_tokens=30)
+    slide = evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=L, protocol="sliding", stride=5, n_tokens=30)
     ref = hand_nll(model, tokens, [0, 5, 10, 15, 20, 25], L, 5)
     assert slide["tokens"] == 30 and len(slide["per_position"]) == 5
     assert slide["nll"] == pytest.approx(float(np.mean(ref)), rel=1e-5)
 
     kwargs = {"length": L, "n_tokens": 60, "batch_tokens": 40}
-    a = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, protocol="nonoverlap", **kwargs)
-    b = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, protocol="sliding", stride=L, **kwargs)
+    a = evaluate_model(model, tokens, BYTE_TOKEN_BYTES, protocol="nonoverlap", **kwargs)
+    b = evaluate_model(model, tokens, BYTE_TOKEN_BYTES, protocol="sliding", stride=L, **kwargs)
     assert a["tokens"] == b["tokens"] == 60
     assert a["nll"] == pytest.approx(b["nll"], rel=1e-6)
     np.testing.assert_allclose(a["per_position"], b["per_position"], rtol=1e-6)
@@ -132,7 +143,7 @@ def test_per_position_averages_back_and_matches_reference() -> None:
     model = tiny_model("nope")
     tokens = byte_stream(500)
     L = 16
-    res = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=L, n_tokens=160, batch_tokens=48)
+    res = evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=L, n_tokens=160, batch_tokens=48)
     assert len(res["per_position"]) == L
     assert float(np.mean(res["per_position"])) == pytest.approx(res["nll"], rel=1e-9)
     ref = np.array(hand_nll(model, tokens, list(range(0, 160, 16)), L, L)).reshape(10, L).mean(0)
@@ -142,8 +153,8 @@ def test_per_position_averages_back_and_matches_reference() -> None:
 def test_batching_does_not_change_numbers() -> None:
     model = tiny_model("alibi")
     tokens = byte_stream(600)
-    a = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=32, n_tokens=256, batch_tokens=32)
-    b = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=32, n_tokens=256, batch_tokens=10_000)
+    a = evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=32, n_tokens=256, batch_tokens=32)
+    b = evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=32, n_tokens=256, batch_tokens=10_000)
     assert a["nll"] == pytest.approx(b["nll"], rel=1e-6)
 
 
@@ -152,7 +163,7 @@ def test_bits_per_byte_byte_tokenizer_with_eod() -> None:
     tokens = byte_stream(200).copy()
     tokens[[30, 31, 77]] = 256  # end-of-document tokens carry no bytes
     L = 16
-    res = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=L, n_tokens=96)
+    res = evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=L, n_tokens=96)
     targets = tokens[1 : 96 + 1]
     text_bytes = len(bytes(int(t) for t in targets if t < 256))
     assert res["bytes"] == text_bytes == 96 - 3
@@ -166,7 +177,7 @@ def test_bits_per_byte_multibyte_tokens() -> None:
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, V, size=300).astype(np.int64)
     token_bytes = rng.integers(0, 6, size=V).astype(np.int64)
-    res = ev.evaluate_model(model, tokens, token_bytes, length=16, protocol="sliding", stride=4, n_tokens=40)
+    res = evaluate_model(model, tokens, token_bytes, length=16, protocol="sliding", stride=4, n_tokens=40)
     scored = np.concatenate([tokens[s + 1 + 12 : s + 17] for s in range(0, 40, 4)])
     assert res["bytes"] == int(token_bytes[scored].sum())
     assert res["bpb"] == pytest.approx(res["nll"] * res["tokens"] / (math.log(2) * res["bytes"]), rel=1e-12)
@@ -175,8 +186,8 @@ def test_bits_per_byte_multibyte_tokens() -> None:
 def test_bf16_close_to_fp32() -> None:
     model = tiny_model("nope")
     tokens = byte_stream(300)
-    a = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=16, n_tokens=64, dtype="fp32")
-    b = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=16, n_tokens=64, dtype="bf16")
+    a = evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=16, n_tokens=64, dtype="fp32")
+    b = evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=16, n_tokens=64, dtype="bf16")
     assert b["nll"] == pytest.approx(a["nll"], rel=0.05)
 
 
@@ -184,7 +195,7 @@ def test_learned_beyond_table_raises_before_any_forward(monkeypatch: pytest.Monk
     model = tiny_model("learned")
     monkeypatch.setattr(model, "forward", lambda *a, **k: pytest.fail("no forward expected"))
     with pytest.raises(LengthBeyondScheme):
-        ev.evaluate_model(model, byte_stream(300), BYTE_TOKEN_BYTES, length=TRAIN_LEN * 2, n_tokens=64)
+        evaluate_model(model, byte_stream(300), BYTE_TOKEN_BYTES, length=TRAIN_LEN * 2, n_tokens=64)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -214,7 +225,7 @@ def fake_corpus(n: int = 2000, fingerprint: str = "fp-1") -> SimpleNamespace:
 def test_evaluate_run_writes_schema_and_na_for_learned(tmp_path: Path) -> None:
     run = fake_run(tmp_path, "learned")
     cfg = EvalConfig(lengths=[0.5, 1, 2], tokens=64)
-    out = ev.evaluate_run(run, cfg, corpus=fake_corpus(), evaluator=KeyEvaluator(run))
+    out = evaluate_run(run, cfg, corpus=fake_corpus(), evaluator=KeyEvaluator(run))
     doc = load_results(run.path)
     assert set(doc) == {"schema_version", "run", "scheme", "train_length", "base_length", "entries"}
     assert doc["schema_version"] == 1 and doc["scheme"] == "learned" and doc["run"] == "run-a"
@@ -232,22 +243,22 @@ def test_evaluate_run_writes_schema_and_na_for_learned(tmp_path: Path) -> None:
 
 def test_split_shorter_than_window_is_na_with_reason(tmp_path: Path) -> None:
     run = fake_run(tmp_path)
-    out = ev.evaluate_run(run, EvalConfig(abs_lengths=[8, 64], tokens=32), corpus=fake_corpus(40))
+    out = evaluate_run(run, EvalConfig(abs_lengths=[8, 64], tokens=32), corpus=fake_corpus(40))
     short = out["entries"][1]
     # a short corpus is its own state, not the scheme's limit (which is "n/a")
     assert short["status"] == "too_few_tokens" and short["tokens"] == 0 and "40 tokens" in short["reason"]
     # too short for the budget: uses what exists and records the actual count (40 tokens -> 4 windows of 8)
     assert out["entries"][0]["status"] == "ok" and out["entries"][0]["tokens"] == 32
-    out = ev.evaluate_run(run, EvalConfig(abs_lengths=[8], tokens=1000), corpus=fake_corpus(40))
+    out = evaluate_run(run, EvalConfig(abs_lengths=[8], tokens=1000), corpus=fake_corpus(40))
     assert out["entries"][0]["tokens"] == 32  # (40 - 9) // 8 + 1 = 4 windows
 
 
 def test_results_merge_replace_and_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = fake_run(tmp_path)
     corpus = fake_corpus()
-    ev.evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=64), corpus=corpus)
-    ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=128), corpus=corpus)  # other budget: a new entry
-    ev.evaluate_run(run, EvalConfig(lengths=[1], protocol="sliding", tokens=64), corpus=corpus)
+    evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=64), corpus=corpus)
+    evaluate_run(run, EvalConfig(lengths=[1], tokens=128), corpus=corpus)  # other budget: a new entry
+    evaluate_run(run, EvalConfig(lengths=[1], protocol="sliding", tokens=64), corpus=corpus)
     doc = load_results(run.path)
     assert [(e["protocol"], e["length"], e["tokens"]) for e in doc["entries"]] == [
         ("nonoverlap", 16, 64),
@@ -258,25 +269,25 @@ def test_results_merge_replace_and_reuse(tmp_path: Path, monkeypatch: pytest.Mon
     assert doc["entries"][3]["stride"] == 8
 
     # same options again: no forward at all, entries reused
-    monkeypatch.setattr(workflow, "evaluate_model", lambda *a, **k: pytest.fail("forward without --force"))
-    out = ev.evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=64), corpus=corpus)
+    monkeypatch.setattr(extrapolate_task, "evaluate_model", lambda *a, **k: pytest.fail("forward without --force"))
+    out = evaluate_run(run, EvalConfig(lengths=[1, 2], tokens=64), corpus=corpus)
     assert out["reused"] == 2 and [e["length"] for e in out["entries"]] == [16, 32]
     monkeypatch.undo()
 
     # --force recomputes and replaces in place; other data is a different key
     before = json.loads(results_path(run.path).read_text())
-    out = ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64, force=True), corpus=corpus)
+    out = evaluate_run(run, EvalConfig(lengths=[1], tokens=64, force=True), corpus=corpus)
     assert out["reused"] == 0
     after = load_results(run.path)
     assert len(after["entries"]) == 4 and after["entries"][0]["nll"] == pytest.approx(before["entries"][0]["nll"])
-    ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus(fingerprint="fp-2"))
+    evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus(fingerprint="fp-2"))
     assert len(load_results(run.path)["entries"]) == 5
 
 
 def test_bf16_auto_from_meta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(planning, "cpu_has_fast_bf16", lambda: True)
     run = fake_run(tmp_path, precision="bf16")
-    out = ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=32), corpus=fake_corpus())
+    out = evaluate_run(run, EvalConfig(lengths=[1], tokens=32), corpus=fake_corpus())
     assert out["entries"][0]["dtype"] == "bf16" and out["entries"][0]["status"] == "ok"
 
 
@@ -294,46 +305,46 @@ def test_find_runs(tmp_path: Path) -> None:
     (tmp_path / "sweep/a/.pending/meta.json").write_text(json.dumps(meta))
     (tmp_path / "sweep/other").mkdir()
     (tmp_path / "sweep/other/meta.json").write_text(json.dumps({"kind": "something-else"}))
-    runs = ev.find_runs([tmp_path / "sweep"])
+    runs = find_runs([tmp_path / "sweep"])
     assert [p.relative_to(tmp_path).as_posix() for p in runs] == ["sweep/a", "sweep/b", "sweep/nested/c"]
-    assert ev.find_runs([tmp_path / "sweep/a", tmp_path / "sweep/a"]) == [tmp_path / "sweep/a"]
+    assert find_runs([tmp_path / "sweep/a", tmp_path / "sweep/a"]) == [tmp_path / "sweep/a"]
     with pytest.raises(CheckpointError, match="no such directory"):
-        ev.find_runs([tmp_path / "missing"])
+        find_runs([tmp_path / "missing"])
     with pytest.raises(CheckpointError, match="contains none"):
-        ev.find_runs([tmp_path / "sweep/other"])
+        find_runs([tmp_path / "sweep/other"])
     (tmp_path / "file.txt").write_text("x")
     with pytest.raises(CheckpointError, match="not a directory"):
-        ev.find_runs([tmp_path / "file.txt"])
+        find_runs([tmp_path / "file.txt"])
 
 
 def test_data_overrides() -> None:
     base = StdlibDataConfig(val_fraction=0.05)
     # files named for evaluation are scored whole: an evaluation-only corpus (held-out files, no training split)
-    cfg = ev.data_config_with_overrides(base, ["data=text", "data.paths=[a.txt,b/]"])
+    cfg = data_config_with_overrides(base, ["data=text", "data.paths=[a.txt,b/]"])
     assert cfg.source == "text" and cfg.paths == [] and cfg.val_paths == ["a.txt", "b/"] and cfg.val_fraction == 0.02
     assert cfg.evaluation_only
     # asking for the split explicitly keeps it (the tail training holds out, or the files it holds out)
-    cfg = ev.data_config_with_overrides(base, ["data=text", "data.paths=[a.txt]", "data.val_fraction=0.1"])
+    cfg = data_config_with_overrides(base, ["data=text", "data.paths=[a.txt]", "data.val_fraction=0.1"])
     assert cfg.paths == ["a.txt"] and cfg.val_paths == [] and not cfg.evaluation_only
-    cfg = ev.data_config_with_overrides(base, ["data=text", "data.paths=[a.txt]", "data.val_paths=[b.txt]"])
+    cfg = data_config_with_overrides(base, ["data=text", "data.paths=[a.txt]", "data.val_paths=[b.txt]"])
     assert cfg.paths == ["a.txt"] and cfg.val_paths == ["b.txt"]
-    text_run = ev.data_config_with_overrides(base, ["data=text", "data.paths=[train.txt]", "data.val_fraction=0.1"])
-    cfg = ev.data_config_with_overrides(text_run, ["data.paths=[held.txt]"])  # a text run's own source: whole too
+    text_run = data_config_with_overrides(base, ["data=text", "data.paths=[train.txt]", "data.val_fraction=0.1"])
+    cfg = data_config_with_overrides(text_run, ["data.paths=[held.txt]"])  # a text run's own source: whole too
     assert cfg.paths == [] and cfg.val_paths == ["held.txt"]
-    assert ev.data_config_with_overrides(text_run, ["data.val_fraction=0.3"]).paths == ["train.txt"]
+    assert data_config_with_overrides(text_run, ["data.val_fraction=0.3"]).paths == ["train.txt"]
     # a source without a group file composes from its registered defaults, as `train data=tasks` does
-    cfg = ev.data_config_with_overrides(base, ["data=tasks", "data.max_len=64"])
+    cfg = data_config_with_overrides(base, ["data=tasks", "data.max_len=64"])
     assert cfg.source == "tasks" and cfg.max_len == 64
-    cfg = ev.data_config_with_overrides(base, ["data.val_fraction=0.1"])
+    cfg = data_config_with_overrides(base, ["data.val_fraction=0.1"])
     assert cfg.source == "stdlib" and cfg.val_fraction == 0.1
     with pytest.raises(ConfigError, match="data.nope"):
-        ev.data_config_with_overrides(base, ["data.nope=1"])
+        data_config_with_overrides(base, ["data.nope=1"])
     with pytest.raises(ConfigError, match="only data overrides"):
-        ev.data_config_with_overrides(base, ["model=tiny"])
+        data_config_with_overrides(base, ["model=tiny"])
     with pytest.raises(ConfigError, match="available"):
-        ev.data_config_with_overrides(base, ["data=bogus"])
+        data_config_with_overrides(base, ["data=bogus"])
     with pytest.raises(ConfigError, match="data.paths"):
-        ev.data_config_with_overrides(base, ["data=text"])
+        data_config_with_overrides(base, ["data=text"])
 
 
 @pytest.mark.parametrize("kind", ["byte", "bpe"])
@@ -347,7 +358,7 @@ def test_bits_per_byte_real_tokenizers(kind: str) -> None:
     torch.manual_seed(0)
     model = GPT(ModelConfig(d_model=32, n_layer=2, n_head=2), config_class("nope")(name="nope"), tok.vocab_size, 16)
     L, n = 16, 160
-    res = ev.evaluate_model(model.eval(), tokens, tok.token_bytes, length=L, n_tokens=n)
+    res = evaluate_model(model.eval(), tokens, tok.token_bytes, length=L, n_tokens=n)
     assert res["tokens"] == n
     if kind == "byte":  # a byte span may cut a character in two: count raw bytes of the text
         n_bytes = len(text.encode("utf-8")[1 : n + 1])
@@ -374,16 +385,16 @@ def test_fixed_target_windows_score_the_same_tokens_at_every_length() -> None:
     n_stream, target, n_tokens = 500, 8, 40
     sets = {}
     for length in (8, 16, 50, 100):
-        starts = ev.plan_windows(n_stream, length, target, n_tokens, "fixed-target")
+        starts = plan_windows(n_stream, length, target, n_tokens, "fixed-target")
         assert len(starts) == 5 and (starts >= 0).all() and (starts + length + 1 <= n_stream).all()
         sets[length] = scored_indices(starts, length, target)
     assert all(s == sets[8] for s in sets.values())  # identical tokens, only the context before them grows
     assert sets[8] == list(range(n_stream - 40, n_stream))  # consecutive blocks ending at the stream's end
-    assert len(ev.plan_windows(n_stream, 4, target, n_tokens, "fixed-target")) == 0  # window shorter than target
-    assert len(ev.plan_windows(n_stream, 470, target, n_tokens, "fixed-target")) == 0  # not all windows fit
-    assert ev.resolve_stride("fixed-target", None, 64, base_length=16) == 16  # default target: the base length
-    assert ev.resolve_stride("fixed-target", 100, 64) == 100  # not capped: such a length has no window
-    assert "shorter than the fixed target of 8" in ev.no_window_reason("fixed-target", n_stream, 4, 8, n_tokens)
+    assert len(plan_windows(n_stream, 4, target, n_tokens, "fixed-target")) == 0  # window shorter than target
+    assert len(plan_windows(n_stream, 470, target, n_tokens, "fixed-target")) == 0  # not all windows fit
+    assert resolve_stride("fixed-target", None, 64, base_length=16) == 16  # default target: the base length
+    assert resolve_stride("fixed-target", 100, 64) == 100  # not capped: such a length has no window
+    assert "shorter than the fixed target of 8" in no_window_reason("fixed-target", n_stream, 4, 8, n_tokens)
 
 
 class KnownLoss(torch.nn.Module):
@@ -413,10 +424,10 @@ def test_fixed_target_nll_equals_the_known_per_token_loss() -> None:
     target, n_tokens = 16, 64
     results = {}
     for length in (16, 32, 64, 128):
-        r = ev.evaluate_model(
+        r = evaluate_model(
             model, stream, None, length=length, protocol="fixed-target", stride=target, n_tokens=n_tokens
         )
-        starts = ev.plan_windows(len(stream), length, target, n_tokens, "fixed-target")
+        starts = plan_windows(len(stream), length, target, n_tokens, "fixed-target")
         expected = [
             model.nll(length - target + i, int(stream[s + length - target + 1 + i]))
             for s in starts
@@ -433,7 +444,7 @@ def test_fixed_target_nll_equals_the_known_per_token_loss() -> None:
 def test_fixed_target_runs_for_every_scheme(tmp_path: Path, scheme: str) -> None:
     run = fake_run(tmp_path, scheme)
     cfg = EvalConfig(lengths=[0.5, 1, 2], protocol="fixed-target", target=12, tokens=24)
-    out = ev.evaluate_run(run, cfg, corpus=fake_corpus(600))
+    out = evaluate_run(run, cfg, corpus=fake_corpus(600))
     by_len = {e["length"]: e for e in out["entries"]}
     assert all(e["protocol"] == "fixed-target" and e["stride"] == 12 for e in by_len.values())
     assert by_len[8]["status"] == "shorter_than_target" and "shorter than the fixed target" in by_len[8]["reason"]
@@ -441,7 +452,7 @@ def test_fixed_target_runs_for_every_scheme(tmp_path: Path, scheme: str) -> None
     if scheme != "learned":
         assert by_len[32]["status"] == "ok" and by_len[32]["tokens"] == 24
     # stored under its own key: the same lengths under nonoverlap are separate cells
-    ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=24), corpus=fake_corpus(600))
+    evaluate_run(run, EvalConfig(lengths=[1], tokens=24), corpus=fake_corpus(600))
     protocols = sorted({(e["protocol"], e["stride"]) for e in load_results(run.path)["entries"]}, key=str)
     assert protocols == [("fixed-target", 12), ("nonoverlap", None)]
 
@@ -450,7 +461,7 @@ def test_fixed_target_default_is_the_base_length_and_cli_checks_target(tmp_path:
     from posenc_cli.cli.evaluate import build_eval_config
 
     run = fake_run(tmp_path)
-    out = ev.evaluate_run(run, EvalConfig(lengths=[1, 2], protocol="fixed-target", tokens=32), corpus=fake_corpus())
+    out = evaluate_run(run, EvalConfig(lengths=[1, 2], protocol="fixed-target", tokens=32), corpus=fake_corpus())
     assert [e["stride"] for e in out["entries"]] == [TRAIN_LEN, TRAIN_LEN]
     common = {"lengths": None, "abs_lengths": None, "stride": None, "tokens": None, "batch_tokens": None}
     cfg = build_eval_config(**common, protocol="fixed-target", target=64, dtype=None, force=False)

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from test_perplexity import fake_corpus, fake_run
 
-import posenc_cli.evaluation.perplexity as ev
-import posenc_cli.evaluation.perplexity.workflow as workflow
+import posenc_cli.evaluation.tasks.extrapolate as extrapolate_task
 from posenc_cli.config import EvalConfig
 from posenc_cli.errors import CheckpointError
 from posenc_cli.evaluation import passkey
+from posenc_cli.evaluation.perplexity.measuring import evaluate_model
 from posenc_cli.evaluation.results import load_results, results_path
+from posenc_cli.evaluation.tasks.extrapolate import evaluate_run
 from posenc_cli.run.interrupts import run_lock
 
 
@@ -26,11 +27,11 @@ def at_checkpoint(run, step: int, sha: str):
 def test_more_training_measures_again_instead_of_reusing_stale_cells(tmp_path: Path) -> None:
     run = at_checkpoint(fake_run(tmp_path), 20, "a" * 64)
     cfg = EvalConfig(lengths=[1, 2], tokens=64)
-    ev.evaluate_run(run, cfg, corpus=fake_corpus())
-    assert ev.evaluate_run(run, cfg, corpus=fake_corpus())["reused"] == 2  # same checkpoint: reused
+    evaluate_run(run, cfg, corpus=fake_corpus())
+    assert evaluate_run(run, cfg, corpus=fake_corpus())["reused"] == 2  # same checkpoint: reused
 
     at_checkpoint(run, 60, "b" * 64)  # train --resume ... train.steps=60 --force-config
-    out = ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())
+    out = evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())
     assert out["reused"] == 0
     doc = load_results(run.path)
     # the cells of the earlier weights are gone, not shown as if they measured these: length 2 is "not measured"
@@ -39,26 +40,26 @@ def test_more_training_measures_again_instead_of_reusing_stale_cells(tmp_path: P
 
 def test_two_evaluations_of_one_run_keep_each_others_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = at_checkpoint(fake_run(tmp_path), 20, "a" * 64)
-    measure = ev.evaluate_model
+    measure = evaluate_model
     started: list[bool] = []
 
     def measure_while_another_evaluation_writes(*args, **kwargs):
         if not started:  # the second evaluation runs and stores its cell while the first one is measuring
             started.append(True)
-            ev.evaluate_run(run, EvalConfig(lengths=[2], tokens=64), corpus=fake_corpus())
+            evaluate_run(run, EvalConfig(lengths=[2], tokens=64), corpus=fake_corpus())
         return measure(*args, **kwargs)
 
-    monkeypatch.setattr(workflow, "evaluate_model", measure_while_another_evaluation_writes)
-    ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())
+    monkeypatch.setattr(extrapolate_task, "evaluate_model", measure_while_another_evaluation_writes)
+    evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())
     assert sorted(e["length"] for e in load_results(run.path)["entries"]) == [16, 32]
 
 
 def test_a_run_being_trained_is_refused(tmp_path: Path) -> None:
     run = at_checkpoint(fake_run(tmp_path), 20, "a" * 64)
     with run_lock(run.path), pytest.raises(CheckpointError, match="being trained by another process"):
-        ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())
+        evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())
     assert not results_path(run.path).exists()
-    ev.evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())  # training stopped: fine
+    evaluate_run(run, EvalConfig(lengths=[1], tokens=64), corpus=fake_corpus())  # training stopped: fine
 
 
 def test_passkey_cells_are_keyed_by_checkpoint() -> None:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from test_perplexity import BYTE_TOKEN_BYTES, byte_stream, tiny_model
 
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
-from posenc_cli.evaluation import perplexity as ev
+from posenc_cli.evaluation.perplexity.measuring import evaluate_model
 from posenc_cli.evaluation.streaming import block_rows, evaluate_streaming
 from posenc_cli.model import GPT
 
@@ -141,7 +141,7 @@ def test_no_eviction_and_no_sinks_is_the_nonoverlap_protocol() -> None:
     model = tiny_model("rope", seed=2)
     tokens = byte_stream(300)
     for length in (16, 40):
-        plain = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=length, n_tokens=120)
+        plain = evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=length, n_tokens=120)
         got = evaluate_streaming(model, tokens, BYTE_TOKEN_BYTES, length=length, window=length, sinks=0, n_tokens=120)
         assert got["tokens"] == plain["tokens"] and got["bytes"] == plain["bytes"]
         assert got["nll"] == pytest.approx(plain["nll"], rel=1e-6)
@@ -154,7 +154,7 @@ def test_one_layer_no_sinks_is_the_sliding_protocol_with_stride_1() -> None:
     tokens = byte_stream(200)
     L, W = 48, 8
     got = evaluate_streaming(model, tokens, BYTE_TOKEN_BYTES, length=L, window=W, sinks=0, n_tokens=L)
-    sliding = ev.evaluate_model(
+    sliding = evaluate_model(
         model, tokens, BYTE_TOKEN_BYTES, length=W, protocol="sliding", stride=1, n_tokens=L - W + 1
     )
     assert sliding["tokens"] == L - W + 1

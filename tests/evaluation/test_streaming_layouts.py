@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from test_perplexity import BYTE_TOKEN_BYTES, V, byte_stream
 
 from posenc_cli.config import ModelConfig
-from posenc_cli.evaluation import perplexity as ev
+from posenc_cli.evaluation.perplexity.measuring import evaluate_model
 from posenc_cli.evaluation.streaming import SpanBeyondCache, evaluate_streaming, unserved_span
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class
@@ -39,7 +39,7 @@ def test_sliding_layers_inside_the_cache_stream_exactly_as_the_full_forward() ->
     model = layout_model([{"name": "rope", "span": "sliding", "window": 3}], n_layer=2)
     tokens = byte_stream(200)
     stream = evaluate_streaming(model, tokens, BYTE_TOKEN_BYTES, length=40, window=6, sinks=2, n_tokens=80)
-    plain = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=40, protocol="nonoverlap", n_tokens=80)
+    plain = evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=40, protocol="nonoverlap", n_tokens=80)
     assert stream["windows"] == plain["windows"] == 2
     np.testing.assert_allclose(stream["per_position"], plain["per_position"], rtol=1e-5, atol=1e-5)
 
@@ -49,7 +49,7 @@ def test_full_layers_still_lose_what_the_cache_evicts() -> None:
     model = layout_model([{"name": "rope"}], n_layer=2)
     tokens = byte_stream(200)
     stream = evaluate_streaming(model, tokens, BYTE_TOKEN_BYTES, length=40, window=6, sinks=2, n_tokens=80)
-    plain = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=40, protocol="nonoverlap", n_tokens=80)
+    plain = evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=40, protocol="nonoverlap", n_tokens=80)
     assert not np.allclose(stream["per_position"][8:], plain["per_position"][8:], rtol=1e-3)
 
 
@@ -67,7 +67,7 @@ def test_temperature_is_read_at_the_in_cache_position() -> None:
             logits = model(torch.tensor(tokens[kept], dtype=torch.long)[None])[0, -1]
             expected.append(F.cross_entropy(logits, torch.tensor(int(tokens[t + 1]))).item())
     np.testing.assert_allclose(out["per_position"][sinks + window :], expected, rtol=1e-5, atol=1e-6)
-    plain = ev.evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=length, protocol="nonoverlap", n_tokens=30)
+    plain = evaluate_model(model, tokens, BYTE_TOKEN_BYTES, length=length, protocol="nonoverlap", n_tokens=30)
     np.testing.assert_allclose(out["per_position"][: sinks + window], plain["per_position"][: sinks + window],
                                rtol=1e-5, atol=1e-6)  # fmt: skip
 

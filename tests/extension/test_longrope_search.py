@@ -169,7 +169,7 @@ def test_search_scores_no_token_that_an_evaluation_scores(
     import posenc_cli.extension.longrope_search as search_module
     from posenc_cli.config import EvalConfig
     from posenc_cli.data.cache import load_corpus
-    from posenc_cli.evaluation.perplexity import evaluate_run
+    from posenc_cli.evaluation.tasks.extrapolate import evaluate_run
 
     searched = _scored_windows(monkeypatch, search_module, "build_model")
     out = tmp_path / "child"

@@ -70,7 +70,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(registry()))
 def test_trains_then_evaluates_at_four_times_training_length(name: str, corpus: Path, tmp_path: Path) -> None:
-    from posenc_cli.evaluation.perplexity import evaluate_run_dir
+    from posenc_cli.evaluation.tasks.extrapolate import evaluate_run_dir
     from posenc_cli.run.load import load_run
     from posenc_cli.run.train import train
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from posenc_cli.cli.tasks import length_scores
 from posenc_cli.report.effective_length import RULER_THRESHOLD, effective_length
+from posenc_cli.report.retrieval_report import length_scores
 
 
 def test_default_threshold_is_llama2_7b_at_4k() -> None:

@@ -112,7 +112,7 @@ def test_compare_does_not_show_cells_stored_on_an_incomplete_run(runs: dict[str,
     import shutil
 
     from posenc_cli.config import EvalConfig
-    from posenc_cli.evaluation.perplexity import evaluate_run
+    from posenc_cli.evaluation.tasks.extrapolate import evaluate_run
 
     child = Path(shutil.copytree(runs["child"], tmp_path / "child"))
     evaluate_run(load_run(child, complete_only=False), EvalConfig(lengths=[1.0], tokens=32))  # as before the fix

@@ -183,11 +183,11 @@ def test_jobs_log_to_the_configured_tracker(workspace: Path, monkeypatch) -> Non
 
 def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both evaluations run on one loaded model, the passkey one first; neither marks the job done."""
-    import posenc_cli.evaluation.passkey
-    import posenc_cli.evaluation.perplexity
-    import posenc_cli.evaluation.perplexity.discovery
-    from posenc_cli.sweep import job
+    import posenc_cli.evaluation.runs
+    from posenc_cli.evaluation.tasks.extrapolate import ExtrapolateTask
+    from posenc_cli.evaluation.tasks.passkey import PasskeyTask
     from posenc_cli.run.config_compose import compose_config
+    from posenc_cli.sweep import job
     from posenc_cli.sweep.markers import job_status
 
     calls: list[str] = []
@@ -203,11 +203,11 @@ def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeyp
         calls.append("passkey")
         raise KeyboardInterrupt  # the job is stopped during the passkey evaluation
 
-    monkeypatch.setattr(posenc_cli.evaluation.perplexity, "evaluate_run", extrapolate)
-    monkeypatch.setattr(posenc_cli.evaluation.passkey, "evaluate_passkey_run", passkey)
+    monkeypatch.setattr(ExtrapolateTask, "evaluate_job", classmethod(extrapolate))
+    monkeypatch.setattr(PasskeyTask, "evaluate_job", classmethod(passkey))
     loads: list[Path] = []
     monkeypatch.setattr(  # where evaluate_each_run loads each run
-        posenc_cli.evaluation.perplexity.discovery, "load_run", lambda path, **k: loads.append(Path(path)) or object()
+        posenc_cli.evaluation.runs, "load_run", lambda path, **k: loads.append(Path(path)) or object()
     )
     job_dir.mkdir()
     (job_dir / "model.safetensors").write_bytes(b"")  # started, not finished
@@ -215,7 +215,7 @@ def test_passkey_job_is_done_only_after_both_evaluations(tmp_path: Path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         job._evaluate_job(cfg, job_dir)
     assert calls == ["passkey"] and job_status(job_dir) == "partial"
-    monkeypatch.setattr(posenc_cli.evaluation.passkey, "evaluate_passkey_run", lambda *a, **k: calls.append("passkey"))
+    monkeypatch.setattr(PasskeyTask, "evaluate_job", classmethod(lambda *a, **k: calls.append("passkey")))
     job._evaluate_job(cfg, job_dir)
     # evaluated, but done only once run_job writes the job's marker (after training completed and both evaluations)
     assert calls == ["passkey", "passkey", "extrapolate"] and job_status(job_dir) == "partial"

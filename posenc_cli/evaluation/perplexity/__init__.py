@@ -38,68 +38,8 @@ Results live in `eval/extrapolate.json` inside each run directory (`posenc_cli.e
 it); a new measurement replaces the entry with the same key (`entry_key`) and keeps the others.
 
 The package, one idea per module: `planning` (lengths, windows, precision, the planned cells), `measuring` (the
-forward passes and NLL sums of one length), `entries` (the typed entries, written and read back), `workflow` (one
-loaded run: plan, measure or reuse, store), `evaluator` (LongPPL's evaluator run and its stored key sets) and
-`discovery` (runs found under directories, loaded one at a time).
-The names other modules import are re-exported here.
+forward passes and NLL sums of one length), `entries` (the typed entries, written and read back), `evaluator`
+(LongPPL's evaluator run and its stored key sets) and `discovery` (runs found under directories, each evaluated in
+turn). The registered task, one loaded run planned, measured or reused and stored, is
+`posenc_cli.evaluation.tasks.extrapolate`. Import each name from its module: this package re-exports nothing.
 """
-
-from __future__ import annotations
-
-from posenc_cli.evaluation.corpus import CorpusCache, data_config_with_overrides
-from posenc_cli.evaluation.perplexity.discovery import evaluate_each_run, evaluate_paths, evaluate_run_dir
-from posenc_cli.evaluation.perplexity.entries import (
-    ENTRY_FIELDS,
-    STREAMING_FIELDS,
-    ExtrapolateEntry,
-    StreamingEntry,
-    read_entry,
-)
-from posenc_cli.evaluation.perplexity.measuring import Progress, evaluate_model
-from posenc_cli.evaluation.perplexity.planning import (
-    no_window_reason,
-    no_window_status,
-    plan_fixed_target,
-    plan_lengths,
-    plan_windows,
-    resolve_dtype,
-    resolve_stride,
-    streaming_settings,
-)
-from posenc_cli.evaluation.perplexity.workflow import (
-    check_not_training,
-    config_positions,
-    evaluate_run,
-    run_positions,
-)
-from posenc_cli.evaluation.runs import checked_runs, find_runs, locate_runs
-
-__all__ = [
-    "ENTRY_FIELDS",
-    "STREAMING_FIELDS",
-    "CorpusCache",
-    "ExtrapolateEntry",
-    "Progress",
-    "StreamingEntry",
-    "check_not_training",
-    "checked_runs",
-    "config_positions",
-    "data_config_with_overrides",
-    "evaluate_each_run",
-    "evaluate_model",
-    "evaluate_paths",
-    "evaluate_run",
-    "evaluate_run_dir",
-    "find_runs",
-    "locate_runs",
-    "no_window_reason",
-    "no_window_status",
-    "plan_fixed_target",
-    "plan_lengths",
-    "plan_windows",
-    "read_entry",
-    "resolve_dtype",
-    "resolve_stride",
-    "run_positions",
-    "streaming_settings",
-]

@@ -65,8 +65,8 @@ class ExtrapolateEntry(Entry):
     longppl_evaluator: dict[str, Any] | None = None
     per_position: list[float] = field(default_factory=list)
     posenc_version: str = __version__
-    created: str
-    checkpoint: dict[str, Any]
+    created: str = ""  # stamped by the loop, as the checkpoint
+    checkpoint: dict[str, Any] = field(default_factory=dict)
     device: str
 
     def to_json(self) -> dict[str, Any]:

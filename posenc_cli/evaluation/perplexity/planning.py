@@ -9,7 +9,6 @@ of a cell row), `resolve_stride` (tokens scored per window), `plan_windows` (win
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -147,20 +146,19 @@ def streaming_settings(cfg: EvalConfig, base_length: int) -> dict[str, int] | No
 @dataclass(frozen=True, kw_only=True)
 class CellContext:
     """What every cell of one run's evaluation records besides its length: the precision used, the corpus
-    {name, fingerprint}, the position ids fed (`Positions.to_json`), the checkpoint measured and the device."""
+    {name, fingerprint}, the position ids fed (`Positions.to_json`) and the device (the loop stamps the checkpoint)."""
 
     dtype: str
     data: dict[str, str]
     positions: dict[str, Any]
-    checkpoint: dict[str, Any]
     device: str
 
 
 def plan_cells(
     cfg: EvalConfig, base_length: int, n_stream: int, context: CellContext
 ) -> Iterator[list[ExtrapolateEntry]]:
-    """One group of one planned entry per length of `cfg` (status "n/a" until measured), lazily, so each entry's
-    `created` is the moment its cell comes up. `tokens` is what the cell will score (0: no window fits)."""
+    """One group of one planned entry per length of `cfg` (not measured until `measure` sets its status), lazily, as
+    `loop.measure` takes them. `tokens` is what the cell will score (0: no window fits)."""
     streaming = streaming_settings(cfg, base_length)
     kind = ExtrapolateEntry if streaming is None else partial(StreamingEntry, **streaming)
     for length, multiple in plan_lengths(cfg, base_length):
@@ -177,12 +175,6 @@ def plan_cells(
                 dtype=context.dtype,
                 data=dict(context.data),
                 positions=dict(context.positions),
-                created=_now(),
-                checkpoint=dict(context.checkpoint),
                 device=context.device,
             )
         ]
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")

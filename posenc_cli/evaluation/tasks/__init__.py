@@ -2,7 +2,8 @@
 
 Every module of this package except `base` and `_`-prefixed helpers is imported on first use, and each registers its
 `EvalTask` with `@register`. A data source names the tasks a sweep job trained on it runs (`DataSource.tasks`), so
-adding a task takes one new file (plus its source's `tasks`) and no edit in the sweep.
+adding a task takes one new file (plus its source's `tasks`) and no edit in the sweep; a sweep's end, `compare` and
+the API print and return every registered task's summary (`EvalTask.summarise`, `api.task_summaries`).
 """
 
 from __future__ import annotations

@@ -22,15 +22,16 @@ RULER's effective length (`report.effective_length`) is computed from the stored
 `TasksEvalConfig.threshold` only checks eval-tasks' `--threshold`.
 
 All tasks share `eval/tasks.json`, cells keyed by task, settings (sizes, scoring and generation budget included)
-and checkpoint (`loop.measure`).
+and checkpoint (the shared loop, `loop.measure`). A sweep and `compare` show each task's mean over depths per run ×
+length, with the competence gate and the effective length (`RetrievalEvalTask.summarise`).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -58,28 +59,25 @@ from posenc_cli.data.ruler.base import (
 from posenc_cli.data.sources import open_source
 from posenc_cli.data.sources.tasks import TasksDataConfig, corpus_text
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
-from posenc_cli.evaluation.loop import Entry, measure, results_header
+from posenc_cli.evaluation.competence import check_threshold, result_competence
+from posenc_cli.evaluation.loop import Entry, measure
 from posenc_cli.evaluation.passkey import check_readable, decode_prompts, validate_grid
-from posenc_cli.evaluation.perplexity import (
-    check_not_training,
-    evaluate_each_run,
-    find_runs,
-    plan_lengths,
-    resolve_dtype,
-)
+from posenc_cli.evaluation.perplexity.planning import plan_lengths, resolve_dtype
 from posenc_cli.evaluation.positions import Positions, trained_positions
-from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, positions_key
+from posenc_cli.evaluation.results import TASKS_COMMAND, TASKS_FILE, checkpoint_key, positions_key
+from posenc_cli.evaluation.runs import evaluate_each_run, find_runs
 from posenc_cli.evaluation.tasks import register
-from posenc_cli.evaluation.tasks.base import EvalTask, Progress
+from posenc_cli.evaluation.tasks.base import EvalTask, Progress, Summary
 from posenc_cli.report.effective_length import RULER_THRESHOLD
+from posenc_cli.report.gate import DEFAULT_COMPETENCE
+from posenc_cli.report.retrieval_report import scoring_of, task_summary_tables
 from posenc_cli.run.memory import available_memory
 
 if TYPE_CHECKING:
     from posenc_cli.config import Config
     from posenc_cli.run.load import LoadedRun
 
-TASKS_FILE = Path("eval") / "tasks.json"
-COMMAND = "eval-tasks"
+COMMAND = TASKS_COMMAND
 SAMPLES_PER_CELL = 3
 MAX_GENERATE = 1 << 16  # --tokens-to-generate at most
 # Host bytes one episode needs besides its token rows: the Episode (about 1.3 KiB at RULER's sizes, tracemalloc)
@@ -149,14 +147,14 @@ class TaskEntry(Entry):
     generator: int = GENERATOR_VERSION  # the prompts' text version (posenc_cli.data.ruler.base)
     dtype: str
     positions: dict[str, Any] = field(default_factory=lambda: Positions().to_json())  # the ids fed (in the key)
-    checkpoint: dict[str, Any]
+    checkpoint: dict[str, Any] = field(default_factory=dict)  # stamped by the loop, as `created`
     status: str = "n/a"
     reason: str | None = None
     score: float | None = None
     exact: float | None = None
     samples: list[dict[str, Any]] = field(default_factory=list)
     posenc_version: str = __version__
-    created: str
+    created: str = ""
 
 
 def entry_key(e: dict[str, Any]) -> tuple[Any, ...]:
@@ -306,6 +304,152 @@ def corpus_haystack(run: LoadedRun, n_chars: int) -> tuple[np.ndarray, str]:
     return np.asarray(run.tokenizer.encode(text), dtype=np.int64), f"corpus {data.source}@{source.fingerprint}"
 
 
+def budget_of(cfg: TasksEvalConfig, data_budget: int | None, task: type[RetrievalTask]) -> int | None:
+    """Tokens generated per episode of `task`: --tokens-to-generate, else the run's data.tokens_to_generate, else
+    RULER's budget of the task; None for "exact" scoring (the answer's tokens)."""
+    if cfg.scoring != "contains":
+        return None
+    return cfg.tokens_to_generate or data_budget or task.tokens_to_generate
+
+
+def planned_lengths(cfg: TasksEvalConfig, run: LoadedRun) -> list[tuple[int, float]]:
+    """(length, multiple of the run's base length) of every length `cfg` asks."""
+    _, base_length = run.meta.lengths(run.config)
+    return plan_lengths(EvalConfig(lengths=list(cfg.lengths), abs_lengths=cfg.abs_lengths), base_length)
+
+
+class RetrievalEvalTask(EvalTask):
+    """eval-tasks' evaluation of one retrieval task on one loaded run (subclassed per `posenc_cli.data.ruler` task at
+    the end of this module). All tasks share `eval/tasks.json`; a length's depths are one group (one batch)."""
+
+    command = COMMAND
+    results_file = TASKS_FILE
+    retrieval: ClassVar[type[RetrievalTask]]
+
+    def __init__(
+        self,
+        run: LoadedRun,
+        cfg: TasksEvalConfig,
+        *,
+        device: str | torch.device | None = None,
+        progress: Progress = None,
+    ) -> None:
+        cfg.validate()
+        super().__init__(run, device=device, progress=progress)
+        self.cfg = cfg
+        self.sizes, data_budget = run_sizes(run, cfg)
+        self.budget = budget_of(cfg, data_budget, self.retrieval)
+        self.dtype = resolve_dtype(cfg.dtype, run.meta.precision, self.device)
+        self.positions = trained_positions(run.config)  # a randomized-position run reads at draws from its range
+        self.planned = planned_lengths(cfg, run)
+        check_memory(cfg.trials * len(cfg.depths), max(n for n, _ in self.planned), self.budget or 0, "--trials")
+        self.haystack: tuple[np.ndarray | None, str] | None = None  # (token ids, label); read on first use
+
+    @classmethod
+    def for_job(
+        cls, run: LoadedRun, cfg: Config, *, device: torch.device, progress: Progress = None
+    ) -> RetrievalEvalTask | None:
+        """eval-tasks' defaults at the job's `eval.lengths`; a `data=tasks` job measures only the tasks it trained."""
+        if isinstance(cfg.data, TasksDataConfig) and cls.name not in cfg.data.tasks:
+            return None
+        return cls(run, TasksEvalConfig(lengths=cfg.eval.lengths), device=device)
+
+    def haystack_of(self) -> tuple[np.ndarray | None, str]:
+        """(token ids or None, label) of the haystack: RULER's filler, or the run's corpus (`corpus_haystack`)."""
+        if self.haystack is None:
+            longest = max(n for n, _ in self.planned)
+            self.haystack = (
+                corpus_haystack(self.run, 8 * longest) if self.cfg.haystack == "corpus" else (None, "filler")
+            )
+        return self.haystack
+
+    def plan(self) -> Iterator[list[TaskEntry]]:
+        task, cfg = self.retrieval, self.cfg
+        _, hay_label = self.haystack_of()
+        for length, multiple in self.planned:
+            yield [
+                TaskEntry(
+                    task=task.name,
+                    length=length,
+                    multiple=multiple,
+                    depth=d,
+                    trials=cfg.trials,
+                    sizes=self.sizes.of(task.size_names),
+                    seed=cfg.seed,
+                    haystack=hay_label,
+                    scoring=cfg.scoring,
+                    generate=self.budget,
+                    dtype=self.dtype,
+                    positions=self.positions.to_json(),
+                )
+                for d in task_depths(task, cfg.depths)
+            ]
+
+    key = staticmethod(entry_key)
+
+    def measure(self, group: Sequence[TaskEntry]) -> list[TaskEntry]:
+        if (beyond := self.positions.beyond_range(group[0].length)) is not None:
+            return [c.not_measured(beyond) for c in group]
+        hay_ids, _ = self.haystack_of()
+        try:
+            measured = evaluate_task_model(
+                self.run.model,
+                self.run.tokenizer,
+                self.retrieval,
+                length=group[0].length,
+                depths=[c.depth for c in group],
+                trials=self.cfg.trials,
+                sizes=self.sizes,
+                scoring=self.cfg.scoring,
+                generate=self.budget,
+                seed=self.cfg.seed,
+                haystack=hay_ids,
+                batch_tokens=self.cfg.batch_tokens,
+                dtype=self.dtype,
+                device=self.device,
+                progress=self.progress,
+                positions=self.positions,
+            )
+        except LengthBeyondScheme as e:  # the same reason text as eval-extrapolate
+            return [c.not_measured(e.reason) for c in group]
+        except PromptTooShort as e:
+            return [c.not_measured(str(e)) for c in group]
+        keys = ("score", "exact", "samples")
+        return [c.measured(**{k: m[k] for k in keys}) for c, m in zip(group, measured, strict=True)]
+
+    @classmethod
+    def cell(cls, entry: dict[str, Any]) -> tuple[Any, ...]:
+        depth = None if entry.get("depth") is None else float(entry["depth"])
+        return entry["task"], scoring_of(entry), int(entry["length"]), depth
+
+    @classmethod
+    def current(cls, entry: dict[str, Any]) -> bool:
+        """This task's cells of the current prompt generator (the file holds every retrieval task's)."""
+        return entry.get("task") == cls.name and entry.get("generator", 1) == GENERATOR_VERSION
+
+    @classmethod
+    def summarise(
+        cls, results: Sequence[dict[str, Any]], *, threshold: float | None = None, competence: float | None = None
+    ) -> Summary | None:
+        """The task's scores per run × length (the mean over depths), with the competence gate and RULER's effective
+        length at `threshold` (None: RULER's)."""
+        threshold = RULER_THRESHOLD if threshold is None else threshold
+        competence = DEFAULT_COMPETENCE if competence is None else competence
+        check_threshold(competence)
+        gates = retrieval_gates(results, competence)
+        tables = task_summary_tables(results, [cls.name], gates, threshold, competence)
+        return Summary(cls.name, list(results), gates, list(tables)) if tables else None
+
+
+def retrieval_gates(results: Sequence[dict[str, Any]], competence: float = DEFAULT_COMPETENCE) -> list[dict[Any, Any]]:
+    """(task, scoring) -> the competence gate (`evaluation.competence`) of each run's eval-tasks result doc."""
+    out = []
+    for r in results:
+        pairs = dict.fromkeys((str(e["task"]), scoring_of(e)) for e in r["entries"])
+        out.append({(t, s): result_competence(r, t, "retrieval", competence, s) for t, s in pairs})
+    return out
+
+
 def evaluate_tasks_run(
     run: LoadedRun,
     names: Sequence[str],
@@ -318,93 +462,21 @@ def evaluate_tasks_run(
     """Measure (or reuse) every task × length × depth cell of `cfg` for a loaded run, stored in eval/tasks.json.
 
     Returns the results doc's header plus "path", "reused", "not_saved" and this call's entries (task-major, then
-    length, then depth)."""
+    length, then depth). Every task's settings are checked before any is measured, and the corpus haystack is read
+    once for all."""
     cfg.validate()
-    tasks = [registry_task(name) for name in names]
-    check_not_training(run.path)
+    tasks = [task_for(name)(run, cfg, device=device, progress=progress) for name in names]
     force = cfg.force if force is None else force
-    device = torch.device(device) if device is not None else next(run.model.parameters()).device
-    sizes, data_budget = run_sizes(run, cfg)
-    dtype = resolve_dtype(cfg.dtype, run.meta.precision, device)
-    checkpoint = checkpoint_identity(run.meta)
-    train_length, base_length = run.meta.lengths(run.config)
-    positions = trained_positions(run.config)  # a randomized-position run reads at draws from its range
-    planned = plan_lengths(EvalConfig(lengths=list(cfg.lengths), abs_lengths=cfg.abs_lengths), base_length)
-
-    def budget(task: type[RetrievalTask]) -> int | None:
-        """Tokens generated per episode: None for "exact" (the answer's)."""
-        if cfg.scoring != "contains":
-            return None
-        return cfg.tokens_to_generate or data_budget or task.tokens_to_generate
-
-    longest = max(n for n, _ in planned)
-    check_memory(cfg.trials * len(cfg.depths), longest, max(budget(t) or 0 for t in tasks), "--trials")
-    hay_ids, hay_label = None, "filler"
-    if cfg.haystack == "corpus":
-        hay_ids, hay_label = corpus_haystack(run, 8 * max(n for n, _ in planned))
-    header = results_header(run.path.name, run.scheme_label, train_length, base_length)  # DroPE: "rope, dropped at k"
+    haystack = tasks[0].haystack_of()
     entries: list[dict[str, Any]] = []
     reused, not_saved = 0, None
     for task in tasks:
-
-        def plan(task: type[RetrievalTask] = task) -> Iterator[list[TaskEntry]]:
-            for length, multiple in planned:
-                now = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-                yield [
-                    TaskEntry(
-                        task=task.name,
-                        length=length,
-                        multiple=multiple,
-                        depth=d,
-                        trials=cfg.trials,
-                        sizes=sizes.of(task.size_names),
-                        seed=cfg.seed,
-                        haystack=hay_label,
-                        scoring=cfg.scoring,
-                        generate=budget(task),
-                        dtype=dtype,
-                        positions=positions.to_json(),
-                        checkpoint=dict(checkpoint),
-                        created=now,
-                    )
-                    for d in task_depths(task, cfg.depths)
-                ]
-
-        def measure_length(cells: Sequence[TaskEntry], task: type[RetrievalTask] = task) -> list[TaskEntry]:
-            if (beyond := positions.beyond_range(cells[0].length)) is not None:
-                return [replace(c, reason=beyond) for c in cells]
-            try:
-                measured = evaluate_task_model(
-                    run.model,
-                    run.tokenizer,
-                    task,
-                    length=cells[0].length,
-                    depths=[c.depth for c in cells],
-                    trials=cfg.trials,
-                    sizes=sizes,
-                    scoring=cfg.scoring,
-                    generate=budget(task),
-                    seed=cfg.seed,
-                    haystack=hay_ids,
-                    batch_tokens=cfg.batch_tokens,
-                    dtype=dtype,
-                    device=device,
-                    progress=progress,
-                    positions=positions,
-                )
-            except LengthBeyondScheme as e:  # the same reason text as eval-extrapolate
-                return [replace(c, reason=e.reason) for c in cells]
-            except PromptTooShort as e:
-                return [replace(c, reason=str(e)) for c in cells]
-            keys = ("score", "exact", "samples")
-            return [replace(c, status="ok", **{k: m[k] for k in keys}) for c, m in zip(cells, measured, strict=True)]
-
-        done = measure(
-            run.path / TASKS_FILE, COMMAND, header, checkpoint, plan(), measure_length, key=entry_key, force=force
-        )
+        task.haystack = haystack
+        done = measure(task, force=force)
         entries += done.entries
         reused += done.reused
         not_saved = not_saved or done.not_saved
+    header = tasks[0].header()  # DroPE: "rope, dropped at k"
     return {**header, "path": str(run.path), "reused": reused, "not_saved": not_saved, "entries": entries}
 
 
@@ -422,11 +494,14 @@ def evaluate_tasks_paths(
     cfg.validate()
     for name in names:
         registry_task(name)
+    evaluate_loaded = partial(_evaluate_loaded, names=names, cfg=cfg, progress=progress)
+    return evaluate_each_run(find_runs(paths), evaluate_loaded, device=device, threads=threads, on_run=on_run)
 
-    def evaluate(run: LoadedRun, run_device: torch.device) -> dict[str, Any]:
-        return evaluate_tasks_run(run, names, cfg, device=run_device, progress=progress)
 
-    return evaluate_each_run(find_runs(paths), evaluate, device=device, threads=threads, on_run=on_run)
+def _evaluate_loaded(
+    run: LoadedRun, device: torch.device, *, names: Sequence[str], cfg: TasksEvalConfig, progress: Progress
+) -> dict[str, Any]:
+    return evaluate_tasks_run(run, names, cfg, device=device, progress=progress)
 
 
 def combined_json(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -441,20 +516,14 @@ def registry_task(name: str) -> type[RetrievalTask]:
     return tasks[name]
 
 
-class RetrievalEvalTask(EvalTask):
-    """A sweep job's evaluation of one retrieval task (subclassed per `posenc_cli.data.ruler` task below)."""
-
-    command = COMMAND
-    results_file = TASKS_FILE
-    retrieval: ClassVar[type[RetrievalTask]]
-
-    @classmethod
-    def evaluate_job(cls, run: LoadedRun, cfg: Config, *, device: torch.device, progress: Progress = None) -> Any:
-        """eval-tasks' defaults at the job's `eval.lengths`; a `data=tasks` job measures only the tasks it trained."""
-        if isinstance(cfg.data, TasksDataConfig) and cls.name not in cfg.data.tasks:
-            return {"path": str(run.path), "reused": 0, "entries": []}
-        return evaluate_tasks_run(run, [cls.name], TasksEvalConfig(lengths=cfg.eval.lengths), device=device)
+def task_for(name: str) -> type[RetrievalEvalTask]:
+    """The registered evaluation task of retrieval task `name` (`ConfigError` naming eval-tasks' tasks if none)."""
+    registry_task(name)
+    return _BY_NAME[name]
 
 
+_BY_NAME: dict[str, type[RetrievalEvalTask]] = {}
 for _task in ruler_registry().values():
-    register(type(f"{_task.__name__}EvalTask", (RetrievalEvalTask,), {"name": _task.name, "retrieval": _task}))
+    _BY_NAME[_task.name] = register(
+        type(f"{_task.__name__}EvalTask", (RetrievalEvalTask,), {"name": _task.name, "retrieval": _task})
+    )
