@@ -52,6 +52,7 @@ BUILDERS = {
 }
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 ROWS_PER_READ = 1000  # rows per `datasets` batch while streaming
+RELEASE_EVERY = 16  # batches between handing Arrow's freed memory back (mimalloc kept ~220 MB of a 200 MB parquet)
 
 
 @dataclass(kw_only=True)
@@ -329,8 +330,14 @@ def stream_reader(ds: Any, data: HfDataConfig) -> Callable[[], Iterator[list[str
         ds = ds.shuffle(seed=data.shuffle_seed, buffer_size=data.shuffle_buffer)
 
     def read() -> Iterator[list[str]]:
+        # deferred: keeps pyarrow off posenc --help start-up
+        import pyarrow
+
+        pool = pyarrow.default_memory_pool()
         try:
-            for batch in ds.select_columns([column]).iter(batch_size=ROWS_PER_READ):
+            for i, batch in enumerate(ds.select_columns([column]).iter(batch_size=ROWS_PER_READ)):
+                if i % RELEASE_EVERY == RELEASE_EVERY - 1:
+                    pool.release_unused()  # Arrow's allocator kept what earlier row groups freed
                 texts = batch[column]
                 if any(t is not None and not isinstance(t, str) for t in texts):
                     raise DataError(f"data.text_column='{column}' holds {type(texts[0]).__name__}, not text")
