@@ -74,12 +74,6 @@ def test_no_import_cycle(cycles: list[list[str]]) -> None:
     assert not outside, "import cycles: " + "; ".join(" <-> ".join(cycle) for cycle in outside)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="attention/ (choose, flex, kernels, scored, state, windowed) imports in a cycle until H5's rework of the "
-    "attention package (issue #40 item 3) lands; then drop this mark and the acyclic_siblings contract's "
-    "skip_descendants in pyproject.toml",
-)
 def test_no_import_cycle_in_attention(cycles: list[list[str]]) -> None:
     inside = [cycle for cycle in cycles if _in_attention(cycle)]
     assert not inside, "import cycles: " + "; ".join(" <-> ".join(cycle) for cycle in inside)

@@ -1,13 +1,14 @@
 """Causal multi-head self-attention with the positional hooks: kernels apart from the layer, chosen once per forward.
 
 - `layer.CausalSelfAttention`: the module (QKV projection, the scheme's `rotate` on q and k, the length scale,
-  output projection). It names no road: it asks the forward's state for a kernel and calls it.
+  output projection). It names no road: it calls `choose.attend`, which takes the forward's kernel and calls it.
 - `state.AttentionState`: what one forward's layers share (scheme, position context, the tensors built once: a
-  key-only bias, shared masks, length-scale factors) as typed fields, and the kernels chosen for it.
-- `choose.choose_kernel(KernelSpec)`: a pure function from the facts (the scheme's hooks, q's dtype, device,
-  gradient and shape, causal, the KV cache's first query row, forced chunking) to a kernel; `choose.describe`
-  gathers them. The device and memory policy (`BIAS_CHUNK_BYTES`, `KEY_BIAS_DEVICES`, `FP32_GRAD_DEVICES`) lives
-  there.
+  key-only bias, shared masks, length-scale factors) as typed fields, and the kernels chosen for it; `state.Kernel`,
+  the interface of every road.
+- `choose.choose_kernel(KernelSpec)`: a pure function from the facts (`spec.KernelSpec`: the scheme's hooks, q's
+  dtype, device, gradient and shape, causal, the KV cache's first query row, forced chunking, the layer's span) to
+  a kernel; `choose.describe` gathers them, `choose.forward_kernel` keeps one per spec and forward. The device
+  and memory policy (`BIAS_CHUNK_BYTES`, `KEY_BIAS_DEVICES`, `FP32_GRAD_DEVICES`) lives there.
 - `kernels`: the roads, one class each with one interface, `kernel(q, k, v, state, layer)`: fused SDPA, the
   key-bias road, a shared mask, the chunked bias road, query rows for the KV cache, position remapping, and the
   fp32 wrapper for bf16 training on CPU; `flex.Flex`, FlexAttention with the scheme's `score_mod` and a block mask
@@ -34,7 +35,6 @@ from posenc_cli.attention.choose import (
     FP32_GRAD_DEVICES,
     FP32_GRAD_MAX_LEN,
     KEY_BIAS_DEVICES,
-    KernelSpec,
     attend,
     bias_chunk_size,
     choose_kernel,
@@ -43,10 +43,11 @@ from posenc_cli.attention.choose import (
     remap_applies,
 )
 from posenc_cli.attention.flex import Flex
-from posenc_cli.attention.kernels import Kernel, attend_key_bias, fold_causal_mask, merged_scores
+from posenc_cli.attention.kernels import attend_key_bias, fold_causal_mask, merged_scores
 from posenc_cli.attention.layer import CausalSelfAttention
 from posenc_cli.attention.scale import logn_factor, ssmax_factor
-from posenc_cli.attention.state import AttentionState
+from posenc_cli.attention.spec import KernelSpec
+from posenc_cli.attention.state import AttentionState, Kernel
 
 __all__ = [
     "BIAS_CHUNK_BYTES",

@@ -1,7 +1,7 @@
 """Which attention kernel a layer runs: `choose_kernel(spec)`, a pure function of one `KernelSpec`.
 
 `describe` gathers the spec from the scheme's hooks, the context and q (dtype, device, whether it needs a gradient,
-its shape) plus the layer's settings; `AttentionState.kernel` calls `choose_kernel` once per distinct spec and
+its shape) plus the layer's settings; `forward_kernel` calls `choose_kernel` once per distinct spec and
 forward. The device and memory policy the choice follows is written here, as data:
 
 - `BIAS_CHUNK_BYTES`: budget for one chunk's fp32 bias, (B, H, chunk, T) · 4 bytes. SDPA's math kernel allocates a
@@ -29,11 +29,20 @@ two, which the rules send elsewhere: `Fused`'s `is_causal` cannot express it, so
 `KeyBias` then does too); `BlockCausal` batches blocks at multiples of C, while a document's chunks start at its
 first token, so a chunked span takes `Windowed`. The KV cache's rows never see documents (`GPT.forward` refuses
 both).
+
+Memory of sliding, chunked and document masks: no road the rules take for them builds a T×T mask, bias or score
+tensor, so an evaluation's memory grows linearly in T (benchmarks/window_memory.py; tests/attention/
+test_span_memory.py holds every road under a shrunk budget). `Windowed` sizes its chunks from the span,
+n·(n + W) scores each; `Scored` too for a windowed layer of a full forward; `BlockCausal` and `Fused` build no
+mask; `Masked`, `KeyBias` and `ChunkedBias` in packed rows score (chunk, keys from the documents' first token);
+`Flex` builds its block mask from per-query key intervals (`flex.interval_block_mask`: (T/128)² block tables, no
+T×T grid). The one quadratic tensor a bias road may build, `SharedMask`'s (B, H, T, T), is taken only when it fits
+one chunk of `BIAS_CHUNK_BYTES` and never for a windowed layer (the span rule comes first).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -43,7 +52,6 @@ from posenc_cli.attention.kernels import (
     ChunkedBias,
     Fused,
     InFp32,
-    Kernel,
     KeyBias,
     LastRow,
     Masked,
@@ -52,7 +60,8 @@ from posenc_cli.attention.kernels import (
     SharedMask,
 )
 from posenc_cli.attention.scored import Scored
-from posenc_cli.attention.state import AttentionState
+from posenc_cli.attention.spec import KernelSpec
+from posenc_cli.attention.state import AttentionState, Kernel
 from posenc_cli.attention.windowed import BlockCausal, Windowed
 from posenc_cli.positional.base import PositionalScheme, PositionContext
 from posenc_cli.positional.span import FULL, Span
@@ -77,48 +86,14 @@ FLEX_GRAD_DEVICES: tuple[str, ...] = ("cuda",)  # PyTorch 2.13 has no FlexAttent
 DOCUMENT_CHUNK = 128
 
 
-@dataclass(frozen=True)
-class KernelSpec:
-    """Every fact the kernel choice reads, for one layer of one forward.
-
-    has_bias, bias_shared, offers_key_bias, offers_score_mod, owns_scores: the scheme's `has_bias`,
-    `bias_shared_across_layers`, `offers_key_bias`, `offers_score_mod`, `owns_scores`. flex_compiles: Inductor can
-    build FlexAttention's kernel on the device (`flex.can_compile`; read only for a scheme that offers a score_mod).
-    remap: the scheme remaps positions and some pair of this forward's ids is at least its window apart.
-    dtype, device, needs_grad: q's dtype, device type and `requires_grad`. batch, n_head, seq_len: q's (B, H, T).
-    causal; q_start: first query row computed (> 0: KV-cache decoding); chunk_size: queries per chunk forced on the
-    bias road (None: from `BIAS_CHUNK_BYTES`, or the key-bias road where it applies); dropout_p.
-    span: the layer's attention span where it hides keys at this length (`describe` records `FULL` otherwise).
-    documents: packed rows (`PositionContext.documents`): a query sees only its own document's keys.
-    """
-
-    has_bias: bool
-    dtype: torch.dtype
-    device: str
-    seq_len: int
-    batch: int = 1
-    n_head: int = 1
-    needs_grad: bool = False
-    bias_shared: bool = False
-    offers_key_bias: bool = False
-    offers_score_mod: bool = False
-    owns_scores: bool = False
-    flex_compiles: bool = False
-    remap: bool = False
-    causal: bool = True
-    q_start: int = 0
-    chunk_size: int | None = None
-    dropout_p: float = 0.0
-    span: Span = FULL
-    documents: bool = False
-
-
 def choose_kernel(spec: KernelSpec) -> Kernel:
     """The attention kernel for `spec` (the rules in order; the first that applies wins)."""
     if attends_in_fp32(spec):
         return InFp32(choose_kernel(replace(spec, dtype=torch.float32)))
     if spec.owns_scores:  # the scheme's logits or normaliser: no fused kernel can run it
         chunk = queries_per_chunk(spec, BIAS_CHUNK_BYTES // 2)  # logits and weights, two fp32 tensors per chunk
+        if not spec.span.is_full and spec.causal and spec.chunk_size is None and not spec.q_start:  # n + W keys
+            chunk = spec.span.queries_per_chunk(BIAS_CHUNK_BYTES // (8 * spec.batch * spec.n_head))
         return Scored(chunk, causal=spec.causal, dropout_p=spec.dropout_p, q_start=spec.q_start, span=spec.span)
     if spec.remap:
         chunk = queries_per_chunk(spec, BIAS_CHUNK_BYTES // 2)  # two fp32 score tensors per chunk
@@ -134,6 +109,8 @@ def choose_kernel(spec: KernelSpec) -> Kernel:
         if chunks and spec.causal and not spec.has_bias and spec.chunk_size is None:
             return BlockCausal(spec.span.size, dropout_p=spec.dropout_p)
         chunk = spec.chunk_size or spec.span.queries_per_chunk(BIAS_CHUNK_BYTES // (4 * spec.batch * spec.n_head))
+        if not spec.causal and spec.chunk_size is None:  # a chunk sees every later key: sized against T
+            chunk = queries_per_chunk(spec)
         return Windowed(spec.span, chunk, causal=spec.causal, dropout_p=spec.dropout_p)
     if not spec.has_bias:
         if spec.documents:  # is_causal cannot hide other documents: a boolean mask, by chunks of queries
@@ -286,4 +263,12 @@ def attend(
     """
     state = AttentionState(scheme, ctx) if state is None else state
     spec = describe(state, q, causal=causal, q_start=q_start, chunk_size=chunk_size, dropout_p=dropout_p, span=span)
-    return state.kernel(spec)(q, k, v, state, layer)
+    return forward_kernel(state, spec)(q, k, v, state, layer)
+
+
+def forward_kernel(state: AttentionState, spec: KernelSpec) -> Kernel:
+    """The kernel for `spec` in `state`'s forward: chosen on the first request (`choose_kernel`) and kept in
+    `state.kernels`, so every later layer with the same spec reuses it."""
+    if spec not in state.kernels:
+        state.kernels[spec] = choose_kernel(spec)
+    return state.kernels[spec]

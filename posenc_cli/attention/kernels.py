@@ -47,24 +47,15 @@ still builds only (B, H, chunk, T) biases, and `key_bias` may be per row, (B, H,
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc_cli.attention.state import AttentionState
+from posenc_cli.attention.state import AttentionState, Kernel
 from posenc_cli.positional.base import Documents, PositionContext, relative_distance
 from posenc_cli.positional.span import FULL, Span
-
-
-class Kernel(ABC):
-    """One attention road: q (B, H, T − q_start, hd), k, v (B, H, T, hd) -> (B, H, T − q_start, hd) for the scheme
-    of `state` (q_start = 0 but for the KV cache's kernels)."""
-
-    @abstractmethod
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor: ...
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,13 @@ from posenc_cli.temperatures import Temperature, from_model
 
 class CausalSelfAttention(nn.Module):
     """Fused QKV projection, scheme hooks on q/k, the chosen attention kernel, output projection (`proj` is a
-    residual projection)."""
+    residual projection).
 
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    `chunk_size`: queries per chunk on the roads that score by query chunks (`KernelSpec.chunk_size`; it also turns
+    off the roads that take no chunks: the key-bias, FlexAttention and block-causal ones); None, the default: the
+    kernel choice sizes chunks from `BIAS_CHUNK_BYTES`."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, chunk_size: int | None = None) -> None:
         super().__init__()
         self.layer = layer
         self.n_head = cfg.n_head
@@ -26,7 +30,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
-        self.chunk_size: int | None = None  # None: from BIAS_CHUNK_BYTES; tests force small chunks
+        self.chunk_size = chunk_size
         # the temperature `model.attn_scale` names (None: none), with its per-head parameter if it learns one, kept
         # under the entry's name (`blocks.<i>.attn.ssmax_scale`, `blocks.<i>.attn.head_scale`)
         self.temperature = from_model(cfg)

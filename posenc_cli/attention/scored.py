@@ -3,7 +3,8 @@ products between key and query), its own normaliser (stick-breaking), or both.
 
 No fused kernel can run such a scheme, so `Scored` computes weights·v itself, by chunks of queries like the bias
 road: chunk [s, e) of the query rows scores the keys it can see, [span.first_key(s), e) causally, so memory stays
-(B, H, chunk, T) and no full-length score tensor exists beyond `BIAS_CHUNK_BYTES`. Per chunk:
+(B, H, chunk, T) and no full-length score tensor exists beyond `BIAS_CHUNK_BYTES` (a windowed layer's chunks are
+sized from its span, n·(n + W) scores each, as `Windowed`'s: `choose.choose_kernel`). Per chunk:
 
 1. logits: the scheme's `logits` hook, or q·kᵀ/√hd plus the scheme's `bias` (if it has one), in fp32;
 2. visible: the causal mask and the layer's span (`Span.visible`), (Tq, Tk) bool; in packed rows also the
@@ -22,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc_cli.attention.kernels import Kernel, document_first_key
-from posenc_cli.attention.state import AttentionState
+from posenc_cli.attention.kernels import document_first_key
+from posenc_cli.attention.state import AttentionState, Kernel
 from posenc_cli.positional.base import Documents, PositionalScheme, PositionContext
 from posenc_cli.positional.span import FULL, Span
 

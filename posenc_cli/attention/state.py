@@ -3,26 +3,35 @@
 `GPT.forward` makes one `AttentionState` per forward and hands it to every layer. It replaces the string keys the
 attention code used to keep in `PositionContext.tables` (which stays the schemes' own): every cached tensor is a
 typed field, filled the first time a layer asks for it, and the kernels chosen for this forward are kept beside
-them (`kernel`), so the choice (`posenc_cli.attention.choose.choose_kernel`) runs once per distinct `KernelSpec`.
+them (`kernels`, filled by `choose.forward_kernel`), so the choice runs once per distinct `KernelSpec`.
+
+`Kernel`, the interface every road implements, is declared here beside the state it is called with: the roads
+(`kernels`, `windowed`, `scored`, `flex`) import both, and the choice (`choose`) imports the roads, so the modules
+import one way: spec < state < roads < choose < layer.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from posenc_cli.attention.spec import KernelSpec
 from posenc_cli.positional.base import PositionalScheme, PositionContext
 from posenc_cli.positional.span import Span
 from posenc_cli.temperatures import Temperature
 
-if TYPE_CHECKING:  # the kernels and their choice import this module
-    from posenc_cli.attention.choose import KernelSpec
-    from posenc_cli.attention.kernels import Kernel
-
 MaskKey = tuple[torch.dtype, bool, int]  # (dtype, causal, T) of a folded bias + causal mask
+
+
+class Kernel(ABC):
+    """One attention road: q (B, H, T − q_start, hd), k, v (B, H, T, hd) -> (B, H, T − q_start, hd) for the scheme
+    of `state` (q_start = 0 but for the KV cache's kernels)."""
+
+    @abstractmethod
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor: ...
 
 
 @dataclass(eq=False)
@@ -41,19 +50,11 @@ class AttentionState:
     _key_bias_done: bool = False
     _min_id: int | None = None
     _temperature_tables: dict[Temperature, Tensor | None] = field(default_factory=dict)
-    _kernels: dict[KernelSpec, Kernel] = field(default_factory=dict)
+    kernels: dict[KernelSpec, Kernel] = field(default_factory=dict)
     _document_masks: dict[bool, Tensor] = field(default_factory=dict)
     _document_starts: list[int] | None = None
     # packed rows: FlexAttention's block mask per (causal, span), built once per forward (`flex.Flex`)
     flex_masks: dict[tuple[bool, Span], object] = field(default_factory=dict)
-
-    def kernel(self, spec: KernelSpec) -> Kernel:
-        """The kernel for `spec`, chosen on the first request of this forward and reused by every later layer."""
-        if spec not in self._kernels:
-            from posenc_cli.attention.choose import choose_kernel  # choose imports this module
-
-            self._kernels[spec] = choose_kernel(spec)
-        return self._kernels[spec]
 
     def key_bias(self) -> Tensor:
         """The scheme's `key_bias` (H, T) or (B, H, T) at this forward's token indexes, computed once (all layers

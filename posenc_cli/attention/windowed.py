@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc_cli.attention.kernels import Kernel, document_first_key, fold_causal_mask
-from posenc_cli.attention.state import AttentionState
+from posenc_cli.attention.kernels import document_first_key, fold_causal_mask
+from posenc_cli.attention.state import AttentionState, Kernel
 from posenc_cli.positional.span import Span
 
 

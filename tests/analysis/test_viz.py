@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from attention_utils import force_chunks
 from rich.console import Console
 from scheme_utils import plain_schemes
 from torch import Tensor
@@ -192,8 +193,7 @@ def tiny_gpt(scheme: str, seed: int = 0, train_length: int = 16) -> GPT:
 @pytest.mark.parametrize("chunk", [None, 5])
 def test_weights_times_v_is_the_models_attention(scheme: str, chunk: int | None) -> None:
     model = tiny_gpt(scheme)
-    for block in model.blocks:
-        block.attn.chunk_size = chunk  # the model's own chunked bias path, where it has one
+    force_chunks(model, chunk)  # the model's own chunked bias path, where it has one
     idx = torch.randint(0, 61, (3, 23), generator=torch.Generator().manual_seed(1))
     ctx = model.context(idx)
     x = model.embed(idx, ctx)

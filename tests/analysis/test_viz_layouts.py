@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from attention_utils import force_chunks
 from rich.console import Console
 from scheme_utils import hybrid_schemes, n_layer_for
 
@@ -101,8 +102,7 @@ def test_weights_times_v_is_each_layers_attention(name: str, chunk: int | None) 
     """Recomputed weights hide what each layer's span hides and, times v, give the layer's own output (its kernel:
     windowed, block-causal or fused; the temperature is in q)."""
     model = tiny_gpt(name)
-    for block in model.blocks:
-        block.attn.chunk_size = chunk
+    force_chunks(model, chunk)
     B, T = 2, 23  # longer than the windows and chunks (L/4 = 4)
     idx = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(1))
     ctx = model.context(idx)

@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 import torch
+from attention_utils import force_chunks
 from torch import Tensor
 
 from posenc_cli.attention import attend, bias_chunk_size, fold_causal_mask
@@ -106,8 +107,7 @@ def test_model_chunked_equals_unchunked() -> None:
     model = GPT(ModelConfig(d_model=32, n_layer=2, n_head=4), AlibiConfig(), 64, 16).eval()
     idx = torch.randint(0, 64, (2, 40))
     full = model(idx)
-    for block in model.blocks:
-        block.attn.chunk_size = 3
+    force_chunks(model, 3)
     torch.testing.assert_close(model(idx), full, rtol=1e-5, atol=1e-5)
 
 
@@ -126,8 +126,7 @@ def test_bias_under_bf16_autocast_matches_q_dtype() -> None:
     model = GPT(ModelConfig(d_model=32, n_layer=2, n_head=4), AlibiConfig(), 64, 16)
     idx = torch.randint(0, 64, (2, 40))
     ref = model(idx)
-    for block in model.blocks:
-        block.attn.chunk_size = 7
+    force_chunks(model, 7)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(idx)
     assert out.dtype == torch.bfloat16

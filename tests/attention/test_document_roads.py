@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from attention_utils import force_chunks
 
 from posenc_cli.attention import KernelSpec, choose, choose_kernel, flex
 from posenc_cli.attention.flex import Flex
@@ -95,7 +96,7 @@ ROADS: dict[str, tuple[PosConfig, dict, int | None, type]] = {
 
 
 def chosen(monkeypatch: pytest.MonkeyPatch) -> list[Kernel]:
-    """Every kernel `choose_kernel` returns from now on (`AttentionState.kernel` looks it up in `choose`)."""
+    """Every kernel `choose_kernel` returns from now on (`choose.forward_kernel` looks it up in `choose`)."""
     seen: list[Kernel] = []
     original: Callable[[KernelSpec], Kernel] = choose.choose_kernel
 
@@ -125,8 +126,7 @@ def test_each_road_gives_each_document_its_logits_alone(road: str, monkeypatch: 
     with torch.no_grad():
         for p in model.scheme.parameters():
             p.normal_(std=0.5)  # so that every scheme acts (CoPE-like zero inits, FIRE's MLP, ...)
-    for block in model.blocks:
-        block.attn.chunk_size = chunk
+    force_chunks(model, chunk)
     for key, value in forced.items():
         monkeypatch.setattr(choose, key, value)
     monkeypatch.setattr(flex, "COMPILE", False)  # FlexAttention's eager reference at these lengths

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_utils import LargestAllocation
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from posenc_cli.attention import Flex, KernelSpec, attend, choose, choose_kernel, flex
 from posenc_cli.attention.kernels import ChunkedBias, KeyBias, Remapped, Rows, SharedMask
 from posenc_cli.attention.windowed import BlockCausal
 from posenc_cli.config import ModelConfig
 from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme, config_class, registry
+from posenc_cli.positional.base import Documents
 from posenc_cli.positional.span import FULL, Span
 
 FLEX_BIAS = {"has_bias": True, "bias_shared": True, "offers_score_mod": True, "flex_compiles": True}
@@ -50,6 +53,58 @@ def test_block_mask_is_built_once_per_length_span_and_device() -> None:
     assert flex.block_mask(40, True, SLIDING, "cpu") is flex.block_mask(40, True, SLIDING, "cpu")
     assert flex.block_mask(40, True, SLIDING, "cpu") is not flex.block_mask(40, True, CHUNKED, "cpu")
     assert flex.block_mask(40, False, FULL, "cpu") is None
+
+
+def block_tables(mask: BlockMask) -> list[torch.Tensor | None]:
+    return [mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices, mask.q_num_blocks,
+            mask.q_indices, mask.full_q_num_blocks, mask.full_q_indices]  # fmt: skip
+
+
+def assert_same_block_mask(got: BlockMask | None, want: BlockMask) -> None:
+    assert got is not None and got.seq_lengths == want.seq_lengths and got.BLOCK_SIZE == want.BLOCK_SIZE
+    for a, b in zip(block_tables(got), block_tables(want), strict=True):
+        assert a is not None and b is not None and torch.equal(a, b)
+
+
+BLOCK_SPANS = [FULL, SLIDING, Span("sliding", 200), Span("chunked", 64), Span("chunked", 150)]
+
+
+@pytest.mark.parametrize("T", [1, 128, 300, 513])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("span", BLOCK_SPANS, ids=lambda s: s.describe())
+def test_block_mask_equals_pytorchs(T: int, causal: bool, span: Span) -> None:
+    """The block tables built from key intervals equal `create_block_mask`'s (which evaluates mask_mod on the T×T
+    grid), lengths at, below and beyond a 128-token block, windows shorter and longer than a block."""
+    mod = flex.mask_mod(causal, span)
+    if mod is None:
+        assert flex.block_mask(T, causal, span, "cpu") is None
+        return
+    assert_same_block_mask(flex.block_mask(T, causal, span, "cpu"), create_block_mask(mod, None, None, T, T, "cpu"))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("span", BLOCK_SPANS, ids=lambda s: s.describe())
+def test_document_block_mask_equals_pytorchs(causal: bool, span: Span) -> None:
+    """Packed rows: long documents, short ones, and padding (each pad its own document), one block mask per row."""
+    T = 300
+    g = torch.Generator().manual_seed(0)
+    ids = torch.stack([torch.randint(0, 3, (T,), generator=g).sort().values, torch.randint(0, 2, (T,), generator=g)])
+    ids[0, -7:] = -1
+    documents = Documents.from_ids(ids)
+    want = create_block_mask(flex.document_mask_mod(documents, causal, span), 2, None, T, T, "cpu")
+    assert_same_block_mask(flex.document_block_mask(documents, causal, span), want)
+
+
+def test_block_masks_never_hold_a_t_by_t_tensor() -> None:
+    """At 8,192 tokens no step of building a block mask allocates an eighth of a T×T bool grid (what
+    `create_block_mask` evaluates mask_mod on: 8 GiB of intermediates at 32,768 tokens, issue #40)."""
+    T = 8192
+    ids = torch.arange(T)[None] // 3000  # three documents
+    with LargestAllocation() as seen:
+        flex.block_mask.__wrapped__(T, True, Span("sliding", 1024), "cpu")  # past the cache
+        flex.block_mask.__wrapped__(T, True, FULL, "cpu")
+        flex.document_block_mask(Documents.from_ids(ids), True, Span("chunked", 512))
+    assert seen.nbytes < T * T // 8, seen.shape
 
 
 FLEX_CPU = {("cpu", torch.float32): 64, ("cpu", torch.bfloat16): 64}
@@ -125,11 +180,18 @@ def scheme_and_ctx(name: str, T: int, device: str = "cpu") -> tuple[PositionalSc
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("span", [FULL, Span("sliding", 100)], ids=lambda s: s.kind)
-def test_compiled_flex_on_cpu_equals_todays_road(span: Span, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("span", "packed"),
+    [(FULL, False), (Span("sliding", 100), False), (Span("chunked", 64), True)],
+    ids=["full", "sliding", "chunked-packed"],
+)
+def test_compiled_flex_on_cpu_equals_todays_road(span: Span, packed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.compile(flex_attention) (Inductor's CPU template; a minute or more to compile) equals the chunked and
-    windowed roads to 1e-5 fp32 at a length that is not a multiple of the 128-token blocks."""
+    windowed roads to 1e-5 fp32 at a length that is not a multiple of the 128-token blocks, so the block tables
+    (`flex.interval_block_mask`) skip only blocks with nothing visible; packed rows: documents of 90 tokens."""
     scheme, ctx = scheme_and_ctx("t5", 300)
+    if packed:
+        ctx.documents = Documents.from_ids(torch.arange(300)[None] // 90)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, MODEL.n_head, 300, MODEL.head_dim, generator=g) for _ in range(3))
     ref = attend(q, k, v, scheme, 0, ctx, chunk_size=64, span=span)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.nn.functional as F
+from attention_utils import force_chunks
 from legacy_attention import legacy_forward
 from scheme_utils import plain_schemes
 
@@ -76,13 +77,11 @@ def outputs(pos: PosConfig, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
         with bf16:
             out["bf16"] = model(idx)
             out["bf16-ids"] = model(idx, position_ids=ids)
-        for block in model.blocks:
-            block.attn.chunk_size = 5
+        force_chunks(model, 5)
         out["chunk"] = model(idx)
         with bf16:
             out["bf16-chunk"] = model(idx)
-        for block in model.blocks:
-            block.attn.chunk_size = None
+        force_chunks(model, None)
         row_ids = torch.stack([ids, torch.arange(T)])  # (B, T): one row of ids per sequence
         for precision in ("fp32", "bf16"):
             for label, piece_ids in (("default", None), ("ids", ids), ("row-ids", row_ids)):

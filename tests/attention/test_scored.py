@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_utils import force_chunks
 
-from posenc_cli.attention.choose import KernelSpec, choose_kernel
+from posenc_cli.attention import KernelSpec, choose_kernel
 from posenc_cli.attention.scored import Scored
 from posenc_cli.config import ModelConfig
 from posenc_cli.model import GPT
@@ -41,8 +42,7 @@ def test_default_logits_and_softmax_equal_the_bias_road(double: type) -> None:
     idx = torch.randint(0, 11, (2, 10))
     with torch.no_grad():
         torch.testing.assert_close(owned(idx), plain(idx), atol=1e-5, rtol=1e-5)
-        for block in owned.blocks:
-            block.attn.chunk_size = 3  # Scored reads no forced chunk; the result must not depend on it
+        force_chunks(owned, 3)  # Scored reads no forced chunk; the result must not depend on it
         cache = owned.new_cache()
         parts = [owned(idx[:, :6], cache=cache), owned(idx[:, 6:], cache=cache)]
         torch.testing.assert_close(torch.cat(parts, dim=1), plain(idx), atol=1e-5, rtol=1e-5)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from attention_utils import force_chunks
 from train_utils import tiny_config, tiny_overrides, write_corpus
 
 from posenc_cli.config import ModelConfig
@@ -40,12 +41,6 @@ def model_for(scheme: str, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
     cfg = ModelConfig(d_model=64, n_layer=2, n_head=4)
     return GPT(cfg, config_class(scheme)(), vocab_size=257, train_length=128).cuda().eval()
-
-
-def set_chunk(model: GPT, chunk: int | None) -> None:
-    for module in model.modules():
-        if hasattr(module, "chunk_size"):
-            module.chunk_size = chunk
 
 
 @pytest.fixture
@@ -80,9 +75,9 @@ def test_chunked_bias_path_matches_one_chunk_and_bf16_stays_close(scheme: str) -
     model = model_for(scheme)
     x = torch.randint(0, 257, (2, 1024), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     with torch.inference_mode():
-        set_chunk(model, 1024)
+        force_chunks(model, 1024)
         whole = model(x)  # (B, T, V) in fp32, one chunk
-        set_chunk(model, 96)  # chunks that do not divide T
+        force_chunks(model, 96)  # chunks that do not divide T
         chunked = model(x)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             chunked_bf16 = model(x).float()

@@ -14,6 +14,7 @@ import dataclasses
 
 import pytest
 import torch
+from attention_utils import force_chunks
 from scheme_utils import lively, n_layer_for
 
 from posenc_cli.config import ModelConfig
@@ -79,8 +80,7 @@ def test_each_packed_document_gets_its_logits_alone_in_chunks_of_queries(name: s
     idx, docs, ids, spans = packed(seed=4)
     with torch.no_grad():
         alone = [[model(x[None])[0] for _, x in where] for where in spans]
-        for block in model.blocks:
-            block.attn.chunk_size = 5
+        force_chunks(model, 5)
         out = model(idx, position_ids=ids, documents=docs)
     for b, where in enumerate(spans):
         for (start, x), ref in zip(where, alone[b], strict=True):

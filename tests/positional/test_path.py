@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from attention_utils import force_chunks
 from train_utils import metrics, same_weights, tiny_config, tiny_overrides, weights, write_corpus
 from typer.testing import CliRunner
 
@@ -286,8 +287,7 @@ def test_non_causal_gives_nan_or_is_refused_and_options_are_checked() -> None:
     with torch.no_grad():
         assert torch.isfinite(gpt(idx)).all()
         assert gpt(idx, causal=False).isnan().all()  # one chunk: later keys' logits are NaN, not a made-up number
-        for block in gpt.blocks:
-            block.attn.chunk_size = 5
+        force_chunks(gpt, 5)
         with pytest.raises(ValueError, match="causal"):  # chunks whose keys reach past their queries
             gpt(idx, causal=False)
     for bad in ({"w_rank": -1}, {"conv_size": 0}):
@@ -372,8 +372,7 @@ def test_inference_mode_forward_by_chunks_equals_the_no_grad_one() -> None:
     chunked forward must work there and give the no_grad logits (a sweep's evaluation failed on it)."""
     torch.manual_seed(0)
     model = GPT(ModelConfig(d_model=16, n_layer=2, n_head=2), PathConfig(), 11, 8).eval()
-    for block in model.blocks:
-        block.attn.chunk_size = 4  # several query chunks, so blocks are carried between them
+    force_chunks(model, 4)  # several query chunks, so blocks are carried between them
     idx = torch.randint(0, 11, (2, 21))
     with torch.no_grad():
         ref = model(idx)

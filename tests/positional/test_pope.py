@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from attention_utils import force_chunks
 from train_utils import metrics, same_weights, tiny_config, tiny_overrides, weights, write_corpus
 from typer.testing import CliRunner
 
@@ -193,8 +194,7 @@ def test_a_layout_layer_with_a_span_attends_with_the_wide_queries(span: str) -> 
     idx = torch.randint(0, 48, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         out = model(idx)
-        for block in model.blocks:
-            block.attn.chunk_size = 3
+        force_chunks(model, 3)
         torch.testing.assert_close(model(idx), out, rtol=1e-5, atol=1e-5)
 
 

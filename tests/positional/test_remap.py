@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import yaml
+from attention_utils import force_chunks
 
 from posenc_cli.attention import CausalSelfAttention, attend
 from posenc_cli.config import Config, ModelConfig, config_to_dict, config_to_yaml
@@ -128,8 +129,7 @@ def test_model_beyond_the_window_chunked_and_per_row_ids(cfg: RemapConfig) -> No
     with torch.no_grad():
         whole = remapped(idx)
         assert (whole - plain(idx)).abs().max() > 1e-5  # the remapping changes the logits (random init: a little)
-        for block in remapped.blocks:
-            block.attn.chunk_size = 7
+        force_chunks(remapped, 7)
         torch.testing.assert_close(remapped(idx), whole, atol=1e-5, rtol=0)
         # (B, T) ids, the same for both rows, give what (T,) ids give; a row shifted by a constant is unchanged
         ids = torch.arange(40)

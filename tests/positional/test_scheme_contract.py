@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from attention_utils import force_chunks
 from scheme_utils import lively, n_layer_for, plain_schemes
 
 from posenc_cli.config import Config, ModelConfig, TrainConfig, config_to_dict
@@ -156,18 +157,13 @@ def test_runs_at_four_times_training_length_or_refuses(name: str) -> None:
     assert out.shape == (1, 4 * TRAIN_LENGTH, VOCAB) and torch.isfinite(out).all()
 
 
-def set_chunk(model: GPT, chunk: int | None) -> None:
-    for block in model.blocks:
-        block.attn.chunk_size = chunk
-
-
 @pytest.mark.parametrize("name", SCHEMES)
 def test_chunked_attention_equals_unchunked(name: str) -> None:
     T = 4 * TRAIN_LENGTH if extrapolates(name) else TRAIN_LENGTH
     model = lively(make(name))
     idx = tokens(2, T)
     full = logits(model, idx)
-    set_chunk(model, 5)  # uneven chunks of queries
+    force_chunks(model, 5)  # uneven chunks of queries
     chunked = logits(model, idx)
     assert torch.isfinite(full).all()
     torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5)
@@ -201,7 +197,7 @@ def test_chunked_attention_with_ids_equals_unchunked(name: str) -> None:
     idx = tokens(2, T)
     ids = torch.stack([skipping_ids(T, 3 if T == 12 else 29), torch.arange(T) + 2])  # (B, T), rows differ
     full = logits(model, idx, ids)
-    set_chunk(model, 5)
+    force_chunks(model, 5)
     torch.testing.assert_close(logits(model, idx, ids), full, rtol=1e-5, atol=1e-5)
 
 
@@ -405,5 +401,5 @@ def test_flex_road_with_a_span_equals_the_windowed_reference(
                     m.setattr(flex, "COMPILE", False)
                     state = AttentionState(scheme, ctx)
                     out = attend(q, k, v, scheme, 1, ctx, span=span, state=state)
-                    assert all(isinstance(kern, Flex) for kern in state._kernels.values())
+                    assert all(isinstance(kern, Flex) for kern in state.kernels.values())
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
