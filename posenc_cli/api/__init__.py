@@ -20,45 +20,113 @@ nothing that this module does not.
 
 from __future__ import annotations
 
-from posenc_cli.analysis.compare import Comparison
-from posenc_cli.api.bench import bench, cost_curve
-from posenc_cli.api.calibration import calibrate
-from posenc_cli.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison, task_scores
-from posenc_cli.api.data import prepare_data
-from posenc_cli.api.evaluation import (
-    Evaluation,
-    TaskEvaluation,
-    eval_config,
-    evaluate,
-    evaluate_algorithmic,
-    evaluate_passkey,
-    evaluate_tasks,
-    longest_instance_length,
-    task_summaries,
-)
-from posenc_cli.api.export import export
-from posenc_cli.api.extension import (
-    evaluate_pair,
-    extend,
-    one_method,
-    scaling_method,
-    scaling_methods,
-    scaling_params,
-)
-from posenc_cli.api.models import load_model
-from posenc_cli.api.profiles import profile_rows
-from posenc_cli.api.schemes import schemes
-from posenc_cli.api.sweeps import (
-    SweepPlan,
-    SweepReport,
-    SweepRun,
-    plan_sweep,
-    run_planned_sweep,
-    sweep,
-    sweep_report,
-)
-from posenc_cli.api.training import is_main_process, train, train_config, train_warning
-from posenc_cli.api.viz import EncodingPicture, viz_attention, viz_compare, viz_encoding
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names below, for type checkers; at run time `__getattr__` imports each on first use
+    from posenc_cli.analysis.compare import Comparison
+    from posenc_cli.api.bench import bench, cost_curve
+    from posenc_cli.api.calibration import calibrate
+    from posenc_cli.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison, task_scores
+    from posenc_cli.api.data import prepare_data
+    from posenc_cli.api.evaluation import (
+        Evaluation,
+        TaskEvaluation,
+        eval_config,
+        evaluate,
+        evaluate_algorithmic,
+        evaluate_passkey,
+        evaluate_tasks,
+        longest_instance_length,
+        task_summaries,
+    )
+    from posenc_cli.api.export import export
+    from posenc_cli.api.extension import (
+        evaluate_pair,
+        extend,
+        one_method,
+        scaling_method,
+        scaling_methods,
+        scaling_params,
+    )
+    from posenc_cli.api.models import load_model
+    from posenc_cli.api.profiles import profile_rows
+    from posenc_cli.api.schemes import schemes
+    from posenc_cli.api.sweeps import (
+        SweepPlan,
+        SweepReport,
+        SweepRun,
+        plan_sweep,
+        run_planned_sweep,
+        sweep,
+        sweep_report,
+    )
+    from posenc_cli.api.training import is_main_process, train, train_config, train_warning
+    from posenc_cli.api.viz import EncodingPicture, viz_attention, viz_compare, viz_encoding
+
+# name -> the module that defines it: `from posenc_cli import api` stays light (no torch) until a function is used,
+# so a command importing one API module (extend --help reads the scaling methods' flags) loads only that one.
+_HOME = {
+    "Comparison": "posenc_cli.analysis.compare",
+    "bench": "posenc_cli.api.bench",
+    "cost_curve": "posenc_cli.api.bench",
+    "calibrate": "posenc_cli.api.calibration",
+    "REFERENCES": "posenc_cli.api.comparison",
+    "CompareReport": "posenc_cli.api.comparison",
+    "TextTable": "posenc_cli.api.comparison",
+    "compare": "posenc_cli.api.comparison",
+    "comparison": "posenc_cli.api.comparison",
+    "task_scores": "posenc_cli.api.comparison",
+    "prepare_data": "posenc_cli.api.data",
+    "Evaluation": "posenc_cli.api.evaluation",
+    "TaskEvaluation": "posenc_cli.api.evaluation",
+    "eval_config": "posenc_cli.api.evaluation",
+    "evaluate": "posenc_cli.api.evaluation",
+    "evaluate_algorithmic": "posenc_cli.api.evaluation",
+    "evaluate_passkey": "posenc_cli.api.evaluation",
+    "evaluate_tasks": "posenc_cli.api.evaluation",
+    "longest_instance_length": "posenc_cli.api.evaluation",
+    "task_summaries": "posenc_cli.api.evaluation",
+    "export": "posenc_cli.api.export",
+    "evaluate_pair": "posenc_cli.api.extension",
+    "extend": "posenc_cli.api.extension",
+    "one_method": "posenc_cli.api.extension",
+    "scaling_method": "posenc_cli.api.extension",
+    "scaling_methods": "posenc_cli.api.extension",
+    "scaling_params": "posenc_cli.api.extension",
+    "load_model": "posenc_cli.api.models",
+    "profile_rows": "posenc_cli.api.profiles",
+    "schemes": "posenc_cli.api.schemes",
+    "SweepPlan": "posenc_cli.api.sweeps",
+    "SweepReport": "posenc_cli.api.sweeps",
+    "SweepRun": "posenc_cli.api.sweeps",
+    "plan_sweep": "posenc_cli.api.sweeps",
+    "run_planned_sweep": "posenc_cli.api.sweeps",
+    "sweep": "posenc_cli.api.sweeps",
+    "sweep_report": "posenc_cli.api.sweeps",
+    "is_main_process": "posenc_cli.api.training",
+    "train": "posenc_cli.api.training",
+    "train_config": "posenc_cli.api.training",
+    "train_warning": "posenc_cli.api.training",
+    "EncodingPicture": "posenc_cli.api.viz",
+    "viz_attention": "posenc_cli.api.viz",
+    "viz_compare": "posenc_cli.api.viz",
+    "viz_encoding": "posenc_cli.api.viz",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # found once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])
+
 
 __all__ = [
     "REFERENCES",
