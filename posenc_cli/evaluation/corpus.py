@@ -85,12 +85,19 @@ def check_held_out(data: DataConfig, trained: DataConfig, run: Path | str) -> No
         )
 
 
+DATACLASS_NODE = "/dataclass/data/"  # a data group file's generated node (run.config_compose)
+
+
 def _data_group_defaults(name: str) -> dict[str, Any]:
     """The defaults `data=NAME` composes to: its group file, else the registered source's config defaults."""
     group = config_dir() / "data"
     path = group / f"{name}.yaml"
-    if path.is_file():
-        return yaml.safe_load(path.read_text()) or {}
+    if path.is_file():  # `defaults: [/dataclass/data/SOURCE@_here_, _self_]`, then what differs from them
+        raw = yaml.safe_load(path.read_text()) or {}
+        nodes = [d for d in raw.pop("defaults", []) if isinstance(d, str) and d.startswith(DATACLASS_NODE)]
+        source = nodes[0].removeprefix(DATACLASS_NODE).split("@", 1)[0] if nodes else raw.get("source", name)
+        base = dataclasses.asdict(config_class(source)()) if source in source_registry() else {}
+        return {**base, **raw}
     if name in source_registry():
         return dataclasses.asdict(config_class(name)())
     options = ", ".join(sorted({p.stem for p in group.glob("*.yaml")} | set(source_registry())))

@@ -164,7 +164,7 @@ def test_data_override_scores_another_corpus(runs_root: Path, tmp_path: Path) ->
         (["{empty}"], "not a run directory and contains none"),
         (["{file}"], "not a directory"),
         ([], "at least one run directory"),
-        (["{run}", "--stride", "4"], "--protocol sliding or streaming only"),
+        (["{run}", "--stride", "4"], "needs eval.protocol (--protocol) sliding or streaming"),
         (["{run}", "--window", "4"], "--protocol streaming only"),
         (["{run}", "--protocol", "streaming", "--sinks", "-1"], "--sinks must be in [0, 4194304], got -1"),
         (["{run}", "--protocol", "diagonal"], "nonoverlap, sliding"),
