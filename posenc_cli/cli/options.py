@@ -78,6 +78,8 @@ OPTION_BOUNDS: dict[str, Bound] = {
     "--beta-fast": _FACTOR,
     "--beta-slow": _FACTOR,
     "--attention-factor": _FACTOR,
+    "--mscale": _FACTOR,
+    "--mscale-all-dim": _FACTOR,
     "--short-factor": _FACTOR,
     "--long-factor": _FACTOR,
     "--low-freq-factor": _FACTOR,
