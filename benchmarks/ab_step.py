@@ -29,7 +29,7 @@ def cpu_timed(fn: Callable[[], object], repeats: int) -> float:
 
 def train_cases(pos: str, dtypes: list[str]) -> dict[str, Callable[[], float]]:
     from posenc_cli.perf.bench import posenc_train_case
-    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.run.config_compose import compose_config
 
     cfg = compose_config(["model=tiny", "train=quick", f"pos={pos}", "train.device=cpu"])
     out = {}
@@ -43,7 +43,7 @@ def train_cases(pos: str, dtypes: list[str]) -> dict[str, Callable[[], float]]:
 
 def eval_cases(pos: str, dtypes: list[str], length: int, tokens: int = 16384) -> dict[str, Callable[[], float]]:
     from posenc_cli.model import build_model
-    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.run.config_compose import compose_config
 
     cfg = compose_config(["model=tiny", "train=quick", f"pos={pos}"])
     torch.manual_seed(0)

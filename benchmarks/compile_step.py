@@ -27,8 +27,8 @@ def build_cases(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, flo
     from posenc_cli.model import build_model
     from posenc_cli.perf.bench import bench_vocab_size, calibrated, train_case, train_flops_per_token
     from posenc_cli.run import compile as compiling
+    from posenc_cli.run.config_compose import compose_config
     from posenc_cli.run.device import resolve_device, resolve_precision
-    from posenc_cli.sweep.hydra_bridge import compose_config
 
     device = resolve_device(args.device, "--device")
     overrides = [f"model={args.model}", "train=quick", f"pos={args.pos}", f"train.device={device.type}"]

@@ -89,7 +89,7 @@ def packed(examples: list[list[int]]) -> Batch:
 
 def step_case(pos: str, batch: Batch) -> Callable[[], float]:
     from posenc_cli.model import build_model
-    from posenc_cli.sweep.hydra_bridge import compose_config
+    from posenc_cli.run.config_compose import compose_config
 
     cfg = compose_config(["model=tiny", f"pos={pos}", f"train.seq_len={SEQ_LEN}"])
     torch.manual_seed(0)

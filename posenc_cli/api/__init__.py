@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names below, for type checkers; at run time `__getattr__` imports each on first use
     from posenc_cli.analysis.compare import Comparison
-    from posenc_cli.api.bench import bench, cost_curve
+    from posenc_cli.api.benchmarking import bench, cost_curve
     from posenc_cli.api.calibration import calibrate
-    from posenc_cli.api.comparison import REFERENCES, CompareReport, TextTable, compare, comparison, task_scores
+    from posenc_cli.api.comparing import REFERENCES, CompareReport, TextTable, compare, comparison, task_scores
     from posenc_cli.api.data import prepare_data
     from posenc_cli.api.evaluation import (
         Evaluation,
@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time `__getattr_
         longest_instance_length,
         task_summaries,
     )
-    from posenc_cli.api.export import export
+    from posenc_cli.api.exporting import export
     from posenc_cli.api.extension import (
         evaluate_pair,
         extend,
@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time `__getattr_
     )
     from posenc_cli.api.models import load_model
     from posenc_cli.api.profiles import profile_rows
-    from posenc_cli.api.schemes import schemes
+    from posenc_cli.api.scheme_table import schemes
     from posenc_cli.api.sweeps import (
         SweepPlan,
         SweepReport,
@@ -64,19 +64,20 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time `__getattr_
     from posenc_cli.api.training import is_main_process, train, train_config, train_warning
     from posenc_cli.api.viz import EncodingPicture, viz_attention, viz_compare, viz_encoding
 
-# name -> the module that defines it: `from posenc_cli import api` stays light (no torch) until a function is used,
+# name -> the module that defines it (no module is named as a function it holds: importing `api.bench` would set
+# the package's `bench` to the module): `from posenc_cli import api` stays light (no torch) until a function is used,
 # so a command importing one API module (extend --help reads the scaling methods' flags) loads only that one.
 _HOME = {
     "Comparison": "posenc_cli.analysis.compare",
-    "bench": "posenc_cli.api.bench",
-    "cost_curve": "posenc_cli.api.bench",
+    "bench": "posenc_cli.api.benchmarking",
+    "cost_curve": "posenc_cli.api.benchmarking",
     "calibrate": "posenc_cli.api.calibration",
-    "REFERENCES": "posenc_cli.api.comparison",
-    "CompareReport": "posenc_cli.api.comparison",
-    "TextTable": "posenc_cli.api.comparison",
-    "compare": "posenc_cli.api.comparison",
-    "comparison": "posenc_cli.api.comparison",
-    "task_scores": "posenc_cli.api.comparison",
+    "REFERENCES": "posenc_cli.api.comparing",
+    "CompareReport": "posenc_cli.api.comparing",
+    "TextTable": "posenc_cli.api.comparing",
+    "compare": "posenc_cli.api.comparing",
+    "comparison": "posenc_cli.api.comparing",
+    "task_scores": "posenc_cli.api.comparing",
     "prepare_data": "posenc_cli.api.data",
     "Evaluation": "posenc_cli.api.evaluation",
     "TaskEvaluation": "posenc_cli.api.evaluation",
@@ -87,7 +88,7 @@ _HOME = {
     "evaluate_tasks": "posenc_cli.api.evaluation",
     "longest_instance_length": "posenc_cli.api.evaluation",
     "task_summaries": "posenc_cli.api.evaluation",
-    "export": "posenc_cli.api.export",
+    "export": "posenc_cli.api.exporting",
     "evaluate_pair": "posenc_cli.api.extension",
     "extend": "posenc_cli.api.extension",
     "one_method": "posenc_cli.api.extension",
@@ -96,7 +97,7 @@ _HOME = {
     "scaling_params": "posenc_cli.api.extension",
     "load_model": "posenc_cli.api.models",
     "profile_rows": "posenc_cli.api.profiles",
-    "schemes": "posenc_cli.api.schemes",
+    "schemes": "posenc_cli.api.scheme_table",
     "SweepPlan": "posenc_cli.api.sweeps",
     "SweepReport": "posenc_cli.api.sweeps",
     "SweepRun": "posenc_cli.api.sweeps",

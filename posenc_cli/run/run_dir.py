@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from posenc_cli.config import Config, config_dir, config_to_dict, flatten
+from posenc_cli.config import Config, ModelConfig, config_dir, config_to_dict, flatten
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.fsutil import atomic_write_text
 from posenc_cli.run.layout import CONFIG_FILE, META_FILE, MODEL_FILE, PENDING, STATE_FILE, STATE_JSON
@@ -41,10 +41,12 @@ def config_diff(old: Config, new: Config) -> list[str]:
 def model_preset_name(cfg: Config) -> str:
     """'tiny'/'small'/'base' when the sizes match a preset in configs/model, else e.g. 'd96l3'."""
     m = cfg.model
+    defaults = ModelConfig()  # a group file states only what differs from them (run.config_compose)
     with contextlib.suppress(UserError, OSError):
         for path in sorted((config_dir() / "model").glob("*.yaml")):
-            preset = yaml.safe_load(path.read_text()) or {}
-            if (preset.get("d_model"), preset.get("n_layer"), preset.get("n_head")) == (m.d_model, m.n_layer, m.n_head):
+            stated = yaml.safe_load(path.read_text()) or {}
+            preset = {k: stated.get(k, getattr(defaults, k)) for k in ("d_model", "n_layer", "n_head")}
+            if (preset["d_model"], preset["n_layer"], preset["n_head"]) == (m.d_model, m.n_layer, m.n_head):
                 return path.stem
     return f"d{m.d_model}l{m.n_layer}"
 

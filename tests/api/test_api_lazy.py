@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import subprocess
 import sys
 
@@ -21,3 +23,13 @@ def test_every_public_name_resolves_to_its_module() -> None:
         if callable(value):  # functions and classes; constants such as REFERENCES are data
             assert value.__name__ == name and value.__module__ == api._HOME[name]
     assert set(api.__all__) <= set(dir(api))
+
+
+def test_no_api_module_is_named_as_a_public_name() -> None:
+    """Importing a submodule sets the package attribute of its name: a module `api/bench.py` would turn `api.bench`
+    into the module once anything imported it (`api.cost_curve` did)."""
+    modules = {info.name for info in pkgutil.iter_modules(api.__path__)}
+    assert not modules & set(api.__all__)
+    for name in modules:
+        importlib.import_module(f"posenc_cli.api.{name}")
+    assert callable(api.bench) and api.bench.__module__ == "posenc_cli.api.benchmarking"

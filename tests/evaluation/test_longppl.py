@@ -246,7 +246,8 @@ def test_entries_hold_longppl_at_2x_and_cannot_measure_at_1x(tmp_path: Path) -> 
 @pytest.mark.parametrize("protocol", ["sliding", "fixed-target"])
 def test_every_window_protocol_stores_longppl(tmp_path: Path, protocol: str) -> None:
     run = stub_run(tmp_path)
-    cfg = EvalConfig(lengths=[1, 2], protocol=protocol, stride=8, target=8, tokens=32)
+    windows = {"stride": 8} if protocol == "sliding" else {"target": 8}  # each protocol's own setting
+    cfg = EvalConfig(lengths=[1, 2], protocol=protocol, tokens=32, **windows)
     out = evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))
     one, two = out["entries"]
     assert one["key_tokens"] == 0 and one["longppl"] is None

@@ -121,9 +121,9 @@ def test_failing_job_is_reported_and_others_survive(workspace: Path, monkeypatch
     code, output = sweep(workspace, monkeypatch, "one", "pos=alibi", "data.paths=[corpus],[missing]", "--out", "fail")
     assert code == 1
     out = workspace / "fail"
-    failed = json.loads((out / "train/data.paths=[missing]/failed.json").read_text())
+    failed = json.loads((out / "train/data.paths=[missing],pos=alibi/failed.json").read_text())
     assert "missing" in failed["error"]
-    assert (out / "train/data.paths=[corpus]/eval/extrapolate.json").is_file()
+    assert (out / "train/data.paths=[corpus],pos=alibi/eval/extrapolate.json").is_file()
     assert "[failed]" in output
 
 
