@@ -12,9 +12,9 @@ from test_perplexity import fake_corpus, fake_run
 import posenc_cli.evaluation.tasks.extrapolate as extrapolate_task
 from posenc_cli.config import EvalConfig
 from posenc_cli.errors import CheckpointError
-from posenc_cli.evaluation.tasks import passkey  # the passkey task: its cells and their key
 from posenc_cli.evaluation.perplexity.measuring import evaluate_model
 from posenc_cli.evaluation.results import load_results, results_path
+from posenc_cli.evaluation.tasks import passkey  # the passkey task: its cells and their key
 from posenc_cli.evaluation.tasks.extrapolate import evaluate_run
 from posenc_cli.run.interrupts import run_lock
 
