@@ -44,7 +44,7 @@ from posenc_cli.extension.limits import frequency_numbers
 from posenc_cli.extension.rope_layers import LAYER_RULES  # the rules of posenc's own layouts
 from posenc_cli.rope_scaling import get_method, registry
 from posenc_cli.run.hf_layers import HFLayout, hf_layout
-from posenc_cli.run.hf_run import CONFIG_FILE, SIDE_FILES, load_hf_run
+from posenc_cli.run.hf_run import CONFIG_FILE, SIDE_FILES, inspect_hf_dir, load_hf_run
 from posenc_cli.run.journal import fsync_dir
 from posenc_cli.run.outcome import ExtendResult
 
@@ -269,11 +269,11 @@ def extend_hf_dir(
     honour, a method transformers has no rope type for, and a non-empty `out_dir` (unless it holds this very
     extension: then nothing is done).
     """
-    # deferred: keeps transformers off posenc --help start-up
+    src, out = Path(src_dir), Path(out_dir)
+    inspect_hf_dir(src)  # config.json's refusals come before transformers is imported (about a CPU-second)
     import transformers
     from transformers import AutoConfig
 
-    src, out = Path(src_dir), Path(out_dir)
     if ext.finetune_steps > 0:
         raise ConfigError("--finetune-steps is not supported for a transformers directory; extend without it")
     run = load_hf_run(src)  # every refusal of a directory (tokenizer, remote code, corrupt weights) comes first
