@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -208,11 +207,8 @@ def evaluate_passkey_paths(
 ) -> list[dict[str, Any]]:
     """Find the runs below `paths` and evaluate each in turn (one model in memory at a time)."""
     cfg.validate()
-    evaluate = partial(_evaluate_loaded, cfg=cfg, force=force, progress=progress)
-    return evaluate_each_run(find_runs(paths), evaluate, device=device, threads=threads, on_run=on_run)
 
+    def one(run: LoadedRun, run_device: torch.device) -> dict[str, Any]:
+        return evaluate_passkey_run(run, cfg, device=run_device, force=force, progress=progress)
 
-def _evaluate_loaded(
-    run: LoadedRun, device: torch.device, *, cfg: PasskeyConfig, force: bool | None, progress: Progress
-) -> dict[str, Any]:
-    return evaluate_passkey_run(run, cfg, device=device, force=force, progress=progress)
+    return evaluate_each_run(find_runs(paths), one, device=device, threads=threads, on_run=on_run)
