@@ -12,6 +12,7 @@ trained on this task" instead (that label takes precedence). In distribution mea
   eval-algorithmic's ≤L column (`evaluation.algorithmic.split_mean`);
 - RULER-style retrieval tasks (`eval/tasks.json`) and passkey (`eval/passkey.json`): the mean score (RULER's, or the
   exact-match accuracy) over the cells (length × depth) at lengths ≤ the training length, i.e. multiples ≤ 1×.
+  "tasks", all RULER-style tasks together: the mean of the run's tasks' scores, learned only when each is.
 
 n/a cells (the scheme cannot read the length) are left out of the mean; with none measured the state is "cannot
 measure" (every in-distribution cell n/a) or "not measured" (none stored). The gate compares with `>=`.
@@ -62,6 +63,7 @@ __all__ = [
     "DEFAULT_COMPETENCE",
     "NO_TASKS",
     "PASSKEY",
+    "RETRIEVAL",
     "Competence",
     "algorithmic_competence",
     "assess_run",
@@ -72,12 +74,14 @@ __all__ = [
     "result_competence",
     "result_data_config",
     "retrieval_competence",
+    "retrieval_mean_competence",
     "run_data_config",
     "task_family",
     "trained_on",
 ]
 
 ALGORITHMIC = "algorithmic"  # the evaluation task of all algorithmic tasks: the mean over the run's tasks
+RETRIEVAL = "tasks"  # the evaluation task of all RULER-style tasks: the mean over the run's tasks (`data=tasks`)
 PASSKEY = "passkey"
 NO_TASKS = object()  # the "data config" of a transformers directory: it trained on none of posenc's tasks
 
@@ -137,7 +141,7 @@ def trained_on(data: Any, task: str) -> bool:
     if isinstance(data, AlgorithmicDataConfig):
         return task == ALGORITHMIC or task in data.tasks
     if isinstance(data, TasksDataConfig):
-        return task in data.tasks
+        return task == RETRIEVAL or task in data.tasks
     if isinstance(data, PasskeyDataConfig):
         return task == PASSKEY
     return False
@@ -213,16 +217,40 @@ def retrieval_competence(
     return Competence(task, status, accuracy, threshold, None if low is None else (low, high))
 
 
+def retrieval_mean_competence(
+    entries: Sequence[dict[str, Any]],
+    data: Any,
+    train_length: int | None,
+    threshold: float = DEFAULT_COMPETENCE,
+) -> Competence:
+    """The RULER-style tasks' gate taken together (`task` "tasks"): the mean of each task's in-distribution score
+    (`retrieval_competence`, each task weighs the same) over the tasks the run trained on (`data.tasks` of a
+    `data=tasks` run, else the tasks the entries hold); learned only when every one of them is. What a sweep over
+    the RULER-style mixture selects each scheme's setting by."""
+    tasks = list(data.tasks) if isinstance(data, TasksDataConfig) else []
+    tasks = tasks or list(dict.fromkeys(str(e["task"]) for e in entries))
+    parts = [retrieval_competence(entries, t, data, train_length, threshold) for t in tasks]
+    measured = [p.accuracy for p in parts if p.accuracy is not None]
+    accuracy = sum(measured) / len(measured) if len(measured) == len(parts) and parts else None
+    cells = 0 if any(p.status == NOT_MEASURED for p in parts) else len(parts)  # one task unmeasured: no mean
+    status = gate_status(accuracy, trained=trained_on(data, RETRIEVAL), cells=cells, threshold=threshold)
+    if status == LEARNED and any(not p.learned for p in parts):
+        status = NOT_LEARNED
+    spans = [p.lengths for p in parts if p.lengths is not None]
+    lengths = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
+    return Competence(RETRIEVAL, status, accuracy, threshold, lengths)
+
+
 def task_family(task: str) -> str:
     """Which results file holds `task`: "algorithmic" (a task of `data.algorithmic` or "algorithmic"), "passkey" or
-    "retrieval" (a task of `data.ruler`); ConfigError for any other name."""
+    "retrieval" (a task of `data.ruler` or "tasks", their mean); ConfigError for any other name."""
     if task == ALGORITHMIC or task in algorithmic_registry():
         return ALGORITHMIC
     if task == PASSKEY:
         return PASSKEY
-    if task in ruler_registry():
+    if task == RETRIEVAL or task in ruler_registry():
         return "retrieval"
-    known = [ALGORITHMIC, *algorithmic_registry(), PASSKEY, *ruler_registry()]
+    known = [ALGORITHMIC, *algorithmic_registry(), PASSKEY, RETRIEVAL, *ruler_registry()]
     raise ConfigError(f"unknown task {task!r} for the competence gate (known: {', '.join(known)})")
 
 
@@ -253,8 +281,9 @@ def assess_run(
     run_dir: Path | str, task: str, threshold: float = DEFAULT_COMPETENCE, scoring: str = "contains"
 ) -> Competence:
     """The gate of `task` for the run in `run_dir`, from its stored cells (nothing is measured): `task` an algorithmic
-    task or "algorithmic" (the mean over the run's tasks), "passkey", or a RULER-style task (its `scoring` cells:
-    "contains", RULER's, or "exact"). "not measured" when the results file holds no cell of it."""
+    task or "algorithmic" (the mean over the run's tasks), "passkey", a RULER-style task or "tasks" (the mean over the
+    run's RULER-style tasks; their `scoring` cells: "contains", RULER's, or "exact"). "not measured" when the
+    results file holds no cell of it."""
     # deferred: these modules import torch; the gate of a stored file needs neither
     from posenc_cli.evaluation.algorithmic import ALGORITHMIC_FILE
     from posenc_cli.evaluation.algorithmic import COMMAND as ALGORITHMIC_COMMAND
@@ -280,6 +309,8 @@ def assess_run(
     entries = [e for e in entries if str(e.get("scoring", "exact")) == scoring]
     latest = {(e["task"], int(e["length"]), e.get("depth")): e for e in entries}  # the file's order: last wins
     train_length = doc.get("train_length") if doc else None
+    if task == RETRIEVAL:
+        return retrieval_mean_competence(list(latest.values()), data, train_length, threshold)
     return retrieval_competence(list(latest.values()), task, data, train_length, threshold)
 
 

@@ -146,7 +146,8 @@ def _select_spec(path: Path, st: dict[str, Any], action: str) -> SelectSpec | No
     if metric == "competence" and not task:
         raise ConfigError(
             f"{path}: stage '{name}': select.metric competence needs select.task (an algorithmic task, "
-            "'algorithmic' for the mean over the run's tasks, 'passkey' or a RULER-style task)"
+            "'algorithmic' for the mean over the run's tasks, 'passkey', a RULER-style task or 'tasks' for the mean "
+            "over the run's RULER-style tasks)"
         )
     partial = raw.get("partial", False)
     if not isinstance(partial, bool):

@@ -21,6 +21,8 @@ from posenc_cli.evaluation.competence import (
     check_threshold,
     competence,
     retrieval_competence,
+    retrieval_mean_competence,
+    task_family,
     trained_on,
 )
 from posenc_cli.evaluation.results import checkpoint_identity
@@ -129,3 +131,17 @@ def test_addition_weighs_lengths_as_its_split_does() -> None:
     ]
     c = algorithmic_competence(entries, "addition", AlgorithmicDataConfig(tasks=["addition"], max_length=5))
     assert c.accuracy == pytest.approx(0.25) and c.lengths == (4, 5)
+
+
+def test_the_retrieval_tasks_together_are_learned_only_when_each_is() -> None:
+    data = TasksDataConfig(tasks=["niah-single", "variable-tracking"])
+    single = [cell(128, 1.0, 1.0), cell(128, 1.0, 1.0, 1.0), cell(256, 2.0, 0.0)]
+    tracking = [{**cell(128, 1.0, 0.8), "task": "variable-tracking"}]
+    c = retrieval_mean_competence(single + tracking, data, 128, threshold=0.85)
+    assert c.task == "tasks" and c.accuracy == pytest.approx(0.9)  # each task weighs the same, not each cell
+    assert c.status == "not learned"  # the mean passes, variable tracking does not
+    assert retrieval_mean_competence(single + tracking, data, 128, threshold=0.8).learned
+    unmeasured = retrieval_mean_competence(single, data, 128)  # variable tracking has no cell: no mean
+    assert unmeasured.accuracy is None and unmeasured.status == "not measured"
+    assert task_family("tasks") == "retrieval" and trained_on(data, "tasks")
+    assert not trained_on(AlgorithmicDataConfig(tasks=["copy"]), "tasks")
