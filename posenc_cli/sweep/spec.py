@@ -20,6 +20,7 @@ from posenc_cli.config import suggest
 from posenc_cli.errors import ConfigError
 
 SELECT_METRICS = ("val_loss", "competence")  # see `sweep.select.METRIC_GOALS`
+SELECT_SCORINGS = ("contains", "exact")  # a RULER-style task's scorings (eval-tasks --scoring); "contains" is RULER's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +150,11 @@ def _select_spec(path: Path, st: dict[str, Any], action: str) -> SelectSpec | No
             "'algorithmic' for the mean over the run's tasks, 'passkey', a RULER-style task or 'tasks' for the mean "
             "over the run's RULER-style tasks)"
         )
+    scoring = str(raw.get("scoring", "contains"))
+    if scoring not in SELECT_SCORINGS:
+        raise ConfigError(
+            f"{path}: stage '{name}': select.scoring '{scoring}' is not one of {', '.join(SELECT_SCORINGS)}"
+        )
     partial = raw.get("partial", False)
     if not isinstance(partial, bool):
         raise ConfigError(f"{path}: stage '{name}': select.partial must be true or false, got {partial!r}")
@@ -161,7 +167,7 @@ def _select_spec(path: Path, st: dict[str, Any], action: str) -> SelectSpec | No
         group_by=tuple(group_by),
         partial=partial,
         task=None if task is None else str(task),
-        scoring=str(raw.get("scoring", "contains")),
+        scoring=scoring,
     )
 
 

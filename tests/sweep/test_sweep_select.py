@@ -116,6 +116,10 @@ def test_a_select_stage_parses_with_its_defaults(tmp_path: Path) -> None:
         ("[{name: a, action: select, select: {metric: val_los}}]", "did you mean val_loss"),
         ("[{name: a, action: select, select: {metric: competence}}]", "needs select.task"),
         ("[{name: a, action: select, select: {metrc: val_loss}}]", "unknown select key 'metrc'"),
+        (
+            "[{name: a, action: select, select: {metric: competence, task: tasks, scoring: ruler}}]",
+            "select.scoring 'ruler'",
+        ),
         ("[{name: a, action: select, select: {partial: maybe}}]", "partial must be true or false"),
         ("[{name: a, action: select, group_by: [1]}]", "group_by must be a key or a list"),
         ("[{name: a, group_by: pos}]", "'group_by' belongs to a select stage"),
