@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from posenc_cli.analysis.longppl_keys import keyed_records
-from posenc_cli.analysis.rows import RunRecord, labelled_series, positions_text, same_budget
+from posenc_cli.analysis.rows import ANSWER_ONLY, RunRecord, labelled_series, positions_text, same_budget
 from posenc_cli.analysis.task_results import task_frame, task_markdown, task_rows
 from posenc_cli.errors import UserError
 from posenc_cli.report.gate import DEFAULT_COMPETENCE
@@ -88,7 +88,7 @@ def records_to_json(records: list[RunRecord]) -> list[dict[str, Any]]:
     """One record per run, setting and length: the row it is shown in, labels, the entry fields (failed jobs get
     one record with the error)."""
     out = []
-    for s in labelled_series(records):
+    for s in labelled_series([r for r in records if r.status != ANSWER_ONLY]):  # no perplexity by construction
         r = s.record
         base = {
             "row": s.label,
@@ -134,7 +134,7 @@ def to_results(records: list[RunRecord]) -> list[dict[str, Any]]:
     """Series as eval-extrapolate result docs (one setting each), labelled by their row, for the report and plot
     functions. A job that failed or has no results becomes an entry-less row marked in its label."""
     out = []
-    for s in labelled_series(records):
+    for s in labelled_series([r for r in records if r.status != ANSWER_ONLY]):  # no perplexity by construction
         r = s.record
         label = s.label if r.status == "ok" else f"{s.label} [{r.status}]"
         out.append(
@@ -388,7 +388,12 @@ def caption_lines(records: list[RunRecord], baseline: str | None = None, metric:
         )
     if metric == "longppl" and results:
         lines += longppl_lines(results)
-    lines += [f"{r.label} [{r.status}]: {r.error}" for r in records if r.status != "ok"]
+    lines += [f"{r.label} [{r.status}]: {r.error}" for r in records if r.status not in ("ok", ANSWER_ONLY)]
+    if answer := list(dict.fromkeys(r.label for r in records if r.status == ANSWER_ONLY)):
+        lines.append(
+            f"No perplexity for {', '.join(answer)}: trained on answer tokens only (train.loss_on=answer), so a "
+            "perplexity over every token would score tokens they never trained to predict; their task scores follow."
+        )
     return lines
 
 

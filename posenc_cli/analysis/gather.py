@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.analysis.rows import RunRecord, labelled_series, run_identity, run_tokenizer
+from posenc_cli.analysis.rows import ANSWER_ONLY, RunRecord, labelled_series, run_identity, run_tokenizer
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, load_results
 from posenc_cli.evaluation.runs import find_runs
@@ -29,6 +29,7 @@ from posenc_cli.sweep.plan import read_plan
 
 __all__ = [
     "RunName",
+    "answer_only",
     "current_checkpoint",
     "enclosing_sweep",
     "gather",
@@ -211,10 +212,28 @@ def current_checkpoint(run_dir: Path) -> tuple[Any, Any]:
     return checkpoint_key({"checkpoint": checkpoint_identity(meta)})
 
 
+def answer_only(run_dir: Path) -> bool:
+    """Whether the run trained on answer tokens only (`train.loss_on=answer`); False for a transformers directory
+    or a config that cannot be read (its stored cells decide)."""
+    if is_hf_dir(run_dir):
+        return False
+    try:
+        return read_config(run_dir, read_meta(run_dir)).train.loss_on == "answer"
+    except UserError:
+        return False
+
+
 def _fill(record: RunRecord, keep: set[tuple[str, float]] | None = None) -> None:
     """The run's stored entries of its current checkpoint (cells of an earlier one, or of none recorded, are not
     measured), within `keep`'s lengths."""
     doc = load_results(record.run_dir, missing_ok=True)
+    if answer_only(record.run_dir):
+        record.scheme = str(
+            (doc or {}).get("scheme") or read_config(record.run_dir, read_meta(record.run_dir)).pos.name
+        )
+        record.status = ANSWER_ONLY
+        record.error = "trained on answer tokens only (train.loss_on=answer): no perplexity over every token"
+        return
     if not doc or not doc.get("entries"):
         record.status, record.error = "missing", "not evaluated yet (run posenc eval-extrapolate)"
         return

@@ -24,6 +24,10 @@ from posenc_cli.run.hf_run import TOKENIZER_FILES, is_hf_dir
 from posenc_cli.run.load import read_config
 from posenc_cli.run.meta import RunMeta, read_meta
 
+# A run trained on answer tokens only (`train.loss_on=answer`): its perplexity over every token of a text would
+# measure tokens it never trained to predict, so the perplexity table leaves it out, saying so; its task tables stay.
+ANSWER_ONLY = "answer-only"
+
 
 @dataclass(kw_only=True)
 class RunRecord:
@@ -33,7 +37,7 @@ class RunRecord:
     run_dir: Path
     stage: str = ""
     job: str = ""
-    status: str = "ok"  # ok | failed | missing
+    status: str = "ok"  # ok | failed | missing | answer-only (ANSWER_ONLY: no perplexity by construction)
     error: str = ""
     scheme: str = ""
     train_length: int | None = None

@@ -38,7 +38,10 @@ def print_comparison(comparison: Comparison, fmt: str = "table", *, to: Console 
 
         columns, rows, title = comparison.table
         caption = "\n".join(comparison.caption)
-        to.print(render_table(columns, rows, title=title, caption=caption, legend=comparison.legend))
+        if rows:
+            to.print(render_table(columns, rows, title=title, caption=caption, legend=comparison.legend))
+        else:  # e.g. runs trained on answer tokens only: no perplexity table, only why
+            to.print(caption, highlight=False, markup=False)
     for path in comparison.written:
         to.print(f"wrote {path}", highlight=False)
 

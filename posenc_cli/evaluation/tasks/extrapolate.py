@@ -94,6 +94,7 @@ class ExtrapolateTask(EvalTask):
         evaluator: KeyEvaluator | None = None,
     ) -> None:
         cfg.validate()
+        check_scored_every_token(run)
         self.position_ids = run_positions(run, cfg, positions, positions_seed)
         super().__init__(run, device=device, progress=progress)
         self.cfg = cfg
@@ -122,7 +123,10 @@ class ExtrapolateTask(EvalTask):
         cls, run: LoadedRun, cfg: Config, *, device: torch.device, progress: Progress = None
     ) -> ExtrapolateTask:
         """The job's `eval` settings on the run's own validation split, fed the run's own positions (a job trained
-        with `train.random_positions=M` is fed sorted draws from [0, M), as in training: `run_positions`)."""
+        with `train.random_positions=M` is fed sorted draws from [0, M), as in training: `run_positions`); None
+        for a job trained on answer tokens only (`check_scored_every_token`)."""
+        if cfg.train.loss_on == "answer":
+            return None
         return cls(run, cfg.eval, device=device, progress=progress)
 
     def plan(self) -> Iterator[list[ExtrapolateEntry]]:
@@ -260,6 +264,16 @@ def longppl_evaluator(run: LoadedRun, cfg: EvalConfig, device: torch.device) -> 
     if path.resolve() == Path(run.path).resolve():
         return KeyEvaluator(run)
     return KeyEvaluator.load(path, device=device)
+
+
+def check_scored_every_token(run: LoadedRun) -> None:
+    """ConfigError for a run trained on answer tokens only (`train.loss_on=answer`): its perplexity over every token
+    of a text would score tokens it never trained to predict. Its task evaluations measure what it learned."""
+    if run.config.train.loss_on == "answer":
+        raise ConfigError(
+            f"{run.path}: trained on answer tokens only (train.loss_on=answer), so perplexity over every token "
+            "measures nothing it trained on; score it with its task (eval-tasks, eval-algorithmic, eval-passkey)"
+        )
 
 
 def run_positions(run: LoadedRun, cfg: EvalConfig, requested: str | None, seed: int = 0) -> Positions:
