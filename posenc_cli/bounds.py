@@ -1,4 +1,4 @@
-"""The ranges a number given to posenc may take, declared once: the CLI's options (`cli/options.py`), the config
+"""The ranges a number given to posenc may take, declared once: the CLI's options (`api/option_ranges.py`), the config
 dataclasses' `validate()` methods, the Python API and sweeps all check against these, before anything is
 allocated or loaded. Each limit is a size no run of posenc's scale reaches (its largest documented run trains at
 2,048 tokens and evaluates at 64×), so a value beyond it is a typo or an attack, refused in one line.

@@ -1,14 +1,20 @@
 """Exception types shared across posenc.
 
 `UserError` is what a user can fix (bad override, missing file, wrong checkpoint kind, impossible length): the CLI
-prints its message on one line and exits with code 2. Everything else is a bug and keeps its traceback.
+prints its message on one line and exits with code 2. `Stopped` is a termination signal raised as an exception
+(`sigterm_raises`): the CLI exits 128 + the signal with one line. Everything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 
 class UserError(Exception):
@@ -83,3 +89,33 @@ def is_disk_message(text: str) -> bool:
     """True for a recorded error (a sweep job's failed.json: 'OSError: [Errno 28] No space left on device: ...') that
     names a storage error of `DISK_ERRNOS` or a short write."""
     return any(f"[Errno {n}]" in text for n in DISK_ERRNOS) or bool(_SHORT_WRITE.search(text))
+
+
+class Stopped(KeyboardInterrupt):
+    """A termination signal raised as an exception (a `KeyboardInterrupt`, so whatever cleans up after Ctrl-C
+    cleans up after it too); `signum` is the signal, the exit status is 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block SIGTERM raises `Stopped(SIGTERM)` in the main thread (SIGINT already raises
+    `KeyboardInterrupt`); the previous handler comes back after. A training loop inside installs
+    `run.interrupts.Interrupts`, which takes over until it exits. Outside the main thread (where handlers cannot be
+    set) nothing changes. Commands that store their results as they go exit 128+15 with one line instead of being
+    killed with no word."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    old = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from posenc_cli.analysis.gather import labelled_in_order
+from posenc_cli.bounds import Bound
 from posenc_cli.config import EvalConfig, build_dataclass
 from posenc_cli.errors import ConfigError, UserError
+from posenc_cli.evaluation.results import TOO_FEW_TOKENS, cell_status
+from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.report.gate import DEFAULT_COMPETENCE
 
 if TYPE_CHECKING:
@@ -26,12 +29,12 @@ if TYPE_CHECKING:
 __all__ = [
     "Evaluation",
     "TaskEvaluation",
+    "check_instance_length",
     "eval_config",
     "evaluate",
     "evaluate_algorithmic",
     "evaluate_passkey",
     "evaluate_tasks",
-    "longest_instance_length",
     "task_summaries",
 ]
 
@@ -97,6 +100,10 @@ class Evaluation:
         """The combined document of `--json`: every run's doc without its bookkeeping ("reused")."""
         return {"schema_version": 1, "runs": [{k: v for k, v in r.items() if k != "reused"} for r in self.results]}
 
+    def write_json(self, path: PathLike) -> None:
+        """Write the combined document (`to_json`) to `path`, atomically."""
+        atomic_write_json(Path(path), self.to_json())
+
     @property
     def reused(self) -> int:
         """Cells read back from the runs' eval/extrapolate.json rather than measured now."""
@@ -105,6 +112,11 @@ class Evaluation:
     @property
     def cells(self) -> int:
         return sum(len(r["entries"]) for r in self.results)
+
+    @property
+    def too_few_tokens(self) -> bool:
+        """True when the corpus held no window of some cell's length (the table marks it n/m)."""
+        return any(cell_status(e) == TOO_FEW_TOKENS for r in self.results for e in r["entries"])
 
 
 def evaluate(
@@ -195,6 +207,10 @@ class TaskEvaluation:
     def to_json(self) -> dict[str, Any]:
         """The combined document of `--json`: every run's doc without its bookkeeping ("reused")."""
         return {"schema_version": 1, "runs": [{k: v for k, v in r.items() if k != "reused"} for r in self.results]}
+
+    def write_json(self, path: PathLike) -> None:
+        """Write the combined document (`to_json`) to `path`, atomically."""
+        atomic_write_json(Path(path), self.to_json())
 
     @property
     def reused(self) -> int:
@@ -413,12 +429,13 @@ def evaluate_algorithmic(
     return TaskEvaluation(results, gates_of(results, competence), measured, competence, summaries=summaries)
 
 
-def longest_instance_length() -> int:
-    """The longest instance length eval-algorithmic measures (`--lengths`' bound: twice the longest trainable L)."""
+def check_instance_length(length: int, name: str) -> None:
+    """A one-line `ConfigError` naming `name` unless `length` is an instance length eval-algorithmic measures: in
+    [1, 2·MAX_LENGTH], twice the longest trainable L (`AlgorithmicEvalConfig.validate`'s bound)."""
     # deferred: the task generators
     from posenc_cli.data.algorithmic.base import MAX_LENGTH
 
-    return 2 * MAX_LENGTH
+    Bound(1, 2 * MAX_LENGTH, integer=True).check(length, name)
 
 
 def task_summaries(

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from posenc_cli.errors import Stopped, sigterm_raises
 from posenc_cli.evaluation.competence import check_threshold
 from posenc_cli.perf.profiling import process_age_s
-from posenc_cli.run.interrupts import Stopped, sigterm_raises
 from posenc_cli.sweep.runner import SweepInterrupted
 from posenc_cli.sweep.select import SelectionPending, pick_summary
 
@@ -34,7 +34,7 @@ def check_competence(threshold: float) -> None:
 @contextmanager
 def interrupts_raise() -> Iterator[None]:
     """Within the block SIGTERM raises `Stopped` (as Ctrl-C raises `KeyboardInterrupt`), also between a sweep's
-    jobs; the previous handler comes back after (`run.interrupts.sigterm_raises`)."""
+    jobs; the previous handler comes back after (`errors.sigterm_raises`)."""
     with sigterm_raises():
         yield
 

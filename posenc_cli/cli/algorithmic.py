@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from posenc_cli.bounds import check
 from posenc_cli.cli.app import app, handles_errors
 from posenc_cli.cli.eval_shared import (
     DeviceOption,
@@ -41,7 +40,6 @@ def parse_lengths(text: str) -> list[int]:
     # deferred: keeps the task generators off posenc --help start-up
     from posenc_cli import api
 
-    longest = api.longest_instance_length()  # AlgorithmicEvalConfig.validate's bound
     lengths: list[int] = []
     for part in (p for p in text.replace(" ", "").split(",") if p):
         low, dash, high = part.partition("-")
@@ -49,7 +47,7 @@ def parse_lengths(text: str) -> list[int]:
             a, b = parse_list(low, int, "--lengths")[0], parse_list(high, int, "--lengths")[0]
             if b < a:
                 raise ConfigError(f"--lengths {text!r}: range {part} runs backwards")
-            check(b, f"--lengths {part}: the longest length", 1, longest, integer=True)  # before the list is built
+            api.check_instance_length(b, f"--lengths {part}: the longest length")  # before the list is built
             lengths += range(a, b + 1)
         else:
             lengths += parse_list(part, int, "--lengths")
@@ -57,7 +55,7 @@ def parse_lengths(text: str) -> list[int]:
         raise ConfigError("--lengths needs at least one length, e.g. --lengths 1-40")
     if min(lengths) < 1:
         raise ConfigError(f"--lengths must be instance lengths >= 1, got {min(lengths)}")
-    check(max(lengths), "--lengths: the longest length", 1, longest, integer=True)
+    api.check_instance_length(max(lengths), "--lengths: the longest length")
     return sorted(set(lengths))
 
 
@@ -135,5 +133,5 @@ def eval_algorithmic_command(
         plot=None,
         write_plot=lambda path: [],
         json_path=json_path,
-        combined=evaluation.to_json(),
+        write_json=evaluation.write_json,
     )

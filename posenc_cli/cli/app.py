@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import math
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -37,11 +36,9 @@ except ImportError:  # pragma: no cover
     import click  # type: ignore[no-redef]
     from click.exceptions import Abort  # type: ignore[no-redef,assignment]
 
-from posenc_cli.bounds import Bound
-from posenc_cli.cli.options import option_bound
+from posenc_cli.api.option_ranges import option_problem
 from posenc_cli.config import check_config_dir
-from posenc_cli.errors import UserError, disk_error_message, is_disk_error
-from posenc_cli.run.interrupts import Stopped, sigterm_raises
+from posenc_cli.errors import Stopped, UserError, disk_error_message, is_disk_error, sigterm_raises
 
 
 class _FlagOption(TyperOption):
@@ -52,15 +49,14 @@ class _FlagOption(TyperOption):
         return None if self.is_flag else super().display_type_rich(ctx)
 
     def process_value(self, ctx: click.Context, value: Any) -> Any:
-        """The parsed value, refused (one line, exit 2) outside the option's range in `cli/options.py`; a number
-        with no declared range still has to be finite."""
+        """The parsed value, refused (one line, exit 2) outside the option's range (`api/option_ranges.py`); a
+        number with no declared range still has to be finite."""
         value = super().process_value(ctx, value)
         numbers = [v for v in (value if isinstance(value, list | tuple) else [value]) if isinstance(v, int | float)]
         if not numbers or isinstance(value, bool):
             return value
-        bound = option_bound(ctx.command.name, self.opts[0]) or Bound(-math.inf, math.inf)
         for number in numbers:
-            problem = bound.problem(number)
+            problem = option_problem(ctx.command.name, self.opts[0], number)
             if problem is not None:
                 raise click.exceptions.UsageError(f"{self.opts[0]} {problem}", ctx=ctx)
         return value

@@ -179,14 +179,11 @@ def report(
     plot: Path | None,
     write_plot: Callable[[Path], Iterable[Path]],
     json_path: Path | None,
-    combined: dict[str, Any],
+    write_json: Callable[[Path], object],
     notes: Iterable[str] = (),
 ) -> None:
-    """Print the table (and `notes` below it) and a one-line summary, then write the plot(s) and the combined JSON
-    if asked."""
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.fsutil import atomic_write_json
-
+    """Print the table (and `notes` below it) and a one-line summary, then write the plot(s) and, with `json_path`,
+    the combined JSON (`write_json`: the evaluation's own writer)."""
     console.print(table)
     for line in notes:
         console.print(line, highlight=False, markup=False)
@@ -201,5 +198,5 @@ def report(
         for path in write_plot(plot):
             console.print(f"wrote {path}", highlight=False)
     if json_path is not None:
-        atomic_write_json(json_path, combined)
+        write_json(json_path)
         console.print(f"wrote {json_path}", highlight=False)

@@ -50,15 +50,6 @@ SHORT_CORPUS_HINT = (
 )
 
 
-def short_corpus_lines(results: Results) -> list[str]:
-    """The hint line when a cell had too few tokens for one window (`results.cell_status` too_few_tokens)."""
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli.evaluation.results import TOO_FEW_TOKENS, cell_status
-
-    short = any(cell_status(e) == TOO_FEW_TOKENS for r in results for e in r["entries"])
-    return [SHORT_CORPUS_HINT] if short else []
-
-
 def _label(result: dict[str, Any]) -> str:
     return str(result["label"])
 
@@ -214,12 +205,12 @@ def eval_extrapolate_command(
         results,
         seconds,
         table=extrapolation_table(results, by=evaluation.by, label=_label),
-        notes=[*short_corpus_lines(results), *positions_lines(results, _label)],
+        notes=[*([SHORT_CORPUS_HINT] if evaluation.too_few_tokens else []), *positions_lines(results, _label)],
         results_file="eval/extrapolate.json",
         plot=plot,
         write_plot=lambda path: write_plots(results, path),
         json_path=json_path,
-        combined=evaluation.to_json(),
+        write_json=evaluation.write_json,
     )
 
 
@@ -309,5 +300,5 @@ def eval_passkey_command(
         plot=plot,
         write_plot=lambda path: [save_figure(passkey_figure(results, gates, competence), path)],
         json_path=json_path,
-        combined=evaluation.to_json(),
+        write_json=evaluation.write_json,
     )

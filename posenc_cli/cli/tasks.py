@@ -169,7 +169,7 @@ def eval_tasks_command(
         plot=plot,
         write_plot=lambda path: [save_figure(tasks_figure(results, names, gates, competence), path)],
         json_path=json_path,
-        combined=evaluation.to_json(),
+        write_json=evaluation.write_json,
     )
 
 

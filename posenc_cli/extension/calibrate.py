@@ -142,7 +142,7 @@ class CalibrateSettings:
             if not isinstance(n, int) or n <= train_length:
                 raise ConfigError(f"--length {n}: the fit length must exceed the training length {train_length}")
         check(self.tokens, "--tokens", 1, MAX_TOKENS, integer=True)
-        for name, low, high, integer in _SETTING_BOUNDS:  # the CLI's ranges (cli/options.py), for API callers too
+        for name, low, high, integer in _SETTING_BOUNDS:  # the CLI's ranges (api/option_ranges.py), for API callers too
             check(getattr(self, name), f"--{name.replace('_', '-')}", low, high, integer=integer)
         if self.temperature == "drope":
             if not (self.step > 0 and self.c_max - self.c_min >= self.step):

@@ -2,10 +2,9 @@
 training loop SIGTERM ends a command as Ctrl-C does, through its error handling.
 
 `Interrupts` turns the first signal into a flag the loop checks after each micro-step (a second one interrupts at
-once); in a data-parallel job, `agree` makes every rank stop after the same step. `sigterm_raises` makes SIGTERM
-raise `Stopped` for commands that store their results as they go (evaluations keep every cell already written),
-so they exit 128+15 with one line instead of being killed with no word. `run_lock` keeps a second trainer out of
-a run directory that is being trained; `run_is_locked` lets an evaluation refuse such a run.
+once); in a data-parallel job, `agree` makes every rank stop after the same step. Outside the loop SIGTERM raises
+`errors.Stopped` (`errors.sigterm_raises`, which the CLI installs for every command). `run_lock` keeps a second
+trainer out of a run directory that is being trained; `run_is_locked` lets an evaluation refuse such a run.
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ class Interrupts:
 
     def agree(self, info: DistInfo, device: torch.device) -> None:
         """All ranks: adopt the largest signal any rank has received so far (one tiny all-reduce)."""
-        import torch  # deferred: the CLI installs `sigterm_raises` for every command, torch-free ones included
+        import torch  # deferred: the sweep's job log imports `Interrupts` before any job needs torch
 
         from posenc_cli.run import distributed
 
@@ -71,34 +70,6 @@ class Interrupts:
         got = int(distributed.all_reduce_(flag, info, op="max").item())
         if got:
             self.signum = got
-
-
-class Stopped(KeyboardInterrupt):
-    """A termination signal raised as an exception (a `KeyboardInterrupt`, so whatever cleans up after Ctrl-C
-    cleans up after it too); `signum` is the signal, the exit status is 128 + signum."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """Within the block SIGTERM raises `Stopped(SIGTERM)` in the main thread (SIGINT already raises
-    `KeyboardInterrupt`); the previous handler comes back after. A training loop inside installs `Interrupts`,
-    which takes over until it exits. Outside the main thread (where handlers cannot be set) nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handle(signum: int, frame: Any) -> None:
-        raise Stopped(signum)
-
-    old = signal.signal(signal.SIGTERM, handle)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 @contextlib.contextmanager
@@ -141,4 +112,4 @@ def run_is_locked(run_dir: Path) -> bool:
         os.close(fd)
 
 
-__all__ = ["LOCK_FILE", "Interrupts", "Stopped", "run_is_locked", "run_lock", "sigterm_raises"]
+__all__ = ["LOCK_FILE", "Interrupts", "run_is_locked", "run_lock"]

@@ -22,12 +22,12 @@ from rich.console import Console
 from posenc_cli import cpu_load
 from posenc_cli.config import replace
 from posenc_cli.data.sources import source_class
+from posenc_cli.errors import Stopped, sigterm_raises
 from posenc_cli.evaluation.runs import evaluate_each_run
 from posenc_cli.evaluation.tasks import task_class
 from posenc_cli.extension.plan import SearchThenScale, execute, plan_from_config
 from posenc_cli.perf.profiling import EvalRecorder, JobProfile, TrainRecorder, eval_facts, write_job_profile
 from posenc_cli.run.config_load import config_from_dict
-from posenc_cli.run.interrupts import Stopped, sigterm_raises
 from posenc_cli.run.meta import is_run_dir
 from posenc_cli.run.progress import TrainDisplay
 from posenc_cli.run.trackers import tracked

@@ -82,18 +82,18 @@ def empty_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_every_numeric_option_declares_its_range() -> None:
-    from posenc_cli.cli.options import option_bound
+    from posenc_cli.api.option_ranges import option_bound
 
     options = numeric_options()
     assert len(options) > 50  # the walk found the commands' options
     missing = [f"{command} {flag}" for command, flag, _ in options if option_bound(command, flag) is None]
-    assert not missing, f"declare a range in posenc_cli/cli/options.py for: {missing}"
+    assert not missing, f"declare a range in posenc_cli/api/option_ranges.py for: {missing}"
 
 
 def _out_of_range(command: str, flag: str, integer: bool) -> list[str]:
     """Values just outside the declared range (none where the table is not there: the old commit)."""
     try:
-        from posenc_cli.cli.options import option_bound
+        from posenc_cli.api.option_ranges import option_bound
     except ImportError:
         return []
     bound = option_bound(command, flag)
@@ -120,7 +120,7 @@ def test_a_hostile_number_is_one_line(command: str, flag: str, integer: bool, da
 
 def _bounded_above(command: str, flag: str) -> bool:
     try:
-        from posenc_cli.cli.options import option_bound
+        from posenc_cli.api.option_ranges import option_bound
     except ImportError:  # the old commit
         return True
     bound = option_bound(command, flag)

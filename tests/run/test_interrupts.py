@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from posenc_cli.errors import CheckpointError
+from posenc_cli.errors import CheckpointError, Stopped, sigterm_raises
 from posenc_cli.run.distributed import SINGLE
-from posenc_cli.run.interrupts import Interrupts, Stopped, run_lock, sigterm_raises
+from posenc_cli.run.interrupts import Interrupts, run_lock
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -54,15 +52,6 @@ def test_run_lock_admits_one_trainer_at_a_time(tmp_path: Path) -> None:
         pass
 
 
-def test_sigterm_raises_stopped_outside_the_training_loop() -> None:
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(Stopped) as stopped, sigterm_raises():
-        signal.raise_signal(signal.SIGTERM)
-        pytest.fail("SIGTERM did not stop the block")
-    assert stopped.value.signum == signal.SIGTERM and isinstance(stopped.value, KeyboardInterrupt)
-    assert signal.getsignal(signal.SIGTERM) == before
-
-
 def test_the_training_loop_takes_over_sigterm_and_hands_it_back() -> None:
     with sigterm_raises():
         with Interrupts() as interrupts:
@@ -70,9 +59,3 @@ def test_the_training_loop_takes_over_sigterm_and_hands_it_back() -> None:
             assert interrupts.signum == signal.SIGTERM
         with pytest.raises(Stopped):  # after the loop, SIGTERM stops the command again
             signal.raise_signal(signal.SIGTERM)
-
-
-def test_the_signal_helpers_do_not_import_torch() -> None:
-    """The CLI wraps every command in `sigterm_raises`, torch-free ones too."""
-    code = "import sys, posenc_cli.run.interrupts; sys.exit('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

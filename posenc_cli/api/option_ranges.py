@@ -1,6 +1,6 @@
-"""The range of every numeric option of every command, in one table (`OPTION_BOUNDS`), checked while the command
-line is parsed (`app._FlagOption.process_value`), so a value out of range is one line and exit code 2 before
-anything is loaded or allocated.
+"""The range of every numeric option of every command, in one table (`OPTION_BOUNDS`): flag metadata the CLI reads
+through the API (`option_problem`, called by `cli/app.py`'s `_FlagOption.process_value` while the command line is
+parsed), so a value out of range is one line and exit code 2 before anything is loaded or allocated.
 
 An option is found by its flag: the same flag means the same kind of number in every command (`--tokens` is a token
 budget, `--seed` a seed); `COMMAND_BOUNDS` holds the few that differ by command. A numeric option missing from both
@@ -100,6 +100,15 @@ COMMAND_BOUNDS: dict[tuple[str, str], Bound] = {
 }
 
 
+_ANY = Bound(-math.inf, math.inf)  # a numeric option without a declared range: finite
+
+
 def option_bound(command: str | None, flag: str) -> Bound | None:
     """The range of `flag` in `command`, or None where none is declared."""
     return COMMAND_BOUNDS.get((command or "", flag), OPTION_BOUNDS.get(flag))
+
+
+def option_problem(command: str | None, flag: str, value: float) -> str | None:
+    """What is wrong with `value` given to `flag` of `command` ('must be in [1, 4194304], got 0'), or None; a flag
+    without a declared range still takes only finite numbers."""
+    return (option_bound(command, flag) or _ANY).problem(value)
