@@ -45,6 +45,8 @@ def test_eval_extrapolate_refuses_an_answer_only_run_in_one_line(runs: tuple[Pat
     assert not (answer / "eval" / "extrapolate.json").exists()
     measured = runner.invoke(app, ["eval-extrapolate", str(every), "--lengths", "1"])
     assert measured.exit_code == 0, measured.output
+    searched = runner.invoke(app, ["eval-extrapolate", str(answer.parent), "--lengths", "1"])  # found, not named
+    assert searched.exit_code == 2 and str(answer) in searched.output, searched.output
 
 
 def test_a_sweep_job_trained_on_answers_has_no_perplexity_task(runs: tuple[Path, Path]) -> None:

@@ -94,7 +94,7 @@ class ExtrapolateTask(EvalTask):
         evaluator: KeyEvaluator | None = None,
     ) -> None:
         cfg.validate()
-        check_scored_every_token(run)
+        check_scored_every_token(run.config, run.path)
         self.position_ids = run_positions(run, cfg, positions, positions_seed)
         super().__init__(run, device=device, progress=progress)
         self.cfg = cfg
@@ -266,12 +266,13 @@ def longppl_evaluator(run: LoadedRun, cfg: EvalConfig, device: torch.device) -> 
     return KeyEvaluator.load(path, device=device)
 
 
-def check_scored_every_token(run: LoadedRun) -> None:
-    """ConfigError for a run trained on answer tokens only (`train.loss_on=answer`): its perplexity over every token
-    of a text would score tokens it never trained to predict. Its task evaluations measure what it learned."""
-    if run.config.train.loss_on == "answer":
+def check_scored_every_token(config: Any, path: Path) -> None:
+    """ConfigError for a run (its saved `config`) trained on answer tokens only (`train.loss_on=answer`): its
+    perplexity over every token of a text would score tokens it never trained to predict. Its task evaluations
+    measure what it learned."""
+    if config.train.loss_on == "answer":
         raise ConfigError(
-            f"{run.path}: trained on answer tokens only (train.loss_on=answer), so perplexity over every token "
+            f"{path}: trained on answer tokens only (train.loss_on=answer), so perplexity over every token "
             "measures nothing it trained on; score it with its task (eval-tasks, eval-algorithmic, eval-passkey)"
         )
 
@@ -389,6 +390,7 @@ def evaluate_paths(
     cfg.validate()
 
     def check(config: Any, path: Path) -> None:  # the settings must fit every run before any is measured
+        check_scored_every_token(config, path)
         config_positions(config, path, cfg, positions)
         if data_overrides:
             check_held_out(data_config_with_overrides(config.data, data_overrides), config.data, path)
