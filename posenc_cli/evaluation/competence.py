@@ -6,10 +6,12 @@ task table prints, beside the beyond-L cells, the run's accuracy in distribution
 (`report.gate.DEFAULT_COMPETENCE`, 0.9) as "not learned"; a run whose training data never held the task is "not
 trained on this task" instead (that label takes precedence). In distribution means:
 
-- algorithmic tasks (`eval/algorithmic.json`): exact match averaged over the instance lengths the run trained on,
-  the least training length (a cell's `train_min_length`, else `data.min_length`, else 1) to `data.max_length` = L,
-  each length weighed as the reference's split weighs it (`AlgorithmicTask.length_weight`: 1 but for addition), as
-  eval-algorithmic's ≤L column (`evaluation.algorithmic.split_mean`);
+- algorithmic tasks (`eval/algorithmic.json`): the measure the task's reference reports (`reference_metric`: exact
+  match; for MQAR and flip-flop the share of scored pieces right, Zoology's per-query and flip-flop's per-read
+  accuracy) averaged over the instance lengths the run trained on, the least training length (a cell's
+  `train_min_length`, else `data.min_length`, else 1) to `data.max_length` = L, each length weighed as the
+  reference's split weighs it (`AlgorithmicTask.length_weight`: 1 but for addition), as eval-algorithmic's ≤L column
+  (`evaluation.algorithmic.split_mean`, exact match);
 - RULER-style retrieval tasks (`eval/tasks.json`) and passkey (`eval/passkey.json`): the mean score (RULER's, or the
   exact-match accuracy) over the cells (length × depth) at lengths ≤ the training length, i.e. multiples ≤ 1×.
   "tasks", all RULER-style tasks together: the mean of the run's tasks' scores, learned only when each is.
@@ -150,7 +152,8 @@ def trained_on(data: Any, task: str) -> bool:
 def algorithmic_competence(
     entries: Sequence[dict[str, Any]], task: str, data: Any, threshold: float = DEFAULT_COMPETENCE
 ) -> Competence:
-    """Exact match of `task`'s cells averaged over the training lengths min_length..L (`data.min_length` of a
+    """`task`'s reference measure (`AlgorithmicTask.reference_metric`: exact match, or per-token accuracy for the
+    tasks scored at many positions) averaged over the training lengths min_length..L (`data.min_length` of a
     `data=algorithmic` run, else 1; L the cells' `train_max_length`); the latest cell per length counts. `task`
     "algorithmic": the mean over the tasks the entries hold (each task weighs the same), learned only when every
     task is."""
@@ -174,7 +177,8 @@ def algorithmic_competence(
     cls = algorithmic_registry().get(task)
     inside = {n: e for n, e in latest.items() if low <= n <= high}
     weights = {n: cls.length_weight(n, low) if cls is not None else 1 for n in inside}
-    measured = [(weights[n], float(e["accuracy"])) for n, e in inside.items() if _ok(e, "accuracy")]
+    metric = cls.reference_metric if cls is not None else "accuracy"
+    measured = [(weights[n], float(e[metric])) for n, e in inside.items() if _ok(e, metric)]
     total = sum(w for w, _ in measured)
     accuracy, cells = (sum(w * a for w, a in measured) / total if total else None), len(inside)
     status = gate_status(accuracy, trained=trained_on(data, task), cells=cells, threshold=threshold)

@@ -48,6 +48,18 @@ def test_algorithmic_mean_is_over_the_training_lengths_only() -> None:
     assert algorithmic_competence(entries, "copy", data, threshold=0.95).status == "not learned"
 
 
+def test_tasks_scored_at_many_positions_are_gated_on_their_per_token_accuracy() -> None:
+    """MQAR's reference (Zoology) reports the share of queries right and flip-flop's the share of reads: a model right
+    on 95% of them is competent although most whole sequences hold one error; S5 stays on exact match."""
+    data = AlgorithmicDataConfig(tasks=["mqar", "flipflop", "s5"], max_length=4)
+    for task in ("mqar", "flipflop"):
+        entries = [{**alg(task, n, 0.5), "train_min_length": 4, "token_accuracy": 0.95} for n in (3, 4, 5)]
+        c = algorithmic_competence(entries, task, data)
+        assert c.accuracy == pytest.approx(0.95) and c.learned and c.lengths == (4, 4)
+    entries = [{**alg("s5", n, 0.5), "token_accuracy": 0.95} for n in (2, 3, 4)]
+    assert algorithmic_competence(entries, "s5", data).accuracy == pytest.approx(0.5)
+
+
 def test_a_run_never_trained_on_the_task_says_so_first() -> None:
     data = AlgorithmicDataConfig(tasks=["copy"], max_length=4)
     entries = [alg("reverse", n, 1.0) for n in range(1, 5)]

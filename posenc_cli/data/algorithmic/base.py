@@ -82,6 +82,9 @@ class AlgorithmicTask:
     reference: ClassVar[str] = ""
     suite: ClassVar[str] = "length-generalization"  # the NoPE paper's tasks; "synthetic": issue #44's
     layout: ClassVar[str] = ""  # tasks sharing a text layout (flip-flop's splits) name it; "": the task's own
+    # the cell measure the reference reports, which the competence gate and the accuracy-by-length plot read:
+    # "accuracy" (exact match of the answer) or "token_accuracy" (the share of scored pieces right: MQAR, flip-flop)
+    reference_metric: ClassVar[str] = "accuracy"
 
     @classmethod
     def sample(cls, rng: np.random.Generator, length: int) -> Example:

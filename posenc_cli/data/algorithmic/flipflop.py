@@ -65,6 +65,7 @@ class FlipFlop(AlgorithmicTask):
     reference = "HF dataset synthseq/flipflop (card @91ef5c9); Liu et al. 2023, arXiv 2306.00946"
     layout = "flipflop"  # one text layout for the three splits
     suite = "synthetic"
+    reference_metric = "token_accuracy"  # the paper's error is per read: 1 - the share of read bits right
 
     @classmethod
     def sample(cls, rng: np.random.Generator, length: int) -> Example:

@@ -72,6 +72,7 @@ class MultiQueryAssociativeRecall(AlgorithmicTask):
     train_min = 28  # Zoology Figure 2's (L, kv) = (64, 4): 28 slots
     reference = "HazyResearch/zoology d88d6f5 zoology/data/multiquery_ar.py"
     suite = "synthetic"
+    reference_metric = "token_accuracy"  # Zoology's per-query accuracy (zoology/train.py:210-224)
 
     @classmethod
     def sample(cls, rng: np.random.Generator, length: int) -> Example:
