@@ -13,8 +13,10 @@ Configs hold a scaling nested per method (`ScalingSettings`): `{method, factor, 
 `params` being the chosen method's own typed parameters (`ScalingMethod.params_cls`, its defaults filled in);
 `pos.scaling` is a `RopeScalingConfig`, `config.ExtendConfig` extends the same settings. `config.build_dataclass`
 parses `params` with the method's class and reads the flat layout saved before (every method's parameters beside
-`method`) too. The package sits below `config`; this module imports no torch (only `errors` and `registry`), so
-that the config schema, and with it `posenc <command> --help`, loads without it.
+`method`) too. The package sits below `config`; this module imports no torch (only `errors` and `registry`), and
+neither does a method's module at its top (its maths imports torch and `frequencies` when called), so the config
+schema, a method's flags and parameters, and with them `posenc <command> --help` (`extend`'s too), load without it
+(tests/rope_scaling/test_scaling_contract.py).
 
 Formulas: ../shared/reference/rope-scaling.md. Convention: the attention factor multiplies both cos and sin (so
 attention logits scale by its square), as in `transformers`' `_compute_*_parameters`, whose numbers these functions

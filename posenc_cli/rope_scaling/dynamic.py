@@ -6,10 +6,12 @@ transformers: rope_type dynamic, factor s (it reads L from max_position_embeddin
 
 from __future__ import annotations
 
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, register
-from posenc_cli.rope_scaling.frequencies import ntk_inv_freq
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register
@@ -27,6 +29,9 @@ class Dynamic(ScalingMethod):
         self, p: ScalingParams, head_dim: int, base: float, factor: float, original_length: int, seq_len: int | None
     ) -> Tensor:
         """Plain RoPE when seq_len is None or <= L."""
+        # deferred: extend --help and config validation read this module without torch
+        from posenc_cli.rope_scaling.frequencies import ntk_inv_freq
+
         n = original_length if seq_len is None else max(seq_len, original_length)
         return ntk_inv_freq(head_dim, base, factor * n / original_length - (factor - 1))
 

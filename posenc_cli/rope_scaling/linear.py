@@ -5,10 +5,12 @@ Chen et al. 2023 (arXiv 2306.15595); kaiokendev (2023). transformers: rope_type 
 
 from __future__ import annotations
 
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, register
-from posenc_cli.rope_scaling.frequencies import base_inv_freq
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register
@@ -23,6 +25,9 @@ class Linear(ScalingMethod):
     def inv_freq(
         self, p: ScalingParams, head_dim: int, base: float, factor: float, original_length: int, seq_len: int | None
     ) -> Tensor:
+        # deferred: extend --help and config validation read this module without torch
+        from posenc_cli.rope_scaling.frequencies import base_inv_freq
+
         return base_inv_freq(head_dim, base) / factor
 
     def regions(self, p: ScalingParams, head_dim: int, base: float, factor: float, original_length: int) -> dict:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from posenc_cli.errors import ConfigError
 from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, param, register
-from posenc_cli.rope_scaling.frequencies import base_inv_freq
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["Llama3", "Llama3Params", "llama3_wavelength_thresholds"]
 
@@ -49,6 +49,11 @@ class Llama3(ScalingMethod):
     def inv_freq(
         self, p: Llama3Params, head_dim: int, base: float, factor: float, original_length: int, seq_len: int | None
     ) -> Tensor:
+        # deferred: extend --help and config validation read this module without torch
+        import torch
+
+        from posenc_cli.rope_scaling.frequencies import base_inv_freq
+
         low_ff, high_ff = p.low_freq_factor, p.high_freq_factor
         high_wavelen, low_wavelen = llama3_wavelength_thresholds(original_length, low_ff, high_ff)
         inv = base_inv_freq(head_dim, base)
@@ -60,6 +65,9 @@ class Llama3(ScalingMethod):
 
     def regions(self, p: Llama3Params, head_dim: int, base: float, factor: float, original_length: int) -> dict:
         """λ_k < L/high_freq_factor → keep, λ_k > L/low_freq_factor → interpolate, else blend."""
+        # deferred: extend --help and config validation read this module without torch
+        from posenc_cli.rope_scaling.frequencies import base_inv_freq
+
         high_wavelen, low_wavelen = llama3_wavelength_thresholds(original_length, p.low_freq_factor, p.high_freq_factor)
         wavelen = 2 * math.pi / base_inv_freq(head_dim, base)
         keep, interpolate = int((wavelen < high_wavelen).sum()), int((wavelen > low_wavelen).sum())

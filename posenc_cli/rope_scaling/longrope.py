@@ -15,20 +15,21 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from posenc_cli.errors import ConfigError
 from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, param, register
-from posenc_cli.rope_scaling.frequencies import base_inv_freq
 from posenc_cli.untrusted import load_json
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = [
     "FACTOR_KEYS",
     "LongRoPE",
     "LongRopeParams",
     "check_factors",
+    "factor_values",
     "longrope_attention_factor",
     "read_factors_file",
 ]
@@ -59,9 +60,16 @@ class LongRopeParams(ScalingParams):
 
 
 def check_factors(values: Sequence[float] | None, pairs: int, name: str) -> Tensor:
-    """(pairs,) float64 factors: `values` checked (length d/2, finite, > 0), or all ones when None."""
+    """(pairs,) float64 factors: `values` checked (`factor_values`), or all ones when None."""
+    import torch  # deferred: extend --help and config validation read this module without torch
+
     if values is None:
         return torch.ones(pairs, dtype=torch.float64)
+    return torch.tensor(factor_values(values, pairs, name), dtype=torch.float64)
+
+
+def factor_values(values: Sequence[float], pairs: int, name: str) -> list[float]:
+    """`values` as floats, checked: a list of `pairs` (d/2) numbers, finite and > 0; one-line ConfigError else."""
     if isinstance(values, str | bytes) or not isinstance(values, Sequence):
         raise ConfigError(f"LongRoPE {name} must be a list of numbers, got {values!r}")
     if len(values) != pairs:
@@ -71,13 +79,11 @@ def check_factors(values: Sequence[float] | None, pairs: int, name: str) -> Tens
         )
     if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
         raise ConfigError(f"LongRoPE {name} must hold numbers only")
-    out = torch.tensor([float(v) for v in values], dtype=torch.float64)
-    if not bool(torch.isfinite(out).all()):
-        raise ConfigError(
-            f"LongRoPE {name} must be finite, got {next(float(v) for v in values if not math.isfinite(v))}"
-        )
-    if not bool((out > 0).all()):
-        raise ConfigError(f"LongRoPE {name} must be > 0, got {float(out.min())}")
+    out = [float(v) for v in values]
+    if not all(math.isfinite(v) for v in out):
+        raise ConfigError(f"LongRoPE {name} must be finite, got {next(v for v in out if not math.isfinite(v))}")
+    if not all(v > 0 for v in out):
+        raise ConfigError(f"LongRoPE {name} must be > 0, got {min(out)}")
     return out
 
 
@@ -113,7 +119,7 @@ def read_factors_file(path: Path | str) -> dict[str, list[float]]:
         if not isinstance(values, list) or not values:
             raise ConfigError(f"--factors {path}: '{key}' must be a non-empty list of numbers")
         try:
-            out[key] = check_factors(values, len(values), key).tolist()
+            out[key] = factor_values(values, len(values), key)
         except ConfigError as e:
             raise ConfigError(f"--factors {path}: {e}") from None
         except OverflowError:  # an integer too large for a float (up to the ~4,300 digits JSON parses)
@@ -146,6 +152,9 @@ class LongRoPE(ScalingMethod):
     def inv_freq(
         self, p: LongRopeParams, head_dim: int, base: float, factor: float, original_length: int, seq_len: int | None
     ) -> Tensor:
+        # deferred: extend --help and config validation read this module without torch
+        from posenc_cli.rope_scaling.frequencies import base_inv_freq
+
         long = seq_len is not None and seq_len > original_length  # transformers: `if seq_len and seq_len > L`
         return base_inv_freq(head_dim, base) / self.factors(p, head_dim, long)
 

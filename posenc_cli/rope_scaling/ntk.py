@@ -6,10 +6,12 @@ bloc97 (2023); YaRN paper (Peng et al. 2023) Eq. 16. transformers has no rope ty
 
 from __future__ import annotations
 
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, register
-from posenc_cli.rope_scaling.frequencies import ntk_inv_freq
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register
@@ -25,6 +27,9 @@ class NTK(ScalingMethod):
     def inv_freq(
         self, p: ScalingParams, head_dim: int, base: float, factor: float, original_length: int, seq_len: int | None
     ) -> Tensor:
+        # deferred: extend --help and config validation read this module without torch
+        from posenc_cli.rope_scaling.frequencies import ntk_inv_freq
+
         return ntk_inv_freq(head_dim, base, factor)
 
     def regions(self, p: ScalingParams, head_dim: int, base: float, factor: float, original_length: int) -> dict:

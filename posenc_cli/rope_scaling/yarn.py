@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from posenc_cli.errors import ConfigError
 from posenc_cli.rope_scaling import ScalingMethod, ScalingParams, TransformersRope, param, register
-from posenc_cli.rope_scaling.frequencies import base_inv_freq
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["YaRN", "YarnParams", "yarn_attention_factor", "yarn_correction_range", "yarn_get_mscale", "yarn_ramp"]
 
@@ -99,6 +99,8 @@ def yarn_ramp(
     truncate: bool = True,
 ) -> Tensor:
     """ramp_k = clamp((k - low)/(high - low), 0, 1), (d/2,) float64: 0 keeps inv_k, 1 fully interpolates (inv_k/s)."""
+    import torch  # deferred: extend --help and config validation read this module without torch
+
     low, high = yarn_correction_range(
         head_dim, base, original_length, beta_fast=beta_fast, beta_slow=beta_slow, truncate=truncate
     )
@@ -126,6 +128,9 @@ class YaRN(ScalingMethod):
     def inv_freq(
         self, p: YarnParams, head_dim: int, base: float, factor: float, original_length: int, seq_len: int | None
     ) -> Tensor:
+        # deferred: extend --help and config validation read this module without torch
+        from posenc_cli.rope_scaling.frequencies import base_inv_freq
+
         ramp = self._ramp(p, head_dim, base, original_length)
         inv = base_inv_freq(head_dim, base)
         return (inv / factor) * ramp + inv * (1.0 - ramp)  # Eq. 18-19: h(θ_k) = (1-γ)θ_k/s + γθ_k, γ = 1 - ramp

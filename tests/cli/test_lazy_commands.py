@@ -29,11 +29,13 @@ print("torch loaded:", "torch" in sys.modules, file=sys.stderr)
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["train", "--help"]], ids=" ".join)
+@pytest.mark.parametrize("args", [["--help"], ["train", "--help"], ["extend", "--help"]], ids=" ".join)
 def test_help_imports_no_torch(args: list[str]) -> None:
     done = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, timeout=120)
     assert "Usage: posenc" in done.stdout
     assert done.stderr.strip().splitlines()[-1] == "torch loaded: False"
+    if args[0] == "extend":  # the scaling methods' flags, read from their modules
+        assert "--yarn" in done.stdout and "--beta-fast" in done.stdout
 
 
 def _built_commands() -> dict[str, object]:

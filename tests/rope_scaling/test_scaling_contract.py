@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -137,3 +139,13 @@ def test_transformers_parameters_round_trip_through_export(name: str) -> None:
         ours, attention = scaled_inv_freq(name, head_dim, BASE, factor, length, seq_len)
         torch.testing.assert_close(ours.double(), ref.double(), rtol=1e-6, atol=0.0)
         assert attention == pytest.approx(float(ref_attention))
+
+
+def test_reading_the_registry_loads_no_torch() -> None:
+    """Every method module imports without torch (its maths imports it when called), so `extend --help`, which
+    reads each method's flags, and a config's validation of the method's parameters stay light."""
+    code = (
+        "import sys\nfrom posenc_cli.rope_scaling import param_fields, registry\n"
+        "assert len(registry()) > 1 and param_fields()\nsys.exit('torch' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
