@@ -22,6 +22,13 @@ tokens, with their K/V as first computed, and the kept tokens take the positions
 Position ids: by default (`ids` None) a cached token's id is its index in the cache, and the new tokens continue
 from there. A forward given explicit `position_ids` stores every token's id, and later forwards must give theirs.
 
+Documents (`documents`, the padding of training's `train.packing=none`: −1 is a pad, `positional.base.Documents`):
+a batch of prompts of different lengths is left-padded and decoded at once. The cache keeps every token's document id
+beside its K/V, so each forward's context rebuilds the documents of all Tc + Tq tokens: a row's ids restart at 0 at
+its first real token, a pad attends only to itself and no real token attends to a pad, on every road (the full
+forward's and the new rows' alike), and the content-dependent schemes keep pads out of their gates and sums as in
+training. New tokens without document ids continue their row's last document (`documents_with`).
+
 The evaluation cell: a cell-level temperature (DroPE's β, `temperatures.drope`) reads the cell's length, which the
 cache holds (`cell_length`: given to `GPT.new_cache`, else its first forward's length) and hands to every forward,
 so a decoding step of one token is scored as a token of that cell, as the full forward given that length scores it.
@@ -51,26 +58,49 @@ class KVCache:
     Each is a view of a buffer with room for the cell (`_extend`): a decoding step writes its own rows, as
     `transformers`' static cache does, instead of copying every held row into a new tensor."""
 
-    def __init__(self, n_layer: int, cell_length: int | None = None) -> None:
+    def __init__(self, n_layer: int, cell_length: int | tuple[int, ...] | None = None, room: int | None = None) -> None:
         self.keys: list[Tensor | None] = [None] * n_layer
         self.values: list[Tensor | None] = [None] * n_layer
         self.ids: Tensor | None = None  # (Tc,) or (B, Tc) int64 ids; None: each token's index in the cache
+        self.documents: Tensor | None = None  # (B, Tc) int64 document ids (−1: a pad); None: one sequence per row
         # per layer, the scheme's `content` features (B, H, Tc, F) of the cached tokens (None: the scheme has none)
         self.content: list[Tensor | None] = [None] * n_layer
-        self.cell_length = cell_length  # the evaluation cell's tokens (`cell`); None until given or first read
+        # the evaluation cell's tokens, or one per row (`cell`); None until given or first read
+        self.cell_length: int | tuple[int, ...] | None = cell_length
+        # tokens per row the buffers are sized for (`_extend`); None: the cell's (the longest row's)
+        self.room = max(cell_length) if room is None and isinstance(cell_length, tuple) else room
         # per layer, the keys as the scheme rotated them, for a scheme with `fixed_key_rotation` (`rotated_keys`)
         self.rotated: list[Tensor | None] = [None] * n_layer
         self._buffers: dict[tuple[str, int], Tensor] = {}  # each list's tensors are views of these (`_extend`)
+        # a token-mixing model option's last inputs, by (layer, name) (`history`: Canon's K − 1 rows)
+        self.histories: dict[tuple[int, str], Tensor] = {}
 
-    def cell(self, given: int | None, length: int) -> int:
-        """The evaluation cell's length for a forward over `length` tokens (cached + new): the one this cache
-        holds, else `given`, else (its first forward) `length`; fixed from then on, so every decoding step reads the
-        same cell. ValueError for a `given` other than the one held."""
+    def cell(self, given: int | tuple[int, ...] | None, length: int) -> int | tuple[int, ...]:
+        """The evaluation cell's length (or one per row) for a forward over `length` tokens (cached + new): the one
+        this cache holds, else `given`, else (its first forward) `length`; fixed from then on, so every decoding step
+        reads the same cell. ValueError for a `given` other than the one held."""
         if self.cell_length is None:
             self.cell_length = length if given is None else given
         elif given is not None and given != self.cell_length:
             raise ValueError(f"this cache decodes a cell of {self.cell_length} tokens, not {given}")
         return self.cell_length
+
+    def documents_with(self, new: Tensor | None, Tq: int) -> Tensor | None:
+        """The document ids (B, Tc + Tq) of a forward reading Tq new tokens: the cached ones (none held: one
+        document, 0, per row) followed by `new` (B, Tq), or, when `new` is None, by each row's last document id
+        continued; None while neither this forward nor an earlier one gave documents. ValueError when a row to be
+        continued ends in a pad (a pad is a document of its own)."""
+        held = self.documents
+        if new is None:
+            if held is None:
+                return None
+            last = held[:, -1:]  # (B, 1)
+            if bool((last < 0).any()):
+                raise ValueError("a row of the cache ends in a pad: give the new tokens' documents")
+            return torch.cat([held, last.expand(-1, Tq)], dim=1)  # (B, Tc + Tq)
+        if held is None:
+            held = new.new_zeros(new.shape[0], self.length)  # (B, Tc) the tokens read so far: one document
+        return torch.cat([held, new], dim=1)  # (B, Tc + Tq)
 
     @property
     def length(self) -> int:
@@ -86,13 +116,14 @@ class KVCache:
 
     def _extend(self, name: tuple[str, int], held: Tensor | None, new: Tensor) -> Tensor:
         """`held` (B, H, Tc, F) followed by `new` (B, H, Tq, F) along the tokens, as a view of a buffer with room to
-        spare (the cell's length, else twice the tokens), so a step copies its new rows only, not the Tc held ones (a
-        fresh buffer, with `held` copied in, when it is full or `held` no longer lives in it: `evict`)."""
+        spare (`room`, else the cell's length, else twice the tokens), so a step copies its new rows only, not the Tc
+        held ones (a fresh buffer, with `held` copied in, when it is full or `held` no longer lives in it: `evict`)."""
         n = 0 if held is None else held.shape[2]
         need = n + new.shape[2]
         buffer = self._buffers.get(name)
         if buffer is None or need > buffer.shape[2] or held is None or held.data_ptr() != buffer.data_ptr():
-            room = max(need, self.cell_length or 0, 2 * n)
+            held_for = self.room if self.room is not None else self.cell_length
+            room = max(need, held_for if isinstance(held_for, int) else 0, 2 * n)
             buffer = new.new_empty(*new.shape[:2], room, new.shape[3])  # (B, H, room, F)
             if held is not None:
                 buffer[:, :, :n] = held
@@ -104,6 +135,17 @@ class KVCache:
         """Add the new tokens' `content` features (B, H, Tq, F) to `layer`; returns all (B, H, Tc + Tq, F)."""
         self.content[layer] = features = self._extend(("content", layer), self.content[layer], features)
         return features  # (B, H, Tc + Tq, F)
+
+    def history(self, key: tuple[int, str], x: Tensor, rows: int) -> Tensor:
+        """x (B, Tq, C), the new tokens' inputs of a causal token mixer (a Canon layer, `options.canon`) -> (B, rows +
+        Tq, C): the `rows` inputs before them (zeros before the first token), then x; the last `rows` are kept for
+        the next forward. `evict` leaves them (they are the most recent tokens', as StreamingLLM keeps them)."""
+        held = self.histories.get(key)
+        if held is None:
+            held = x.new_zeros(x.shape[0], rows, x.shape[2])  # (B, rows, C)
+        out = torch.cat([held, x], dim=1)  # (B, rows + Tq, C)
+        self.histories[key] = out[:, out.shape[1] - rows :]
+        return out
 
     def rotated_keys(
         self, layer: int, scheme: Any, q: Tensor, k: Tensor, ctx: Any, q_start: int
@@ -135,6 +177,7 @@ class KVCache:
         self.keys = [None if k is None else k.index_select(2, index) for k in self.keys]
         self.values = [None if v is None else v.index_select(2, index) for v in self.values]
         self.content = [None if c is None else c.index_select(2, index) for c in self.content]
+        self.documents = None if self.documents is None else self.documents.index_select(1, index)
         self.rotated = [None] * len(self.rotated)  # the kept keys take new positions: rotated again next forward
         self._buffers = {}
         self.ids = None

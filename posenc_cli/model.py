@@ -194,7 +194,7 @@ class GPT(nn.Module):
         position_ids: Tensor | None = None,
         documents: Tensor | None = None,
         *,
-        cell_length: int | None = None,
+        cell_length: int | tuple[int, ...] | None = None,
     ) -> PositionContext:
         """Check the length and build the per-forward position context (position ids, scheme tables).
 
@@ -202,7 +202,8 @@ class GPT(nn.Module):
         one per token of idx (B, T); a scheme with a position limit (`max_length`) refuses ids at or past it.
         documents: None, or (B, T) int document ids of packed rows (`Documents.from_ids`); without position_ids the
         ids are then each token's index within its document.
-        cell_length: the evaluation cell's length in tokens (`PositionContext.cell_length`; None: T).
+        cell_length: the evaluation cell's length in tokens (`PositionContext.cell_length`; None: T), or one per row
+        (a tuple of B: a padded batch of prompts from cells of different lengths).
         """
         T = idx.shape[1]
         docs = None if documents is None else Documents.from_ids(checked_documents(documents, idx))
@@ -217,9 +218,7 @@ class GPT(nn.Module):
             index = torch.arange(T, device=idx.device)
             ctx = PositionContext(positions=ids, index=index, max_position=max_position, documents=docs)
         if cell_length is not None:
-            if cell_length < 1:
-                raise ValueError(f"cell_length must be >= 1, got {cell_length}")
-            ctx.cell_length = int(cell_length)
+            ctx.cell_length = checked_cell_length(cell_length, idx.shape[0])
         self.scheme.prepare(ctx)
         return ctx
 
@@ -238,7 +237,7 @@ class GPT(nn.Module):
         position_ids: Tensor | None = None,
         documents: Tensor | None = None,
         cache: KVCache | None = None,
-        cell_length: int | None = None,
+        cell_length: int | tuple[int, ...] | None = None,
     ) -> Tensor:
         """idx (B, T) int64 -> logits (B, T, V). `causal=False` drops the mask (analysis/tests only).
 
@@ -250,20 +249,21 @@ class GPT(nn.Module):
         contiguous run of equal ids; −1: a pad, a document of one token), with the span and token-order
         temperatures counted from the document's first token (`positional.base.Documents`). Give position_ids
         restarting at 0 per document (the default then) and each document's logits are those it gets alone in a
-        row. None: one sequence per row, exactly as without the argument. Not with `cache`.
+        row. None: one sequence per row, exactly as without the argument. Left pads (−1 before a row's tokens) are
+        how a batch of prompts of different lengths is decoded (`evaluation.passkey.greedy_decode`).
 
         cache: incremental decoding (`new_cache`, `posenc_cli.kv_cache`). idx are then the tokens after the Tc
         cached ones; their logits equal the full forward's over all Tc + T tokens (causal only, eval mode), and
-        their keys and values are appended to the cache. position_ids, if given, are the new tokens' ids.
+        their keys and values are appended to the cache. position_ids, if given, are the new tokens' ids;
+        documents, if given, the new tokens' document ids (the cache keeps every token's: once a forward gave them,
+        a later forward without them continues each row's last document).
 
-        cell_length: the tokens of the evaluation cell (a cell-level temperature's s, `PositionContext.cell_length`);
-        None: T, or with a cache the length the cache holds (`KVCache.cell`), so that full and cached forwards of one
-        cell given the same length compute the same.
+        cell_length: the tokens of the evaluation cell (a cell-level temperature's s, `PositionContext.cell_length`),
+        or a tuple of one per row; None: T, or with a cache the length the cache holds (`KVCache.cell`), so that
+        full and cached forwards of one cell given the same length compute the same.
         """
         if cache is not None:
-            if documents is not None:
-                raise ValueError("documents are for full forwards (packed training rows), not with a KV cache")
-            return self._forward_cached(idx, cache, position_ids, cell_length)
+            return self._forward_cached(idx, cache, position_ids, cell_length, documents)
         per_layer = layer_ids(position_ids, len(self.blocks))  # (B, n_layer, T) or None
         ctx = self.context(
             idx, position_ids if per_layer is None else per_layer[:, 0], documents, cell_length=cell_length
@@ -297,17 +297,23 @@ class GPT(nn.Module):
             out.append(LayerAttention(view, states[key]))
         return out
 
-    def new_cache(self, cell_length: int | None = None) -> KVCache:
-        """An empty key/value cache for `forward(..., cache=)`, for an evaluation cell of `cell_length` tokens (None:
-        its first forward's length)."""
-        return KVCache(len(self.blocks), cell_length)
+    def new_cache(self, cell_length: int | tuple[int, ...] | None = None, room: int | None = None) -> KVCache:
+        """An empty key/value cache for `forward(..., cache=)`, for an evaluation cell of `cell_length` tokens, or one
+        per row (None: its first forward's length); `room`: the tokens per row, pads included, its buffers are sized
+        for (None: the cell's)."""
+        return KVCache(len(self.blocks), cell_length, room)
 
     def _forward_cached(
-        self, idx: Tensor, cache: KVCache, position_ids: Tensor | None, cell_length: int | None = None
+        self,
+        idx: Tensor,
+        cache: KVCache,
+        position_ids: Tensor | None,
+        cell_length: int | tuple[int, ...] | None = None,
+        documents: Tensor | None = None,
     ) -> Tensor:
         """The new tokens idx (B, Tq) after cache's Tc: one context over all Tc + Tq positions, layers on the new
         rows only (a scheme's embed hook, where it has one, sees the whole length, the cached rows zero, so that
-        position tables line up)."""
+        position tables line up). Documents (left pads): the cache's and the new tokens' (`KVCache.documents`)."""
         if self.training:
             raise RuntimeError("the KV cache is for inference: call model.eval() first")
         B, Tq = idx.shape
@@ -326,11 +332,15 @@ class GPT(nn.Module):
                 shape = (B, len(self.blocks)) if max(old_ids.dim(), new_ids.dim()) == 3 else (B,)
                 old_ids, new_ids = widened(old_ids, shape, Tc), widened(new_ids, shape, Tq)
             ids = torch.cat([old_ids.to(idx.device), new_ids], dim=-1)  # (Tc + Tq,), (B, ..) or (B, n_layer, ..)
+        docs = cache.documents_with(None if documents is None else checked_documents(documents, idx), Tq)
         cell = cache.cell(cell_length, Tc + Tq)
-        ctx = self.context(full, ids if ids is None or ids.dim() < 3 else ids[:, 0], cell_length=cell)  # checks first
+        first = ids if ids is None or ids.dim() < 3 else ids[:, 0]
+        ctx = self.context(full, first, docs, cell_length=cell)  # checks first
         contexts = None
         if ids is not None and ids.dim() == 3:
-            contexts = [ctx] + [self.context(full, ids[:, i], cell_length=cell) for i in range(1, len(self.blocks))]
+            contexts = [ctx] + [
+                self.context(full, ids[:, i], docs, cell_length=cell) for i in range(1, len(self.blocks))
+            ]
         tokens = self.wte(idx)  # (B, Tq, D)
         if self.embed_scale != 1.0:
             tokens = tokens * self.embed_scale
@@ -343,6 +353,7 @@ class GPT(nn.Module):
             x = block.run(x, layer, True, cache)
         if ids is not None:
             cache.ids = ids
+        cache.documents = docs
         return self.lm_head(self.norm_f(x))  # (B, Tq, V)
 
 
@@ -384,6 +395,20 @@ def checked_position_ids(position_ids: Tensor, idx: Tensor) -> tuple[Tensor, int
     if lo < 0:
         raise ValueError(f"position_ids must be >= 0, got {lo}")
     return ids, hi
+
+
+def checked_cell_length(cell_length: int | tuple[int, ...], batch: int) -> int | tuple[int, ...]:
+    """An evaluation cell's length, or one per row (a tuple of `batch`) -> the same as ints; ValueError below 1 or
+    for a tuple of another length."""
+    if isinstance(cell_length, tuple):
+        if len(cell_length) != batch:
+            raise ValueError(f"{len(cell_length)} cell lengths do not fit a batch of {batch} rows")
+        cells = tuple(int(c) for c in cell_length)
+    else:
+        cells = (int(cell_length),)
+    if min(cells) < 1:
+        raise ValueError(f"cell_length must be >= 1, got {cell_length}")
+    return cells if isinstance(cell_length, tuple) else cells[0]
 
 
 def checked_documents(documents: Tensor, idx: Tensor) -> Tensor:

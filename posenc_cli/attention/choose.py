@@ -27,8 +27,9 @@ Packed rows (`documents`): every road of a full forward takes the document mask 
 two, which the rules send elsewhere: `Fused`'s `is_causal` cannot express it, so a forward without a bias takes
 `Masked` (SDPA with a boolean mask by chunks of `DOCUMENT_CHUNK` queries, each from its documents' first key on, as
 `KeyBias` then does too); `BlockCausal` batches blocks at multiples of C, while a document's chunks start at its
-first token, so a chunked span takes `Windowed`. The KV cache's rows never see documents (`GPT.forward` refuses
-both).
+first token, so a chunked span takes `Windowed`. The KV cache's rows see documents when a batch of prompts is
+left-padded (`kv_cache`): `Rows`, `Scored` and `Remapped` mask by them, and `LastRow`, which masks nothing, is not
+taken.
 
 Memory of sliding, chunked and document masks: no road the rules take for them builds a T×T mask, bias or score
 tensor, so an evaluation's memory grows linearly in T (benchmarks/window_memory.py; tests/attention/
@@ -99,7 +100,8 @@ def choose_kernel(spec: KernelSpec) -> Kernel:
         chunk = queries_per_chunk(spec, BIAS_CHUNK_BYTES // 2)  # two fp32 score tensors per chunk
         return Remapped(chunk, causal=spec.causal, dropout_p=spec.dropout_p, q_start=spec.q_start, span=spec.span)
     if spec.q_start:
-        if spec.seq_len - spec.q_start == 1 and not spec.has_bias and spec.span.is_full:  # one row sees every key
+        # one row sees every key (no pads: the rows of left-padded prompts take `Rows`, which masks them)
+        if spec.seq_len - spec.q_start == 1 and not spec.has_bias and spec.span.is_full and not spec.documents:
             return LastRow(spec.q_start, dropout_p=spec.dropout_p)
         return Rows(spec.q_start, dropout_p=spec.dropout_p, span=spec.span)
     if flex_applies(spec):

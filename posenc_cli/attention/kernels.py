@@ -152,13 +152,14 @@ class Rows(Kernel):
     span: Span = FULL
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor:
-        pos = state.ctx.token_index
+        pos, docs = state.ctx.token_index, state.ctx.documents
         q_pos = pos[self.q_start :]  # q: (B, H, Tq, hd), those rows
-        lo = self.span.first_key(self.q_start)  # keys before it are hidden from every row (full span: 0)
+        # keys before it are hidden from every row (full span: 0; left pads: chunks start at each row's first token)
+        lo = self.span.first_key(self.q_start, docs is None)
         k, v, k_pos = k[:, :, lo:], v[:, :, lo:], pos[lo:]  # (B, H, T − lo, hd)
         scheme = state.scheme
         bias = scheme.bias(layer, q, k, q_pos, k_pos, state.ctx) if scheme.has_bias else None  # (B, H, Tq, T − lo)
-        mask = fold_causal_mask(bias, q_pos, k_pos, q.dtype, True, self.span)
+        mask = fold_causal_mask(bias, q_pos, k_pos, q.dtype, True, self.span, docs)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout_p)
 
 

@@ -97,23 +97,29 @@ class AttentionState:
         """The rows [q_start, T) of `temperature`'s table (`Temperature.table`: (T, 1) or (B, 1, T, 1) fp32, None
         for an entry without one), built once per forward for every layer with equal settings."""
         if temperature not in self._temperature_tables:
-            docs = self.ctx.documents
-            if docs is None:
-                table = temperature.table(self.ctx.positions, self.ctx.token_index, self.ctx.cell_tokens)
-            else:
-                table = document_table(temperature, self.ctx.positions, docs.local)
+            ctx = self.ctx
+            docs = ctx.documents
+            if docs is None and not isinstance(ctx.cell_length, tuple):
+                table = temperature.table(ctx.positions, ctx.token_index, ctx.cell_tokens)
+            else:  # packed or padded rows, or a cell per row: row by row
+                cells = ctx.cell_length if isinstance(ctx.cell_length, tuple) else None
+                B = docs.local.shape[0] if docs is not None else len(cells or ())
+                local = docs.local if docs is not None else ctx.token_index.expand(B, -1)  # (B, T)
+                table = document_table(temperature, ctx.positions, local, ctx.row_cells(B))
             self._temperature_tables[temperature] = table
         table = self._temperature_tables[temperature]
         return None if table is None else table[..., q_start:, :]
 
 
-def document_table(temperature: Temperature, positions: Tensor, local: Tensor) -> Tensor | None:
-    """`temperature`'s table for packed rows: row by row, each token's index within its document (local (B, T)) as
-    its token index, so a query's factor is the one it would get alone from position 0 -> (B, 1, T, 1) fp32."""
+def document_table(temperature: Temperature, positions: Tensor, local: Tensor, cells: tuple[int, ...]) -> Tensor | None:
+    """`temperature`'s table for packed or left-padded rows: row by row, each token's index within its document
+    (local (B, T)) as its token index, so a query's factor is the one it would get alone from position 0, and the
+    row's evaluation cell (`cells`, one per row: `PositionContext.row_cells`, the row's T unless given) ->
+    (B, 1, T, 1) fp32."""
     rows = []
     for b in range(local.shape[0]):
         ids = positions[b] if positions.dim() == 2 else positions
-        table = temperature.table(ids, local[b], local.shape[1])  # (T, 1); the cell: the row
+        table = temperature.table(ids, local[b], cells[b])  # (T, 1)
         if table is None:
             return None
         rows.append(table.reshape(local.shape[1], 1))

@@ -3,11 +3,13 @@
 
 For each task and instance length n (default 1..2L, L the run's `data.max_length`), `examples` seeded examples become
 prompts `<eod> prompt` (every training document follows an end-of-document token) and the model's greedy
-continuation is decoded through the KV cache (`passkey.decode_prompts`). An example is right when the continuation
+continuation is decoded through the KV cache (`passkey.decode_ragged`). An example is right when the continuation
 is exactly the answer's tokens followed by the end-of-document token, i.e. the answer and then a stop, as the
 reference compares the whole generated output with the target (McGill-NLP/length-generalization 40f8a44,
-`src/data/data_instance_processor/data_instance_processor.py` `is_prediction_correct`). Prompts of one cell are
-decoded in groups of equal token length (no padding, so every row sees exactly its own tokens at positions 0..).
+`src/data/data_instance_processor/data_instance_processor.py` `is_prediction_correct`). The prompts of one cell
+differ in length; they decode together, left-padded as training pads (`passkey.decode_ragged`: a pad is a document
+of its own, so every row sees exactly its own tokens at positions 0..), each read as it was when prompts of one
+length decoded at a time (`decode_plan`: its generation budget, cell length and position draws).
 
 Cells go to `eval/algorithmic.json` through the shared loop (the task `evaluation.tasks.algorithmic`), keyed by
 task, length, examples, seed, generator version, precision, the least training length and checkpoint; each records
@@ -36,7 +38,7 @@ from posenc_cli.data.algorithmic import registry as task_registry
 from posenc_cli.data.algorithmic.base import GENERATOR_VERSION, MAX_LENGTH, Example
 from posenc_cli.data.sources.algorithmic import PAPER_MAX_LENGTH, AlgorithmicDataConfig
 from posenc_cli.errors import ConfigError
-from posenc_cli.evaluation.passkey import check_readable, decode_prompts
+from posenc_cli.evaluation.passkey import check_readable, decode_ragged
 from posenc_cli.evaluation.positions import BeyondRange, Positions
 from posenc_cli.evaluation.results import read_results_file
 from posenc_cli.evaluation.teacher_forced import evaluate_scored_cell
@@ -160,7 +162,7 @@ def evaluate_cell(
     fraction of answer positions, the closing end token included, whose greedy token is right: Ruoss et al. 2023's
     per-token accuracy), tokens (the longest prompt + answer, end tokens included), samples}. Raises
     `LengthBeyondScheme` (before any forward) when the model cannot read the longest example, and `BeyondRange` when
-    randomized `positions` cannot draw that many ids (`passkey.decode_prompts` feeds them)."""
+    randomized `positions` cannot draw that many ids (`decode_plan` draws them)."""
     if any(e.scored is not None for e in examples):  # MQAR, flip-flop: many positions, teacher-forced
         options: dict[str, Any] = {"batch_tokens": batch_tokens, "dtype": dtype, "device": device, "label": label}
         return evaluate_scored_cell(model, tokenizer, examples, progress=progress, positions=positions, **options)
@@ -169,23 +171,15 @@ def evaluate_cell(
     check_readable(model, tokens)  # it reads every token but the last generated one
     if positions is not None and (beyond := positions.beyond_range(tokens)) is not None:
         raise BeyondRange(beyond)
+    steps, ids = decode_plan([len(p) for p, _ in encoded], [len(a) for _, a in encoded], positions)
+    cells = [len(p) + s for (p, _), s in zip(encoded, steps, strict=True)]
+    prompts = [p for p, _ in encoded]
+    outputs = decode_ragged(model, prompts, steps, cells, batch_tokens, dtype, device, progress, label, ids)
     right = np.zeros(len(examples), dtype=bool)
     matched = np.zeros(len(examples), dtype=np.float64)  # per example: the fraction of answer tokens right
-    outputs: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(examples)
-    by_width: dict[int, list[int]] = {}
-    for i, (p, _) in enumerate(encoded):
-        by_width.setdefault(len(p), []).append(i)
-    for width, rows in sorted(by_width.items()):  # one decode per prompt length: no padding
-        prompts = np.stack([encoded[i][0] for i in rows])  # (n, width)
-        steps = max(len(encoded[i][1]) for i in rows)
-        generated = decode_prompts(
-            model, prompts, steps, width + steps, batch_tokens, dtype, device, progress, label, positions=positions
-        )  # (n, steps)
-        for r, i in enumerate(rows):
-            answer = encoded[i][1]
-            right[i] = np.array_equal(generated[r, : len(answer)], answer)
-            matched[i] = float(np.mean(generated[r, : len(answer)] == answer))
-            outputs[i] = generated[r]
+    for i, ((_, answer), generated) in enumerate(zip(encoded, outputs, strict=True)):
+        right[i] = np.array_equal(generated[: len(answer)], answer)
+        matched[i] = float(np.mean(generated[: len(answer)] == answer))
     samples = [
         {
             "prompt": e.prompt,
@@ -202,6 +196,32 @@ def evaluate_cell(
         "tokens": int(tokens),
         "samples": samples,
     }
+
+
+def decode_plan(
+    widths: Sequence[int], answers: Sequence[int], positions: Positions | None
+) -> tuple[list[int], list[torch.Tensor] | None]:
+    """Per example of one cell (prompt width, answer tokens) -> (tokens to generate, position ids or None): every
+    prompt of one width generates the most answer tokens among them, and is read as a cell of width + that many
+    tokens; randomized `positions` draw each width's rows, in order, from the generator of that length
+    (`Positions.generator`). What the decode of one width at a time gave, now that prompts of every width decode
+    together (`passkey.decode_ragged`), so a cell's results are the same."""
+    by_width: dict[int, list[int]] = {}
+    for i, w in enumerate(widths):
+        by_width.setdefault(w, []).append(i)
+    steps = [0] * len(widths)
+    ids: list[torch.Tensor] = [torch.empty(0)] * len(widths)
+    random = positions is not None and positions.random
+    for width, rows in sorted(by_width.items()):
+        most = max(answers[i] for i in rows)
+        drawn = None
+        if random and positions is not None:
+            drawn = positions.draw(len(rows), width + most, positions.generator(width + most))  # (n, ..., w + most)
+        for r, i in enumerate(rows):
+            steps[i] = most
+            if drawn is not None:
+                ids[i] = drawn[r]  # (width + most,) or (layers, width + most)
+    return steps, ids if random else None
 
 
 # ----------------------------------------------------------------------------------------------------------------

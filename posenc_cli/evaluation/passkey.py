@@ -61,9 +61,11 @@ __all__ = [
     "PromptTooShort",
     "build_prompts",
     "combined_json",
+    "decode_ragged",
     "evaluate_passkey_model",
     "exact_match",
     "greedy_decode",
+    "left_pad_documents",
     "load_passkey_results",
     "token_share",
 ]
@@ -134,9 +136,14 @@ def greedy_decode(
     *,
     use_bf16: bool = False,
     position_ids: torch.Tensor | None = None,
-    cell_length: int | None = None,
+    cell_length: int | tuple[int, ...] | None = None,
+    pads: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Append `steps` argmax tokens to `prompts` (B, P) -> (B, steps).
+
+    `pads` (B,) int: row b's first pads[b] tokens are left padding (prompts of different lengths in one batch,
+    posenc's model only): they go in as document −1, training's padding (`GPT.forward`'s documents), so no real token
+    sees them and each row decodes as it would alone; `cell_length` then defaults to each row's own P − pads + steps.
 
     With posenc's model (`new_cache`) the prompt is read once and each generated token by one forward of that
     token against the KV cache (`posenc_cli.kv_cache`: the same logits as a full forward, to rounding); a
@@ -148,8 +155,14 @@ def greedy_decode(
     forward of the decode reads (DroPE's cell temperature, `GPT.forward`); None: P + steps.
     """
     if hasattr(model, "new_cache"):
-        cell = prompts.shape[1] + steps if cell_length is None else cell_length
-        return _greedy_cached(model, prompts, steps, use_bf16=use_bf16, position_ids=position_ids, cell_length=cell)
+        P = prompts.shape[1]
+        cell: int | tuple[int, ...] = P + steps if cell_length is None else cell_length
+        if pads is not None and cell_length is None:
+            cell = tuple(P - int(n) + steps for n in pads.tolist())
+        options = {"use_bf16": use_bf16, "position_ids": position_ids, "cell_length": cell, "pads": pads}
+        return _greedy_cached(model, prompts, steps, **options)
+    if pads is not None:
+        raise ValueError("left-padded prompts decode through posenc's KV cache only (a model with new_cache)")
     if _own_cache_serves(model, position_ids):
         return _greedy_own_cache(model, prompts, steps, use_bf16=use_bf16, position_ids=position_ids)
     x = prompts
@@ -169,21 +182,32 @@ def _greedy_cached(
     *,
     use_bf16: bool,
     position_ids: torch.Tensor | None,
-    cell_length: int,
+    cell_length: int | tuple[int, ...],
+    pads: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`greedy_decode` through the KV cache (held for a cell of `cell_length` tokens): the prompt once, then one
-    (B, 1) forward per generated token."""
-    cache = model.new_cache(cell_length)
+    """`greedy_decode` through the KV cache (held for a cell of `cell_length` tokens, or one per row): the prompt
+    once (its left `pads` as document −1), then one (B, 1) forward per generated token, which continues its row's
+    document."""
+    cache = model.new_cache(cell_length, room=prompts.shape[1] + steps)
     out = prompts.new_empty(prompts.shape[0], steps)  # (B, steps)
     x, start = prompts, 0
+    documents = None if pads is None else left_pad_documents(pads.to(prompts.device), prompts.shape[1])  # (B, P)
     for i in range(steps):
         ids = None if position_ids is None else position_ids[..., start : start + x.shape[1]]  # this forward's
         start += x.shape[1]
         with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            logits = model(x, cache=cache, position_ids=ids)  # (B, T, V): the prompt, then one token
+            logits = model(x, cache=cache, position_ids=ids, documents=documents)  # (B, T, V): prompt, then a token
+        documents = None  # later tokens continue each row's document (`KVCache.documents_with`)
         out[:, i] = logits[:, -1, :].float().argmax(dim=-1)
         x = out[:, i : i + 1]  # (B, 1)
     return out
+
+
+def left_pad_documents(pads: torch.Tensor, width: int) -> torch.Tensor:
+    """(B,) pad counts -> (B, width) int64 document ids: −1 on each row's first pads[b] tokens (training's padding,
+    `train.packing=none`), 0 on its prompt."""
+    index = torch.arange(width, device=pads.device)  # (width,)
+    return torch.where(index[None, :] < pads[:, None], -1, 0).long()  # (B, width)
 
 
 def _own_cache_serves(model: nn.Module, position_ids: torch.Tensor | None) -> bool:
@@ -278,6 +302,94 @@ def decode_prompts(
     finally:
         model.train(was_training)
     return generated
+
+
+def decode_ragged(
+    model: nn.Module,
+    prompts: Sequence[np.ndarray],
+    steps: Sequence[int],
+    cells: Sequence[int],
+    batch_tokens: int,
+    dtype: str,
+    device: str | torch.device,
+    progress: Progress | None,
+    label: str,
+    position_ids: Sequence[torch.Tensor] | None = None,
+) -> list[np.ndarray]:
+    """Greedy continuations of prompts of any lengths: row i (`prompts[i]` (P_i,)) gets `steps[i]` tokens, read as an
+    evaluation cell of `cells[i]` tokens, with `position_ids[i]` ((P_i + steps_i,) or (layers, P_i + steps_i); None:
+    0..P_i + steps_i − 1) -> one (steps_i,) array per row.
+
+    Rows go by length (longest first) into batches of `batch_tokens` // the longest row's tokens, each left-padded to
+    its longest prompt (`greedy_decode`'s `pads`): a cell whose prompts differ in length decodes in as few batches as
+    one of equal prompts, each row as it would alone. A batch decodes its most steps; a row past its own keeps its
+    last id for the extra tokens (never read: a learned table's limit is the row's), whose tokens are dropped. A
+    model without posenc's KV cache (a `transformers` checkpoint) takes the prompts of one length together, unpadded.
+    The model is put in eval mode and given back in the mode it came in."""
+    device = torch.device(device)
+    n = len(prompts)
+    out: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * n
+    if n == 0:
+        return out
+    widths = [len(p) + s for p, s in zip(prompts, steps, strict=True)]
+    per_batch = max(1, batch_tokens // max(widths))
+    order = sorted(range(n), key=lambda i: -len(prompts[i]))  # similar lengths share a batch: few pads
+    if hasattr(model, "new_cache"):
+        batches = [order[b : b + per_batch] for b in range(0, n, per_batch)]
+    else:  # no padding without posenc's cache: one length (and budget) at a time
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i in order:
+            groups.setdefault((len(prompts[i]), int(steps[i])), []).append(i)
+        batches = [g[b : b + per_batch] for g in groups.values() for b in range(0, len(g), per_batch)]
+    was_training = model.training
+    model.eval()
+    done = 0
+    try:
+        with torch.inference_mode():
+            for rows in batches:
+                row_ids = None if position_ids is None else [position_ids[i] for i in rows]
+                x, pads, ids, S = padded_batch([prompts[i] for i in rows], [int(steps[i]) for i in rows], row_ids)
+                cell = tuple(int(cells[i]) for i in rows)
+                generated = greedy_decode(
+                    model,
+                    x.to(device),
+                    S,
+                    use_bf16=dtype == "bf16",
+                    position_ids=None if ids is None else ids.to(device),
+                    cell_length=cell if len(set(cell)) > 1 else cell[0],
+                    pads=None if pads is None else pads.to(device),
+                )  # (B, S)
+                for r, i in enumerate(rows):
+                    out[i] = generated[r, : int(steps[i])].cpu().numpy()
+                done += len(rows)
+                if progress is not None:
+                    progress(label, done, n)
+    finally:
+        model.train(was_training)
+    return out
+
+
+def padded_batch(
+    prompts: Sequence[np.ndarray], steps: Sequence[int], position_ids: Sequence[torch.Tensor] | None
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
+    """Prompts (P_i,) -> (tokens (B, P) left-padded with each row's first token, pads (B,) or None when no row is
+    padded, ids (B, P + S) or (B, layers, P + S) or None, S the most steps). Ids: 0 on the pads, then the row's own
+    (`position_ids[i]`, else 0..P_i + steps_i − 1, given explicitly only when some row has fewer steps than S or ids
+    were given), its last id repeated on its extra steps."""
+    P, S = max(len(p) for p in prompts), max(steps)
+    pad = [P - len(p) for p in prompts]
+    x = torch.from_numpy(np.stack([np.pad(p, (n, 0), mode="edge") for p, n in zip(prompts, pad, strict=True)]))
+    pads = torch.tensor(pad, dtype=torch.long) if any(pad) else None
+    ids = None
+    if position_ids is not None or min(steps) < S:
+        rows = []
+        for i, (p, s) in enumerate(zip(prompts, steps, strict=True)):
+            own = torch.arange(len(p) + s) if position_ids is None else position_ids[i].long()  # (..., P_i + s)
+            extra = own[..., -1:].expand(*own.shape[:-1], S - s)  # the last id, on steps past the row's own
+            zeros = own.new_zeros(*own.shape[:-1], pad[i])
+            rows.append(torch.cat([zeros, own, extra], dim=-1))  # (..., P + S)
+        ids = torch.stack(rows)  # (B, P + S) or (B, layers, P + S)
+    return x, pads, ids, S
 
 
 def evaluate_passkey_model(

@@ -93,7 +93,8 @@ class PositionContext:
         by each attention layer before its bias, logits and normalise hooks run.
     documents: packed rows (`Documents`): each token attends only within its document; None: one sequence per row.
     cell_length: the tokens of the evaluation cell this forward belongs to, which a cell-level temperature reads
-        (DroPE's β, `temperatures.drope`); None: the forward's own T (`cell_tokens`).
+        (DroPE's β, `temperatures.drope`), or a tuple of one per row (a padded batch of prompts from cells of
+        different lengths: `row_cells`); None: the forward's own T (`cell_tokens`).
     """
 
     positions: Tensor
@@ -102,7 +103,7 @@ class PositionContext:
     max_position: int | None = None
     content: dict[int, Tensor] = field(default_factory=dict)
     documents: Documents | None = None
-    cell_length: int | None = None
+    cell_length: int | tuple[int, ...] | None = None
 
     @property
     def seq_len(self) -> int:
@@ -116,8 +117,14 @@ class PositionContext:
 
     @property
     def cell_tokens(self) -> int:
-        """The evaluation cell's length in tokens: `cell_length`, or T when none was given."""
-        return self.seq_len if self.cell_length is None else self.cell_length
+        """The evaluation cell's length in tokens: `cell_length`, or T when none was given (per row: the longest)."""
+        if self.cell_length is None:
+            return self.seq_len
+        return max(self.cell_length) if isinstance(self.cell_length, tuple) else self.cell_length
+
+    def row_cells(self, batch: int) -> tuple[int, ...]:
+        """Each row's evaluation cell length (`cell_length` per row, else `cell_tokens` for all `batch` rows)."""
+        return self.cell_length if isinstance(self.cell_length, tuple) else (self.cell_tokens,) * batch
 
     @property
     def token_index(self) -> Tensor:

@@ -17,11 +17,15 @@ def model(name: str = "learned") -> GPT:
     return GPT(TINY, config_class(name)(), 32, 16).eval()
 
 
-def test_documents_are_refused_with_a_kv_cache() -> None:
+def test_a_cached_row_ending_in_a_pad_needs_the_new_tokens_documents() -> None:
+    """With a KV cache, new tokens without documents continue their row's last document; a pad is a document of its
+    own, so a row that ends in one cannot be continued (left pads, `kv_cache`, are the padding a cache takes)."""
     m = model()
     idx = torch.randint(0, 32, (1, 6))
-    with pytest.raises(ValueError, match="not with a KV cache"), torch.no_grad():
-        m(idx, documents=torch.zeros_like(idx), cache=m.new_cache())
+    cache = m.new_cache()
+    with pytest.raises(ValueError, match="ends in a pad"), torch.no_grad():
+        m(idx, documents=torch.tensor([[0, 0, 0, 0, 0, -1]]), cache=cache)
+        m(idx[:, :1], cache=cache)
 
 
 @pytest.mark.parametrize(
