@@ -136,8 +136,13 @@ class TrainRecorder:
         if steps <= 0 or not result.tokens_per_s:
             return
         n = int(self._started["n_params"])
-        flops = tokens * train_flops_per_token(n, self.model.n_layer, self.model.d_model, self.seq_len)
-        self.profile.add("steps", tokens / float(result.tokens_per_s), flops)
+        flops = tokens * train_flops_per_token(n, self.model.n_layer, self.model.d_model, self.seq_len)  # pads too
+        # tokens/s counts input tokens without padding (`train.packing=none` pads rows), so the time is the session's
+        # real tokens over it; a start event without its token count (every row full) counts whole steps
+        real = tokens
+        if "tokens" in self._started and getattr(result, "tokens", None) is not None:
+            real = int(result.tokens) - int(self._started["tokens"])
+        self.profile.add("steps", real / float(result.tokens_per_s), flops)
 
 
 class EvalRecorder:

@@ -4,7 +4,8 @@ validation, atomic checkpoints, exact resume, graceful SIGTERM/SIGINT and non-fi
 `train()` never prints: it reports through `callback(event)` with dicts whose "event" is one of
   data        {stage, done, total}                 while the corpus is read/tokenized
   start       {run_dir, step, steps, resumed, device, precision, threads, compile ('eager' or 'compiled (<mode>)'),
-               n_params, tokens_per_step, seq_len}
+               n_params, tokens_per_step (rows x length, padding included), tokens (input tokens before this
+               session, padding not counted), seq_len}
   step        {step, steps, loss, lr, grad_norm, tokens, scored_tokens, tokens_per_s (session mean),
                interval_tokens_per_s (since the last logged step), elapsed_s, logged}       after every update
               (tokens: input tokens processed, padding not counted; scored_tokens: targets the loss counted;
@@ -474,6 +475,7 @@ class _Trainer:
                 "compile": compiling.describe(tc.compile),
                 "n_params": sum(p.numel() for p in self.params),
                 "tokens_per_step": tokens_per_step,
+                "tokens": self.tokens,
                 "seq_len": tc.seq_len,
             }
         )

@@ -57,6 +57,18 @@ def test_train_recorder_books_phases_and_passes_events_on() -> None:
     assert profile.facts["peak_key"] == "fp32@2"
 
 
+def test_padded_rows_book_the_time_of_the_real_tokens() -> None:
+    """Under train.packing=none rows are padded and tokens/s counts the real tokens only: the booked time is the
+    session's real tokens over that rate (it was the padded count over it, twice the wall time of a tasks job)."""
+    profile = JobProfile()
+    rec = TrainRecorder(profile, CFG)
+    start = {"event": "start", "step": 4, "steps": 10, "precision": "fp32", "threads": 1, "device": "cpu"}
+    rec(start | {"n_params": 1000, "tokens_per_step": 64, "tokens": 100, "seq_len": 16})
+    rec({"event": "end", "result": SimpleNamespace(step=10, tokens=100 + 192, tokens_per_s=96.0)})  # half padding
+    assert profile.seconds["steps"] == pytest.approx(192 / 96.0)  # not 6 x 64 / 96
+    assert profile.flops["steps"] == 6 * 64 * train_flops_per_token(1000, 2, 32, 16)  # padding is computed
+
+
 def test_eval_recorder_books_each_length_and_its_flops() -> None:
     profile = JobProfile()
     weights = torch.nn.Linear(100, 10)  # 1010 parameters
