@@ -37,8 +37,9 @@ of other documents and applies the span at each token's index within its documen
 their additive mask per chunk (`fold_causal_mask`, (B, 1 or H, chunk, Tk)), `Masked` and `KeyBias` call SDPA by
 query chunks with a boolean mask, skipping the keys of earlier documents (`attend_documents`), and `Scored`,
 `Windowed` and `flex.Flex` take it beside the span.
-Never a (B, H, T, T) tensor that the bias itself would not need. The KV cache's rows (`Rows`, `LastRow`) never see
-documents (the model refuses both together).
+Never a (B, H, T, T) tensor that the bias itself would not need. The KV cache's rows see documents when prompts of
+different lengths are left-padded (`kv_cache`): `Rows` folds them into its mask; `LastRow`, without a mask, is then
+not taken.
 
 Position ids (see `posenc_cli.positional.base`): the causal mask and the chunks follow token order, always; the
 bias hooks receive token indexes and read the chunk's ids from the context, so with per-token ids the chunked road
