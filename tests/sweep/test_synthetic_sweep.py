@@ -1,0 +1,66 @@
+"""configs/sweep/synthetic.yaml (issue #44 item 3): it parses and plans into the grid it promises, every job trains
+one task with the reference's recipe (loss on the scored tokens, one example per row) at seed 0, its select stages
+pick the learning rate by competence on their own task, and each stage's rows hold its task's longest example."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from posenc_cli.config import config_dir
+from posenc_cli.data.algorithmic import task_class
+from posenc_cli.sweep.plan import plan_sweep, validate_plan
+from posenc_cli.sweep.select import line_value
+from posenc_cli.sweep.spec import find_sweep_file, load_sweep_spec
+
+SCHEMES = {"path", "fox", "rope", "alibi", "nope"}
+TASKS = ("mqar", "flipflop", "s5")
+
+
+@pytest.fixture(scope="module")
+def plans() -> list:
+    path = find_sweep_file("synthetic", [config_dir()])
+    assert path.read_text().startswith("# posenc sweep synthetic")
+    return plan_sweep(load_sweep_spec(path), [])
+
+
+def lines(plan) -> list[list[str]]:
+    return [job.overrides for job in plan.jobs]
+
+
+def test_it_validates_and_plans_six_schemes_by_two_rates_per_task(plans: list) -> None:
+    validate_plan(plans, None)
+    assert [p.stage.name for p in plans] == [s for t in TASKS for s in (t, f"{t}-layout")]
+    for plan in plans:
+        assert plan.stage.action == "select"
+        rates = {line_value(o, "train.lr") for o in lines(plan)}
+        assert rates == {"0.001", "0.003"}
+        schemes = {line_value(o, "pos") for o in lines(plan)}
+        assert schemes == ({"layout"} if plan.stage.name.endswith("-layout") else SCHEMES)
+    assert sum(len(p.jobs) for p in plans) == 3 * 6 * 2
+
+
+def test_every_job_trains_one_task_on_its_scored_tokens_at_seed_0(plans: list) -> None:
+    for plan in plans:
+        task = plan.stage.name.removesuffix("-layout")
+        rule = plan.stage.select
+        assert (rule.metric, rule.task, rule.group_by) == ("competence", task, ("pos",))
+        for o in lines(plan):
+            assert line_value(o, "data.tasks") == f"[{task}]"
+            assert line_value(o, "train.loss_on") == "answer" and line_value(o, "train.packing") == "none"
+            assert line_value(o, "train.seed") == "0"
+
+
+def test_each_stage_row_holds_its_tasks_longest_training_example(plans: list) -> None:
+    """train.packing=none refuses an example longer than train.seq_len + 1 tokens (its end-of-document tokens
+    included); the byte tokenizer makes a character one token. MQAR's longest is the one whose last query sits in
+    the last slot."""
+    rng = np.random.default_rng(0)
+    for plan in plans:
+        task = plan.stage.name.removesuffix("-layout")
+        o = lines(plan)[0]
+        seq_len, longest = int(line_value(o, "train.seq_len")), int(line_value(o, "data.max_length"))
+        examples = [task_class(task).sample(rng, longest) for _ in range(400)]
+        tokens = max(len(e.text.encode()) for e in examples) + 2
+        assert tokens <= seq_len + 1, (task, tokens, seq_len)
+        assert tokens >= seq_len - 8, (task, tokens, seq_len)  # rows no longer than the task needs
