@@ -63,9 +63,25 @@ class ModelConfig:
     # DroPE's s: `cell` one β per evaluation cell (the reference's), `query` per query (a saved drope config without
     # the key: `legacy_model_defaults`)
     temperature_form: Literal["cell", "query"] = "cell"
+    # Model options (one file each in `posenc_cli/options`, docs/options.md); every default is off, the model of
+    # posenc before they existed. attn_sinks: one learned logit per head in the softmax's normaliser (GPT-OSS);
+    # attn_gate: a sigmoid gate on the attention output before the output projection, one per channel or per head
+    # (Qiu et al. 2025); qk_norm: q and k normalised per head, `rms` with a weight before the rotation (Qwen3), `l2`
+    # weightless after it (Llama 4), on every layer or (qk_norm_layers=rotary) only where the layer's scheme rotates;
+    # canon: Canon layers at the placements named, any of A B C D (Allen-Zhu 2025), "" none.
+    attn_sinks: bool = False
+    attn_gate: Literal["none", "elementwise", "headwise"] = "none"
+    qk_norm: Literal["none", "rms", "l2"] = "none"
+    qk_norm_layers: Literal["all", "rotary"] = "all"
+    canon: str = ""
 
     def validate(self) -> None:
         positive(self, "model", "d_model", "n_layer", "n_head", "mlp_ratio")
+        canon = str(self.canon)
+        if any(c not in "ABCD" for c in canon) or len(set(canon)) != len(canon):
+            raise ConfigError(f"model.canon={canon!r}: any of the placements A, B, C, D, each once (e.g. AC; '' none)")
+        if self.qk_norm_layers != "all" and self.qk_norm == "none":
+            raise ConfigError(f"model.qk_norm_layers={self.qk_norm_layers} needs model.qk_norm=rms|l2")
         non_negative(self, "model", "logn_length")
         if self.attn_scale != "none" and self.logn_length == 1:
             raise ConfigError("model.logn_length must be 0 (the training length) or >= 2")

@@ -13,6 +13,10 @@ branch on a scheme or a road.
 is) or `fairseq` (the baselines of Press et al. 2022, fairseq's `transformer_lm`: token table N(0, 1/D) times √D,
 so tokens start at unit scale, and a sinusoid added unscaled). See `ModelConfig.embed_scale`.
 
+Model options (`posenc_cli.options`: learned sinks, the output gate, QK-norm, Canon layers) are built per block
+from `model=` (`LayerOptions`, given the layer's scheme) and called through their hooks at fixed points of the block
+and the attention layer; with none switched on a block has no option parameters and computes what it did before.
+
 `GPT.drop_positions()` removes the positional encoding from a model in place (DroPE, Gelberg et al. 2025, arXiv
 2512.12167): the scheme is replaced by `NoPositions`, the base class's no-op hooks, so no layer embeds, rotates or
 biases any more, and the scheme's own parameters leave the model; each layer keeps its span (a hybrid's sliding
@@ -22,7 +26,9 @@ window or chunks) and temperature, as the reference keeps Qwen2's `sliding_windo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +36,7 @@ from torch import Tensor, nn
 from posenc_cli.attention import AttentionState, CausalSelfAttention
 from posenc_cli.config import Config, ModelConfig, PosConfig
 from posenc_cli.kv_cache import KVCache
+from posenc_cli.options import LayerOptions, enabled
 from posenc_cli.positional import PositionalScheme, PositionContext, build_scheme
 from posenc_cli.positional.base import Documents, LayerView
 from posenc_cli.positional.span import FULL, Span
@@ -54,19 +61,25 @@ class MLP(nn.Module):
         self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.proj(self.act(self.fc(x))))
+    def forward(self, x: Tensor, hidden: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+        """x (B, T, D) -> (B, T, D); `hidden`: applied to the hidden layer (B, T, mlp_ratio·D) before the activation."""
+        h = self.fc(x)
+        if hidden is not None:
+            h = hidden(h)
+        return self.drop(self.proj(self.act(h)))
 
 
 class Block(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)), with the model options' hooks (`options`, none by
+    default; `scheme`: the scheme this layer attends with, which an option may read when it is built)."""
 
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, scheme: PositionalScheme | None = None) -> None:
         super().__init__()
         self.norm1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg, layer)
         self.norm2 = make_norm(cfg)
         self.mlp = MLP(cfg)
+        self.options = LayerOptions(cfg, layer, scheme)
 
     def forward(
         self,
@@ -79,8 +92,11 @@ class Block(nn.Module):
         span: Span = FULL,
         temperature: FloorLog | None = None,
     ) -> Tensor:
-        x = x + self.attn(self.norm1(x), scheme, ctx, causal, cache, state, span, temperature)
-        return x + self.mlp(self.norm2(x))
+        options = self.options
+        h = options.attention_input(self.norm1(x), ctx, cache)
+        x = x + self.attn(h, scheme, ctx, causal, cache, state, span, temperature, options)
+        hidden = partial(options.mlp_hidden, ctx=ctx, cache=cache) if options else None
+        return x + self.mlp(options.mlp_input(self.norm2(x), ctx, cache), hidden)
 
     def run(self, x: Tensor, layer: LayerAttention, causal: bool = True, cache: KVCache | None = None) -> Tensor:
         """`forward` with the layer's view and state (`GPT.layer_attention`)."""
@@ -136,7 +152,8 @@ class GPT(nn.Module):
         self.scheme: PositionalScheme = build_scheme(pos, model, train_length)
         self.wte = nn.Embedding(vocab_size, model.d_model)
         self.drop = nn.Dropout(model.dropout)
-        self.blocks = nn.ModuleList(Block(model, i) for i in range(model.n_layer))
+        schemes = layer_schemes(self.scheme, model.n_layer) if enabled(model) else [None] * model.n_layer
+        self.blocks = nn.ModuleList(Block(model, i, schemes[i]) for i in range(model.n_layer))
         self.norm_f = make_norm(model)
         self.lm_head = nn.Linear(model.d_model, vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
@@ -355,6 +372,14 @@ class GPT(nn.Module):
             cache.ids = ids
         cache.documents = docs
         return self.lm_head(self.norm_f(x))  # (B, Tq, V)
+
+
+def layer_schemes(scheme: PositionalScheme, n_layer: int) -> list[PositionalScheme]:
+    """The scheme each layer attends with (`layer_view`'s; a layout's own per layer), read from a context of two
+    positions, as `GPT.drop_positions` reads the spans."""
+    ctx = PositionContext(positions=torch.arange(2))
+    scheme.prepare(ctx)
+    return [scheme.layer_view(i, ctx).scheme for i in range(n_layer)]
 
 
 def widened(ids: Tensor, shape: tuple[int, ...], T: int) -> Tensor:

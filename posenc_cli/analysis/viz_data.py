@@ -403,7 +403,8 @@ def layer_views(model: Any, idx: Tensor) -> Iterator[LayerQKV]:
     x = model.embed(idx, ctx)  # (B, T, D)
     for layer, (block, att) in enumerate(zip(model.blocks, model.layer_attention(ctx), strict=True)):
         view = att.view
-        q, k, v = block.attn.qkv_heads(block.norm1(x), view.scheme, view.ctx, None, att.state, view.temperature)
+        h = block.options.attention_input(block.norm1(x), view.ctx, None)  # the model options' hooks (Canon A)
+        q, k, v = block.attn.qkv_heads(h, view.scheme, view.ctx, None, att.state, view.temperature, block.options)
         yield LayerQKV(layer, q, k, v, view)
         x = block.run(x, att)
 

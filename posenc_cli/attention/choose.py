@@ -19,6 +19,13 @@ forward. The device and memory policy the choice follows is written here, as dat
   it was measured faster than today's road are listed (benchmarks/flex_vs_chunked.py; docs/design.md has the
   numbers).
 
+Learned sinks (`spec.sinks`, `model.attn_sinks`): one logit per head joins each softmax row's normaliser
+(`options.attn_sinks.sink_softmax`). Only the roads that form the weights themselves can add it: `Scored` and
+`Remapped`. Every SDPA road returns no log-sum-exp to correct its output by σ(ℓ − b) afterwards, and FlexAttention's
+`score_mod` cannot add a column (its log-sum-exp is not returned on CPU), so a layer with sinks takes `Scored`
+(`Remapped` for a remapping scheme) whatever else its spec says: fp32 logits by query chunks, as for a scheme that
+owns its scores.
+
 A new road is a new kernel class and one more rule here; a spec field is added only for a fact the rule reads
 (the layer's attention span; whether the scheme owns the logits or the normaliser, `scored.Scored`; whether the
 rows are packed with documents).
@@ -91,14 +98,18 @@ def choose_kernel(spec: KernelSpec) -> Kernel:
     """The attention kernel for `spec` (the rules in order; the first that applies wins)."""
     if attends_in_fp32(spec):
         return InFp32(choose_kernel(replace(spec, dtype=torch.float32)))
-    if spec.owns_scores:  # the scheme's logits or normaliser: no fused kernel can run it
+    if spec.owns_scores or (spec.sinks and not spec.remap):  # own logits, normaliser or sinks: no fused kernel
         chunk = queries_per_chunk(spec, BIAS_CHUNK_BYTES // 2)  # logits and weights, two fp32 tensors per chunk
         if not spec.span.is_full and spec.causal and spec.chunk_size is None and not spec.q_start:  # n + W keys
             chunk = spec.span.queries_per_chunk(BIAS_CHUNK_BYTES // (8 * spec.batch * spec.n_head))
-        return Scored(chunk, causal=spec.causal, dropout_p=spec.dropout_p, q_start=spec.q_start, span=spec.span)
+        return Scored(
+            chunk, causal=spec.causal, dropout_p=spec.dropout_p, q_start=spec.q_start, span=spec.span, sinks=spec.sinks
+        )
     if spec.remap:
         chunk = queries_per_chunk(spec, BIAS_CHUNK_BYTES // 2)  # two fp32 score tensors per chunk
-        return Remapped(chunk, causal=spec.causal, dropout_p=spec.dropout_p, q_start=spec.q_start, span=spec.span)
+        return Remapped(
+            chunk, causal=spec.causal, dropout_p=spec.dropout_p, q_start=spec.q_start, span=spec.span, sinks=spec.sinks
+        )
     if spec.q_start:
         # one row sees every key (no pads: the rows of left-padded prompts take `Rows`, which masks them)
         if spec.seq_len - spec.q_start == 1 and not spec.has_bias and spec.span.is_full and not spec.documents:
@@ -201,9 +212,10 @@ def describe(
     chunk_size: int | None = None,
     dropout_p: float = 0.0,
     span: Span = FULL,
+    sinks: bool = False,
 ) -> KernelSpec:
     """The `KernelSpec` of attending with q (B, H, T − q_start, hd), the query rows [q_start, T), under `state`'s
-    scheme and context, in a layer of attention span `span`."""
+    scheme and context, in a layer of attention span `span` (`sinks`: with learned sink logits)."""
     scheme, ctx = state.scheme, state.ctx
     window = scheme.remap_window
     min_id = state.min_id() if window and ctx.max_position is not None else None  # one host sync per forward
@@ -230,6 +242,7 @@ def describe(
         dropout_p=dropout_p,
         span=FULL if span.covers(T) else span,
         documents=ctx.documents is not None,
+        sinks=sinks,
     )
 
 
@@ -254,6 +267,7 @@ def attend(
     q_start: int = 0,
     state: AttentionState | None = None,
     span: Span = FULL,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """softmax(q·kᵀ/√hd + bias + mask)·v for q (B, H, T − q_start, hd), the query rows [q_start, T), and k, v
     (B, H, T, hd) -> (B, H, T − q_start, hd), through the kernel that `choose_kernel` picks for this call
@@ -261,10 +275,22 @@ def attend(
 
     `chunk_size` forces the number of queries per chunk on the bias road. `q_start` > 0 (decoding with a KV cache,
     causal): q holds only the query rows [q_start, T), attended against every key. `span`: the layer's attention
-    span (`positional.span`; full by default).
+    span (`positional.span`; full by default). `sinks`: the layer's learned sink logits (H,) (`model.attn_sinks`),
+    which join every softmax row's normaliser.
     """
     state = AttentionState(scheme, ctx) if state is None else state
-    spec = describe(state, q, causal=causal, q_start=q_start, chunk_size=chunk_size, dropout_p=dropout_p, span=span)
+    if sinks is not None:
+        state.sinks[layer] = sinks
+    spec = describe(
+        state,
+        q,
+        causal=causal,
+        q_start=q_start,
+        chunk_size=chunk_size,
+        dropout_p=dropout_p,
+        span=span,
+        sinks=sinks is not None,
+    )
     return forward_kernel(state, spec)(q, k, v, state, layer)
 
 

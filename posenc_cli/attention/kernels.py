@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posenc_cli.attention.state import AttentionState, Kernel
+from posenc_cli.options.attn_sinks import sink_softmax
 from posenc_cli.positional.base import Documents, PositionContext, relative_distance
 from posenc_cli.positional.span import FULL, Span
 
@@ -182,6 +183,7 @@ class Remapped(Kernel):
     By query chunks: each holds two (B, H, chunk, Tk) fp32 score tensors, so the chunk is sized for half of
     `BIAS_CHUNK_BYTES`. The remapped q and k are computed once per layer (elementwise rotations, (B, H, T, hd)):
     query rows from q_start on are padded back to T with zero rows first (the scheme's `remap` takes all T).
+    `sinks`: the layer's learned sink logits (`state.sinks`) join each row's softmax (`sink_softmax`).
     """
 
     chunk: int
@@ -189,6 +191,7 @@ class Remapped(Kernel):
     dropout_p: float = 0.0
     q_start: int = 0
     span: Span = FULL
+    sinks: bool = False
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor:
         scheme, ctx = state.scheme, state.ctx
@@ -207,7 +210,8 @@ class Remapped(Kernel):
             qc, kc = q[:, :, start:end], k[:, :, :k_end]
             bias = scheme.bias(layer, qc, kc, q_pos, k_pos, ctx) if scheme.has_bias else None
             mask = fold_causal_mask(bias, q_pos, k_pos, torch.float32, self.causal, self.span, ctx.documents)
-            probs = torch.softmax(scores + mask, dim=-1)
+            scores = scores + mask
+            probs = sink_softmax(scores, state.sinks[layer]) if self.sinks else torch.softmax(scores, dim=-1)
             if self.dropout_p > 0:
                 probs = F.dropout(probs, self.dropout_p)
             outs.append(probs.to(v.dtype) @ v[:, :, :k_end])  # (B, H, Tq, hd)

@@ -8,6 +8,7 @@ from posenc_cli.attention.choose import attend
 from posenc_cli.attention.state import AttentionState
 from posenc_cli.config import ModelConfig
 from posenc_cli.kv_cache import KVCache
+from posenc_cli.options import LayerOptions
 from posenc_cli.positional.base import PositionalScheme, PositionContext
 from posenc_cli.positional.span import FULL, Span
 from posenc_cli.temperatures import Temperature, from_model
@@ -57,9 +58,11 @@ class CausalSelfAttention(nn.Module):
         cache: KVCache | None = None,
         state: AttentionState | None = None,
         temperature: Temperature | None = None,
+        options: LayerOptions | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, D) -> q, k, v (B, H, T, hd), with q and k already rotated by the scheme (and q length-scaled,
-        then multiplied by the layer's `temperature` if it has one).
+        then multiplied by the layer's `temperature` if it has one). `options`: the block's model options, whose
+        `heads` hook sees the new heads before the cache and the rotation, and `rotated` hook q and k after it.
 
         With a cache, x holds the Tq new tokens: their unrotated k, v join the cache, and k, v are returned for all
         Tc + Tq tokens, q for the Tq new ones (B, H, Tq, hd), rotated at their positions (`rotate_rows`).
@@ -68,9 +71,12 @@ class CausalSelfAttention(nn.Module):
         state = AttentionState(scheme, ctx) if state is None else state
         B, T, D = x.shape
         q, k, v = self.qkv(x).split(D, dim=2)  # 3 × (B, T, D)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        q = q.view(B, T, self.n_head, self.head_dim)  # (B, T, H, hd)
+        k = k.view(B, T, self.n_head, self.head_dim)  # (B, T, H, hd)
+        v = v.view(B, T, self.n_head, self.head_dim)  # (B, T, H, hd)
+        if options:
+            q, k, v = options.heads(q, k, v, ctx, cache)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, hd) each
         q_start = 0
         if cache is not None:
             k, v = cache.append(self.layer, k, v)  # (B, H, Tc + T, hd), unrotated keys
@@ -83,6 +89,8 @@ class CausalSelfAttention(nn.Module):
             q, k = cache.rotated_keys(self.layer, scheme, q, k, ctx, q_start)
         else:
             q, k = scheme.rotate_rows(q, k, ctx, q_start) if q_start else scheme.rotate(q, k, ctx)
+        if options:
+            q, k = options.rotated(q, k)
         q = self.length_scale(q, state, q_start)
         if temperature is not None:  # the layer's own, from its LayerView (e.g. Llama 4's floor-log)
             q = self.tempered(q, temperature, state, q_start)
@@ -98,16 +106,18 @@ class CausalSelfAttention(nn.Module):
         state: AttentionState | None = None,
         span: Span = FULL,
         temperature: Temperature | None = None,
+        options: LayerOptions | None = None,
     ) -> Tensor:
         """x (B, T, D) -> (B, T, D). `state`: the forward's `AttentionState` (`GPT.forward` passes one to every
         layer, so tables and the kernel choice are shared); None: a fresh one for this call. `span` and
-        `temperature`: the layer's, from its `LayerView` (full span, none by default)."""
+        `temperature`: the layer's, from its `LayerView` (full span, none by default). `options`: the block's model
+        options (`posenc_cli.options`; their hooks on the heads, the softmax's sinks, the output)."""
         if state is None:
             state = AttentionState(scheme, ctx)
         elif state.scheme is not scheme or state.ctx is not ctx:
             raise ValueError("the attention state belongs to another scheme or forward")
         B, T, D = x.shape
-        q, k, v = self.qkv_heads(x, scheme, ctx, cache, state, temperature)
+        q, k, v = self.qkv_heads(x, scheme, ctx, cache, state, temperature, options)
         y = attend(
             q,
             k,
@@ -121,6 +131,9 @@ class CausalSelfAttention(nn.Module):
             q_start=k.shape[2] - T,
             state=state,
             span=span,
+            sinks=options.sink_logits() if options else None,
         )  # (B, H, T, hd)
-        y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
-        return self.resid_drop(self.proj(y))
+        y = y.transpose(1, 2)  # (B, T, H, hd)
+        if options:
+            y = options.output(y, x)
+        return self.resid_drop(self.proj(y.reshape(B, T, D)))  # (B, T, D)

@@ -9,7 +9,9 @@ sized from its span, n·(n + W) scores each, as `Windowed`'s: `choose.choose_ker
 1. logits: the scheme's `logits` hook, or q·kᵀ/√hd plus the scheme's `bias` (if it has one), in fp32;
 2. visible: the causal mask and the layer's span (`Span.visible`), (Tq, Tk) bool; in packed rows also the
    query's own document, (B, 1, Tq, Tk) (`positional.base.Documents`);
-3. weights: the scheme's `normalise` hook (the softmax over the visible keys by default), dropout, then ·v.
+3. weights: the scheme's `normalise` hook (the softmax over the visible keys by default), dropout, then ·v; with
+   learned sinks (`sinks`, `model.attn_sinks`) the softmax over the visible keys and the head's sink logit
+   (`options.attn_sinks.sink_softmax`; a scheme with its own normaliser is refused sinks when the model is built).
 
 It serves the full forward (q_start = 0) and KV-cache decoding (q_start > 0: the new rows against every key)
 alike, so the cached and uncached logits agree as the other roads' do.
@@ -25,6 +27,7 @@ from torch import Tensor
 
 from posenc_cli.attention.kernels import document_first_key
 from posenc_cli.attention.state import AttentionState, Kernel
+from posenc_cli.options.attn_sinks import sink_softmax
 from posenc_cli.positional.base import Documents, PositionalScheme, PositionContext
 from posenc_cli.positional.span import FULL, Span
 
@@ -38,6 +41,7 @@ class Scored(Kernel):
     dropout_p: float = 0.0
     q_start: int = 0
     span: Span = FULL
+    sinks: bool = False
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, state: AttentionState, layer: int) -> Tensor:
         scheme, ctx = state.scheme, state.ctx
@@ -56,7 +60,10 @@ class Scored(Kernel):
             kc, vc = k[:, :, lo:k_end], v[:, :, lo:k_end]  # (B, H, Tk, hd)
             logits = chunk_logits(scheme, layer, qc, kc, q_pos, k_pos, ctx)  # (B, H, Tq, Tk) fp32
             visible = visible_keys(q_pos, k_pos, self.causal, self.span, ctx.documents)  # (Tq, Tk) | (B, 1, Tq, Tk)
-            weights = scheme.normalise(layer, logits, q_pos, k_pos, visible, ctx)  # (B, H, Tq, Tk)
+            if self.sinks:
+                weights = sink_softmax(logits.masked_fill(~visible, float("-inf")), state.sinks[layer])
+            else:
+                weights = scheme.normalise(layer, logits, q_pos, k_pos, visible, ctx)  # (B, H, Tq, Tk)
             if self.dropout_p > 0:
                 weights = F.dropout(weights, self.dropout_p)
             outs.append(weights.to(v.dtype) @ vc)  # (B, H, Tq, hd)

@@ -55,6 +55,8 @@ class AttentionState:
     _document_starts: list[int] | None = None
     # packed rows: FlexAttention's block mask per (causal, span), built once per forward (`flex.Flex`)
     flex_masks: dict[tuple[bool, Span], object] = field(default_factory=dict)
+    # per layer, its learned sink logits (H,) for this forward (`options.attn_sinks`; `choose.attend` sets them)
+    sinks: dict[int, Tensor] = field(default_factory=dict)
 
     def key_bias(self) -> Tensor:
         """The scheme's `key_bias` (H, T) or (B, H, T) at this forward's token indexes, computed once (all layers

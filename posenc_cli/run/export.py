@@ -44,6 +44,7 @@ from posenc_cli.config import Config
 from posenc_cli.data.tokenizer import EOD_TOKEN
 from posenc_cli.errors import ConfigError, NotExportable, UserError
 from posenc_cli.fsutil import make_temp_dir, set_default_mode
+from posenc_cli.options import enabled as enabled_options
 from posenc_cli.positional.layout import LayoutConfig
 from posenc_cli.positional.rope import rotary_dim
 from posenc_cli.run.export_rope import interleaved_to_half, neox_rope
@@ -105,6 +106,10 @@ def architecture(cfg: Config) -> str | None:
 
 def check_exportable(cfg: Config) -> None:
     """Raise `NotExportable` (one line) unless the run maps exactly onto GPT-2, GPT-NeoX or SmolLM3."""
+    options = [f"model.{cls.name}={getattr(cfg.model, cls.name)}" for cls in enabled_options(cfg.model)]
+    if options:  # GPT-OSS / Qwen3 / Gemma / Llama 4 targets: issue #43 item 4
+        raise NotExportable(f"not exportable: {', '.join(options)} (model options) have no counterpart in GPT-2, "
+                            "GPT-NeoX or SmolLM3")  # fmt: skip
     if architecture(cfg) == SMOLLM3:
         check_smollm3_exportable(cfg)
         return

@@ -51,6 +51,11 @@ ADDED_KEYS = (
     "extend.params.mscale_all_dim",
     "pos.scaling.params.mscale",
     "pos.scaling.params.mscale_all_dim",
+    "model.attn_sinks",
+    "model.attn_gate",
+    "model.qk_norm",
+    "model.qk_norm_layers",
+    "model.canon",
 )
 _ABSENT = object()
 
