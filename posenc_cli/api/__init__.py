@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time `__getattr_
         scaling_params,
     )
     from posenc_cli.api.models import load_model
+    from posenc_cli.api.plotting import plot_accuracy_by_length
     from posenc_cli.api.profiles import profile_rows
     from posenc_cli.api.scheme_table import schemes
     from posenc_cli.api.sweeps import (
@@ -96,6 +97,7 @@ _HOME = {
     "scaling_methods": "posenc_cli.api.extension",
     "scaling_params": "posenc_cli.api.extension",
     "load_model": "posenc_cli.api.models",
+    "plot_accuracy_by_length": "posenc_cli.api.plotting",
     "profile_rows": "posenc_cli.api.profiles",
     "schemes": "posenc_cli.api.scheme_table",
     "SweepPlan": "posenc_cli.api.sweeps",
@@ -158,6 +160,7 @@ __all__ = [
     "load_model",
     "one_method",
     "plan_sweep",
+    "plot_accuracy_by_length",
     "prepare_data",
     "profile_rows",
     "run_planned_sweep",

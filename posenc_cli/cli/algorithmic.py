@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -32,6 +33,7 @@ _EXAMPLES = """
   posenc eval-algorithmic alg --tasks copy --lengths 1-40 --examples 500
   posenc eval-algorithmic outputs/sweeps/algorithmic --json algorithmic.json
   posenc eval-algorithmic alg --competence 0.95   [dim](flag tasks below 95% exact match in distribution)[/]
+  posenc eval-algorithmic outputs/sweeps/synthetic --plot synthetic.png   [dim](accuracy vs length, a panel per task)[/]
 """
 
 
@@ -91,6 +93,14 @@ def eval_algorithmic_command(
             "learned' (its beyond-L accuracy measures no learned skill)."
         ),
     ] = DEFAULT_COMPETENCE,
+    plot: Annotated[
+        Path | None,
+        option(
+            "Write accuracy against length here: a panel per task, a line per run (each task in its reference's "
+            "measure: per-token for MQAR and flip-flop, exact match otherwise).",
+            dir_okay=False,
+        ),
+    ] = None,
     json_path: JsonOption = None,
 ) -> None:
     """Algorithmic tasks (copy, reverse, addition, ...) per instance length; accuracy stored in
@@ -100,9 +110,12 @@ def eval_algorithmic_command(
 
     from posenc_cli import api
     from posenc_cli.report.algorithmic_report import run_tables, summary_table
+    from posenc_cli.report.plots import figure_format
 
     paths = paths or []
     check_run_args(paths, "eval-algorithmic")
+    if plot is not None:
+        figure_format(plot)  # a format matplotlib cannot write, or an unwritable place, fails before any cell
     evaluation, seconds = evaluate_timed(
         "examples",
         lambda display: api.evaluate_algorithmic(
@@ -130,8 +143,8 @@ def eval_algorithmic_command(
         seconds,
         table=Group(*run_tables(results, summaries, gates, competence), *([summary] if summary is not None else [])),
         results_file="eval/algorithmic.json",
-        plot=None,
-        write_plot=lambda path: [],
+        plot=plot,
+        write_plot=lambda path: [api.plot_accuracy_by_length(evaluation, path)],
         json_path=json_path,
         write_json=evaluation.write_json,
     )

@@ -67,6 +67,7 @@ def test_eval_algorithmic_prints_the_table_and_caches_cells(run: Path, tmp_path:
         (["--examples", "0"], "--examples must be in [1, 1000000], got 0"),
         (["--max-length", "0"], "--max-length must be in"),
         (["data.max_length=3"], "unexpected argument data.max_length=3"),
+        (["--plot", "accuracy.xyz"], "cannot write a .xyz figure"),
     ],
 )
 def test_user_errors_are_one_line_and_write_nothing(run: Path, flags: list[str], message: str) -> None:
@@ -77,6 +78,14 @@ def test_user_errors_are_one_line_and_write_nothing(run: Path, flags: list[str],
     assert len(result.output.strip().splitlines()) == 1
     after = sorted(p.name for p in (run / "eval").iterdir()) if (run / "eval").is_dir() else []
     assert after == before
+
+
+def test_plot_draws_accuracy_against_length_per_task(run: Path, tmp_path: Path) -> None:
+    plot = tmp_path / "accuracy.png"
+    args = ["eval-algorithmic", str(run), "--examples", "2", "--device", "cpu", "--plot", str(plot)]
+    result = runner.invoke(app, args, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "accuracy.png" in result.output
 
 
 def test_a_missing_run_directory_is_one_line(tmp_path: Path) -> None:
