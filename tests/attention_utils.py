@@ -1,16 +1,21 @@
 """Attention helpers for tests: forcing a model's attention layers to score by small query chunks; the largest
-allocation of a piece of code (`LargestAllocation`)."""
+allocation of a piece of code (`LargestAllocation`); a short window's whole attention matrices (`layer_qkv`,
+`attention_weights`, from `analysis.viz_data`'s chunks)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from posenc_cli.analysis.viz_data import attention_chunks, layer_views
 from posenc_cli.attention import CausalSelfAttention
+from posenc_cli.positional import PositionalScheme, PositionContext
+from posenc_cli.positional.span import FULL, Span
 
 
 def force_chunks(model: nn.Module, chunk: int | None) -> None:
@@ -36,3 +41,28 @@ class LargestAllocation(TorchDispatchMode):
             if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > self.nbytes:
                 self.nbytes, self.shape = t.untyped_storage().nbytes(), tuple(t.shape)
         return out
+
+
+def layer_qkv(model: Any, idx: Tensor) -> Iterator[tuple[int, Tensor, Tensor, Tensor, PositionContext]]:
+    """`layer_views` as tuples (layer, q, k, v, the layer's context); attend them with the layer's scheme and span
+    (`layer_views` gives both; a plain scheme's are `model.scheme` and the full span)."""
+    for item in layer_views(model, idx):
+        yield item.layer, item.q, item.k, item.v, item.view.ctx
+
+
+def attention_weights(
+    q: Tensor,
+    k: Tensor,
+    scheme: PositionalScheme,
+    layer: int,
+    ctx: PositionContext,
+    *,
+    chunk: int | None = None,
+    span: Span = FULL,
+) -> Tensor:
+    """The full (B, H, T, T) attention weights of a short window (`viz_data.attention_chunks` put together)."""
+    B, H, T, _ = q.shape
+    out = torch.zeros(B, H, T, T)
+    for start, w in attention_chunks(q, k, scheme, layer, ctx, chunk=chunk, span=span):
+        out[:, :, start : start + w.shape[2], : w.shape[3]] = w
+    return out

@@ -6,7 +6,8 @@ import pytest
 
 from posenc_cli.config import Config, config_to_dict, config_to_yaml
 from posenc_cli.errors import ConfigError
-from posenc_cli.run.config_load import config_from_dict, load_config_file
+from posenc_cli.run.config_load import config_from_dict
+from posenc_cli.untrusted import load_yaml
 
 
 def base_dict() -> dict:
@@ -17,7 +18,7 @@ def test_round_trip_through_yaml(tmp_path) -> None:
     cfg = config_from_dict(base_dict())
     path = tmp_path / "config.yaml"
     path.write_text(config_to_yaml(cfg))
-    assert load_config_file(path) == cfg
+    assert config_from_dict(load_yaml(path, what="config file"), saved=True) == cfg
 
 
 @pytest.mark.parametrize(
@@ -72,19 +73,19 @@ def test_ints_are_accepted_where_floats_are_expected() -> None:
     assert config_from_dict(raw).train.lr == 1.0
 
 
-def test_load_config_file_errors_name_the_file(tmp_path) -> None:
+def test_reading_a_config_file_names_the_file(tmp_path) -> None:
     missing = tmp_path / "nope.yaml"
     with pytest.raises(ConfigError, match="config file not found"):
-        load_config_file(missing)
+        load_yaml(missing, what="config file")
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: [unclosed\n")
     with pytest.raises(ConfigError, match="bad.yaml: config file is not valid YAML"):
-        load_config_file(bad)
+        load_yaml(bad, what="config file")
     # A YAML tag that would construct a Python object is refused by the safe loader.
     evil = tmp_path / "evil.yaml"
     evil.write_text("model: !!python/object/apply:os.system ['true']\n")
     with pytest.raises(ConfigError, match="evil.yaml"):
-        load_config_file(evil)
+        load_yaml(evil, what="config file")
 
 
 @pytest.mark.parametrize(

@@ -409,13 +409,6 @@ def layer_views(model: Any, idx: Tensor) -> Iterator[LayerQKV]:
         x = block.run(x, att)
 
 
-def layer_qkv(model: Any, idx: Tensor) -> Iterator[tuple[int, Tensor, Tensor, Tensor, PositionContext]]:
-    """`layer_views` as tuples (layer, q, k, v, the layer's context); attend them with the layer's scheme and span
-    (`layer_views` gives both; a plain scheme's are `model.scheme` and the full span)."""
-    for item in layer_views(model, idx):
-        yield item.layer, item.q, item.k, item.v, item.view.ctx
-
-
 def attention_chunks(
     q: Tensor,
     k: Tensor,
@@ -452,24 +445,6 @@ def attention_chunks(
         bias = scheme.bias(layer, qc, kc, q_pos, k_pos, ctx) if scheme.has_bias else None
         scores = scores + fold_causal_mask(bias, q_pos, k_pos, torch.float32, causal=True, span=span)
         yield start, torch.softmax(scores, dim=-1)
-
-
-def attention_weights(
-    q: Tensor,
-    k: Tensor,
-    scheme: PositionalScheme,
-    layer: int,
-    ctx: PositionContext,
-    *,
-    chunk: int | None = None,
-    span: Span = FULL,
-) -> Tensor:
-    """The full (B, H, T, T) attention weights (for short windows and tests; `attention_chunks` for long ones)."""
-    B, H, T, _ = q.shape
-    out = torch.zeros(B, H, T, T)
-    for start, w in attention_chunks(q, k, scheme, layer, ctx, chunk=chunk, span=span):
-        out[:, :, start : start + w.shape[2], : w.shape[3]] = w
-    return out
 
 
 def pool_rows(w: Tensor, start: int, T: int, factor: int) -> tuple[Tensor, Tensor]:

@@ -1,4 +1,4 @@
-"""The on-disk token cache behind `load_corpus`, and batching (`sample_batch`, `eval_windows`).
+"""The on-disk token cache behind `load_corpus`, and batching (`window_index`, `eval_windows`).
 
 The corpus sources (stdlib, text, hf, passkey; one module each) and their train/validation split live in
 `posenc_cli.data.sources`.
@@ -57,7 +57,6 @@ __all__ = [
     "document_starts",
     "eval_windows",
     "load_corpus",
-    "sample_batch",
     "window_index",
 ]
 
@@ -407,27 +406,12 @@ def load_corpus(
 # Batching.
 
 
-def sample_batch(
-    tokens: np.ndarray,
-    batch_size: int,
-    seq_len: int,
-    generator: torch.Generator,
-    starts: np.ndarray | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random windows of seq_len + 1 tokens; x = window[:-1], y = window[1:], both (B, seq_len) int64.
-
-    Start offsets are uniform over [0, len - seq_len - 1], or, given `starts` (`document_starts`), drawn uniformly
-    from those offsets; either way drawn with `generator` (same state => same batch).
-    """
-    index = window_index(len(tokens), batch_size, seq_len, generator, starts)  # (B, T+1)
-    windows = torch.from_numpy(np.asarray(tokens[index]).astype(np.int64))  # (B, T+1)
-    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
-
-
 def window_index(
     n: int, batch_size: int, seq_len: int, generator: torch.Generator, starts: np.ndarray | None = None
 ) -> np.ndarray:
-    """The offsets (B, seq_len + 1) of `sample_batch`'s windows into a split of `n` tokens (its random draws)."""
+    """The offsets (B, seq_len + 1) of a training batch's windows into a split of `n` tokens: uniform over
+    [0, n - seq_len - 1], or over `starts` (`document_starts`) when given, drawn with `generator` (same state, same
+    batch)."""
     if n < seq_len + 1:
         raise DataError(f"the split has {n} tokens, fewer than seq_len + 1 = {seq_len + 1}")
     if starts is None:

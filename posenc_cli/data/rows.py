@@ -1,6 +1,6 @@
 """The rows of a training or validation batch, by `train.packing` and `train.loss_on` (`config.TrainConfig`).
 
-- `stream`: windows of seq_len + 1 tokens of the split's token stream (`cache.window_index`, as `sample_batch`).
+- `stream`: windows of seq_len + 1 tokens of the split's token stream (`cache.window_index`).
 - `none`: one example per row: its end-of-document token's predecessor opens it at position 0 (as an evaluation
   prompt opens with an end-of-document token), then its tokens and its closing end-of-document token; the rest of
   the row is padding (McGill-NLP/length-generalization 40f8a44, `src/data/s2s_dl_factory.py:335-377`:
@@ -90,7 +90,7 @@ def stream_rows(
     starts: np.ndarray | None,
     answer_only: bool,
 ) -> Rows:
-    """`packing=stream`: `sample_batch`'s windows (the same draws), weighted by the scored mask under
+    """`packing=stream`: `cache.window_index`'s windows, weighted by the scored mask under
     `loss_on=answer` (`scored` None: every token scored)."""
     index = window_index(len(tokens), batch_size, seq_len, generator, starts)  # (B, T+1)
     rows = torch.from_numpy(np.asarray(tokens[index]).astype(np.int64))  # (B, T+1)

@@ -44,7 +44,6 @@ from posenc_cli.data.sources.passkey import (
 from posenc_cli.errors import ConfigError, LengthBeyondScheme
 from posenc_cli.evaluation.perplexity.planning import plan_lengths
 from posenc_cli.evaluation.positions import Positions
-from posenc_cli.evaluation.results import read_results_file
 
 if TYPE_CHECKING:
     from posenc_cli.data.tokenizer import Tokenizer
@@ -66,7 +65,6 @@ __all__ = [
     "exact_match",
     "greedy_decode",
     "left_pad_documents",
-    "load_passkey_results",
     "token_share",
 ]
 
@@ -495,11 +493,6 @@ class PasskeyConfig:
 
 def results_path(run_dir: Path | str) -> Path:
     return Path(run_dir) / PASSKEY_FILE
-
-
-def load_passkey_results(run_dir: Path | str) -> dict[str, Any] | None:
-    """The stored `eval/passkey.json` of a run, None when absent; CheckpointError when unreadable."""
-    return read_results_file(results_path(run_dir), "eval-passkey")
 
 
 def combined_json(results: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -25,7 +25,6 @@ and the corpus and tokenizer fingerprints.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import random
 import time
@@ -65,7 +64,6 @@ __all__ = [
     "constrain",
     "crossover",
     "initial_candidates",
-    "is_valid",
     "mutate",
     "search_bounds",
     "search_identity",
@@ -93,10 +91,6 @@ def constrain(values: Sequence[float], low: float, high: float) -> Candidate:
     """Clamp to [low, high], then sort: the nearest candidate (same values) that is non-decreasing over pairs.
     Identity on a valid candidate."""
     return tuple(sorted(min(max(float(v), low), high) for v in values))
-
-
-def is_valid(values: Sequence[float], low: float, high: float) -> bool:
-    return all(low <= v <= high for v in values) and all(a <= b for a, b in itertools.pairwise(values))
 
 
 def initial_candidates(head_dim: int, base: float, factor: float, original_length: int) -> dict[str, Candidate]:

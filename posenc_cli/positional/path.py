@@ -33,8 +33,8 @@ How it runs here. `content` returns each token's pre-convolution W_w x_t and its
 token, so the KV cache keeps them; `logits` does everything that mixes tokens (the convolution, the products) for
 one chunk of queries against the keys it sees, exactly. It splits the chunk's keys into blocks of C tokens (up to
 `BLOCK` = 64): inside every block at once by matrix products and two unit-triangular solves (the UT transform),
-between blocks through the blocks' whole products P_b, d × d matrices (`path_scores`); `path_scores_loop`, the
-plain walk over every key (one Python step per key), is kept as its reference. The blocks follow token indexes, so
+between blocks through the blocks' whole products P_b, d × d matrices (`path_scores`); the plain walk over every
+key (one Python step per key) is its reference in tests/positional/test_path.py. The blocks follow token indexes, so
 the chunks of one forward (which see prefixes of the same keys) carry each key block once (`PaTH.carried`). O(T² d)
 work per layer, T/C Python steps; the measured cost against RoPE's is in docs/commands/schemes.md.
 The reference's Triton kernel (`fla.ops.path_attn`) is not used: it fuses the softmax and ·v, so it cannot serve a
@@ -129,27 +129,6 @@ def householder_vectors(raw: Tensor, conv: Tensor | None, keep: Tensor | None = 
     return w * torch.rsqrt(w.square().sum(-1, keepdim=True) + L2_EPS)
 
 
-def reflect(x: Tensor, w: Tensor, beta: Tensor) -> Tensor:
-    """H x = x − β (x·w) w, row by row: x (..., d), w (..., d) and beta (..., 1) broadcastable to it."""
-    return x - beta * (x * w).sum(-1, keepdim=True) * w
-
-
-def path_scores_loop(q: Tensor, k: Tensor, w: Tensor, beta: Tensor) -> Tensor:
-    """The plain walk: q (B, H, Tq, d), the queries of the last Tq of n tokens, k, w (B, H, n, d), beta (B, H, n) ->
-    (B, H, Tq, n) q_iᵀ H_i ⋯ H_(j+1) k_j (unscaled) for j ≤ i; entries j > i are arbitrary (masked later).
-
-    Walks j from n − 1 down, keeping U_i = H_(j+1) ⋯ H_i q_i for the queries i > j: one step per key."""
-    n, Tq = k.shape[2], q.shape[2]
-    rows = torch.arange(n - Tq, n, device=q.device)  # the queries' token indexes
-    u, cols = q, []
-    for j in range(n - 1, -1, -1):
-        cols.append((u * k[:, :, j, None]).sum(-1))  # (B, H, Tq)
-        if j > 0:  # H_j, for the keys before j; it joins the rows i >= j
-            moved = reflect(u, w[:, :, j, None], beta[:, :, j, None, None])
-            u = torch.where((rows >= j)[:, None], moved, u)
-    return torch.stack(cols[::-1], dim=-1)
-
-
 def carry_blocks(k: Tensor, w: Tensor, bw: Tensor) -> tuple[Tensor, Tensor]:
     """Blocks of keys k, w (..., C, d) and D W = bw (..., C, d) -> (k̂, P): every key carried to its block's end,
     k̂_j = H_(C−1) ⋯ H_(j+1) k_j (..., C, d), and the block's whole product P = H_(C−1) ⋯ H_0 (..., d, d)."""
@@ -171,9 +150,9 @@ def path_scores(
     lead: int = 0,
     carried: dict[str, Tensor] | None = None,
 ) -> Tensor:
-    """`path_scores_loop`'s scores by blocks of `block` keys, in matrix products. q (B, H, Tq, d), k, w (B, H, n, d),
-    beta (B, H, n) -> (B, H, Tq, n) of the inputs' dtype, equal up to rounding where j ≤ i, NaN where j > i (no
-    logit: PaTH is causal).
+    """The plain walk's scores (its reference in tests/positional/test_path.py) by blocks of `block` keys, in matrix
+    products. q (B, H, Tq, d), k, w (B, H, n, d), beta (B, H, n) -> (B, H, Tq, n) of the inputs' dtype, equal up to
+    rounding where j ≤ i, NaN where j > i (no logit: PaTH is causal).
 
     The n tokens are padded with identity transforms (β = 0) to nb blocks of C: `lead` of them before (so that
     blocks can follow absolute token indexes), the rest after. Inside a block (local indexes), with G = W Wᵀ,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from posenc_cli.config import (
@@ -96,15 +95,6 @@ def _default_option(group: str) -> str | None:
             if isinstance(entry, dict) and isinstance(entry.get(group), str):
                 return str(entry[group])
     return None
-
-
-def load_config_file(path: Path) -> Config:
-    """Read a resolved `config.yaml` (safe YAML only) and validate it."""
-    raw = load_yaml(path, what="config file")
-    try:
-        return config_from_dict(raw, saved=True)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from e
 
 
 def dotlist_dict(dotted: Sequence[str], *, error_prefix: str = "") -> dict[str, Any]:

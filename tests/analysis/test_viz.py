@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from attention_utils import force_chunks
+from attention_utils import attention_weights, force_chunks, layer_qkv
 from rich.console import Console
 from scheme_utils import plain_schemes
 from torch import Tensor
@@ -198,8 +198,8 @@ def test_weights_times_v_is_the_models_attention(scheme: str, chunk: int | None)
     ctx = model.context(idx)
     x = model.embed(idx, ctx)
     with torch.no_grad():
-        for (layer, q, k, v, _), block in zip(viz_data.layer_qkv(model, idx), model.blocks, strict=True):
-            w = viz_data.attention_weights(q, k, model.scheme, layer, ctx, chunk=chunk)  # (B, H, T, T)
+        for (layer, q, k, v, _), block in zip(layer_qkv(model, idx), model.blocks, strict=True):
+            w = attention_weights(q, k, model.scheme, layer, ctx, chunk=chunk)  # (B, H, T, T)
             torch.testing.assert_close(w.sum(-1), torch.ones(3, H, 23))
             assert torch.all(w.triu(1) == 0)  # causal
             y = (w @ v).transpose(1, 2).reshape(3, 23, D)  # (B, T, D)
@@ -221,8 +221,8 @@ def test_panel_rows_sum_to_one_and_mass_is_the_brute_force() -> None:
     np.testing.assert_allclose(panel.mass.sum(-1), 1.0, rtol=1e-6)
     ctx = model.context(idx)
     with torch.no_grad():
-        (layer, q, k, _, _), *_ = viz_data.layer_qkv(model, idx)
-        w = viz_data.attention_weights(q, k, model.scheme, layer, ctx).double().numpy()  # (B, H, T, T)
+        (layer, q, k, _, _), *_ = layer_qkv(model, idx)
+        w = attention_weights(q, k, model.scheme, layer, ctx).double().numpy()  # (B, H, T, T)
     i, j = np.tril_indices(40)
     for d in (0, 1, 7, 39):
         sel = (i - j) == d

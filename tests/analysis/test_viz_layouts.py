@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from attention_utils import force_chunks
+from attention_utils import attention_weights, force_chunks
 from rich.console import Console
 from scheme_utils import hybrid_schemes, n_layer_for
 
@@ -112,8 +112,8 @@ def test_weights_times_v_is_each_layers_attention(name: str, chunk: int | None) 
         items = list(viz_data.layer_views(model, idx))
         for item, block, att in zip(items, model.blocks, model.layer_attention(ctx), strict=True):
             view = item.view
-            w = viz_data.attention_weights(item.q, item.k, view.scheme, item.layer, view.ctx, chunk=chunk,
-                                           span=view.span)  # fmt: skip  # (B, H, T, T)
+            w = attention_weights(item.q, item.k, view.scheme, item.layer, view.ctx, chunk=chunk,
+                                  span=view.span)  # fmt: skip  # (B, H, T, T)
             torch.testing.assert_close(w.sum(-1), torch.ones(B, H, T))
             hidden = pos[None, :] > pos[:, None]
             if not view.span.is_full:

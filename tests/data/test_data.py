@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from corpus_utils import BYTE, docs_of
+from corpus_utils import BYTE, docs_of, sample_batch
 
 import posenc_cli.data.cache as data_mod
 import posenc_cli.data.sources.base as sources_base
 import posenc_cli.data.sources.stdlib as stdlib_source
 from posenc_cli.config import DataConfig, TokenizerConfig
-from posenc_cli.data.cache import cache_root, eval_windows, load_corpus, sample_batch
+from posenc_cli.data.cache import cache_root, eval_windows, load_corpus
 from posenc_cli.data.sources.stdlib import StdlibDataConfig
 from posenc_cli.data.sources.text import TextDataConfig, expand_paths
 from posenc_cli.errors import DataError

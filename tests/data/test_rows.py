@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from corpus_utils import sample_batch
 
-from posenc_cli.data.cache import sample_batch
 from posenc_cli.data.rows import (
     check_examples_fit,
     draw_examples,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from corpus_utils import sample_batch
 
 from posenc_cli.config import Config
-from posenc_cli.data.cache import document_starts, sample_batch
+from posenc_cli.data.cache import document_starts
 from posenc_cli.errors import DataError
 from posenc_cli.sweep.identity import job_identity
 

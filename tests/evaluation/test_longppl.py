@@ -22,9 +22,9 @@ from typer.testing import CliRunner
 from posenc_cli import api
 from posenc_cli.cli import app
 from posenc_cli.config import EvalConfig
-from posenc_cli.errors import ConfigError
+from posenc_cli.errors import CheckpointError, ConfigError
 from posenc_cli.evaluation import longppl as lp
-from posenc_cli.evaluation.perplexity.entries import ENTRY_FIELDS, STREAMING_FIELDS, ExtrapolateEntry, read_entry
+from posenc_cli.evaluation.perplexity.entries import ENTRY_FIELDS, STREAMING_FIELDS, ExtrapolateEntry, StreamingEntry
 from posenc_cli.evaluation.perplexity.evaluator import KeyEvaluator
 from posenc_cli.evaluation.perplexity.measuring import evaluate_model
 from posenc_cli.evaluation.perplexity.planning import plan_windows
@@ -345,6 +345,24 @@ def test_stored_entries_of_the_old_kind_are_measured_again_not_shown_as_measured
     assert [e["key_tokens"] for e in new] == [0, out["entries"][1]["key_tokens"]] and new[1]["key_tokens"] > 0
     assert all(e["longppl_evaluator"]["run"] == "run-a" for e in new)
     assert evaluate_run(run, cfg, corpus=stub_corpus(), evaluator=KeyEvaluator(run))["reused"] == 2
+
+
+def read_entry(stored: dict[str, object]) -> ExtrapolateEntry:
+    """A stored entry as its dataclass (`StreamingEntry` for the streaming protocol); CheckpointError for an object
+    with a key this posenc does not write, or without one that has no default."""
+    streaming = stored.get("protocol") == "streaming"
+    kind = StreamingEntry if streaming else ExtrapolateEntry
+    names = STREAMING_FIELDS if streaming else ENTRY_FIELDS
+    unknown = sorted(set(stored) - set(names))
+    if unknown:
+        raise CheckpointError(f"an eval-extrapolate entry has keys this posenc does not know: {', '.join(unknown)}")
+    values = dict(stored)
+    if streaming and "decode" not in values:
+        values["decode"] = "recompute"  # entries from before the KV cache re-encoded the kept tokens
+    try:
+        return kind(**values)
+    except TypeError as e:
+        raise CheckpointError(f"an eval-extrapolate entry lacks a field: {e}") from e
 
 
 def test_read_entry_types_stored_entries(tmp_path: Path) -> None:

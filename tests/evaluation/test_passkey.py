@@ -280,10 +280,10 @@ def test_results_file_schema_reuse_and_na(tmp_path: Path) -> None:
     again = evaluate_passkey_run(run, cfg, device="cpu")
     assert again["reused"] == 8 and again["entries"] == out["entries"]
     forced = evaluate_passkey_run(run, cfg, device="cpu", force=True)
-    assert forced["reused"] == 0 and len(pk.load_passkey_results(run.path)["entries"]) == 8
+    assert forced["reused"] == 0 and len(json.loads(pk.results_path(run.path).read_text())["entries"]) == 8
 
     more = evaluate_passkey_run(run, pk.PasskeyConfig(lengths=[1], depths=[0.5], trials=3), device="cpu")
-    assert more["reused"] == 0 and len(pk.load_passkey_results(run.path)["entries"]) == 9
+    assert more["reused"] == 0 and len(json.loads(pk.results_path(run.path).read_text())["entries"]) == 9
 
 
 def test_table_and_figure_render(tmp_path: Path) -> None:

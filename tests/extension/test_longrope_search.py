@@ -4,6 +4,7 @@ crossover) as properties, and a tiny end-to-end search that writes a child run."
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -22,7 +23,6 @@ from posenc_cli.extension.longrope_search import (
     constrain,
     crossover,
     initial_candidates,
-    is_valid,
     mutate,
     search_bounds,
 )
@@ -35,6 +35,11 @@ from posenc_cli.run.train import train
 FACTOR = 4.0
 LOW, HIGH = search_bounds(FACTOR)
 values = st.lists(st.floats(min_value=0.01, max_value=50.0, allow_nan=False), min_size=1, max_size=32)
+
+
+def is_valid(values: list[float], low: float, high: float) -> bool:
+    """Within [low, high] and non-decreasing: the search space's constraints."""
+    return all(low <= v <= high for v in values) and all(a <= b for a, b in itertools.pairwise(values))
 
 
 @settings(deadline=None)  # no wall-clock limit: the machine may be loaded

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from attention_utils import force_chunks
+from torch import Tensor
 from train_utils import metrics, same_weights, tiny_config, tiny_overrides, weights, write_corpus
 from typer.testing import CliRunner
 
@@ -22,10 +23,31 @@ from posenc_cli.kv_cache import KVCache
 from posenc_cli.model import GPT
 from posenc_cli.positional.base import PositionContext
 from posenc_cli.positional.nope import NopeConfig
-from posenc_cli.positional.path import PaTH, PathConfig, path_scores, path_scores_loop
+from posenc_cli.positional.path import PaTH, PathConfig, path_scores
 from posenc_cli.positional.span import Span
 
 TINY = ModelConfig(d_model=32, n_layer=2, n_head=2)
+
+
+def reflect(x: Tensor, w: Tensor, beta: Tensor) -> Tensor:
+    """H x = x − β (x·w) w, row by row (H = I − β w wᵀ): x (..., d), w (..., d) and beta (..., 1) broadcastable."""
+    return x - beta * (x * w).sum(-1, keepdim=True) * w
+
+
+def path_scores_loop(q: Tensor, k: Tensor, w: Tensor, beta: Tensor) -> Tensor:
+    """The plain walk: q (B, H, Tq, d), the queries of the last Tq of n tokens, k, w (B, H, n, d), beta (B, H, n) ->
+    (B, H, Tq, n) q_iᵀ H_i ⋯ H_(j+1) k_j (unscaled) for j ≤ i; entries j > i are arbitrary (masked later).
+
+    Walks j from n − 1 down, keeping U_i = H_(j+1) ⋯ H_i q_i for the queries i > j: one step per key."""
+    n, Tq = k.shape[2], q.shape[2]
+    rows = torch.arange(n - Tq, n, device=q.device)  # the queries' token indexes
+    u, cols = q, []
+    for j in range(n - 1, -1, -1):
+        cols.append((u * k[:, :, j, None]).sum(-1))  # (B, H, Tq)
+        if j > 0:  # H_j, for the keys before j; it joins the rows i >= j
+            moved = reflect(u, w[:, :, j, None], beta[:, :, j, None, None])
+            u = torch.where((rows >= j)[:, None], moved, u)
+    return torch.stack(cols[::-1], dim=-1)
 
 
 def scheme(seed: int = 0, **options: object) -> PaTH:

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import yaml
-from attention_utils import force_chunks
+from attention_utils import attention_weights, force_chunks, layer_qkv
 
 from posenc_cli.attention import CausalSelfAttention, attend
 from posenc_cli.config import Config, ModelConfig, config_to_dict, config_to_yaml
@@ -139,14 +139,13 @@ def test_model_beyond_the_window_chunked_and_per_row_ids(cfg: RemapConfig) -> No
 
 
 def test_viz_attention_uses_the_remapping() -> None:
-    from posenc_cli.analysis import viz_data
 
     cfg = METHODS[0]
     _, model = tiny_models(cfg)
     idx = torch.randint(0, 50, (1, 30))
     with torch.no_grad():
-        for (layer, q, k, v, ctx), block in zip(viz_data.layer_qkv(model, idx), model.blocks, strict=True):
-            w = viz_data.attention_weights(q, k, model.scheme, layer, ctx, chunk=4)  # (B, H, T, T)
+        for (layer, q, k, v, ctx), block in zip(layer_qkv(model, idx), model.blocks, strict=True):
+            w = attention_weights(q, k, model.scheme, layer, ctx, chunk=4)  # (B, H, T, T)
             expected = attend(q, k, v, model.scheme, layer, ctx)
             torch.testing.assert_close(w @ v, expected, atol=1e-5, rtol=0)
             assert block is model.blocks[layer]

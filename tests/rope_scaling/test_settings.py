@@ -29,8 +29,9 @@ from posenc_cli.rope_scaling.frequencies import scaled_inv_freq
 from posenc_cli.rope_scaling.llama3 import Llama3Params
 from posenc_cli.rope_scaling.yarn import YarnParams
 from posenc_cli.run.config_compose import compose_config
-from posenc_cli.run.config_load import config_from_dict, load_config_file
+from posenc_cli.run.config_load import config_from_dict
 from posenc_cli.sweep.identity import ADDED_KEYS, field_default
+from posenc_cli.untrusted import load_yaml
 
 # A YaRN child's config.yaml as posenc wrote it before the nesting (every method's parameters beside `method`, in
 # pos.scaling and in extend); beta_fast and the llama3 values changed from their defaults.
@@ -90,7 +91,7 @@ extend:
 def test_a_config_saved_in_the_flat_layout_loads_as_the_same_scaling(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(OLD_LAYOUT)
-    cfg = load_config_file(path)
+    cfg = config_from_dict(load_yaml(path, what="config file"), saved=True)
     scaling = cfg.pos.scaling  # type: ignore[attr-defined]
     assert scaling == RopeScalingConfig(
         method="yarn", factor=2.0, original_length=16, params=YarnParams(beta_fast=16.0)

@@ -14,7 +14,7 @@ How examples reach the model: the documents are tokenized by the ordinary token 
 end-of-document token, into one stream per split; each is a `Marked` document (`Example.pieces`: the prompt
 unscored, the answer, or a task's scored pieces, scored), so the cache also stores which tokens are scored (the answer
 and its end-of-document token). By default (`train.packing=stream`, `train.loss_on=all`)
-training draws windows of `train.seq_len` tokens at uniform offsets of that stream (`data.cache.sample_batch`) and
+training draws windows of `train.seq_len` tokens at uniform offsets of that stream (`data.cache.window_index`) and
 its loss is next-token prediction over every position of the window: prompt tokens, answer tokens and the
 end-of-document token alike, and the cut examples at the window's edges. The reference instead trains one example
 per sequence starting at position 0 (`configs/data/seq2seq.jsonnet`: `decoder_only_group_samples: false`) with the

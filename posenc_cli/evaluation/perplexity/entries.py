@@ -1,17 +1,16 @@
 """The typed entries of `eval/extrapolate.json`, written by `posenc eval-extrapolate` and read back.
 
 An entry's fields, in order, are the keys of its stored JSON object (`loop.Entry.to_json`); `ENTRY_FIELDS` and
-`STREAMING_FIELDS` are derived from the dataclasses, never listed by hand. `read_entry` turns a stored object back
-into its dataclass: keys an older posenc did not write take their defaults (no `positions`: sequential; a
-streaming entry without `decode` was measured by re-encoding, `decode` "recompute"), keys this posenc does not know
-are refused. LongPPL's fields (`longppl`, `key_tokens`, `longppl_evaluator`; `evaluation.longppl`) are written only
-when it was measured on an evaluator's key tokens: an entry without them did not measure it, one with `key_tokens` 0
-and `longppl` None had no key token (at L <= the evaluator's training length by construction). `longppl_evaluator`
-names the key set: {"run", "path", "checkpoint", "keys" (`longppl.keys_id`)}, plus "unavailable" (why) where the
-evaluator cannot read the length. An entry stored by an older posenc with `longppl` and `key_tokens` but no
-`longppl_evaluator` was scored on its own, self-chosen key tokens: it is read as it is, never shown as LongPPL, and
-measured again when LongPPL is asked for.
-"""
+`STREAMING_FIELDS` are derived from the dataclasses, never listed by hand. Stored objects are read back as dicts;
+`read_entry` in tests/evaluation/test_longppl.py turns them into the dataclasses, so every stored key stays a field
+(keys an older posenc did not write take their defaults: no `positions`, sequential; a streaming entry without `decode`
+was measured by re-encoding, "recompute"). LongPPL's fields (`longppl`, `key_tokens`, `longppl_evaluator`;
+`evaluation.longppl`) are written only when it was measured on an evaluator's key tokens: an entry without them did not
+measure it, one with `key_tokens` 0 and `longppl` None had no key token (at L <= the evaluator's training length by
+construction). `longppl_evaluator` names the key set: {"run", "path", "checkpoint", "keys" (`longppl.keys_id`)}, plus
+"unavailable" (why) where the evaluator cannot read the length. An entry stored by an older posenc with `longppl` and
+`key_tokens` but no `longppl_evaluator` was scored on its own, self-chosen key tokens: it is read as it is, never shown
+as LongPPL, and measured again when LongPPL is asked for."""
 
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from posenc_cli import __version__
-from posenc_cli.errors import CheckpointError
 from posenc_cli.evaluation.loop import Entry
 from posenc_cli.evaluation.results import BEYOND_SCHEME, NON_FINITE, OK, SEQUENTIAL
 from posenc_cli.evaluation.streaming import STREAMING_DECODE
@@ -32,7 +30,6 @@ __all__ = [
     "ExtrapolateEntry",
     "StreamingEntry",
     "filled",
-    "read_entry",
 ]
 
 # written only when LongPPL was measured (see the module docstring)
@@ -91,24 +88,6 @@ class StreamingEntry(ExtrapolateEntry):
 
 ENTRY_FIELDS = tuple(f.name for f in fields(ExtrapolateEntry))
 STREAMING_FIELDS = tuple(f.name for f in fields(StreamingEntry))
-
-
-def read_entry(stored: dict[str, Any]) -> ExtrapolateEntry:
-    """A stored entry as its dataclass (`StreamingEntry` for the streaming protocol); CheckpointError for an object
-    with a key this posenc does not write, or without one that has no default."""
-    streaming = stored.get("protocol") == "streaming"
-    kind = StreamingEntry if streaming else ExtrapolateEntry
-    names = STREAMING_FIELDS if streaming else ENTRY_FIELDS
-    unknown = sorted(set(stored) - set(names))
-    if unknown:
-        raise CheckpointError(f"an eval-extrapolate entry has keys this posenc does not know: {', '.join(unknown)}")
-    values = dict(stored)
-    if streaming and "decode" not in values:
-        values["decode"] = "recompute"  # entries from before the KV cache re-encoded the kept tokens
-    try:
-        return kind(**values)
-    except TypeError as e:
-        raise CheckpointError(f"an eval-extrapolate entry lacks a field: {e}") from e
 
 
 def filled(entry: ExtrapolateEntry, result: dict[str, Any]) -> ExtrapolateEntry:
