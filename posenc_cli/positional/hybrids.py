@@ -1,11 +1,14 @@
-"""Named per-layer layouts of the 2025 models (`pos=irope|rnope-swa|smollm3|gemma3`), as `Layout` presets.
+"""Named per-layer layouts of the 2025-26 models (`pos=irope|rnope-swa|smollm3|gemma3|gpt-oss|gemma4`), as `Layout`
+presets.
 
 Each is a `LayoutConfig` whose `layers` default to the model's pattern (see `positional.layout` for the entry keys;
 `pos.layers=...` replaces the pattern, `pos.window_fraction=...` the window). At posenc's scale the windows, chunks
 and temperature floors are stated relative to the training length L: W = C = F = L/4 (`window_fraction` 0.25;
 the models' own, 1024-8192 tokens, are 1/32 or less of their context lengths, which at L = 128 would leave 4
 tokens). posenc's choice, citing nothing. The RoPE layers keep posenc's RoPE defaults (base 10,000, rotate_half)
-unless the model's pattern differs in base (Gemma 3), so a preset differs from `pos=rope` only in its layout.
+unless the model's pattern differs in base (Gemma 3, GPT-OSS, Gemma 4) or in the pairs that rotate (Gemma 4's
+proportional RoPE), so a preset differs from `pos=rope` only in its layout; `pos=gpt-oss` also switches the model's
+learned attention sinks on (`model.attn_sinks`, `posenc_cli.options`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from posenc_cli.config import ModelConfig
 from posenc_cli.positional import register
 from posenc_cli.positional.layout import Layout, LayoutConfig
 
@@ -96,3 +100,64 @@ class Gemma3(Layout):
     name = "gemma3"
     config_cls = Gemma3Config
     paper = "Gemma Team 2025, arXiv:2503.19786"
+
+
+@dataclass(kw_only=True)
+class GptOssConfig(LayoutConfig):
+    """`sinks`: switch `model.attn_sinks` on (GPT-OSS has them on every layer); false leaves `model.attn_sinks` as
+    given (the layout alone)."""
+
+    name: str = "gpt-oss"
+    layers: list[Any] = field(
+        default_factory=lambda: [
+            {"name": "rope", "base": 150_000.0, "span": "sliding"},
+            {"name": "rope", "base": 150_000.0},
+        ]
+    )
+    sinks: bool = True
+
+    def resolve(self, model: ModelConfig, train_length: int) -> None:
+        super().resolve(model, train_length)
+        if self.sinks:  # written into the run's model config, which records it
+            model.attn_sinks = True
+
+
+@register
+class GptOss(Layout):
+    """GPT-OSS (OpenAI 2025, arXiv 2508.10925; `transformers` `GptOssConfig`: layer i `sliding_attention` when i is
+    even, window 128, else `full_attention`; RoPE θ 150,000; learned sinks on every layer): sliding and full RoPE
+    layers 1:1 with `model.attn_sinks` on. The window: `window_fraction` × L (0.25, as the other presets; GPT-OSS's
+    128 tokens are 1/32 of its original 4,096, `pos.window_fraction=0.03125` for that ratio). Not reproduced: the
+    static YaRN ×32 (β_fast 32, β_slow 1, original 4,096) the checkpoints ship with, a context extension
+    (`pos.layers` entries take `scaling`; `posenc extend`), and grouped-query attention (H_kv 8 of 64)."""
+
+    name = "gpt-oss"
+    config_cls = GptOssConfig
+    paper = "OpenAI 2025, gpt-oss (arXiv 2508.10925; transformers models/gpt_oss)"
+
+
+@dataclass(kw_only=True)
+class Gemma4Config(LayoutConfig):
+    name: str = "gemma4"
+    layers: list[Any] = field(
+        default_factory=lambda: (
+            [{"name": "rope", "base": 10_000.0, "span": "sliding"}] * 5
+            + [{"name": "rope", "base": 1_000_000.0, "p": 0.25}]
+        )
+    )
+
+
+@register
+class Gemma4(Layout):
+    """Gemma 4 (`transformers` `Gemma4TextConfig`: layer i `sliding_attention` unless (i + 1) % 6 == 0, window 512,
+    RoPE θ 10,000; global layers `proportional` RoPE, partial factor 0.25, θ 1,000,000): five sliding RoPE layers to
+    one global layer whose RoPE keeps the ⌊0.25·hd/2⌋ fastest pairs of θ_k = 10⁶^(−2k/hd) over the whole head and
+    gives the rest frequency 0 (posenc's p-RoPE, `pos.p=0.25`, is that count and spacing). The window:
+    `window_fraction` × L. Not reproduced: the global layers' own head dimension (`global_head_dim` 512 against 256;
+    posenc has one head dimension per model), the last layer forced global (the pattern repeats: use a multiple of
+    6 layers), k = v with a weightless v-norm (`attention_k_eq_v`), the attention scale 1 with QK-norm (posenc's
+    `model.qk_norm=rms` keeps 1/√hd). Needs `model.n_layer` >= 6."""
+
+    name = "gemma4"
+    config_cls = Gemma4Config
+    paper = "Google 2026, Gemma 4 (transformers models/gemma4)"

@@ -36,6 +36,7 @@ def test_rotary_only_normalises_a_layouts_rope_layers_and_gives_the_others_no_we
 def test_the_norm_runs_before_the_temperature() -> None:
     """l2 after the rotation, then the length scale: q's rows keep SSMax's factor s·log n on top of √hd."""
     cfg = dataclasses.replace(TINY, qk_norm="l2", attn_scale="ssmax")
+    torch.manual_seed(0)
     m = GPT(cfg, config_class("rope")(), VOCAB, 16).eval()
     block, idx = m.blocks[0], tokens(1, 12)
     with torch.no_grad():
@@ -45,4 +46,4 @@ def test_the_norm_runs_before_the_temperature() -> None:
     torch.testing.assert_close(k.norm(dim=-1), torch.full(k.shape[:3], hd**0.5), atol=0, rtol=1e-3)  # ε
     n = torch.arange(1, 13).float()  # keys each query sees
     expected = hd**0.5 * block.attn.ssmax_scale.view(1, -1, 1) * n.log().view(1, 1, -1)  # (1, H, T)
-    torch.testing.assert_close(q.norm(dim=-1), expected.expand_as(q.norm(dim=-1)), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(q.norm(dim=-1), expected.expand_as(q.norm(dim=-1)), atol=0, rtol=1e-3)
