@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from posenc_cli import api
 from posenc_cli.cli.app import app, handles_errors
 from posenc_cli.cli.eval_shared import (
     DeviceOption,
@@ -39,9 +40,6 @@ _EXAMPLES = """
 
 def parse_lengths(text: str) -> list[int]:
     """'1-5,8,10-12' -> [1, 2, 3, 4, 5, 8, 10, 11, 12]: instance lengths in [1, 2·MAX_LENGTH], ranges inclusive."""
-    # deferred: keeps the task generators off posenc --help start-up
-    from posenc_cli import api
-
     lengths: list[int] = []
     for part in (p for p in text.replace(" ", "").split(",") if p):
         low, dash, high = part.partition("-")
@@ -108,7 +106,6 @@ def eval_algorithmic_command(
     # deferred: keeps this command's modules off posenc --help start-up
     from rich.console import Group
 
-    from posenc_cli import api
     from posenc_cli.report.algorithmic_report import run_tables, summary_table
     from posenc_cli.report.plots import figure_format
 

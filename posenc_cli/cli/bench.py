@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from posenc_cli import api
 from posenc_cli.cli.app import ConfigDirOption, app, console, err_console, handles_errors, split_args
 from posenc_cli.errors import ConfigError
 
@@ -86,9 +87,6 @@ def bench_command(
     each evaluation case (scheme × length) runs in its own process so its peak memory is its own. Device, threads
     and sizes come from the config (model=..., train.seq_len, train.batch_size, train.device, train.threads).
     """
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli import api
-
     names, overrides = split_args(args)
     if names:
         raise ConfigError(f"unexpected argument '{names[0]}' (overrides look like key=value)")
@@ -271,9 +269,6 @@ def curve_command(
 ) -> None:
     """`posenc bench --eval-lengths ...`: measure and write the JSON, CSV and plot asked for (`api.cost_curve`), print
     both tables and what was written."""
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli import api
-
     with err_console.status("measuring the cost curve") as status:
         result = api.cost_curve(
             cfg,

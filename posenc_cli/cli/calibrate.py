@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
+from posenc_cli import api
 from posenc_cli.cli.app import app, console, handles_errors, progress_bar
 
 if TYPE_CHECKING:
@@ -91,7 +92,6 @@ def calibrate_command(
     returns the child already there.
     """
     # deferred: keeps this command's modules (and torch, which the API loads) off posenc --help start-up
-    from posenc_cli import api
     from posenc_cli.cli.extend_report import evaluation_table
 
     bar = progress_bar()

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from posenc_cli import api
 from posenc_cli.cli.app import app, console, handles_errors
 from posenc_cli.errors import UserError
 from posenc_cli.report.gate import DEFAULT_COMPETENCE
@@ -179,9 +180,6 @@ def compare_command(
 
     Example: [bold]posenc compare outputs/sweeps/*-extrapolation --metric bpb --format markdown[/]
     """
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli import api
-
     stray = [str(p) for p in paths if str(p).startswith("-")]  # unknown options arrive as paths (_EXTRA)
     if stray:
         raise UserError(f"unknown option {stray[0]} (see posenc compare --help)")

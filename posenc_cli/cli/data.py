@@ -8,6 +8,7 @@ import typer
 from rich.progress import TaskID
 from rich.table import Table
 
+from posenc_cli import api
 from posenc_cli.cli.app import ConfigDirOption, app, console, handles_errors, progress_bar, split_args
 from posenc_cli.errors import ConfigError
 
@@ -19,9 +20,6 @@ def data_command(
     config_dir: ConfigDirOption = None,
 ) -> None:
     """Prepare and summarise the token cache. Example: posenc data data=text data.paths=\\[notes/] tokenizer=bpe"""
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli import api
-
     names, overrides = split_args(args)
     if names:
         hint = f"for a corpus use data=text data.paths=[{names[0]}]"

@@ -11,6 +11,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.markup import escape
 
+from posenc_cli import api
 from posenc_cli.cli.app import console, err_console, path_exists, progress_bar
 from posenc_cli.errors import ConfigError
 
@@ -64,9 +65,6 @@ def build_eval_config(
     longppl: bool = True,
 ) -> Any:
     """The flags parsed into `api.eval_config` (EvalConfig defaults updated with those given, checked there)."""
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli import api
-
     one_kind_of_lengths(lengths, abs_lengths)  # before either list is parsed
     return api.eval_config(
         lengths=optional_list(lengths, float, "--lengths"),

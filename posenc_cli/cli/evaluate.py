@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from posenc_cli import api
 from posenc_cli.cli.app import app, handles_errors, split_args
 from posenc_cli.cli.eval_shared import (
     DeviceOption,
@@ -163,7 +164,6 @@ def eval_extrapolate_command(
 ) -> None:
     """Perplexity at and beyond the training length, per run and length; stored in each run's eval/extrapolate.json."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli import api
     from posenc_cli.report.plots import write_plots
     from posenc_cli.report.tables import extrapolation_table
 
@@ -263,7 +263,6 @@ def eval_passkey_command(
 ) -> None:
     """Passkey retrieval: exact match of a key hidden at each depth of growing prompts; in RUN/eval/passkey.json."""
     # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli import api
     from posenc_cli.report.passkey_report import passkey_figure, passkey_table
     from posenc_cli.report.plots import save_figure
 

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from posenc_cli import api
 from posenc_cli.cli.app import app, console, handles_errors
 
 _EPILOG = (
@@ -43,9 +44,6 @@ def export_command(
     attention, query temperatures, p-RoPE, position remaps, attention-logit scaling, positions dropped) are refused
     before anything is written (exit 2).
     """
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli import api
-
     quiet_transformers()
     r = api.export(run_dir, out, to=to, verify=verify)
     rope = f", rope {r.rope_type}" if r.rope_type else ""

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from posenc_cli import api
 from posenc_cli.api.extension import scaling_methods, scaling_params
 from posenc_cli.cli.app import app, console, err_console, handles_errors, progress_bar, stdout_is_terminal
 from posenc_cli.cli.extend_flags import with_scaling_options
@@ -182,9 +183,6 @@ def extend_command(
     positions beyond the window at inference instead (recorded as pos.remap; no scaling, no fine-tune); rerope
     also scales queries by log-n, as its reference does (--no-logn: not).
     """
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli import api
-
     defaults = scaling_params()  # a parameter flag left at its method's default is not given
     request = dict(
         method=api.one_method([*chosen, *([method] if method is not None else [])]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from posenc_cli import api
 from posenc_cli.cli.app import app, console, handles_errors
 
 LONGER_INPUTS_NOTE = (
@@ -31,9 +32,6 @@ def schemes_command() -> None:
     table.add_column("learned")
     table.add_column("reads longer inputs")
     table.add_column("paper", overflow="fold")
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli import api
-
     for row in api.schemes():
         table.add_row(row["name"], row["hooks"], row["learned"], row["extrapolates"], row["paper"])
     console.print(table)

@@ -11,6 +11,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from posenc_cli import api
 from posenc_cli.cli.app import ConfigDirOption, app, console, err_console, handles_errors, split_args
 from posenc_cli.errors import UserError, is_disk_message
 from posenc_cli.report.gate import DEFAULT_COMPETENCE
@@ -68,7 +69,6 @@ def sweep_command(
     [bold]hydra/launcher=joblib hydra.launcher.n_jobs=2[/]; Slurm: [bold]hydra/launcher=submitit_slurm[/].
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli import api
     from posenc_cli.api.sweep_control import (
         SelectionPending,
         Stopped,

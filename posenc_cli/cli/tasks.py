@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from posenc_cli import api
 from posenc_cli.cli.app import app, handles_errors
 from posenc_cli.cli.eval_shared import (
     DeviceOption,
@@ -127,7 +128,6 @@ def eval_tasks_command(
     # deferred: keeps this command's modules off posenc --help start-up
     from rich.console import Group
 
-    from posenc_cli import api
     from posenc_cli.report.plots import save_figure
     from posenc_cli.report.retrieval_report import tasks_figure, tasks_tables
 
@@ -183,9 +183,6 @@ def print_task_summary(
     """After a sweep's (or `compare`'s) perplexity table: each registered evaluation task's summary of the runs that
     stored its cells (`api.task_summaries`: the retrieval tables with RULER's effective length at `threshold`, the
     passkey table, the algorithmic summary), each with the competence gate at `competence`."""
-    # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli import api
-
     for summary in api.task_summaries(records, threshold=threshold, competence=competence):
         for table in summary.tables:
             console.print(table)

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from posenc_cli import api
 from posenc_cli.cli.app import ConfigDirOption, app, console, err_console, handles_errors, stdout_is_terminal
 from posenc_cli.config import Config, config_to_yaml
 from posenc_cli.errors import ConfigError
@@ -48,7 +49,6 @@ def train_command(
     refused before anything is allocated or written. A finished run is left alone (exit 0).
     """
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli import api
     from posenc_cli.cli.app import split_args
 
     names, overrides = split_args(args)
@@ -66,7 +66,6 @@ def train_command(
 def run(cfg: Config, resume: str | None, out: str | None, force_config: bool) -> None:
     """Train `cfg` through the API under the progress display, then say how it ended."""
     # deferred: keeps this command's modules off posenc --help start-up
-    from posenc_cli import api
     from posenc_cli.run.progress import TrainDisplay, interrupted_message, summary_table
 
     if busy := api.train_warning(cfg):  # a config that cannot run is refused before the busy-machine advice

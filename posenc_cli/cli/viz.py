@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from posenc_cli import api
 from posenc_cli.cli.app import ConfigDirOption, app, console, handles_errors, path_exists, split_args
 from posenc_cli.errors import ConfigError
 
@@ -85,9 +86,6 @@ def encoding_command(
     config_dir: ConfigDirOption = None,
 ) -> None:
     """Draw what a scheme's hooks do: added embeddings, rotation angles, or score biases (also a grid here)."""
-    # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli import api
-
     # Sweep job directories are named like `pos=rope`: an existing path is a run directory, not an override.
     paths = [a for a in args or [] if path_exists(a)]
     names, overrides = split_args([a for a in args or [] if a not in paths])
@@ -125,9 +123,6 @@ def attention_command(
     device: DeviceOption = "auto",
 ) -> None:
     """Attention maps at the training length and a longer one, side by side, and attention mass by distance."""
-    # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli import api
-
     report, path = api.viz_attention(
         run_dir, length=length, layer=layer, head=head, windows=windows, out=out, device=device
     )
@@ -157,8 +152,5 @@ def compare_command(
     device: DeviceOption = "auto",
 ) -> None:
     """One small panel per run: attention mass by distance at 1× and at --multiple × the training length."""
-    # deferred: keeps matplotlib and this command's modules off posenc --help start-up
-    from posenc_cli import api
-
     path = api.viz_compare(paths, multiple=multiple, windows=windows, out=out, device=device)
     console.print(f"wrote {escape(str(path))}", highlight=False)
