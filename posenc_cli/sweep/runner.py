@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,20 +199,39 @@ def _launches(plan: StagePlan) -> list[_Launch]:
     for job in plan.jobs:
         by_group.setdefault(group_of(job.overrides, plan.group_by), []).append(job)
     launches = []
-    for group, jobs in by_group.items():
-        values = {k: v for k, v in zip(plan.group_by, group, strict=True) if v is not None}
+    for groups in _merged_groups(by_group, plan.group_by):
+        jobs = [job for group in groups for job in by_group[group]]
+        values: dict[str, list[str]] = {}
+        for group in groups:
+            for k, v in zip(plan.group_by, group, strict=True):
+                if v is not None and v not in values.setdefault(k, []):
+                    values[k].append(v)
         picked = jobs[0].picked or []
+        shown = ", ".join(group_text(plan.group_by, group) for group in groups)
         launches.append(
             _Launch(
-                title=f"stage {name} for {group_text(plan.group_by, group)} ({' '.join(picked) or 'nothing picked'})",
+                title=f"stage {name} for {shown} ({' '.join(picked) or 'nothing picked'})",
                 jobs=jobs,
                 fixed=[*(line for key, line in plan.fixed.items() if key not in plan.picked_keys), *picked],
                 fixed_keys=[*plan.fixed, *plan.picked_keys],
-                swept={k: ([values[k]] if k in values else v) for k, v in plan.swept.items()},
+                swept={k: values.get(k, v) for k, v in plan.swept.items()},
                 parent=None,
             )
         )
     return launches
+
+
+def _merged_groups(by_group: dict[GroupKey, list[Job]], group_by: Sequence[str]) -> list[list[GroupKey]]:
+    """The groups of a stage after a select stage, those with the same pick in one multirun (so that its launcher
+    runs them in parallel: a group often holds one job) where their product is exactly them, i.e. grouped by one
+    key; each group alone otherwise."""
+    by_pick: dict[tuple[str, ...], list[GroupKey]] = {}
+    for group, jobs in by_group.items():
+        if len(group_by) != 1 or any(v is None for v in group):
+            by_pick[("", *map(str, group))] = [group]  # a key of its own: never merged
+            continue
+        by_pick.setdefault(tuple(jobs[0].picked or []), []).append(group)
+    return list(by_pick.values())
 
 
 def _run_stage(
