@@ -13,7 +13,7 @@ branch on a scheme or a road.
 is) or `fairseq` (the baselines of Press et al. 2022, fairseq's `transformer_lm`: token table N(0, 1/D) times √D,
 so tokens start at unit scale, and a sinusoid added unscaled). See `ModelConfig.embed_scale`.
 
-Model options (`posenc_cli.options`: learned sinks, the output gate, QK-norm, Canon layers) are built per block
+Model options (`posenc_cli.options`: trained sink logits, the output gate, QK-norm, Canon layers) are built per block
 from `model=` (`LayerOptions`, given the layer's scheme) and called through their hooks at fixed points of the block
 and the attention layer; with none switched on a block has no option parameters and computes what it did before.
 
@@ -375,8 +375,8 @@ class GPT(nn.Module):
 
 
 def layer_schemes(scheme: PositionalScheme, n_layer: int) -> list[PositionalScheme]:
-    """The scheme each layer attends with (`layer_view`'s; a layout's own per layer), read from a context of two
-    positions, as `GPT.drop_positions` reads the spans."""
+    """The scheme each layer attends with (`layer_view`'s; each layer's own under a per-layer arrangement), read
+    from a context of two positions, as `GPT.drop_positions` reads the spans."""
     ctx = PositionContext(positions=torch.arange(2))
     scheme.prepare(ctx)
     return [scheme.layer_view(i, ctx).scheme for i in range(n_layer)]

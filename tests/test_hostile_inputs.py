@@ -89,7 +89,7 @@ def test_eval_on_read_only_storage_still_scores(rope_run: Path, monkeypatch: pyt
 
 
 def test_eval_json_on_a_full_disk_is_one_line(rope_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _refuse_writes(monkeypatch, "posenc_cli.fsutil", "atomic_write_json", errno.ENOSPC)
+    _refuse_writes(monkeypatch, "posenc_cli.api.evaluation", "atomic_write_json", errno.ENOSPC)  # --json's writer
     target = tmp_path / "all.json"
     args = ["eval-extrapolate", str(rope_run), "--lengths", "1", "--tokens", "64", "--json", str(target)]
     result = runner.invoke(app, args)

@@ -19,7 +19,7 @@ forward. The device and memory policy the choice follows is written here, as dat
   it was measured faster than today's road are listed (benchmarks/flex_vs_chunked.py; docs/design.md has the
   numbers).
 
-Learned sinks (`spec.sinks`, `model.attn_sinks`): one logit per head joins each softmax row's normaliser
+Trained sinks (`spec.sinks`, `model.attn_sinks`): one logit per head joins each softmax row's normaliser
 (`options.attn_sinks.sink_softmax`). Only the roads that form the weights themselves can add it: `Scored` and
 `Remapped`. Every SDPA road returns no log-sum-exp to correct its output by σ(ℓ − b) afterwards, and FlexAttention's
 `score_mod` cannot add a column (its log-sum-exp is not returned on CPU), so a layer with sinks takes `Scored`
@@ -215,7 +215,7 @@ def describe(
     sinks: bool = False,
 ) -> KernelSpec:
     """The `KernelSpec` of attending with q (B, H, T − q_start, hd), the query rows [q_start, T), under `state`'s
-    scheme and context, in a layer of attention span `span` (`sinks`: with learned sink logits)."""
+    scheme and context, in a layer of attention span `span` (`sinks`: with trained sink logits)."""
     scheme, ctx = state.scheme, state.ctx
     window = scheme.remap_window
     min_id = state.min_id() if window and ctx.max_position is not None else None  # one host sync per forward
@@ -275,7 +275,7 @@ def attend(
 
     `chunk_size` forces the number of queries per chunk on the bias road. `q_start` > 0 (decoding with a KV cache,
     causal): q holds only the query rows [q_start, T), attended against every key. `span`: the layer's attention
-    span (`positional.span`; full by default). `sinks`: the layer's learned sink logits (H,) (`model.attn_sinks`),
+    span (`positional.span`; full by default). `sinks`: the layer's trained sink logits (H,) (`model.attn_sinks`),
     which join every softmax row's normaliser.
     """
     state = AttentionState(scheme, ctx) if state is None else state

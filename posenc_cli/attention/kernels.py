@@ -183,7 +183,7 @@ class Remapped(Kernel):
     By query chunks: each holds two (B, H, chunk, Tk) fp32 score tensors, so the chunk is sized for half of
     `BIAS_CHUNK_BYTES`. The remapped q and k are computed once per layer (elementwise rotations, (B, H, T, hd)):
     query rows from q_start on are padded back to T with zero rows first (the scheme's `remap` takes all T).
-    `sinks`: the layer's learned sink logits (`state.sinks`) join each row's softmax (`sink_softmax`).
+    `sinks`: the layer's trained sink logits (`state.sinks`) join each row's softmax (`sink_softmax`).
     """
 
     chunk: int

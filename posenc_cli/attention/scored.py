@@ -10,7 +10,7 @@ sized from its span, n·(n + W) scores each, as `Windowed`'s: `choose.choose_ker
 2. visible: the causal mask and the layer's span (`Span.visible`), (Tq, Tk) bool; in packed rows also the
    query's own document, (B, 1, Tq, Tk) (`positional.base.Documents`);
 3. weights: the scheme's `normalise` hook (the softmax over the visible keys by default), dropout, then ·v; with
-   learned sinks (`sinks`, `model.attn_sinks`) the softmax over the visible keys and the head's sink logit
+   trained sinks (`sinks`, `model.attn_sinks`) the softmax over the visible keys and the head's sink logit
    (`options.attn_sinks.sink_softmax`; a scheme with its own normaliser is refused sinks when the model is built).
 
 It serves the full forward (q_start = 0) and KV-cache decoding (q_start > 0: the new rows against every key)

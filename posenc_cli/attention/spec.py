@@ -23,7 +23,7 @@ class KernelSpec:
     bias road (None: from `BIAS_CHUNK_BYTES`, or the key-bias road where it applies); dropout_p.
     span: the layer's attention span where it hides keys at this length (`describe` records `FULL` otherwise).
     documents: packed rows (`PositionContext.documents`): a query sees only its own document's keys.
-    sinks: the layer appends a learned logit per head to every softmax row (`model.attn_sinks`,
+    sinks: the layer appends a trained logit per head to every softmax row (`model.attn_sinks`,
     `options.attn_sinks`): only the roads that compute the weights themselves can.
     """
 

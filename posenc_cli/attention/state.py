@@ -55,7 +55,7 @@ class AttentionState:
     _document_starts: list[int] | None = None
     # packed rows: FlexAttention's block mask per (causal, span), built once per forward (`flex.Flex`)
     flex_masks: dict[tuple[bool, Span], object] = field(default_factory=dict)
-    # per layer, its learned sink logits (H,) for this forward (`options.attn_sinks`; `choose.attend` sets them)
+    # per layer, its trained sink logits (H,) for this forward (`options.attn_sinks`; `choose.attend` sets them)
     sinks: dict[int, Tensor] = field(default_factory=dict)
 
     def key_bias(self) -> Tensor:

@@ -11,13 +11,7 @@ q gets ζ^((i−c)/s), k gets ζ^(−(j−c)/s), with exponents at most |T/2|/s�
 safe to T ≈ 70k; the product is exact). Scales are computed in fp32 as exp(((p − c)/s)·ln ζ) and folded into RoPE's
 cos/sin tables, so `apply_rope` does rotation and scaling in one fp32 pass.
 
-The centre is the middle of the evaluation cell, c = (first id) + (cell − 1)/2 (`sequence_center`; the cell is the
-forward's T unless an evaluation gives it: `PositionContext.cell_tokens`, per row for a padded batch), not of the
-forward's own ids: every forward of one KV cache has the same first token and cell, so a key's factor depends on
-its position alone and the cache rotates each key once (`fixed_key_rotation`, `rotate_new`), where a centre that
-followed each step's length would shift every pair's scale and make it rotate all of them again.
-
-Position ids: i and j are the ids and c counts from the row's first id (relative: a common shift of the ids moves
+Position ids: i and j are the ids and c is the midpoint of each row's ids (relative: a common shift of the ids moves
 c with them and changes nothing but RoPE's rounding).
 """
 
@@ -67,14 +61,12 @@ def xpos_scale(positions: Tensor, zeta: Tensor, scale_base: float, center: Tenso
     return paired.exp()  # (T, d)
 
 
-def sequence_center(positions: Tensor, cells: tuple[int, ...] | int) -> Tensor:
-    """The middle of the evaluation cell: first id + (cell − 1)/2 (fp32, no host sync): 0-d for (T,) ids and one
-    cell, else (B, 1), one per row (`cells`: one per row, or one for all)."""
-    first = positions[..., :1].to(torch.float32)  # (1,) or (B, 1)
-    half = torch.tensor(cells, dtype=torch.float32, device=positions.device).sub(1).div(2)  # () or (B,)
-    if half.dim() == 0 and first.dim() == 1:
-        return first[0] + half  # ()
-    return first.reshape(-1, 1) + half.reshape(-1, 1)  # (B, 1)
+def sequence_center(positions: Tensor) -> Tensor:
+    """Midpoint of the positions of a forward (a 0-d fp32 tensor, no host sync); (B, T) ids: (B, 1), one per row."""
+    p = positions.to(torch.float32)
+    if p.dim() == 2:
+        return (p.amin(-1, keepdim=True) + p.amax(-1, keepdim=True)) / 2
+    return (p.min() + p.max()) / 2
 
 
 @register
@@ -94,9 +86,7 @@ class XPos(PositionalScheme):
         # recomputed per forward (d/2 floats): never rounded by `model.to(bfloat16)`
         cos, sin = rope_cos_sin(ctx.positions, rope_inv_freq(self.head_dim, cfg.base), self.layout)  # (T, hd)
         zeta = xpos_zeta(self.head_dim, cfg.gamma)
-        cells = ctx.cell_length if isinstance(ctx.cell_length, tuple) else ctx.cell_tokens
-        center = sequence_center(ctx.positions, cells)  # () or (B, 1)
-        scale = xpos_scale(ctx.positions, zeta, cfg.scale_base, center, self.layout)  # (T, hd) or (B, T, hd)
+        scale = xpos_scale(ctx.positions, zeta, cfg.scale_base, sequence_center(ctx.positions), self.layout)  # (T, hd)
         ctx.tables["xpos_q"] = (per_head(cos * scale), per_head(sin * scale))  # (T, hd) or (B, 1, T, hd)
         ctx.tables["xpos_k"] = (per_head(cos / scale), per_head(sin / scale))
 
@@ -108,13 +98,3 @@ class XPos(PositionalScheme):
         (cq, sq), (ck, sk) = ctx.tables["xpos_q"], ctx.tables["xpos_k"]  # (T, hd) or (B, 1, T, hd)
         cq, sq = cq[..., q_start:, :], sq[..., q_start:, :]  # the query rows' positions
         return apply_rope(q, cq, sq, self.layout), apply_rope(k, ck, sk, self.layout)
-
-    @property
-    def fixed_key_rotation(self) -> bool:
-        """True: a key's rotation and factor follow its id and the cell's centre, both fixed for one cache."""
-        return True
-
-    def rotate_new(self, q: Tensor, k: Tensor, ctx: PositionContext, q_start: int) -> tuple[Tensor, Tensor]:
-        (cq, sq), (ck, sk) = ctx.tables["xpos_q"], ctx.tables["xpos_k"]  # (T, hd) or (B, 1, T, hd)
-        q = apply_rope(q, cq[..., q_start:, :], sq[..., q_start:, :], self.layout)
-        return q, apply_rope(k, ck[..., q_start:, :], sk[..., q_start:, :], self.layout)

@@ -323,11 +323,13 @@ def legacy_forward(
     state: object = None,
     span: object = None,
     temperature: object = None,
+    options: object = None,
 ) -> Tensor:
     """`CausalSelfAttention.forward` as it was (`state`, which it did not have, is ignored; a plain scheme's
-    layers have the full span and no temperature, which it did not have either)."""
+    layers have the full span, no temperature and no model options, which it did not have either)."""
     assert span is None or span.is_full, span
     assert temperature is None, temperature
+    assert options is None or len(options) == 0, options  # type: ignore[arg-type]
     B, T, D = x.shape
     q, k, v = legacy_qkv_heads(attn, x, scheme, ctx, cache)
     y = attend(

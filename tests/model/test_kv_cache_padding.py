@@ -16,7 +16,6 @@ from posenc_cli.config import ModelConfig
 from posenc_cli.evaluation.passkey import greedy_decode, left_pad_documents
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry
-from posenc_cli.positional.xpos import XposConfig
 
 SCHEMES = sorted(registry())
 TINY = ModelConfig(d_model=32, n_layer=2, n_head=2)
@@ -138,26 +137,3 @@ def test_the_new_rows_of_a_padded_batch_take_a_road_that_masks_pads() -> None:
     spec = KernelSpec(has_bias=False, dtype=torch.float32, device="cpu", seq_len=10, batch=2, n_head=2, q_start=9)
     assert isinstance(choose_kernel(spec), LastRow)
     assert isinstance(choose_kernel(dataclasses.replace(spec, documents=True)), Rows)
-
-
-def test_xpos_keys_are_rotated_once_and_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    """xPos's factors count from the cell's centre, fixed for a cache: after the prompt each forward rotates its new
-    rows alone (the cached logits equal the full forward's: test_kv_cache.py's contract)."""
-    from posenc_cli.positional import xpos
-
-    counts = {"all keys": 0, "new rows": 0}
-    for method, kind in (("rotate", "all keys"), ("rotate_rows", "all keys"), ("rotate_new", "new rows")):
-        inner = getattr(xpos.XPos, method)
-
-        def counted(self, *args, _inner=inner, _kind=kind):  # type: ignore[no-untyped-def]
-            counts[_kind] += 1
-            return _inner(self, *args)
-
-        monkeypatch.setattr(xpos.XPos, method, counted)
-    model = make(XposConfig())
-    cache = model.new_cache()
-    with torch.no_grad():
-        model(torch.randint(0, VOCAB, (2, 8)), cache=cache)
-        for _ in range(3):
-            model(torch.randint(0, VOCAB, (2, 1)), cache=cache)
-    assert counts == {"all keys": TINY.n_layer, "new rows": 3 * TINY.n_layer}

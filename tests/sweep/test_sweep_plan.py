@@ -70,7 +70,7 @@ def test_shipped_sweeps_expand_and_validate() -> None:
         validate_plan(plans, None)
         counts[name] = [len(p.jobs) for p in plans]
     assert counts == {"extrapolation": [5, 2], "seeds": [15], "rope_scaling": [1, 15], "sizes": [10], "passkey": [11],
-                      "context-extension": [1, 10, 4, 2, 2, 1, 1], "tasks": [11]}  # fmt: skip
+                      "context-extension": [1, 10, 4, 2, 2, 1, 1], "tasks": [10, 5, 15]}  # fmt: skip
 
 
 def test_bad_override_is_rejected_before_anything_runs(tmp_path: Path) -> None:
