@@ -292,8 +292,8 @@ def _label(st: StageSpec, lines: list[str], parent: Job | None, fixed: dict[str,
     if st.label:
         try:
             return st.label.format(parent=parent.label if parent else "", **_dotted(values))
-        except (KeyError, IndexError) as e:
-            raise ConfigError(f"stage '{st.name}': label template names unknown key {e}") from e
+        except (KeyError, IndexError, ValueError) as e:
+            raise ConfigError(f"stage '{st.name}': label template {st.label!r}: {e}") from e
     parts = [ln.split("=", 1)[1] if ln.startswith("pos=") else _short(ln) for ln in seedless]
     fallback = fixed["pos"].split("=", 1)[1] if "pos" in fixed and st.action != "extend" else st.name
     own = ", ".join(parts) or fallback
@@ -307,27 +307,28 @@ def _short(line: str) -> str:
 
 
 def _dotted(values: dict[str, str]) -> dict[str, Any]:
-    """`{"extend.factor": "4"}` -> usable as `{extend.factor}` in str.format (nested namespaces)."""
+    """`{"extend.factor": "4"}` -> usable as `{extend.factor}` in str.format (nested namespaces); a key that is both
+    a value and a parent (`train=quick`, `train.lr=0.001`) gives both: `{train}` reads `quick`, `{train.lr}` `0.001`."""
     out: dict[str, Any] = {}
     for key, value in values.items():
         head, *rest = key.split(".")
-        if not rest:
-            if not isinstance(out.get(head), _Namespace):
-                out[head] = value
-            continue
         node = out.setdefault(head, _Namespace())
-        for part in rest[:-1]:
-            if not isinstance(node, _Namespace):
-                break
+        for part in rest:
             node = node.__dict__.setdefault(part, _Namespace())
-        if isinstance(node, _Namespace):  # else a group choice (model=tiny) shadows its keys: left out
-            setattr(node, rest[-1], value)
+        node.choice = value
     return out
 
 
 class _Namespace:
+    """A template's dotted lookup: missing attributes read as empty; formatted alone, the group's choice."""
+
+    choice = ""
+
     def __getattr__(self, name: str) -> str:  # a missing attribute in a label template reads as empty
         return ""
+
+    def __format__(self, spec: str) -> str:
+        return format(self.choice, spec)
 
 
 def validate_plan(plans: list[StagePlan], user_config_dir: Path | None) -> dict[str, Config]:

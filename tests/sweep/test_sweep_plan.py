@@ -162,3 +162,20 @@ def test_a_long_job_name_is_shortened_deterministically() -> None:
     assert len(long_a.encode()) == MAX_NAME_BYTES and long_a.startswith("pos.layers=[rope,rope,")
     assert long_a != long_b and long_a == job_name(["pos=layout", f"pos.layers={layers}"])
     assert short_name("é" * 200).encode().decode() == short_name("é" * 200)  # never cut inside a character
+
+
+def test_label_template_reads_a_group_choice_and_its_keys(tmp_path: Path) -> None:
+    """`train=quick` beside a swept `train.lr`: `{train}` is the choice and `{train.lr}` the value (it raised
+    AttributeError on the choice's string before); an unknown key is one ConfigError."""
+    text = """
+overrides: [model=tiny, train=quick]
+stages:
+  - name: grid
+    params: {pos: "rope", train.lr: "3e-4,1e-3"}
+    label: "{pos} {train} lr {train.lr}{model.n_layer}"
+"""
+    (plan,) = plan_sweep(load_sweep_spec(write(tmp_path, text)), [])
+    assert sorted(j.label for j in plan.jobs) == ["rope quick lr 0.0003", "rope quick lr 0.001"]
+    bad = text.replace("{model.n_layer}", "{colour}")
+    with pytest.raises(ConfigError, match="label template .*'colour'"):
+        plan_sweep(load_sweep_spec(write(tmp_path, bad, name="bad")), [])
