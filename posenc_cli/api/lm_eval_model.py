@@ -18,8 +18,9 @@ The run is loaded as `eval-extrapolate` loads it (`run.load.load_run`, or `run.h
   only with requests of the same length; log-softmax in fp32, as `evaluation.perplexity.measuring.evaluate_model`.
   Requests longer than `max_length` + 1 tokens keep their last `max_length` + 1 (the context is cut on the left).
 - loglikelihood_rolling: lm-eval's rolling windows of `max_length` tokens, each scored as above.
-- generate_until: greedy decoding through the KV cache (`evaluation.passkey.decode_prompts`, what eval-passkey and
-  eval-tasks decode with) of `max_gen_toks` tokens, cut at the first end-of-document token and stop string.
+- generate_until: greedy decoding through the KV cache of `max_gen_toks` tokens, cut at the first end-of-document
+  token and stop string; requests of different lengths share left-padded batches (`evaluation.passkey.
+  decode_ragged`, what eval-algorithmic decodes with), and a batch ends once every row has emitted the end token.
   Sampling (`do_sample`) is refused: the decode path is greedy.
 
 Every context opens with the end-of-document token (`prefix_eod`, default on): each training document follows one,
@@ -44,7 +45,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from posenc_cli.errors import ConfigError
-from posenc_cli.evaluation.passkey import decode_prompts
+from posenc_cli.evaluation.passkey import decode_ragged
 from posenc_cli.evaluation.perplexity.planning import resolve_dtype
 from posenc_cli.evaluation.positions import Positions, trained_positions
 from posenc_cli.run.device import resolve_device
@@ -288,9 +289,26 @@ class PosencLM(TemplateLM):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
         return totals
 
+    def _drawn_ids(self, shapes: list[tuple[int, int]]) -> list[torch.Tensor] | None:
+        """A randomized-position run's ids of each (prompt tokens, steps) request: the requests of one shape, in
+        order, draw from that length's generator as `passkey.decode_prompts` draws them; None for other runs."""
+        if not self._positions.random:
+            return None
+        members: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for i, shape in enumerate(shapes):
+            members[shape].append(i)
+        ids: list[torch.Tensor] = [torch.empty(0)] * len(shapes)
+        for (width, steps), rows in members.items():
+            T = width + steps
+            drawn = self._positions.draw(len(rows), T, self._positions.generator(T))  # (n, T) or (n, layers, T)
+            for r, i in enumerate(rows):
+                ids[i] = drawn[r]
+        return ids
+
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
-        """Greedy continuations through the KV cache (`passkey.decode_prompts`), cut at the first end-of-document
-        token and stop string; prompts of one length and budget decode together."""
+        """Greedy continuations through the KV cache, cut at the first end-of-document token and stop string; prompts
+        of any lengths decode together, left-padded (`passkey.decode_ragged`, as eval-algorithmic's), and a batch
+        stops once each of its rows has generated the end token."""
         eod_text = self.tok_decode([self.eot_token_id])
         plans: list[tuple[list[int], int, list[str]]] = []
         for context, gen_kwargs in (req.args for req in requests):
@@ -302,28 +320,25 @@ class PosencLM(TemplateLM):
                 raise ConfigError(f"max_gen_toks={steps} leaves no context within max_length={self._max_length}")
             prompt = self.tok_encode(context)[-(self._max_length - steps) :] or [self.eot_token_id]  # never empty
             plans.append((prompt, steps, handle_stop_sequences(kwargs.get("until"), eos=eod_text)))
-        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
-        for i, (prompt, steps, _) in enumerate(plans):
-            groups[(len(prompt), steps)].append(i)
-        out = [""] * len(requests)
         with use_threads(self._threads):
-            for (width, steps), members in sorted(groups.items()):
-                length = width + steps
-                generated = decode_prompts(
-                    self.run.model,
-                    np.array([plans[i][0] for i in members], dtype=np.int64),  # (N, P)
-                    steps,
-                    length,
-                    self._rows(length) * length,
-                    self._dtype,
-                    self._device,
-                    None,
-                    "generate_until",
-                    positions=self._positions,
-                )  # (N, steps)
-                for row, i in zip(generated.tolist(), members, strict=True):
-                    ids = row[: row.index(self.eot_token_id)] if self.eot_token_id in row else row
-                    out[i] = cut_at_stops(self.tok_decode(ids), plans[i][2])
+            generated = decode_ragged(
+                self.run.model,
+                [np.array(prompt, dtype=np.int64) for prompt, _, _ in plans],
+                [steps for _, steps, _ in plans],
+                [len(prompt) + steps for prompt, steps, _ in plans],
+                self._rows(self._max_length) * self._max_length,
+                self._dtype,
+                self._device,
+                None,
+                "generate_until",
+                position_ids=self._drawn_ids([(len(prompt), steps) for prompt, steps, _ in plans]),
+                stop_id=self.eot_token_id,
+            )  # one (steps_i,) array per request
+        out = []
+        for row, (_, _, stops) in zip(generated, plans, strict=True):
+            ids = row.tolist()
+            ids = ids[: ids.index(self.eot_token_id)] if self.eot_token_id in ids else ids
+            out.append(cut_at_stops(self.tok_decode(ids), stops))
         for req, text in zip(requests, out, strict=True):
             self.cache_hook.add_partial("generate_until", req.args, text)
         return out

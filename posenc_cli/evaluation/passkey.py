@@ -136,8 +136,12 @@ def greedy_decode(
     position_ids: torch.Tensor | None = None,
     cell_length: int | tuple[int, ...] | None = None,
     pads: torch.Tensor | None = None,
+    stop_id: int | None = None,
 ) -> torch.Tensor:
     """Append `steps` argmax tokens to `prompts` (B, P) -> (B, steps).
+
+    `stop_id`: once every row has generated this token, decoding stops and the remaining columns hold it (a caller
+    that cuts each row at its first `stop_id` reads the same text; lm-eval's `generate_until` at the end token).
 
     `pads` (B,) int: row b's first pads[b] tokens are left padding (prompts of different lengths in one batch,
     posenc's model only): they go in as document −1, training's padding (`GPT.forward`'s documents), so no real token
@@ -158,11 +162,11 @@ def greedy_decode(
         if pads is not None and cell_length is None:
             cell = tuple(P - int(n) + steps for n in pads.tolist())
         options = {"use_bf16": use_bf16, "position_ids": position_ids, "cell_length": cell, "pads": pads}
-        return _greedy_cached(model, prompts, steps, **options)
+        return _greedy_cached(model, prompts, steps, stop_id=stop_id, **options)
     if pads is not None:
         raise ValueError("left-padded prompts decode through posenc's KV cache only (a model with new_cache)")
     if _own_cache_serves(model, position_ids):
-        return _greedy_own_cache(model, prompts, steps, use_bf16=use_bf16, position_ids=position_ids)
+        return _greedy_own_cache(model, prompts, steps, use_bf16=use_bf16, position_ids=position_ids, stop_id=stop_id)
     x = prompts
     for _ in range(steps):
         ids = None if position_ids is None else position_ids[..., : x.shape[1]]  # (B, T) or (B, n_layer, T)
@@ -170,7 +174,22 @@ def greedy_decode(
             logits = model(x) if ids is None else model(x, position_ids=ids)  # (B, T, V)
         nxt = logits[:, -1, :].float().argmax(dim=-1, keepdim=True)  # (B, 1)
         x = torch.cat([x, nxt], dim=1)  # (B, T+1)
-    return x[:, prompts.shape[1] :]
+        if _all_stopped(x[:, prompts.shape[1] :], stop_id):
+            break
+    return _fill_after_stop(x[:, prompts.shape[1] :], steps, stop_id)
+
+
+def _all_stopped(generated: torch.Tensor, stop_id: int | None) -> bool:
+    """Whether every row of `generated` (B, t) holds `stop_id` (never, without one)."""
+    return stop_id is not None and bool((generated == stop_id).any(dim=1).all())
+
+
+def _fill_after_stop(generated: torch.Tensor, steps: int, stop_id: int | None) -> torch.Tensor:
+    """(B, t) tokens of a decode that stopped early -> (B, steps), the missing columns `stop_id`."""
+    if generated.shape[1] == steps or stop_id is None:
+        return generated
+    tail = generated.new_full((generated.shape[0], steps - generated.shape[1]), stop_id)  # (B, steps - t)
+    return torch.cat([generated, tail], dim=1)
 
 
 def _greedy_cached(
@@ -182,6 +201,7 @@ def _greedy_cached(
     position_ids: torch.Tensor | None,
     cell_length: int | tuple[int, ...],
     pads: torch.Tensor | None = None,
+    stop_id: int | None = None,
 ) -> torch.Tensor:
     """`greedy_decode` through the KV cache (held for a cell of `cell_length` tokens, or one per row): the prompt
     once (its left `pads` as document −1), then one (B, 1) forward per generated token, which continues its row's
@@ -197,6 +217,8 @@ def _greedy_cached(
             logits = model(x, cache=cache, position_ids=ids, documents=documents)  # (B, T, V): prompt, then a token
         documents = None  # later tokens continue each row's document (`KVCache.documents_with`)
         out[:, i] = logits[:, -1, :].float().argmax(dim=-1)
+        if _all_stopped(out[:, : i + 1], stop_id):
+            return _fill_after_stop(out[:, : i + 1], steps, stop_id)
         x = out[:, i : i + 1]  # (B, 1)
     return out
 
@@ -217,7 +239,13 @@ def _own_cache_serves(model: nn.Module, position_ids: torch.Tensor | None) -> bo
 
 
 def _greedy_own_cache(
-    model: nn.Module, prompts: torch.Tensor, steps: int, *, use_bf16: bool, position_ids: torch.Tensor | None
+    model: nn.Module,
+    prompts: torch.Tensor,
+    steps: int,
+    *,
+    use_bf16: bool,
+    position_ids: torch.Tensor | None,
+    stop_id: int | None = None,
 ) -> torch.Tensor:
     """`greedy_decode` through the model's own cache (`decode_step`): the prompt once, then one (B, 1) forward per
     generated token, with the ids of each forward's tokens when `position_ids` (B, P + steps) is given."""
@@ -229,6 +257,8 @@ def _greedy_own_cache(
         with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
             logits, past = model.decode_step(x, past, position_ids=ids)  # (B, V): after the prompt, then each token
         out[:, i] = logits.float().argmax(dim=-1)
+        if _all_stopped(out[:, : i + 1], stop_id):
+            return _fill_after_stop(out[:, : i + 1], steps, stop_id)
         x = out[:, i : i + 1]  # (B, 1)
     return out
 
@@ -313,6 +343,7 @@ def decode_ragged(
     progress: Progress | None,
     label: str,
     position_ids: Sequence[torch.Tensor] | None = None,
+    stop_id: int | None = None,
 ) -> list[np.ndarray]:
     """Greedy continuations of prompts of any lengths: row i (`prompts[i]` (P_i,)) gets `steps[i]` tokens, read as an
     evaluation cell of `cells[i]` tokens, with `position_ids[i]` ((P_i + steps_i,) or (layers, P_i + steps_i); None:
@@ -323,7 +354,8 @@ def decode_ragged(
     one of equal prompts, each row as it would alone. A batch decodes its most steps; a row past its own keeps its
     last id for the extra tokens (never read: a learned table's limit is the row's), whose tokens are dropped. A
     model without posenc's KV cache (a `transformers` checkpoint) takes the prompts of one length together, unpadded.
-    The model is put in eval mode and given back in the mode it came in."""
+    The model is put in eval mode and given back in the mode it came in. `stop_id`: a batch stops once each of its rows
+    has generated it (`greedy_decode`)."""
     device = torch.device(device)
     n = len(prompts)
     out: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * n
@@ -356,6 +388,7 @@ def decode_ragged(
                     position_ids=None if ids is None else ids.to(device),
                     cell_length=cell if len(set(cell)) > 1 else cell[0],
                     pads=None if pads is None else pads.to(device),
+                    stop_id=stop_id,
                 )  # (B, S)
                 for r, i in enumerate(rows):
                     out[i] = generated[r, : int(steps[i])].cpu().numpy()

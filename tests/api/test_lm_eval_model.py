@@ -28,6 +28,7 @@ from posenc_cli import api
 from posenc_cli.api.lm_eval_model import PosencLM, continuation_scores, cut_at_stops, truncate_request
 from posenc_cli.errors import ConfigError
 from posenc_cli.evaluation.corpus import CorpusCache
+from posenc_cli.evaluation.passkey import decode_prompts
 from posenc_cli.evaluation.perplexity.measuring import evaluate_model
 from posenc_cli.evaluation.positions import trained_positions
 from posenc_cli.run.load import LoadedRun, load_run
@@ -219,6 +220,21 @@ def test_randomized_positions_run_reads_its_trained_draws(tmp_path: Path) -> Non
     (logp,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)], disable_tqdm=True)
     assert logp == pytest.approx(-own["nll"] * MAX_LENGTH, abs=1e-5)
     assert abs(logp + sequential["nll"] * MAX_LENGTH) > 1e-3  # the draw matters: 0..T-1 scores otherwise
+
+    # generate_until: requests of different lengths share one left-padded batch, each row at the draw its length's
+    # generator gives (as one prompt alone through `decode_prompts` reads it), so the texts are those of one by one
+    contexts = [text[:20], text[:33], text[:20] + "x"]
+    requests = [
+        Instance("generate_until", {}, (c, {"until": [], "max_gen_toks": 6}), i) for i, c in enumerate(contexts)
+    ]
+    together = lm.generate_until(requests, disable_tqdm=True)
+    eod = run.tokenizer.eod_id
+    for context, got in zip(contexts, together, strict=True):
+        prompt = np.array([[eod, *run.tokenizer.encode(context)]])  # (1, P)
+        (alone,) = decode_prompts(run.model, prompt, 6, prompt.shape[1] + 6, 10_000, "fp32", "cpu", None, "one",
+                                  positions=positions).tolist()  # fmt: skip
+        alone = alone[: alone.index(eod)] if eod in alone else alone
+        assert got == run.tokenizer.decode(alone)
 
 
 def test_extension_and_layout_score_as_eval_extrapolate(runs: dict[str, Path], tmp_path: Path) -> None:

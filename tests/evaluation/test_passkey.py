@@ -344,3 +344,45 @@ def test_cached_greedy_decoding_with_random_ids_matches_full_forwards(scheme: st
         plain = pk.greedy_decode(model, prompts, 8)
     assert torch.equal(cached, full)
     assert not torch.equal(cached, plain)  # the ids reach the model
+
+
+class _Counted(nn.Module):
+    """Wraps a model and counts its forwards (cached or not, as the wrapped model offers)."""
+
+    def __init__(self, model: nn.Module, cached: bool) -> None:
+        super().__init__()
+        self.model, self.calls = model, 0
+        if cached:
+            self.new_cache = model.new_cache
+
+    def forward(self, idx: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        self.calls += 1
+        return self.model(idx, **kwargs)
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_decoding_stops_once_every_row_has_its_stop_token(cached: bool) -> None:
+    """With `stop_id`, each row's tokens up to its first stop are those of the full decode, the rest hold the stop
+    token, and fewer forwards run; without one, every step runs. Six ids, so tokens recur."""
+    torch.manual_seed(3)
+    model = GPT(
+        ModelConfig(d_model=32, n_layer=2, n_head=2, init_std=0.3), config_class("rope")(), 6, 32
+    ).eval()  # 6 ids
+    prompts = torch.randint(0, 6, (3, 12), generator=torch.Generator().manual_seed(4))
+    steps = 16
+    with torch.no_grad():
+        full = pk.greedy_decode(model, prompts, steps)  # (3, 16)
+        firsts = [row.tolist() for row in full]
+        # the stop token: the one whose latest first appearance over the rows comes earliest
+        candidates = {t for row in firsts for t in row if all(t in r for r in firsts)}
+        assert candidates, "the seeded model repeats no token in every row: pick another seed"
+        stop = min(candidates, key=lambda t: max(r.index(t) for r in firsts))
+        last = max(r.index(stop) for r in firsts)
+        assert last < steps - 1
+        counted = _Counted(model, cached)
+        stopped = pk.greedy_decode(counted, prompts, steps, stop_id=stop)
+    assert stopped.shape == full.shape
+    for row, ref in zip(stopped.tolist(), firsts, strict=True):
+        k = ref.index(stop)
+        assert row[: k + 1] == ref[: k + 1] and set(row[k + 1 :]) <= {stop}
+    assert counted.calls == last + 1  # the prompt's forward yields step 0; one more per step up to the last stop
