@@ -18,22 +18,59 @@ does (`describe`, recorded in the run's meta) and to choose the training length 
 - `rope_parameters` nested by layer type ({"full_attention": {...}, "sliding_attention": {...}}, Gemma 3) give each
   type its own base and scaling (`modeling_rope_utils.py`, `RotaryEmbeddingConfigMixin.nested_rope_parameter_keys`).
 
+- Qwen3-Next's `linear_attention` layers (a gated delta rule, no RoPE) are recurrent: global, NoPE.
+- A layer type the model builds no mask for (`MASK_TYPES`: `chunked_attention` in GPT-OSS, whose forward would fail
+  with a KeyError) is named by `unread_layer_type`, for a one-line refusal.
+
 A sliding window of W means each query sees itself and the W - 1 tokens before it (`masking_utils.py`,
 `sliding_window_overlay`: `kv_idx > q_idx - sliding_window`).
+
+The 2025-26 attention details (`attention_details`, recorded after the layout) are read from the model's own modules
+built on the meta device (no weights): learned sinks (GPT-OSS `self_attn.sinks`, (H,)), QK-norms (per head with a
+weight: Qwen3, Gemma 3/4, Qwen3-Next, the last two and Gemma 3 as (1 + w); weightless: Llama 4's `qk_norm` on its RoPE
+layers; over the whole projection: OLMo 2), Gemma 4's weightless v-norm and Qwen3-Next's sigmoid output gate (q_proj
+twice as wide: a gate per channel).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FULL", "LOCAL", "HFLayout", "hf_layout", "train_length"]
+from torch import nn
+
+__all__ = [
+    "FULL",
+    "LOCAL",
+    "MASK_TYPES",
+    "HFLayout",
+    "attention_details",
+    "hf_layout",
+    "train_length",
+    "unread_layer_type",
+]
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 CHUNKED = "chunked_attention"
+LINEAR = "linear_attention"  # Qwen3-Next's gated-delta-rule layers: recurrent, no RoPE
 LOCAL = frozenset({SLIDING, CHUNKED})  # layer types that see a bounded span: every other type attends globally
+# The layer types each model's forward builds a mask (or a layer) for (`causal_mask_mapping` in its modeling file);
+# transformers' config validation accepts any of its known types, and the forward then fails on the others.
+MASK_TYPES: dict[str, frozenset[str]] = {
+    "gpt_oss": frozenset({FULL, SLIDING}),
+    "qwen2": frozenset({FULL, SLIDING}),
+    "qwen3": frozenset({FULL, SLIDING}),
+    "smollm3": frozenset({FULL, SLIDING}),
+    "gemma2": frozenset({FULL, SLIDING}),
+    "gemma3_text": frozenset({FULL, SLIDING}),
+    "gemma4_text": frozenset({FULL, SLIDING}),
+    "llama4_text": frozenset({FULL, CHUNKED}),
+    "qwen3_next": frozenset({FULL, LINEAR}),
+}
+ZERO_CENTRED_NORMS = frozenset({"gemma3_text", "qwen3_next"})  # RMSNorm weights applied as (1 + w), init 0
 ROPE_ON_SLIDING_ONLY = frozenset({"cohere2"})  # model types whose global layers are NoPE (see the module docstring)
 LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
 
@@ -47,6 +84,7 @@ class HFLayout:
     window: int | None = None  # the sliding layers' window (None: no sliding layer)
     chunk: int | None = None  # the chunked layers' chunk size (None: no chunked layer)
     rope_types: tuple[str, ...] = ()  # layer types rope_parameters is nested by, in layer order (empty: one set)
+    details: tuple[str, ...] = ()  # the attention details the model's modules have (`attention_details`)
 
     @property
     def global_types(self) -> tuple[str, ...]:
@@ -81,7 +119,7 @@ class HFLayout:
             text += f"; NoPE: layer{'s' if len(nope) > 1 else ''} {', '.join(nope)}"
         if self.rope_types:
             text += "; rope per layer type"
-        return text
+        return "; ".join([text, *self.details])
 
 
 def _positive_int(v: Any) -> bool:
@@ -112,7 +150,7 @@ def hf_layout(config: Any) -> HFLayout:
     elif str(getattr(config, "model_type", "")) in ROPE_ON_SLIDING_ONLY:
         rope = tuple(t == SLIDING for t in types)
     else:
-        rope = (True,) * n
+        rope = tuple(t != LINEAR for t in types)
     params = getattr(config, "rope_parameters", None)
     nested = tuple(t for t in dict.fromkeys(types) if t in params) if isinstance(params, dict) else ()
     return HFLayout(
@@ -122,6 +160,65 @@ def hf_layout(config: Any) -> HFLayout:
         chunk=chunk,
         rope_types=nested,
     )
+
+
+def unread_layer_type(config: Any) -> str | None:
+    """The first `layer_types` entry the model's forward has no mask for (`MASK_TYPES`), or None."""
+    known = MASK_TYPES.get(str(getattr(config, "model_type", "")))
+    declared = getattr(config, "layer_types", None) if _declares_layer_types(config) else None
+    if known is None or not isinstance(declared, (list, tuple)):
+        return None
+    return next((str(t) for t in declared if t not in known), None)
+
+
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+def _layers_text(layers: list[int], n: int) -> str:
+    """ "all layers" or "layers 2, 4" (1-based, as `HFLayout.describe` numbers them)."""
+    if len(layers) == n:
+        return "all layers"
+    return f"layer{'s' if len(layers) > 1 else ''} {', '.join(str(i + 1) for i in layers)}"
+
+
+def attention_details(model: nn.Module, config: Any) -> tuple[str, ...]:
+    """The learned sinks, QK-norms, v-norm and output gate of a transformers model's attention layers, one phrase
+    each ("learned sinks (H,): all layers"), from its modules (built on the meta device: only names and shapes are
+    read). Empty for a model with none."""
+    n = int(getattr(config, "num_hidden_layers", 0) or 0)
+    heads = int(getattr(config, "num_attention_heads", 1) or 1)
+    found: dict[str, list[int]] = {}
+    for name, module in model.named_modules():
+        m = _LAYER.search(name)
+        if m is None or not name.endswith(("self_attn", "attention")):
+            continue
+        layer = int(m.group(1))
+        head_dim = int(getattr(module, "head_dim", 0) or 0)  # the layer's own (Gemma 4's global layers differ)
+        sinks = getattr(module, "sinks", None)
+        if isinstance(sinks, nn.Parameter):
+            found.setdefault(f"learned sinks ({', '.join(map(str, sinks.shape))},)", []).append(layer)
+        found_norm = _qk_norm(module, config, head_dim)
+        if found_norm is not None:
+            found.setdefault(found_norm, []).append(layer)
+        if getattr(module, "v_norm", None) is not None:
+            found.setdefault("v-norm (weightless RMS per head)", []).append(layer)
+        q_proj = getattr(module, "q_proj", None)
+        if isinstance(q_proj, nn.Linear) and head_dim and q_proj.out_features == 2 * heads * head_dim:
+            found.setdefault("sigmoid output gate (elementwise, in q_proj)", []).append(layer)
+    return tuple(f"{what}: {_layers_text(sorted(set(layers)), n)}" for what, layers in found.items())
+
+
+def _qk_norm(module: nn.Module, config: Any, head_dim: int) -> str | None:
+    """What the q/k norm of one attention module is ("QK-norm: RMS per head, weight w"), or None (no norm)."""
+    q_norm = getattr(module, "q_norm", None) or getattr(module, "qk_norm", None)
+    if not isinstance(q_norm, nn.Module):
+        return None
+    weight = getattr(q_norm, "weight", None)
+    if not isinstance(weight, nn.Parameter):
+        return "QK-norm (weightless RMS per head)"
+    span = "per head" if weight.shape[-1] == head_dim else f"over the projection ({weight.shape[-1]})"
+    scale = "(1 + w)" if str(getattr(config, "model_type", "")) in ZERO_CENTRED_NORMS else "w"
+    return f"QK-norm (RMS {span}, weight {scale})"
 
 
 def _original_length(blocks: list[Any]) -> int | None:

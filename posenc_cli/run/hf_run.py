@@ -23,7 +23,9 @@ code runs on it unchanged:
 - Per-layer layouts (sliding windows, chunks, NoPE layers, rope parameters per layer type: `hf_layers`) are the
   model's own: posenc calls its forward, which builds its masks and rotary tables, with the attention kernel
   transformers picks (SDPA; eager for a model class without SDPA support, such as Gemma 2 with its logit
-  softcapping); both apply the masks as tensors. meta records the kernel ("attention") and the layout ("layers").
+  softcapping); both apply the masks as tensors. meta records the kernel ("attention") and the layout ("layers"),
+  with the attention details the model's modules have (learned sinks, QK-norms, v-norm, output gate:
+  `hf_layers.attention_details`, read from the model built on the meta device).
 
 Refused with one line (`CheckpointError`, exit 2) before any weight is read: a `config.json` that is not a small
 JSON object (read through `posenc_cli.untrusted`), a config with `auto_map` or a `model_type` the installed
@@ -32,7 +34,10 @@ JSON object (read through `posenc_cli.untrusted`), a config with `auto_map` or a
 more parameters than the weight files hold (`num_hidden_layers=100000` beside a 2-layer model's weights), or more
 than memory holds (estimated from the config, `config_parameters`, and the safetensors headers, before anything is
 built); a tokenizer that produces ids beyond the config's `vocab_size` (the embedding would be indexed out of
-range). After reading: weights that are missing, corrupt or non-finite.
+range); a `layer_types` entry the model builds no mask for (`hf_layers.MASK_TYPES`); an attention tensor of the
+model config.json describes (built on the meta device) missing from the safetensors headers or of another shape
+there, or sinks / QK-norm weights the model has no place for (`check_attention_weights`). After reading: weights
+that are missing, corrupt or non-finite.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ import re
 import stat
 from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +62,7 @@ from posenc_cli.bounds import MAX_TOKENS, Bound
 from posenc_cli.data.tokenizer import Tokenizer
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.run.config_load import config_from_dict
-from posenc_cli.run.hf_layers import HFLayout, hf_layout, train_length
+from posenc_cli.run.hf_layers import MASK_TYPES, HFLayout, attention_details, hf_layout, train_length, unread_layer_type
 from posenc_cli.run.load import LoadedRun
 from posenc_cli.run.memory import available_memory as cpu_available_memory
 from posenc_cli.run.meta import RunMeta
@@ -76,6 +81,7 @@ __all__ = [
     "is_hf_dir",
     "load_hf_run",
     "stored_parameters",
+    "stored_shapes",
     "train_length_override",
 ]
 
@@ -92,6 +98,8 @@ MAX_SAFETENSORS_HEADER = 100_000_000  # the header limit safetensors itself enfo
 # files, so about one fp32 copy of the weights is resident.
 LOAD_BYTES_PER_PARAM = 4
 # Gated MLPs (SwiGLU/GeGLU: gate, up and down projections) everywhere except these (two projections)
+# Mixture-of-experts models whose every layer holds all its experts: {model_type: the config's expert count}
+ALL_LAYERS_MOE = {"gpt_oss": "num_local_experts", "mixtral": "num_local_experts"}
 UNGATED_MLP = frozenset({"gpt2", "gpt_neo", "gpt_bigcode", "opt", "gpt_neox", "bloom", "falcon", "mpt", "phi", "gptj"})
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece byte fallback: one byte
 
@@ -157,6 +165,14 @@ def _config_length(raw: dict[str, Any], layout: HFLayout | None = None) -> int |
 def _text_config(raw: dict[str, Any], path: Path | None = None) -> Any:
     """config.json as the installed transformers' config class reads it (the text part of a multimodal config),
     so its per-layer layout is the one the model will use; None for a model_type transformers does not know."""
+    config = _hf_config(raw, path)
+    if config is None:
+        return None
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _hf_config(raw: dict[str, Any], path: Path | None = None) -> Any:
+    """config.json as the installed transformers' config class (None: a model_type transformers does not know)."""
     # deferred: keeps transformers off posenc --help start-up
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
@@ -171,7 +187,62 @@ def _text_config(raw: dict[str, Any], path: Path | None = None) -> Any:
     except Exception as e:  # a value the config class refuses (strict dataclass validation raises several types)
         where = f"{path}: " if path is not None else ""
         raise CheckpointError(f"{where}config.json is not a valid {model_type} config ({_first_line(e)})") from e
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
+    return config
+
+
+def _meta_model(config: Any, path: Path) -> nn.Module:
+    """The model config.json describes, built on the meta device: its modules, names and shapes, no weights."""
+    # deferred: keeps transformers off posenc --help start-up
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with _quiet_transformers(), torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except Exception as e:  # a config its own class accepts but its model cannot be built from
+        raise CheckpointError(
+            f"{path}: transformers cannot build the model config.json describes ({_first_line(e)})"
+        ) from e
+
+
+# The attention tensors compared before loading, by their name from `layers.<i>.` on (a prefix such as
+# `model.language_model.` may differ between a checkpoint and the class that reads it).
+_ATTENTION_KEY = re.compile(r"(?:^|\.)(layers\.\d+\.(?:self_attn|attention)\..+)$")
+_DETAIL_KEY = re.compile(r"\.(sinks|q_norm\.weight|k_norm\.weight)$")  # what a model without them would drop
+
+
+def _by_attention_key(names: Iterable[tuple[str, tuple[int, ...]]]) -> dict[str, tuple[int, ...]]:
+    """{`layers.<i>.self_attn....`: shape} of the attention tensors, leaving out names two tensors share (a
+    multimodal model's vision and text layers)."""
+    found: dict[str, list[tuple[int, ...]]] = {}
+    for name, shape in names:
+        m = _ATTENTION_KEY.search(name)
+        if m is not None:
+            found.setdefault(m.group(1), []).append(shape)
+    return {k: v[0] for k, v in found.items() if len(v) == 1}
+
+
+def check_attention_weights(path: Path, model: nn.Module, stored: dict[str, tuple[int, ...]]) -> None:
+    """Before any weight is read: `CheckpointError` (one line) when an attention tensor of the model config.json
+    describes (`_meta_model`) is missing from the weight files or has another shape there (sinks of the wrong
+    size, a q_proj of a width the config cannot produce, QK-norm weights missing), or when the files hold sinks or
+    QK-norm weights the model has no place for (transformers would drop them without a word)."""
+    if getattr(model.config, "quantization_config", None) is not None:
+        return  # packed tensors have other shapes; transformers' own loading checks them
+    expected = _by_attention_key((n, tuple(p.shape)) for n, p in model.named_parameters())
+    present = _by_attention_key(stored.items())
+    if not present or not expected:
+        return  # names this check cannot pair: transformers' own loading decides
+    for key, shape in expected.items():
+        if key not in present:
+            raise CheckpointError(f"{path}: the weight files have no {key} (shape {list(shape)}), which the "
+                                  "model config.json describes has")  # fmt: skip
+        if present[key] != shape:
+            raise CheckpointError(f"{path}: {key} has shape {list(present[key])} in the weight files, but the model "
+                                  f"config.json describes needs {list(shape)}")  # fmt: skip
+    extra = sorted(k for k in present if k not in expected and _DETAIL_KEY.search(k))
+    if extra:
+        raise CheckpointError(f"{path}: the weight files hold {extra[0]}, which the model config.json describes "
+                              "has no place for (transformers would drop it)")  # fmt: skip
 
 
 def _positive_int(v: Any) -> bool:
@@ -186,8 +257,10 @@ def config_parameters(raw: dict[str, Any]) -> int | None:
     """A lower bound on the parameters a transformers config describes (None when it names no sizes).
 
     Per layer: attention q and o (2·d·H·head_dim) plus k and v (2·d·H_kv·head_dim), the MLP (3·d·ffn when gated,
-    2·d·ffn for the GPT-2-style families in `UNGATED_MLP`); plus one embedding matrix (V·d; tied or not) and a learned
-    position table. Norms, biases, MoE experts and untied heads are left out, so a real model is never below it.
+    2·d·ffn for the GPT-2-style families in `UNGATED_MLP`; E experts of it in the `ALL_LAYERS_MOE` families, GPT-OSS
+    and Mixtral); plus one embedding matrix (V·d; tied or not) and a learned position table. Norms, biases, sinks,
+    routers, the experts of models that mix dense and MoE layers and untied heads are left out, so a real model is
+    never below it.
     """
     d = _first_int(raw, "hidden_size", "n_embd", "d_model")
     layers = _first_int(raw, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -198,6 +271,8 @@ def config_parameters(raw: dict[str, Any]) -> int | None:
     head_dim = _first_int(raw, "head_dim") or max(d // heads, 1)
     ffn = _first_int(raw, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size") or 4 * d
     mlp = (2 if str(raw.get("model_type")) in UNGATED_MLP else 3) * d * ffn
+    experts_key = ALL_LAYERS_MOE.get(str(raw.get("model_type")))
+    mlp *= (_first_int(raw, experts_key) or 1) if experts_key else 1
     attention = 2 * d * heads * head_dim + 2 * d * (kv or heads) * head_dim
     vocab = _first_int(raw, "vocab_size", "padded_vocab_size") or 0
     learned = raw.get("model_type") in LEARNED
@@ -205,10 +280,10 @@ def config_parameters(raw: dict[str, Any]) -> int | None:
     return layers * (attention + mlp) + vocab * d + table * d
 
 
-def stored_parameters(path: Path) -> int:
-    """Elements of every tensor in the directory's `*.safetensors` files, from their JSON headers only (bounded
-    reads; a FIFO or device named like a weight file is refused without blocking)."""
-    total = 0
+def stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} of every tensor in the directory's `*.safetensors` files, from their JSON headers only
+    (bounded reads; a FIFO or device named like a weight file is refused without blocking)."""
+    shapes: dict[str, tuple[int, ...]] = {}
     for file in sorted(Path(path).glob("*.safetensors")):
         try:
             fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -232,8 +307,13 @@ def stored_parameters(path: Path) -> int:
                 continue
             if not isinstance(shape, list) or not all(isinstance(x, int) and x >= 0 for x in shape):
                 raise CheckpointError(_bad_weights(file, f"tensor {name!r} has no valid shape"))
-            total += math.prod(shape)
-    return total
+            shapes[name] = tuple(shape)
+    return shapes
+
+
+def stored_parameters(path: Path) -> int:
+    """Elements of every tensor in the directory's `*.safetensors` files, from their headers (`stored_shapes`)."""
+    return sum(math.prod(shape) for shape in stored_shapes(path).values())
 
 
 def _bad_weights(file: Path, why: str) -> str:
@@ -350,8 +430,19 @@ def inspect_hf_dir(path: Path | str) -> HFInfo:
             f"{p}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json); save it with the model"
         )
     check_size(p, raw)
-    text = _text_config(raw, p)
-    layout = hf_layout(text) if text is not None else None
+    config = _hf_config(raw, p)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layout = None
+    if text is not None:
+        unread = unread_layer_type(text)
+        if unread is not None:
+            raise CheckpointError(
+                f"{p}: config.json's layer_types has {unread!r}, for which {text.model_type} builds no attention "
+                f"mask (its types: {', '.join(sorted(MASK_TYPES[text.model_type]))})"
+            )
+        model = _meta_model(config, p)
+        check_attention_weights(p, model, stored_shapes(p))
+        layout = replace(hf_layout(text), details=attention_details(model, text))
     length = _config_length(raw, layout)
     dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "float32")
     return HFInfo(
