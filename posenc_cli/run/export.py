@@ -14,6 +14,9 @@ posenc's block is GPT-2's pre-norm block (LayerNorm, fused QKV, exact-erf GELU M
 - RMSNorm RoPE runs and per-layer layouts of RoPE and NoPE layers (full or sliding attention: `smollm3`,
   `rnope-swa`, `pos=layout`) become SmolLM3 (`SmolLM3ForCausalLM`), exactly (`run.export_smollm3`, which says
   why no architecture holds posenc's LayerNorm block with per-layer NoPE or windows, and refuses the rest).
+- The same runs with learned attention sinks (`model.attn_sinks`, `pos=gpt-oss`) become Granite SWA
+  (`GraniteSWAForCausalLM`), exactly (`run.export_granite`, which also says why the other model options, QK-norm,
+  the output gate and Canon layers, have no exact target and are refused).
 - Every other scheme is refused with `NotExportable` before anything is written.
 Missing biases (`model.bias=false`) are written as zeros, which is exact. The tokenizer is exported as a
 `tokenizers` JSON that `AutoTokenizer` loads: byte runs get a byte-level model whose ids are the byte values and
@@ -44,9 +47,15 @@ from posenc_cli.config import Config
 from posenc_cli.data.tokenizer import EOD_TOKEN
 from posenc_cli.errors import ConfigError, NotExportable, UserError
 from posenc_cli.fsutil import make_temp_dir, set_default_mode
-from posenc_cli.options import enabled as enabled_options
 from posenc_cli.positional.layout import LayoutConfig
 from posenc_cli.positional.rope import rotary_dim
+from posenc_cli.run.export_granite import (
+    check_granite_exportable,
+    granite_config_kwargs,
+    granite_weights,
+    option_refusal,
+    takes_granite,
+)
 from posenc_cli.run.export_rope import interleaved_to_half, neox_rope
 from posenc_cli.run.export_smollm3 import check_smollm3_exportable, smollm3_config_kwargs, smollm3_weights
 from posenc_cli.run.journal import fsync_dir
@@ -70,6 +79,7 @@ __all__ = [
 
 ARCHITECTURES = {"learned": "GPT2LMHeadModel", "rope": "GPTNeoXForCausalLM"}
 SMOLLM3 = "SmolLM3ForCausalLM"  # RMSNorm RoPE runs and per-layer layouts of RoPE/NoPE (`run.export_smollm3`)
+GRANITE_SWA = "GraniteSWAForCausalLM"  # the same with learned attention sinks (`run.export_granite`)
 EXPORT_INFO_FILE = "posenc_export.json"
 VERIFY_MAX_TOKENS = 256
 VERIFY_RTOL = 1e-4  # max |Δlogit| / max(1, max |logit|) allowed by the built-in check
@@ -97,19 +107,24 @@ class ExportResult:
 
 
 def architecture(cfg: Config) -> str | None:
-    """The transformers architecture a run is exported as: SmolLM3 for RMSNorm runs of RoPE and for every per-layer
-    layout (`run.export_smollm3` decides whether it holds the layout), else `ARCHITECTURES`' entry (None: none)."""
+    """The transformers architecture a run is exported as: Granite SWA for runs with learned sinks; SmolLM3 for
+    RMSNorm runs of RoPE and for every per-layer layout (`run.export_smollm3` decides whether it holds the layout),
+    else `ARCHITECTURES`' entry (None: none)."""
+    if takes_granite(cfg):
+        return GRANITE_SWA
     if isinstance(cfg.pos, LayoutConfig) or (cfg.pos.name == "rope" and cfg.model.norm == "rmsnorm"):
         return SMOLLM3
     return ARCHITECTURES.get(cfg.pos.name)
 
 
 def check_exportable(cfg: Config) -> None:
-    """Raise `NotExportable` (one line) unless the run maps exactly onto GPT-2, GPT-NeoX or SmolLM3."""
-    options = [f"model.{cls.name}={getattr(cfg.model, cls.name)}" for cls in enabled_options(cfg.model)]
-    if options:  # GPT-OSS / Qwen3 / Gemma / Llama 4 targets: issue #43 item 4
-        raise NotExportable(f"not exportable: {', '.join(options)} (model options) have no counterpart in GPT-2, "
-                            "GPT-NeoX or SmolLM3")  # fmt: skip
+    """Raise `NotExportable` (one line) unless the run maps exactly onto GPT-2, GPT-NeoX, SmolLM3 or Granite SWA."""
+    reason = option_refusal(cfg)  # model options: only sinks have an exact target (`run.export_granite`)
+    if reason is not None:
+        raise NotExportable(reason)
+    if architecture(cfg) == GRANITE_SWA:
+        check_granite_exportable(cfg)
+        return
     if architecture(cfg) == SMOLLM3:
         check_smollm3_exportable(cfg)
         return
@@ -337,7 +352,10 @@ def _write(run: LoadedRun, directory: Path, transformers: Any) -> tuple[dict[str
     state = {k: v.detach().cpu().float().contiguous() for k, v in run.model.state_dict().items()}
     table = int(state["scheme.wpe.weight"].shape[0]) if cfg.pos.name == "learned" else None
     target = architecture(cfg)
-    if target == SMOLLM3:
+    if target == GRANITE_SWA:
+        kwargs = granite_config_kwargs(cfg, run.tokenizer.vocab_size, run.tokenizer.eod_id)
+        hf_cfg, weights = transformers.GraniteSWAConfig(**kwargs), granite_weights(state, cfg)
+    elif target == SMOLLM3:
         kwargs = smollm3_config_kwargs(cfg, run.tokenizer.vocab_size, run.tokenizer.eod_id)
         hf_cfg, weights = transformers.SmolLM3Config(**kwargs), smollm3_weights(state, cfg)
     elif cfg.pos.name == "learned":
