@@ -305,7 +305,7 @@ class EvalConfig:
     lengths: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0, 8.0, 16.0])
     abs_lengths: list[int] | None = None
     protocol: Literal["nonoverlap", "sliding", "fixed-target", "streaming"] = "nonoverlap"
-    stride: int | None = None  # sliding: tokens scored per window; streaming: the block size (None: 16)
+    stride: int | None = None  # sliding: tokens scored per window; streaming: the block size (None: 1)
     target: int | None = None  # fixed-target: tokens scored per window (None: the base length)
     window: int | None = None  # streaming: recent tokens kept (None: base length - sinks - block + 1)
     sinks: int = 4  # streaming: first tokens of the stream kept (StreamingLLM's 4; 0 = plain sliding window)
