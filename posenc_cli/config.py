@@ -63,12 +63,12 @@ class ModelConfig:
     # DroPE's s: `cell` one β per evaluation cell (the reference's), `query` per query (a saved drope config without
     # the key: `legacy_model_defaults`)
     temperature_form: Literal["cell", "query"] = "cell"
-    # Model options (one file each in `posenc_cli/options`, docs/options.md); every default is off, the model of
-    # posenc before they existed. attn_sinks: one learned logit per head in the softmax's normaliser (GPT-OSS);
-    # attn_gate: a sigmoid gate on the attention output before the output projection, one per channel or per head
-    # (Qiu et al. 2025); qk_norm: q and k normalised per head, `rms` with a weight before the rotation (Qwen3), `l2`
-    # weightless after it (Llama 4), on every layer or (qk_norm_layers=rotary) only where the layer's scheme rotates;
-    # canon: Canon layers at the placements named, any of A B C D (Allen-Zhu 2025), "" none.
+    # Model options (one file each in `posenc_cli/options`, docs/commands/model-options.md); every default is off,
+    # the model of posenc before they existed. attn_sinks: one learned logit per head in the softmax's normaliser
+    # (GPT-OSS); attn_gate: a sigmoid gate on the attention output before the output projection, one per channel or
+    # per head (Qiu et al. 2025); qk_norm: q and k normalised per head, `rms` with a weight before the rotation
+    # (Qwen3), `l2` weightless after it (Llama 4), on every layer or (qk_norm_layers=rotary) only where the layer's
+    # scheme rotates; canon: Canon layers at the placements named, any of A B C D (Allen-Zhu 2025), "" none.
     attn_sinks: bool = False
     attn_gate: Literal["none", "elementwise", "headwise"] = "none"
     qk_norm: Literal["none", "rms", "l2"] = "none"

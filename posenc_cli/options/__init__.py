@@ -4,7 +4,7 @@ One module per option, each registering a `base.ModelOption` subclass named as i
 learned attention sinks (`attn_sinks`, GPT-OSS), the output gate (`attn_gate`, Qiu et al. 2025), QK-norm
 (`qk_norm`, Qwen3 / Llama 4) and Canon layers (`canon`, Allen-Zhu 2025). A block builds the options its config
 switches on (`LayerOptions`) and calls their hooks at fixed points; the model and the attention layer name no
-option. docs/options.md has the formulas, references and costs.
+option. docs/commands/model-options.md has the formulas, references and costs.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from posenc_cli.errors import ConfigError, NotExportable, UserError
 from posenc_cli.fsutil import make_temp_dir, set_default_mode
 from posenc_cli.positional.layout import LayoutConfig
 from posenc_cli.positional.rope import rotary_dim
+from posenc_cli.run.export_granite import ARCHITECTURE as GRANITE_SWA  # runs with learned sinks
 from posenc_cli.run.export_granite import (
     check_granite_exportable,
     granite_config_kwargs,
@@ -79,7 +80,6 @@ __all__ = [
 
 ARCHITECTURES = {"learned": "GPT2LMHeadModel", "rope": "GPTNeoXForCausalLM"}
 SMOLLM3 = "SmolLM3ForCausalLM"  # RMSNorm RoPE runs and per-layer layouts of RoPE/NoPE (`run.export_smollm3`)
-GRANITE_SWA = "GraniteSWAForCausalLM"  # the same with learned attention sinks (`run.export_granite`)
 EXPORT_INFO_FILE = "posenc_export.json"
 VERIFY_MAX_TOKENS = 256
 VERIFY_RTOL = 1e-4  # max |Δlogit| / max(1, max |logit|) allowed by the built-in check

@@ -165,9 +165,11 @@ def _config_length(raw: dict[str, Any], layout: HFLayout | None = None) -> int |
 def _text_config(raw: dict[str, Any], path: Path | None = None) -> Any:
     """config.json as the installed transformers' config class reads it (the text part of a multimodal config),
     so its per-layer layout is the one the model will use; None for a model_type transformers does not know."""
-    config = _hf_config(raw, path)
-    if config is None:
-        return None
+    return _text_part(_hf_config(raw, path))
+
+
+def _text_part(config: Any) -> Any:
+    """The language model's config of a (possibly multimodal) transformers config; None stays None."""
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
@@ -320,12 +322,14 @@ def _bad_weights(file: Path, why: str) -> str:
     return f"{file.parent}: weights could not be loaded ({file.name}: {why})"
 
 
-def check_size(path: Path, raw: dict[str, Any], available: int | None = None) -> None:
+def check_size(path: Path, raw: dict[str, Any], available: int | None = None, stored: int | None = None) -> None:
     """Before anything is built: refuse (one line) a config describing many more parameters than the weight files
     hold (at least twice as many, plus a million: a real model is never below `config_parameters`), and a model
     that would not fit in memory once loaded in fp32 (`LOAD_BYTES_PER_PARAM`, at most `MEMORY_HEADROOM` of what
-    `run.memory.available_memory` reports)."""
-    described, stored = config_parameters(raw), stored_parameters(path)
+    `run.memory.available_memory` reports). `stored`: the files' element count when the caller read the headers
+    already (None: read them here)."""
+    described = config_parameters(raw)
+    stored = stored_parameters(path) if stored is None else stored
     if described is not None and described > 2 * stored + 1_000_000:
         sizes = ", ".join(
             f"{k}={raw[k]}" for k in ("num_hidden_layers", "n_layer", "hidden_size", "n_embd", "vocab_size") if k in raw
@@ -429,9 +433,10 @@ def inspect_hf_dir(path: Path | str) -> HFInfo:
         raise CheckpointError(
             f"{p}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json); save it with the model"
         )
-    check_size(p, raw)
+    shapes = stored_shapes(p)  # the safetensors headers, read once for both checks
+    check_size(p, raw, stored=sum(math.prod(shape) for shape in shapes.values()))
     config = _hf_config(raw, p)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = _text_part(config)
     layout = None
     if text is not None:
         unread = unread_layer_type(text)
@@ -441,7 +446,7 @@ def inspect_hf_dir(path: Path | str) -> HFInfo:
                 f"mask (its types: {', '.join(sorted(MASK_TYPES[text.model_type]))})"
             )
         model = _meta_model(config, p)
-        check_attention_weights(p, model, stored_shapes(p))
+        check_attention_weights(p, model, shapes)
         layout = replace(hf_layout(text), details=attention_details(model, text))
     length = _config_length(raw, layout)
     dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "float32")

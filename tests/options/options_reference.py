@@ -1,5 +1,6 @@
 """A direct re-implementation of a posenc model's forward with the model options, from the reference formulas
-(docs/options.md), on the model's own weights: explicit fp32 softmax, Conv1d for Canon, no posenc kernel or hook.
+(docs/commands/model-options.md), on the model's own weights: explicit fp32 softmax, Conv1d for Canon, no posenc
+kernel or hook.
 For a scheme without a bias (nope, rope): the scheme's `rotate` is the one posenc call it makes."""
 
 from __future__ import annotations
