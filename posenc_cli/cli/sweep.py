@@ -203,6 +203,11 @@ def _print_plan(
         if plan.awaiting is not None:
             why = pending.get(plan.awaiting, "its grid has not run")
             common.add_row("  awaits:", escape(f"the pick of stage {plan.awaiting} ({why})"))
+        if plan.stage.learned_only:
+            left = ", ".join(f"{group} ({value:.0%})" for group, value in plan.not_learned.items())
+            common.add_row(
+                "  learned only:", escape(f"not learned, left out: {left}" if left else "every group learned")
+            )
         console.print(common, highlight=False)
         with_parent = plan.stage.action == "extend"
         with_pick = plan.stage.after is not None

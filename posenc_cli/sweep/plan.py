@@ -18,13 +18,15 @@ A train stage with `after: <select stage>` depends on that stage's pick (`sweep.
 jobs are planned without it (`StagePlan.awaiting`, validated but without a directory), and with `picks` each job runs
 with its group's picked overrides, in `<sweep dir>/<stage>/<picked key=value,...>/<swept key=value,...>/`. The pick
 is thus part of a later job's directory and identity: a changed pick plans new jobs (run beside the old ones), never
-reuses results of another setting.
+reuses results of another setting. With `learned_only: true` (a select stage picking by competence), a group whose
+pick scored below the competence gate gets no jobs (`StagePlan.not_learned`): seeds only for the rows that learned.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +35,7 @@ from typing import Any
 from posenc_cli.config import Config, suggest
 from posenc_cli.errors import ConfigError
 from posenc_cli.fsutil import atomic_write_json
+from posenc_cli.report.gate import DEFAULT_COMPETENCE
 from posenc_cli.run.compile import check_compile
 from posenc_cli.run.config_compose import compose_config
 from posenc_cli.run.device import resolve_device
@@ -109,6 +112,7 @@ class StagePlan:
     awaiting: str | None = None
     picked_keys: list[str] = field(default_factory=list)  # an `after` stage's: the keys its select stage picks
     group_by: tuple[str, ...] = ()  # an `after` stage's: its select stage's group keys
+    not_learned: dict[str, float] = field(default_factory=dict)  # a `learned_only` stage's groups left out: competence
 
     @property
     def chosen(self) -> list[str]:
@@ -168,6 +172,9 @@ def plan_sweep(spec: SweepSpec, user_overrides: list[str], picks: Mapping[str, P
                 if select is not None:
                     _with_pick(job, select, picks.get(select.stage.name))
                 jobs.append(job)
+        not_learned: dict[str, float] = {}
+        if select is not None and st.learned_only and st.after in picks:
+            jobs, not_learned = _learned_jobs(jobs, picks[st.after])
         chosen = select.chosen if select is not None else []
         group_by = select.stage.select.group_by if select is not None and select.stage.select is not None else ()
         plans.append(
@@ -179,9 +186,24 @@ def plan_sweep(spec: SweepSpec, user_overrides: list[str], picks: Mapping[str, P
                 awaiting=awaiting,
                 picked_keys=chosen,
                 group_by=group_by,
+                not_learned=not_learned,
             )
         )
     return plans
+
+
+def _learned_jobs(jobs: list[Job], pick: Pick) -> tuple[list[Job], dict[str, float]]:
+    """The jobs of a `learned_only` stage whose group's pick passed the competence gate (`report.gate`, >=), and
+    each group left out with its pick's competence."""
+    kept, left_out = [], {}
+    for job in jobs:
+        group = group_of(job.overrides, pick.rule.group_by)
+        value = pick.chosen_points[group].value
+        if value is not None and value >= DEFAULT_COMPETENCE:
+            kept.append(job)
+        else:
+            left_out[group_text(pick.rule.group_by, group)] = math.nan if value is None else value
+    return kept, left_out
 
 
 def _parent_key(parent: Job) -> str:

@@ -116,6 +116,9 @@ def run_sweep(
                 keys = {job.key for p in newly for job in p.jobs}
                 write_planned(sweep_dir, {k: v for k, v in identities.items() if k in keys})
                 write_plan(spec, user_overrides, sweep_dir, plans, identities)
+                for p in newly:
+                    for group, value in p.not_learned.items():
+                        say("skip", f"stage {p.stage.name}: {group} not learned ({value:.0%} < the gate): no jobs")
                 continue
             earlier = [job for p in plans[:index] for job in p.jobs]
             reuse_identical(plan.jobs, earlier, identities, sweep_dir, say)  # e.g. seed 0 of a select stage's pick

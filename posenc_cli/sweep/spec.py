@@ -46,6 +46,7 @@ class StageSpec:
     label: str | None = None
     select: SelectSpec | None = None  # a select stage's rule
     after: str | None = None  # a train stage's select stage, whose picks its jobs run with
+    learned_only: bool = False  # an `after` stage's: run only the groups whose pick passed the competence gate
 
 
 @dataclass(kw_only=True)
@@ -84,7 +85,18 @@ def load_sweep_spec(path: Path) -> SweepSpec:
     for i, st in enumerate(raw["stages"]):
         if not isinstance(st, dict) or "name" not in st:
             raise ConfigError(f"{path}: stage {i} needs a 'name'")
-        valid = ["name", "action", "params", "overrides", "parent", "label", "group_by", "select", "after"]
+        valid = [
+            "name",
+            "action",
+            "params",
+            "overrides",
+            "parent",
+            "label",
+            "group_by",
+            "select",
+            "after",
+            "learned_only",
+        ]
         bad = set(st) - set(valid)
         if bad:
             key = str(sorted(bad, key=str)[0])
@@ -100,6 +112,7 @@ def load_sweep_spec(path: Path) -> SweepSpec:
         params = {str(k): _param_str(v) for k, v in (st.get("params") or {}).items()}
         select = _select_spec(path, st, action)
         after = _after(path, st, action, stages)
+        learned_only = _learned_only(path, st, after, stages)
         stages.append(
             StageSpec(
                 name=str(st["name"]),
@@ -110,6 +123,7 @@ def load_sweep_spec(path: Path) -> SweepSpec:
                 label=st.get("label"),
                 select=select,
                 after=after,
+                learned_only=learned_only,
             )
         )
     names = [s.name for s in stages]
@@ -186,6 +200,22 @@ def _after(path: Path, st: dict[str, Any], action: str, earlier: list[StageSpec]
             f"(earlier select stages: {', '.join(selects) or 'none'})"
         )
     return str(after)
+
+
+def _learned_only(path: Path, st: dict[str, Any], after: str | None, earlier: list[StageSpec]) -> bool:
+    """A stage's `learned_only:` (issue #44: seeds only for the rows that learned), which needs `after:` a select
+    stage that picks by competence: its groups whose pick scored below the gate get no jobs."""
+    value = st.get("learned_only", False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{path}: stage '{st['name']}': learned_only must be true or false, got {value!r}")
+    if not value:
+        return False
+    select = next((s.select for s in earlier if s.name == after), None)
+    if select is None or select.metric != "competence":
+        raise ConfigError(
+            f"{path}: stage '{st['name']}': learned_only needs after: a select stage with select.metric competence"
+        )
+    return True
 
 
 def _param_str(value: Any) -> str:

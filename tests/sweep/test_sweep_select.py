@@ -461,3 +461,66 @@ def test_competence_ties_go_to_the_lower_validation_loss(tmp_path: Path) -> None
     assert pick.lines(("rope",)) == ["train.lr=0.001", "train.weight_decay=0.1"]  # all 0%: val_loss 1.2
     assert pick.lines(("alibi",)) == ["train.lr=0.003", "train.weight_decay=0"]  # 100% thrice: 0.2 twice, the first
     assert "val_loss" in pick.to_json()["tie_break"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# learned_only: seeds only for the rows that learned (issue #44)
+
+LEARNED_ONLY = GRID.replace(
+    "    params: {pos: ", "    select: {metric: competence, task: copy}\n    params: {pos: "
+).replace("    after: grid\n", "    after: grid\n    learned_only: true\n")
+
+
+def test_a_learned_only_stage_runs_only_the_groups_whose_pick_passed_the_gate(tmp_path: Path) -> None:
+    spec = load_sweep_spec(write(tmp_path, LEARNED_ONLY))
+    assert spec.stages[1].learned_only and not spec.stages[2].learned_only
+    grid, seeds, _ = plan_sweep(spec, [])
+    assert seeds.awaiting == "grid" and len(seeds.jobs) == 4 and seeds.not_learned == {}  # unknown until the pick
+    run_grid(grid, tmp_path, grid_losses(rope=[1, 1, 1, 1], alibi=[1, 1, 1, 1]))
+    # rope's best 0.9 (the gate, >=), alibi's best 0.89: alibi's seeds are left out, with its competence
+    accuracy = {j.dir(tmp_path): a for j, a in zip(grid.jobs, [0.1, 0.9, 0.5, 0.5, 0.89, 0.2, 0.4, 0.3], strict=True)}
+    pick = make_pick("grid", grid.stage.select, grid.jobs, grid.chosen, tmp_path, read=accuracy.get)
+    _, seeds, yarn = plan_sweep(spec, [], {"grid": pick})
+    assert sorted(j.name for j in seeds.jobs) == ["pos=rope,train.seed=0", "pos=rope,train.seed=1"]
+    assert seeds.not_learned == {"pos=alibi": pytest.approx(0.89)}
+    assert len(yarn.jobs) == 2  # the rope seeds it derives from are still planned
+    # Without learned_only the same pick plans every group.
+    plain = load_sweep_spec(write(tmp_path, LEARNED_ONLY.replace("    learned_only: true\n", "")))
+    assert len(plan_sweep(plain, [], {"grid": pick})[1].jobs) == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (GRID.replace("    after: grid\n", "    after: grid\n    learned_only: true\n"), "select.metric competence"),
+        (LEARNED_ONLY.replace("learned_only: true", "learned_only: yes please"), "must be true or false"),
+        ("stages: [{name: a, learned_only: true}]", "needs after: a select stage"),
+    ],
+)
+def test_learned_only_needs_a_stage_after_a_competence_pick(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as e:
+        load_sweep_spec(write(tmp_path, text))
+    assert "\n" not in str(e.value)
+
+
+def test_the_sweep_runs_a_learned_only_stage_for_the_learned_schemes_and_says_which_it_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = LEARNED_ONLY.replace('train.weight_decay: "0,0.1"', "train.weight_decay: 0")
+    spec = load_sweep_spec(write(tmp_path, text))
+    sweep_dir = (tmp_path / "out").resolve()
+    ran: dict[str, list[str]] = {}
+    monkeypatch.setattr(sweep_runner, "_run_stage", lambda plan, *a: ran.update({plan.stage.name: plan.jobs}))
+    grid = plan_sweep(spec, [])[0]
+    run_grid(grid, sweep_dir, dict.fromkeys((j.name for j in grid.jobs), 1.0))
+    # rope learns at lr 0.003 (100%), alibi at best 60%
+    accuracy = dict(zip((j.dir(sweep_dir) for j in grid.jobs), [0.95, 1.0, 0.2, 0.6], strict=True))
+    events: list[str] = []
+    say = lambda kind, text: events.append(f"{kind} {text}")  # noqa: E731
+    sweep_runner.run_sweep(spec, [], sweep_dir, on_event=say, read_metric=accuracy.get)
+    assert [j.key for j in ran["seeds"]] == [
+        "seeds/train.lr=0.003/pos=rope,train.seed=0",
+        "seeds/train.lr=0.003/pos=rope,train.seed=1",
+    ]
+    assert "skip stage seeds: pos=alibi not learned (60% < the gate): no jobs" in events
+    assert {job["stage"] for job in read_plan(sweep_dir)["jobs"] if "pos=alibi" in job["dir"]} == {"grid"}

@@ -28,20 +28,37 @@ def lines(plan) -> list[list[str]]:
     return [job.overrides for job in plan.jobs]
 
 
+def selects(plans: list) -> list:
+    return [p for p in plans if p.stage.action == "select"]
+
+
 def test_it_validates_and_plans_six_schemes_by_two_rates_per_task(plans: list) -> None:
-    validate_plan(plans, None)
-    assert [p.stage.name for p in plans] == [s for t in TASKS for s in (t, f"{t}-layout")]
-    for plan in plans:
+    validate_plan(selects(plans), None)
+    names = [s for t in TASKS for s in (t, f"{t}-layout")]
+    assert [p.stage.name for p in plans] == [*names, *(f"{n}-seeds" for n in names)]
+    for plan in selects(plans):
         assert plan.stage.action == "select"
         rates = {line_value(o, "train.lr") for o in lines(plan)}
         assert rates == {"0.001", "0.003"}
         schemes = {line_value(o, "pos") for o in lines(plan)}
         assert schemes == ({"layout"} if plan.stage.name.endswith("-layout") else SCHEMES)
-    assert sum(len(p.jobs) for p in plans) == 3 * 6 * 2
+    assert sum(len(p.jobs) for p in selects(plans)) == 3 * 6 * 2
+
+
+def test_seeds_follow_each_select_stage_for_the_rows_that_learned_with_its_task(plans: list) -> None:
+    """The seeds stages (issue #44: 3 seeds only for the rows that pass the gate) run after their select stage's
+    pick, leave out the schemes below the gate, and train the select stage's task at the same row length."""
+    by_name = {p.stage.name: p for p in plans}
+    for plan in plans[len(selects(plans)) :]:
+        select = by_name[plan.stage.name.removesuffix("-seeds")]
+        assert plan.stage.after == select.stage.name and plan.stage.learned_only
+        assert plan.awaiting == select.stage.name and len(plan.jobs) == 3 * len(select.jobs) // 2
+        assert {line_value(o, "train.seed") for o in lines(plan)} == {"0", "1", "2"}
+        assert plan.stage.overrides == select.stage.overrides and plan.stage.label == select.stage.label
 
 
 def test_every_job_trains_one_task_on_its_scored_tokens_at_seed_0(plans: list) -> None:
-    for plan in plans:
+    for plan in selects(plans):
         task = plan.stage.name.removesuffix("-layout")
         rule = plan.stage.select
         assert (rule.metric, rule.task, rule.group_by) == ("competence", task, ("pos",))
@@ -56,7 +73,7 @@ def test_each_stage_row_holds_its_tasks_longest_training_example(plans: list) ->
     included); the byte tokenizer makes a character one token. MQAR's longest is the one whose last query sits in
     the last slot."""
     rng = np.random.default_rng(0)
-    for plan in plans:
+    for plan in selects(plans):
         task = plan.stage.name.removesuffix("-layout")
         o = lines(plan)[0]
         seq_len, longest = int(line_value(o, "train.seq_len")), int(line_value(o, "data.max_length"))
