@@ -19,8 +19,10 @@ Both arms see sequences of n + m tokens with the m targets at the same positions
 tokens (separator and outputs shifted by one, or blanks) and the mask differ. Tokens are the task's symbols, one
 token per symbol (no task name, no spaces), so neither arm pays for posenc's text layout. Training draws one
 length n per step, uniform on the task's 1..L, and a batch of that length, as the reference's training loop does
-(`experiments/training.py`): no padding, which an encoder would see. The loss is the mean cross-entropy over the
-targets (the reference's over tape positions), Adam-style clip at `train.grad_clip`.
+(`experiments/training.py`, `run`; `curriculum.py`, `UniformCurriculum`): no padding, which an encoder would see.
+The loss is the mean cross-entropy over the targets (the reference's, over the tape positions). The optimizer is
+posenc's in both arms (AdamW, betas 0.9/0.95, weight decay 0.1, warm-up then cosine, gradients clipped to global
+norm 1.0), not the reference's constant-lr Adam (`training.py`): the comparison is of protocols, not optimizers.
 
 Why a loop of its own: posenc's trainer (`posenc_cli.run.train`) has no encoder protocol; training it is one
 forward, a masked cross-entropy and an AdamW step, built from posenc's own pieces (`compose_config`, `build_model`,
@@ -299,15 +301,24 @@ def run(options: Options) -> dict[str, object]:
     }
 
 
+COLUMNS = (  # (arm, measure, header) of the markdown table
+    ("decoder", "token_accuracy", "decoder per-position"),
+    ("decoder", "teacher_forced_token_accuracy", "decoder per-position, teacher-forced"),
+    ("decoder", "exact_match", "decoder exact"),
+    ("encoder", "token_accuracy", "encoder per-position"),
+    ("encoder", "exact_match", "encoder exact"),
+)
+
+
 def mean_over(per_length: dict[str, dict[str, float] | None], low: int, high: int, key: str) -> float | None:
     """The mean of `key` over lengths low..high that ran (each length weighs the same); None if none ran."""
-    values = [s[key] for n, s in per_length.items() if low <= int(n) <= high and s is not None]
+    values = [s[key] for n, s in per_length.items() if low <= int(n) <= high and s is not None and key in s]
     return float(np.mean(values)) if values else None
 
 
 def rows(result: dict[str, object], bin_size: int) -> list[tuple[str, list[float | None]]]:
     """Table rows: bins of `bin_size` lengths, then the in-distribution and beyond means; each row's values are
-    (decoder token, decoder exact, encoder token, encoder exact)."""
+    those of `COLUMNS`."""
     arms = result["arms"]
     assert isinstance(arms, dict)
     low, L = result["in_distribution"]  # type: ignore[misc]
@@ -316,21 +327,14 @@ def rows(result: dict[str, object], bin_size: int) -> list[tuple[str, list[float
     spans += [(a, min(a + bin_size - 1, high)) for a in range(L + 1, high + 1, bin_size)]
     labelled = [(f"{a}–{b}" if a != b else str(a), a, b) for a, b in spans]
     labelled += [(f"**in {low}–{L}**", low, L), (f"**beyond {L + 1}–{high}**", L + 1, high)]
-    table = []
-    for label, a, b in labelled:
-        values = [
-            mean_over(arms[p]["per_length"], a, b, key) for p in PROTOCOLS for key in ("token_accuracy", "exact_match")
-        ]
-        table.append((label, values))
-    return table
+    return [
+        (label, [mean_over(arms[arm]["per_length"], a, b, key) for arm, key, _ in COLUMNS]) for label, a, b in labelled
+    ]
 
 
 def markdown(result: dict[str, object], bin_size: int = 10) -> str:
     """The side-by-side table: per-position accuracy and exact match of each arm per length bin, in and beyond."""
-    lines = [
-        "| lengths n | decoder per-position | decoder exact | encoder per-position | encoder exact |",
-        "|---|---|---|---|---|",
-    ]
+    lines = ["| lengths n | " + " | ".join(h for *_, h in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
     for label, values in rows(result, bin_size):
         cells = ["n/a" if v is None else f"{v:.3f}" for v in values]
         lines.append(f"| {label} | {' | '.join(cells)} |")

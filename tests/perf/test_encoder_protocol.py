@@ -76,7 +76,7 @@ def test_a_two_step_run_gives_both_arms_rows_in_and_beyond(ep: ModuleType, tmp_p
     assert sorted(map(int, result["arms"]["encoder"]["per_length"])) == list(range(1, 7))
     table = ep.rows(result, 10)
     assert [label for label, _ in table] == ["1–3", "4–6", "**in 1–3**", "**beyond 4–6**"]
-    assert all(len(values) == 4 and all(0.0 <= v <= 1.0 for v in values) for _, values in table)
+    assert all(len(values) == 5 and all(0.0 <= v <= 1.0 for v in values) for _, values in table)
 
 
 def test_learned_positions_leave_the_rows_past_their_table_empty(ep: ModuleType) -> None:
