@@ -39,8 +39,9 @@ Which schemes run non-causally: `NONCAUSAL` lists those whose hooks are defined 
 rotation, learned and sinusoidal tables, NoPE, and the |i − j| biases of Kerple and Sandwich); the others are refused
 in one line (ALiBi's key-bias road and T5's buckets clamp i − j at 0, xPos grows with future keys, PaTH gives NaN,
 CoPE, FoX and stick-breaking count gates causally, FIRE normalises by the query's own position). NoPE without the
-causal mask sees a bag of tokens: its encoder cannot tell the order of the input at all. Learned positions have a
-table of the training length (L + m(L) tokens): beyond it neither arm can run, and those rows read `null`.
+causal mask sees a bag of tokens: its encoder can tell neither the order of the input nor one blank from another.
+Learned positions have a table of the training length (L + m(L) tokens): beyond it neither arm can run, and those
+rows read `null`.
 """
 
 from __future__ import annotations
@@ -271,16 +272,18 @@ def run(options: Options) -> dict[str, object]:
     batches = training_batches(task, options)
     sets = evaluation_sets(task, options)
     arms: dict[str, dict[str, object]] = {}
+    parameters = 0
     for protocol in PROTOCOLS:
         torch.manual_seed(options.seed)  # the same initial weights in both arms
         model = build_model(cfg, VOCAB)
+        parameters = model.num_parameters()
         wall, cpu = time.perf_counter(), time.process_time()
         losses = train_arm(model, protocol, batches, cfg, precision)
         train_wall, train_cpu = time.perf_counter() - wall, time.process_time() - cpu
         scores = evaluate_arm(model, protocol, sets, precision)
         arms[protocol] = {
             "per_length": {str(n): s for n, s in scores.items()},
-            "final_loss": float(np.mean(losses[-50:])),
+            "loss_last_50": float(np.mean(losses[-50:])),  # the training loss over the last 50 steps
             "train_wall_s": round(train_wall, 1),
             "train_cpu_s": round(train_cpu, 1),
             "total_wall_s": round(time.perf_counter() - wall, 1),
@@ -294,7 +297,7 @@ def run(options: Options) -> dict[str, object]:
         "threads": threads,
         "cpu": cpu_name(),
         "torch": torch.__version__,
-        "parameters": build_model(cfg, VOCAB).num_parameters(),
+        "parameters": parameters,
         "in_distribution": [max(task.train_min, task.min_length), options.max_length],
         "beyond": [options.max_length + 1, 2 * options.max_length],
         "arms": arms,
@@ -377,8 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for p in PROTOCOLS:
         a = arms[p]
         print(
-            f"{p}: final loss {a['final_loss']:.4f}, train {a['train_wall_s']} s wall / {a['train_cpu_s']} s CPU, "
-            f"with evaluation {a['total_wall_s']} s wall / {a['total_cpu_s']} s CPU"
+            f"{p}: loss {a['loss_last_50']:.4f} (last 50 steps), train {a['train_wall_s']} s wall / "
+            f"{a['train_cpu_s']} s CPU, with evaluation {a['total_wall_s']} s wall / {a['total_cpu_s']} s CPU"
         )
     print(markdown(result, options.bin))
     if out is not None:

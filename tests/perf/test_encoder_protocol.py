@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -58,6 +59,16 @@ def test_only_the_encoder_sees_a_later_input_token(ep: ModuleType) -> None:
         assert (not torch.allclose(a, b)) is changes, protocol
 
 
+def test_teacher_forced_and_generated_agree_on_one_output(ep: ModuleType) -> None:
+    options = ep.Options(max_length=4, steps=1)
+    torch.manual_seed(0)
+    model = ep.build_model(ep.model_config(options), ep.VOCAB)
+    inputs = torch.randint(0, 5, (16, 1), generator=torch.Generator().manual_seed(0))
+    for outputs in (inputs.clone(), (inputs + 1) % 5):  # n = 1: nothing is fed back, so the two must agree
+        generated = ep.score(ep.predict(model, "decoder", inputs, 1, "fp32"), outputs)["token_accuracy"]
+        assert ep.teacher_forced(model, inputs, outputs, "fp32") == generated
+
+
 def test_refuses_a_causal_only_scheme_and_a_variable_output_task(ep: ModuleType) -> None:
     with pytest.raises(ep.ConfigError, match="causal only"):
         ep.check(ep.Options(pos="alibi"))
@@ -71,7 +82,7 @@ def test_a_two_step_run_gives_both_arms_rows_in_and_beyond(ep: ModuleType, tmp_p
     assert (
         ep.main(["--max-length", "3", "--steps", "2", "--batch", "4", "--eval-examples", "2", "--out", str(out)]) == 0
     )
-    result = ep.json.loads(out.read_text())
+    result = json.loads(out.read_text())
     assert set(result["arms"]) == {"decoder", "encoder"}
     assert sorted(map(int, result["arms"]["encoder"]["per_length"])) == list(range(1, 7))
     table = ep.rows(result, 10)
