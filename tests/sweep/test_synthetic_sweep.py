@@ -35,7 +35,8 @@ def selects(plans: list) -> list:
 def test_it_validates_and_plans_six_schemes_by_two_rates_per_task(plans: list) -> None:
     validate_plan(selects(plans), None)
     names = [s for t in TASKS for s in (t, f"{t}-layout")]
-    assert [p.stage.name for p in plans] == [*names, *(f"{n}-seeds" for n in names)]
+    seeds = [f"{n}-seeds" for n in names]
+    assert [p.stage.name for p in plans] == [*names, *seeds, "mqar-long", "mqar-layout-long"]
     for plan in selects(plans):
         assert plan.stage.action == "select"
         rates = {line_value(o, "train.lr") for o in lines(plan)}
@@ -49,7 +50,7 @@ def test_seeds_follow_each_select_stage_for_the_rows_that_learned_with_its_task(
     """The seeds stages (issue #44: 3 seeds only for the rows that pass the gate) run after their select stage's
     pick, leave out the schemes below the gate, and train the select stage's task at the same row length."""
     by_name = {p.stage.name: p for p in plans}
-    for plan in plans[len(selects(plans)) :]:
+    for plan in [p for p in plans if p.stage.name.endswith("-seeds")]:
         select = by_name[plan.stage.name.removesuffix("-seeds")]
         assert plan.stage.after == select.stage.name and plan.stage.learned_only
         assert plan.awaiting == select.stage.name and len(plan.jobs) == 3 * len(select.jobs) // 2
@@ -81,3 +82,13 @@ def test_each_stage_row_holds_its_tasks_longest_training_example(plans: list) ->
         tokens = max(len(e.text.encode()) for e in examples) + 2
         assert tokens <= seq_len + 1, (task, tokens, seq_len)
         assert tokens >= seq_len - 8, (task, tokens, seq_len)  # rows no longer than the task needs
+
+
+def test_mqar_gets_a_learning_curve_four_times_as_long_for_every_pick(plans: list) -> None:
+    """No scheme reached the gate on MQAR in 1,500 steps: each pick (not only the learned ones) trains 6,000."""
+    by_name = {p.stage.name: p for p in plans}
+    for name in ("mqar", "mqar-layout"):
+        long, select = by_name[f"{name}-long"], by_name[name]
+        assert long.stage.after == name and not long.stage.learned_only
+        assert len(long.jobs) == len(select.jobs) // 2 and long.stage.overrides == select.stage.overrides
+        assert {line_value(o, "train.steps") for o in lines(long)} == {"6000"}
