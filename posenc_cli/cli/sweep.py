@@ -227,6 +227,8 @@ def _print_plan(
             why = (
                 f"its parent runs await the pick of stage {plan.awaiting}"
                 if plan.awaiting
+                else "no group passed the competence gate"
+                if plan.not_learned
                 else f"no parent run matches '{plan.stage.parent}'"
             )
             table.add_row("(none)", why, *([""] if with_parent else []), *([""] if with_pick else []))

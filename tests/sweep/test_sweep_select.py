@@ -524,3 +524,22 @@ def test_the_sweep_runs_a_learned_only_stage_for_the_learned_schemes_and_says_wh
     ]
     assert "skip stage seeds: pos=alibi not learned (60% < the gate): no jobs" in events
     assert {job["stage"] for job in read_plan(sweep_dir)["jobs"] if "pos=alibi" in job["dir"]} == {"grid"}
+
+
+def test_the_dry_run_lists_the_groups_a_learned_only_stage_leaves_out(tmp_path: Path) -> None:
+    from posenc_cli.cli.app import console
+    from posenc_cli.cli.sweep import _print_plan
+
+    spec = load_sweep_spec(write(tmp_path, LEARNED_ONLY.replace('"rope,alibi"', "alibi")))
+    grid = plan_sweep(spec, [])[0]
+    run_grid(grid, tmp_path, dict.fromkeys((j.name for j in grid.jobs), 1.0))
+    accuracy = dict(zip((j.dir(tmp_path) for j in grid.jobs), [0.5, 0.6, 0.2, 0.3], strict=True))
+    pick = make_pick("grid", grid.stage.select, grid.jobs, grid.chosen, tmp_path, read=accuracy.get)
+    plans = plan_sweep(spec, [], {"grid": pick})
+    with console.capture() as captured:
+        _print_plan("mine", plans, tmp_path, "basic", {})
+    text = " ".join(captured.get().split())
+    assert "stage seeds (train, after grid): 0 job(s)" in text
+    assert "learned only: not learned, left out: pos=alibi (60%)" in text
+    seeds = text.split("stage seeds", 1)[1].split("stage yarn", 1)[0]
+    assert "(none) no group passed the competence gate" in seeds and "no parent run" not in seeds
