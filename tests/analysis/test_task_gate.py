@@ -85,6 +85,7 @@ def test_the_threshold_is_checked_on_the_command_line(run: Path) -> None:
         assert len(refused.output.strip().splitlines()) == 1, refused.output
 
 
+@pytest.mark.integration  # a sweep run
 def test_a_sweep_takes_the_threshold_too(tmp_path: Path) -> None:
     planned = runner.invoke(app, ["sweep", "extrapolation", "--dry-run", "--competence", "0.5", "--out", str(tmp_path)])
     assert planned.exit_code == 0, planned.output

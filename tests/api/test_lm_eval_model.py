@@ -131,6 +131,7 @@ def _greedy_full(run: LoadedRun, ids: list[int], steps: int) -> list[int]:
     return x[0, len(ids) :].tolist()
 
 
+@pytest.mark.integration  # through the lm-eval harness
 @pytest.mark.parametrize("scheme", ["alibi", "rope"])
 def test_harness_scores_a_run_as_posenc_does(scheme: str, runs: dict[str, Path], tasks: Path) -> None:
     args = {"run": str(runs[scheme]), "device": "cpu", "threads": 1, "max_length": MAX_LENGTH}
@@ -185,6 +186,7 @@ def test_loglikelihood_equals_eval_extrapolate(scheme: str, runs: dict[str, Path
     assert logp == pytest.approx(-entry["nll"] * length, abs=1e-5)
 
 
+@pytest.mark.integration  # through the lm-eval harness
 def test_exported_run_through_lm_evals_hf_model(runs: dict[str, Path], tasks: Path, tmp_path: Path) -> None:
     """The recipe for exported runs: `--model hf` on `posenc export`'s folder scores what the posenc model scores
     (no end-of-document prefix: lm-eval's hf model adds none to a non-empty context)."""

@@ -179,6 +179,7 @@ def scheme_and_ctx(name: str, T: int, device: str = "cpu") -> tuple[PositionalSc
     return scheme, ctx
 
 
+@pytest.mark.integration  # compile
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("span", "packed"),

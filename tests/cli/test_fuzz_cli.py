@@ -25,6 +25,8 @@ from typer.testing import CliRunner
 
 from posenc_cli.cli import app
 
+pytestmark = pytest.mark.integration  # CLI fuzzing (hypothesis, every numeric option): not in the fast lane
+
 runner = CliRunner()
 HUGE = "9" * 5000  # beyond Python's 4,300-digit int-from-string limit
 HOSTILE_NUMBERS = ["nan", "inf", "-inf", "1e18", "-1e18", "1e308", HUGE, "-" + HUGE]

@@ -177,6 +177,7 @@ def test_explicit_ids_reach_the_context_and_causality_keeps_token_order() -> Non
     assert default.index is None and default.length == 6 and default.token_index is default.positions
 
 
+@pytest.mark.integration  # compile
 @pytest.mark.parametrize("name", ["rope", "alibi", "t5", "irope", "gemma3"])
 def test_the_forward_compiles_as_one_graph(name: str) -> None:
     """torch.compile traces the whole forward, the layers' views included, without a graph break

@@ -129,6 +129,7 @@ def test_measure_peaks_probes_each_dtype_and_thread_count(monkeypatch: pytest.Mo
     assert all(v > 0 for v in peaks.values())
 
 
+@pytest.mark.integration  # a sweep run
 def test_sweep_writes_profiles_and_prints_the_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "corpus").mkdir()
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta"]

@@ -240,6 +240,7 @@ def test_resume_across_the_switch_is_bitwise_identical(
     assert metrics(run) == metrics(ref)
 
 
+@pytest.mark.integration  # compile
 def test_a_compiled_run_compiles_the_dropped_model_again(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -34,6 +34,7 @@ def jobs(stage: str) -> dict[str, Config]:
     return {job.label: configs[job.key] for job in plan.jobs}
 
 
+@pytest.mark.integration  # composes a shipped sweep's jobs
 def test_plans_every_stage_with_its_jobs_and_labels() -> None:
     plans, configs = planned()
     assert [(p.stage.name, len(p.jobs)) for p in plans] == [
@@ -86,6 +87,7 @@ def count(cfg: Config) -> int:
     return n_params(repr(cfg.model), repr(cfg.pos))
 
 
+@pytest.mark.integration  # builds a shipped sweep's models
 def test_every_job_has_its_baselines_parameters_within_two_percent() -> None:
     plans, configs = planned()
     baselines = {label: count(cfg) for label, cfg in jobs("baseline").items()}

@@ -12,6 +12,8 @@ from posenc_cli.sweep.plan import StagePlan, plan_identities, plan_sweep, valida
 from posenc_cli.sweep.select import GridJob, GridPoint, Pick, group_of, line_value
 from posenc_cli.sweep.spec import find_sweep_file, load_sweep_spec
 
+pytestmark = pytest.mark.integration  # composes every job of two shipped sweeps: not in the fast lane
+
 DESIGNS = {  # name: (stage, action, jobs planned, the select stage it awaits) in the file's order
     "data-dependent-niah": [
         ("grid", "select", 14, None),

@@ -60,6 +60,7 @@ def test_user_overrides_replace_or_extend_the_sweep(tmp_path: Path) -> None:
     assert len(train.jobs) == 8
 
 
+@pytest.mark.integration  # composes every shipped sweep's jobs
 def test_shipped_sweeps_expand_and_validate() -> None:
     root = config_dir()
     counts = {}

@@ -35,6 +35,7 @@ def finish(job_dir: Path, val_loss: float, weights: bytes) -> None:
     mark_done(job_dir, job_dir.name)
 
 
+@pytest.mark.integration  # a sweep run
 def test_seed_zero_of_the_pick_is_the_grid_run_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "sweep").mkdir()
     (tmp_path / "sweep" / "mine.yaml").write_text(GRID)
@@ -72,6 +73,7 @@ def test_seed_zero_of_the_pick_is_the_grid_run_copied(tmp_path: Path, monkeypatc
     assert any("reuse seeds/train.lr=0.003/pos=rope,train.seed=0: the same config as grid/" in e for e in events)
 
 
+@pytest.mark.integration  # a sweep run
 def test_a_job_with_another_config_is_never_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "sweep").mkdir()
     (tmp_path / "sweep" / "mine.yaml").write_text(GRID.replace('"0,1"', '"1,2"'))

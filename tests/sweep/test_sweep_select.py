@@ -311,6 +311,7 @@ def test_an_unfinished_grid_is_not_picked_unless_the_stage_says_partial(tmp_path
 # The runner: pick after the grid ran, plan the later stages with it; resume
 
 
+@pytest.mark.integration  # a sweep run
 def test_the_sweep_waits_for_the_grid_then_runs_the_later_stage_with_the_pick(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -434,6 +435,7 @@ def test_a_select_sweep_end_to_end_then_resumed(workspace: Path, monkeypatch: py
     assert f"train.lr={picks['alibi']}" in dry and "(awaits the pick)" not in dry
 
 
+@pytest.mark.integration  # a sweep run
 def test_a_grid_that_cannot_be_picked_from_stops_the_sweep_saying_how_to_resume(
     workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -503,6 +505,7 @@ def test_learned_only_needs_a_stage_after_a_competence_pick(tmp_path: Path, text
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.integration  # a sweep run
 def test_the_sweep_runs_a_learned_only_stage_for_the_learned_schemes_and_says_which_it_left_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -32,6 +32,7 @@ def selects(plans: list) -> list:
     return [p for p in plans if p.stage.action == "select"]
 
 
+@pytest.mark.integration  # composes a shipped sweep's jobs
 def test_it_validates_and_plans_six_schemes_by_two_rates_per_task(plans: list) -> None:
     validate_plan(selects(plans), None)
     names = [s for t in TASKS for s in (t, f"{t}-layout")]
