@@ -26,6 +26,7 @@ def test_script_is_valid_bash() -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.integration  # the script in a subprocess
 @pytest.mark.parametrize("args", [(), ("--check",)])
 def test_without_a_gpu_it_skips_cleanly(args: tuple[str, ...]) -> None:
     done = run(*args)

@@ -36,13 +36,14 @@ def test_only_refuses_unknown_steps(args: tuple[str, ...], message: str) -> None
     assert done.returncode == 2 and message in done.stderr and done.stdout == ""
 
 
+@pytest.mark.integration  # the script in a subprocess
 @pytest.mark.skipif(BASH is None, reason="needs bash")
 def test_only_known_steps_skip_cleanly_without_a_gpu() -> None:
     done = run("--only", "compile-step,sweep-share", "--check")
     assert done.returncode == 0 and "no GPU: skipped" in done.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.integration  # end to end
 def test_compile_step_writes_what_the_summary_reads(tmp_path: Path) -> None:
     out = tmp_path / "compile.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "compile_step.py"), "--modes", "eager", "--device", "cpu"]

@@ -394,6 +394,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.integration  # subprocesses killed
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
 def test_a_bench_case_dies_with_its_parent(tmp_path: Path) -> None:
     """The parent starts a case's child as bench does (`die_with_parent`), then is SIGKILLed: the child goes too."""
@@ -420,6 +421,7 @@ def test_a_bench_case_dies_with_its_parent(tmp_path: Path) -> None:
     assert not alive
 
 
+@pytest.mark.integration  # subprocesses killed
 def test_a_kill_inside_calibrates_fit_leaves_the_parent_and_no_half_child(corpus: Path, tmp_path: Path) -> None:
     """SIGKILL at the fit's first scored point; the parent is untouched, no child run is there, and the same command
     then writes the child a clean run writes."""

@@ -33,6 +33,8 @@ from posenc_cli.evaluation.perplexity.measuring import evaluate_model
 from posenc_cli.evaluation.positions import trained_positions
 from posenc_cli.run.load import LoadedRun, load_run
 
+pytestmark = pytest.mark.integration  # the lm-eval adapter, end to end (runs trained for it): not in the fast lane
+
 MAX_LENGTH = 64  # the adapter's context: rolling windows of 64 tokens (the runs trained at 128)
 GEN_TOKENS = 6
 CHOICES = [
@@ -131,7 +133,6 @@ def _greedy_full(run: LoadedRun, ids: list[int], steps: int) -> list[int]:
     return x[0, len(ids) :].tolist()
 
 
-@pytest.mark.integration  # through the lm-eval harness
 @pytest.mark.parametrize("scheme", ["alibi", "rope"])
 def test_harness_scores_a_run_as_posenc_does(scheme: str, runs: dict[str, Path], tasks: Path) -> None:
     args = {"run": str(runs[scheme]), "device": "cpu", "threads": 1, "max_length": MAX_LENGTH}
@@ -186,7 +187,6 @@ def test_loglikelihood_equals_eval_extrapolate(scheme: str, runs: dict[str, Path
     assert logp == pytest.approx(-entry["nll"] * length, abs=1e-5)
 
 
-@pytest.mark.integration  # through the lm-eval harness
 def test_exported_run_through_lm_evals_hf_model(runs: dict[str, Path], tasks: Path, tmp_path: Path) -> None:
     """The recipe for exported runs: `--model hf` on `posenc export`'s folder scores what the posenc model scores
     (no end-of-document prefix: lm-eval's hf model adds none to a non-empty context)."""
@@ -294,7 +294,6 @@ def test_model_args_are_checked(runs: dict[str, Path]) -> None:
         lm.generate_until([Instance("generate_until", {}, ("x", {"do_sample": True, "temperature": 1.0}), 0)])
 
 
-@pytest.mark.integration
 def test_posenc_lm_eval_command_line(runs: dict[str, Path], tasks: Path, tmp_path: Path) -> None:
     """`posenc-lm-eval` (here `python -m`, as the installed script calls the same `main`): lm-eval's own command
     line, which knows the model "posenc"."""

@@ -165,6 +165,7 @@ PEAK_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.integration  # a subprocess
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmHWM from /proc/self/status")
 def test_long_alibi_forward_stays_memory_bounded() -> None:
     """T = 4096, H = 8: a full fp32 (H, T, T) bias alone is 512 MiB; the chunked path must stay far below that."""

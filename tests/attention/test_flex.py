@@ -180,7 +180,6 @@ def scheme_and_ctx(name: str, T: int, device: str = "cpu") -> tuple[PositionalSc
 
 
 @pytest.mark.integration  # compile
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("span", "packed"),
     [(FULL, False), (Span("sliding", 100), False), (Span("chunked", 64), True)],

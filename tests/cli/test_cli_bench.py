@@ -17,7 +17,7 @@ TINY = ["model.d_model=32", "model.n_layer=1", "model.n_head=2", "train.seq_len=
 TINY += ["train.device=cpu", "train.precision=fp32"]
 
 
-@pytest.mark.slow
+@pytest.mark.integration  # end to end
 def test_curve_prints_both_tables_and_writes_json_csv_and_plot(tmp_path: Path) -> None:
     out = {name: tmp_path / "out" / name for name in ("curve.json", "curve.csv", "curve.png")}
     args = ["bench", *TINY, "--eval-lengths", "16,32", "--schemes", "learned", "--memory-limit", "1"]

@@ -140,6 +140,7 @@ def test_truncated_array_is_not_trusted(fake_stdlib: Path, _cache: Path) -> None
     assert again.info["reused"] is False and len(again.train) == n
 
 
+@pytest.mark.integration  # a subprocess killed
 def test_hard_kill_mid_write_leaves_no_trusted_file(fake_stdlib: Path, tmp_path: Path, _cache: Path) -> None:
     """A process killed with os._exit while writing (no cleanup runs) leaves only a temp file that is ignored."""
     script = textwrap.dedent(

@@ -59,6 +59,7 @@ def tiny_cfg():
     return compose_config([*overrides, "train.threads=1", "train.device=cpu"], None)
 
 
+@pytest.mark.integration  # a benchmark end to end
 def test_bench_result_has_the_keys_for_both_dtypes() -> None:
     pytest.importorskip("transformers")
     opts = bench.BenchOptions(
@@ -76,6 +77,7 @@ def test_bench_result_has_the_keys_for_both_dtypes() -> None:
     assert data["config"]["d_model"] == 32 and data["flops_per_token_formula"].startswith("6*N")
 
 
+@pytest.mark.integration  # a benchmark end to end
 def test_cli_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     args = ["bench", "model.d_model=32", "model.n_layer=1", "model.n_head=2", "train.seq_len=16"]

@@ -99,22 +99,25 @@ def test_options_refuse_bad_lengths_limits_and_schemes() -> None:
             opts.validate()
 
 
+@pytest.mark.integration  # a measuring process killed
 def test_watchdog_stops_a_case_over_the_memory_limit() -> None:
     out = cc.spawn_case(case(), timeout_s=None, memory_limit_bytes=8 * 2**20)  # python + torch pass 8 MiB at once
     assert out["status"] == cc.NOT_MEASURED and out["reason"].startswith("over the memory limit (0.0 GiB): stopped")
 
 
+@pytest.mark.integration  # a measuring process killed
 def test_watchdog_stops_a_case_past_its_time() -> None:
     out = cc.spawn_case(case(), timeout_s=0.2, memory_limit_bytes=2**40)  # importing torch alone takes longer
     assert out["status"] == cc.NOT_MEASURED and out["reason"].startswith("time budget spent: stopped after")
 
 
+@pytest.mark.integration  # a measuring process killed
 def test_a_crashing_case_is_failed_not_not_measured() -> None:
     out = cc.spawn_case(case(scheme="nosuch"), timeout_s=None, memory_limit_bytes=2**40)
     assert out["status"] == cc.FAILED and "unknown positional scheme pos=nosuch" in out["reason"]
 
 
-@pytest.mark.slow
+@pytest.mark.integration  # end to end
 def test_curve_measures_in_its_own_process_and_writes_json_and_csv() -> None:
     opts = cc.CurveOptions(lengths=(32, 16), schemes=("learned",), min_seconds=0.0, max_repeats=1)
     result = json.loads(json.dumps(cc.run_curve(tiny_cfg(), opts)))  # JSON-ready

@@ -158,7 +158,7 @@ def test_cli_refuses_a_bad_layout_with_one_line_and_writes_nothing(tmp_path: Pat
         assert not out.exists()
 
 
-@pytest.mark.slow
+@pytest.mark.integration  # end to end
 @pytest.mark.parametrize("name", hybrid_schemes())
 def test_every_preset_trains_and_evaluates_from_the_cli(name: str, tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path)

@@ -67,7 +67,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-@pytest.mark.slow
+@pytest.mark.integration  # end to end
 @pytest.mark.parametrize("name", sorted(registry()))
 def test_trains_then_evaluates_at_four_times_training_length(name: str, corpus: Path, tmp_path: Path) -> None:
     from posenc_cli.evaluation.tasks.extrapolate import evaluate_run_dir

@@ -147,7 +147,6 @@ def test_a_compiler_failure_is_one_line_and_leaves_no_run(
     assert not out.exists()  # the fresh run's claim is taken back: nothing was trained
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("backend", "precision", "tol"),
     [("aot_eager", "fp32", 1e-5), ("inductor", "fp32", 1e-5), ("inductor", "bf16", 1e-2)],

@@ -148,6 +148,7 @@ print(device.cpu_has_fast_bf16())
 """
 
 
+@pytest.mark.integration  # a second process
 def test_another_process_reads_the_decision(monkeypatch: pytest.MonkeyPatch, precision_cache: Path) -> None:
     monkeypatch.setattr(device, "cpu_flags", lambda: {"amx_bf16"})
     monkeypatch.setattr(device, "bf16_speedup", lambda: 1.29)  # just under the margin: fp32

@@ -329,6 +329,7 @@ def test_verification_fails_on_nan_and_writes_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.integration  # subprocesses killed
 def test_working_directories_of_killed_exports_are_removed(runs: dict[str, Path], tmp_path: Path) -> None:
     import subprocess
 

@@ -129,7 +129,7 @@ def test_kill_during_a_save_leaves_a_loadable_checkpoint(
     assert metrics(run) == metrics(reference)
 
 
-@pytest.mark.slow
+@pytest.mark.integration  # end to end
 def test_sigterm_in_a_subprocess_saves_and_the_run_resumes(corpus: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     overrides = tiny_overrides(corpus, steps=100_000, save_every=100_000, eval_every=100_000)

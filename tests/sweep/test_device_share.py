@@ -191,7 +191,6 @@ def test_a_job_out_of_device_memory_records_one_line(
 
 
 @needs_joblib
-@pytest.mark.slow
 def test_parallel_jobs_give_the_sequential_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two jobs at once in joblib's worker processes (fp32, one thread each) measure what one after another do."""
     (tmp_path / "corpus").mkdir()

@@ -157,7 +157,6 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(workspace: Path, monkey
 
 
 @needs_submitit
-@pytest.mark.slow
 def test_submitit_local_launcher(workspace: Path, monkeypatch) -> None:
     code, output = sweep(
         workspace,
