@@ -268,3 +268,61 @@ def test_train_on_mqar_then_eval_algorithmic(tmp_path: Path) -> None:
     assert scored.exit_code == 0, scored.output
     entries = json.loads(out.read_text())["runs"][0]["entries"]
     assert [(e["task"], e["length"]) for e in entries] == [("flipflop", 2)]  # no flip-flop of one instruction
+
+
+TINY_TASK = [
+    "model=tiny",
+    "model.d_model=32",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "train.seq_len=24",
+    "train.steps=3",
+    "train.warmup_steps=1",
+    "train.batch_size=4",
+    "train.eval_every=3",
+    "train.save_every=3",
+    "train.precision=fp32",
+    "train.threads=1",
+    "train.loss_on=answer",
+    "train.packing=none",
+    "data=algorithmic",
+    "data.tasks=[flipflop]",
+    "data.examples=64",
+    "data.max_length=4",
+    "data.eval_examples=3",
+    "eval.lengths=[1]",
+    "pos=rope",
+]
+
+
+def stored_cells(run: Path) -> list[tuple]:
+    """A run's stored algorithmic cells, without when and by which version they were written."""
+    entries = json.loads((run / "eval" / "algorithmic.json").read_text())["entries"]
+    return [tuple((k, json.dumps(v)) for k, v in e.items() if k not in ("created", "posenc_version")) for e in entries]
+
+
+@pytest.mark.integration  # a sweep run
+def test_a_synthetic_task_gives_the_same_cells_from_the_cli_the_api_and_a_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #44: flip-flop trained on its read bits and scored per length (1..2L) from the three entry points."""
+    from posenc_cli import api
+
+    monkeypatch.chdir(tmp_path)
+    cli_run, api_run, sweep_dir = tmp_path / "cli", tmp_path / "api", tmp_path / "sweep"
+    trained = runner.invoke(app, ["train", *TINY_TASK, "--out", str(cli_run)])
+    assert trained.exit_code == 0, trained.output
+    scored = runner.invoke(app, ["eval-algorithmic", str(cli_run), "--device", "cpu", "--threads", "1"])
+    assert scored.exit_code == 0, scored.output
+
+    api.train(TINY_TASK, out=api_run, progress=False)
+    api.evaluate_algorithmic([api_run], device="cpu", threads=1)
+
+    (tmp_path / "cfg" / "sweep").mkdir(parents=True)
+    stage = "stages:\n  - name: train\n    params: {pos: rope}\n"
+    (tmp_path / "cfg" / "sweep" / "one.yaml").write_text(f"overrides: {json.dumps(TINY_TASK[:-1])}\n{stage}")
+    api.sweep("one", [], out=sweep_dir, config_dir=tmp_path / "cfg")
+
+    cells = stored_cells(cli_run)
+    assert [dict(c)["length"] for c in cells] == [str(n) for n in range(2, 9)]  # 1..2L, no flip-flop of length 1
+    assert cells == stored_cells(api_run) == stored_cells(sweep_dir / "train" / "default")
