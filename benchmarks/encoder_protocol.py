@@ -26,7 +26,8 @@ norm 1.0), not the reference's constant-lr Adam (`training.py`): the comparison 
 
 Why a loop of its own: posenc's trainer (`posenc_cli.run.train`) has no encoder protocol; training it is one
 forward, a masked cross-entropy and an AdamW step, built from posenc's own pieces (`compose_config`, `build_model`,
-`build_optimizer`, `lr_at`, `resolve_precision`, the task's generator `AlgorithmicTask.sample`).
+`resolve_precision`, the task's generator `AlgorithmicTask.sample`); the loop is `targets_loop.py`, shared with
+`tagging_protocol.py`.
 
 The default task is `bucket_sort` (symbols 0–4 sorted; output length n): its outputs depend on each other (the
 k-th output is the k-th smallest input), so the decoder, which sees the outputs before, and the encoder, which
@@ -57,7 +58,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from targets_loop import IGNORE, train_on_targets  # benchmarks/ (the script's own folder)
 from torch import Tensor
 
 from posenc_cli.config import Config
@@ -68,7 +69,6 @@ from posenc_cli.evaluation.passkey import greedy_decode
 from posenc_cli.model import GPT, build_model
 from posenc_cli.run.config_compose import compose_config
 from posenc_cli.run.device import autocast, cpu_name, resolve_precision, set_threads
-from posenc_cli.run.optim import build_optimizer, lr_at
 
 Protocol = Literal["decoder", "encoder"]
 PROTOCOLS: tuple[Protocol, ...] = ("decoder", "encoder")
@@ -87,7 +87,6 @@ SYMBOLS = "0123456789+-*"  # every symbol of the supported tasks' inputs and out
 SEP = len(SYMBOLS)  # the decoder's separator (posenc's ` =`)
 BLANK = SEP + 1  # the encoder's empty tape token (the reference's extra one-hot dimension)
 VOCAB = BLANK + 1
-IGNORE = -100  # cross_entropy's ignore_index: the input positions carry no target
 
 
 @dataclass(frozen=True)
@@ -182,24 +181,9 @@ def logits_of(model: GPT, protocol: Protocol, x: Tensor) -> Tensor:
 def train_arm(
     model: GPT, protocol: Protocol, batches: Sequence[tuple[Tensor, Tensor]], cfg: Config, precision: str
 ) -> list[float]:
-    """AdamW with posenc's warm-up + cosine schedule and clipping, one step per batch; the loss per step."""
-    device = torch.device("cpu")
-    optimizer = build_optimizer(model, cfg.train, device)
-    model.train()
-    losses = []
-    for step, (inputs, outputs) in enumerate(batches):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg.train)
-        x, y = LAYOUT[protocol](inputs, outputs)
-        with autocast(device, precision):  # type: ignore[arg-type]
-            logits = logits_of(model, protocol, x)  # (B, T, V)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+    """`targets_loop.train_on_targets` on the arm's layout of each (inputs, outputs) batch; the loss per step."""
+    laid_out = (LAYOUT[protocol](inputs, outputs) for inputs, outputs in batches)
+    return train_on_targets(model, laid_out, cfg, precision, lambda m, x: logits_of(m, protocol, x))
 
 
 @torch.no_grad()

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from targets_loop import IGNORE, train_on_targets  # benchmarks/ (the script's own folder): BOS carries no tag
 from torch import Tensor
 
 from posenc_cli.config import Config
@@ -47,10 +47,8 @@ from posenc_cli.model import GPT, build_model
 from posenc_cli.positional import registry
 from posenc_cli.run.config_compose import compose_config
 from posenc_cli.run.device import autocast, cpu_name, resolve_precision, set_threads
-from posenc_cli.run.optim import build_optimizer, lr_at
 
 GROUPS = ("S5", "A5")
-IGNORE = -100  # cross_entropy's ignore_index (as in encoder_protocol.py): BOS's position carries no tag
 
 
 @dataclass(frozen=True)
@@ -146,26 +144,6 @@ def evaluation_sets(options: Options) -> dict[int, tuple[Tensor, Tensor]]:
     return {k: sample_batch(options.group, rng, k, options.eval_examples) for k in range(2, 2 * options.max_length + 1)}
 
 
-def train(model: GPT, batches: Sequence[tuple[Tensor, Tensor]], cfg: Config, precision: str) -> list[float]:
-    """AdamW with posenc's warm-up + cosine schedule and clipping, one step per tagged batch; the loss per step."""
-    device = torch.device("cpu")
-    optimizer = build_optimizer(model, cfg.train, device)
-    model.train()
-    losses = []
-    for step, (x, y) in enumerate(batches):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg.train)
-        with autocast(device, precision):  # type: ignore[arg-type]
-            logits = model(x)  # (B, k + 1, V), causal
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)  # mean over the k tags
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
-
-
 @torch.no_grad()
 def score(model: GPT, x: Tensor, y: Tensor, precision: str) -> dict[str, float]:
     """Token accuracy and sequence accuracy of the argmax at every tagged position of one causal forward."""
@@ -190,7 +168,7 @@ def run(options: Options) -> dict[str, object]:
         torch.manual_seed(options.seed)
         model = build_model(cfg, vocab)
         wall, cpu = time.perf_counter(), time.process_time()
-        losses = train(model, batches, cfg, precision)
+        losses = train_on_targets(model, batches, cfg, precision)
         train_wall, train_cpu = time.perf_counter() - wall, time.process_time() - cpu
         per_length = {str(k): score(model, x, y, precision) for k, (x, y) in sets.items()}
         results[pos] = {

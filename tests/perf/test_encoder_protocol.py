@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "encoder_protocol.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def ep() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("encoder_protocol", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["encoder_protocol"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("encoder_protocol")
 
 
 def test_the_encoder_batch_puts_the_targets_at_the_blanks_only(ep: ModuleType) -> None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from functools import reduce
 from pathlib import Path
 from types import ModuleType
@@ -12,20 +10,14 @@ from types import ModuleType
 import numpy as np
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 
 from posenc_cli.data.algorithmic.state_tracking import IDENTITY, compose, elements
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tagging_protocol.py"
 
 
 @pytest.fixture(scope="module")
 def tp() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tagging_protocol", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tagging_protocol"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("tagging_protocol")
 
 
 @pytest.mark.parametrize("group", ["S5", "A5"])
