@@ -32,7 +32,6 @@ from typing import Any
 from torch import Tensor
 
 from posenc_cli.config import Config
-from posenc_cli.errors import NotExportable
 from posenc_cli.options import enabled as enabled_options
 from posenc_cli.run.export_smollm3 import (
     check_smollm3_exportable,
@@ -79,14 +78,9 @@ def takes_granite(cfg: Config) -> bool:
 
 
 def check_granite_exportable(cfg: Config) -> None:
-    """Raise `NotExportable` (one line) unless the run maps exactly onto Granite SWA."""
-    reason = option_refusal(cfg)
-    if reason is not None:
-        raise NotExportable(reason)
-    try:
-        check_smollm3_exportable(cfg)  # the same block, layers and rope parameters
-    except NotExportable as e:
-        raise NotExportable(str(e).replace("SmolLM3ForCausalLM", ARCHITECTURE)) from None
+    """Raise `NotExportable` (one line) unless the run's block, layers and rope parameters map onto Granite SWA:
+    SmolLM3's checks, naming Granite SWA (`option_refusal` has passed the options already)."""
+    check_smollm3_exportable(cfg, target=ARCHITECTURE)
 
 
 def granite_config_kwargs(cfg: Config, vocab_size: int, eod_id: int) -> dict[str, Any]:

@@ -41,22 +41,25 @@ __all__ = ["check_smollm3_exportable", "smollm3_config_kwargs", "smollm3_layers"
 ARCHITECTURE = "SmolLM3ForCausalLM"
 
 
-def smollm3_layers(cfg: Config) -> tuple[list[str], list[int], int | None, RopeConfig | None]:
+def smollm3_layers(
+    cfg: Config, target: str = ARCHITECTURE
+) -> tuple[list[str], list[int], int | None, RopeConfig | None]:
     """(layer_types, no_rope_layers, sliding window or None, the RoPE layers' one config or None) of a run, or
-    `NotExportable` (one line) for what SmolLM3 cannot hold (see the module docstring)."""
+    `NotExportable` (one line) for what SmolLM3 cannot hold (see the module docstring), naming `target`
+    (an architecture with SmolLM3's block: Granite SWA too)."""
     n = cfg.model.n_layer
     if isinstance(cfg.pos, RopeConfig):
         return ["full_attention"] * n, [1] * n, None, cfg.pos
     if not hasattr(cfg.pos, "layer_entries"):
-        raise NotExportable(f"not exportable: pos={cfg.pos.name} has no counterpart in {ARCHITECTURE}")
+        raise NotExportable(f"not exportable: pos={cfg.pos.name} has no counterpart in {target}")
     entries = cfg.pos.layer_entries(n)
     types, rope, windows, ropes = [], [], set(), []
     for i, e in enumerate(entries):
         if e.pos.name not in ("rope", "nope"):
-            raise NotExportable(f"not exportable: layer {i} uses pos={e.pos.name}; {ARCHITECTURE} has RoPE or NoPE")
+            raise NotExportable(f"not exportable: layer {i} uses pos={e.pos.name}; {target} has RoPE or NoPE")
         if e.span == "chunked" or e.temperature:
             what = "chunked attention" if e.span == "chunked" else "a query temperature"
-            raise NotExportable(f"not exportable: layer {i} has {what}, which {ARCHITECTURE} does not (Llama 4 does, "
+            raise NotExportable(f"not exportable: layer {i} has {what}, which {target} does not (Llama 4 does, "
                                 "but its MLP has no biases to hold posenc's)")  # fmt: skip
         types.append("sliding_attention" if e.span == "sliding" else "full_attention")
         rope.append(int(e.pos.name == "rope"))
@@ -65,32 +68,33 @@ def smollm3_layers(cfg: Config) -> tuple[list[str], list[int], int | None, RopeC
         if isinstance(e.pos, RopeConfig):
             ropes.append(e.pos)
     if len(windows) > 1:
-        raise NotExportable(f"not exportable: sliding windows of {sorted(windows)} tokens; {ARCHITECTURE} has one")
+        raise NotExportable(f"not exportable: sliding windows of {sorted(windows)} tokens; {target} has one")
     if any(r != ropes[0] for r in ropes):
         raise NotExportable(
-            f"not exportable: the RoPE layers differ in their options (base, scaling); {ARCHITECTURE} has one set "
+            f"not exportable: the RoPE layers differ in their options (base, scaling); {target} has one set "
             "of rope parameters (Gemma 3 has one per layer type, but not posenc's block)"
         )
     return types, rope, (windows.pop() if windows else None), (ropes[0] if ropes else None)
 
 
-def check_smollm3_exportable(cfg: Config) -> None:
-    """Raise `NotExportable` (one line) unless the run maps exactly onto SmolLM3 (see the module docstring)."""
+def check_smollm3_exportable(cfg: Config, target: str = ARCHITECTURE) -> None:
+    """Raise `NotExportable` (one line) unless the run maps exactly onto SmolLM3's block (see the module
+    docstring); the message names `target`, SmolLM3 or an architecture with its block (Granite SWA)."""
     if cfg.model.norm != "rmsnorm":
         raise NotExportable(
-            f"not exportable as {ARCHITECTURE}: model.norm={cfg.model.norm}; no transformers architecture with "
+            f"not exportable as {target}: model.norm={cfg.model.norm}; no transformers architecture with "
             "per-layer NoPE or windows holds posenc's LayerNorm block (they use RMSNorm, or Cohere 2's parallel "
             "block); train with model.norm=rmsnorm"
         )
     if cfg.model.attn_scale != "none" or cfg.model.embedding != "gpt2":
         what = f"model.attn_scale={cfg.model.attn_scale}" if cfg.model.attn_scale != "none" else "model.embedding"
-        raise NotExportable(f"not exportable: {what} has no counterpart in {ARCHITECTURE}")
-    _, _, _, rope = smollm3_layers(cfg)
+        raise NotExportable(f"not exportable: {what} has no counterpart in {target}")
+    _, _, _, rope = smollm3_layers(cfg, target)
     if rope is not None:
         if rope.p != 1.0 or rope.remap.active:
-            raise NotExportable(f"not exportable: p-RoPE or a position remap has no counterpart in {ARCHITECTURE}")
+            raise NotExportable(f"not exportable: p-RoPE or a position remap has no counterpart in {target}")
         if rotary_dim(cfg.model.head_dim, rope.rotary_fraction) != cfg.model.head_dim:
-            raise NotExportable(f"not exportable: partial rotary; {ARCHITECTURE} rotates the whole head")
+            raise NotExportable(f"not exportable: partial rotary; {target} rotates the whole head")
 
 
 def smollm3_config_kwargs(cfg: Config, vocab_size: int, eod_id: int) -> dict[str, Any]:
