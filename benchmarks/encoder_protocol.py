@@ -58,7 +58,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from targets_loop import IGNORE, train_on_targets  # benchmarks/ (the script's own folder)
+from targets_loop import IGNORE, parse_options, train_on_targets  # benchmarks/ (the script's own folder)
 from torch import Tensor
 
 from posenc_cli.config import Config
@@ -334,18 +334,8 @@ def parse(argv: Sequence[str] | None = None) -> tuple[Options, Path | None]:
     p.add_argument("--task", default=Options.task, help="a Chomsky task of fixed output length")
     p.add_argument("--pos", default=Options.pos, help=f"the scheme, one of {', '.join(NONCAUSAL)}")
     p.add_argument("--max-length", type=int, default=Options.max_length, help="L: train on 1..L, beyond L+1..2L")
-    p.add_argument("--steps", type=int, default=Options.steps)
-    p.add_argument("--batch", type=int, default=Options.batch)
-    p.add_argument("--lr", type=float, default=Options.lr)
-    p.add_argument("--warmup", type=int, default=Options.warmup)
-    p.add_argument("--eval-examples", type=int, default=Options.eval_examples, help="per length and arm")
-    p.add_argument("--seed", type=int, default=Options.seed)
-    p.add_argument("--threads", type=int, default=Options.threads)
     p.add_argument("--bin", type=int, default=Options.bin, help="lengths per table row")
-    p.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
-    args = vars(p.parse_args(argv))
-    out = args.pop("out")
-    return Options(**args), out
+    return parse_options(p, Options, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

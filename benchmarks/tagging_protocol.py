@@ -37,7 +37,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from targets_loop import IGNORE, train_on_targets  # benchmarks/ (the script's own folder): BOS carries no tag
+from targets_loop import (  # benchmarks/ (the script's own folder): BOS carries no tag
+    IGNORE,
+    parse_options,
+    train_on_targets,
+)
 from torch import Tensor
 
 from posenc_cli.config import Config
@@ -228,17 +232,7 @@ def parse(argv: Sequence[str] | None = None) -> tuple[Options, Path | None]:
     p.add_argument("--pos", default=Options.pos, help="comma-separated causal schemes")
     p.add_argument("--max-length", type=int, default=Options.max_length, help="K: train on 2..K, beyond K+1..2K")
     p.add_argument("--layers", type=int, default=Options.layers)
-    p.add_argument("--steps", type=int, default=Options.steps)
-    p.add_argument("--batch", type=int, default=Options.batch)
-    p.add_argument("--lr", type=float, default=Options.lr)
-    p.add_argument("--warmup", type=int, default=Options.warmup)
-    p.add_argument("--eval-examples", type=int, default=Options.eval_examples, help="per length")
-    p.add_argument("--seed", type=int, default=Options.seed)
-    p.add_argument("--threads", type=int, default=Options.threads)
-    p.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
-    args = vars(p.parse_args(argv))
-    out = args.pop("out")
-    return Options(**args), out
+    return parse_options(p, Options, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

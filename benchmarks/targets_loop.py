@@ -8,7 +8,10 @@ gradient clipped to `train.grad_clip`), so a protocol comparison differs from po
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import argparse
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +24,16 @@ from posenc_cli.run.optim import build_optimizer, lr_at
 
 IGNORE = -100  # cross_entropy's ignore_index: a position without a target
 Forward = Callable[[GPT, Tensor], Tensor]  # (model, x (B, T)) -> logits (B, T, V)
+OptionsT = TypeVar("OptionsT")
+LOOP_OPTIONS = {
+    "steps": int,
+    "batch": int,
+    "lr": float,
+    "warmup": int,
+    "eval_examples": int,
+    "seed": int,
+    "threads": int,
+}
 
 
 def causal_forward(model: GPT, x: Tensor) -> Tensor:
@@ -52,3 +65,17 @@ def train_on_targets(
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
     return losses
+
+
+def parse_options(
+    p: argparse.ArgumentParser, options: Callable[..., OptionsT], argv: Sequence[str] | None = None
+) -> tuple[OptionsT, Path | None]:
+    """`p` (the script's own flags added) plus the loop's (`LOOP_OPTIONS`, defaults from the `options` dataclass)
+    and `--out`, parsed: (`options(...)`, the JSON path or None)."""
+    defaults: Any = options
+    for name, kind in LOOP_OPTIONS.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name))
+    p.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    args = vars(p.parse_args(argv))
+    out = args.pop("out")
+    return options(**args), out
