@@ -181,6 +181,8 @@ def _print_plan(
     """The jobs of each stage, readable at 80 columns and piped: the overrides every job of a stage shares once,
     then one row per job with the overrides that tell it apart (its directory name), folded rather than cut. A
     select stage says how it picks; a stage after it, the pick each job runs with or that it awaits it."""
+    from posenc_cli.api.sweep_control import gate_text
+
     pending = pending or {}
     total = sum(len(p.jobs) for p in plans)
     console.print(f"[bold]{name}[/]: {total} job(s) in {len(plans)} stage(s); dry run, nothing was started")
@@ -203,11 +205,10 @@ def _print_plan(
         if plan.awaiting is not None:
             why = pending.get(plan.awaiting, "its grid has not run")
             common.add_row("  awaits:", escape(f"the pick of stage {plan.awaiting} ({why})"))
-        if plan.stage.learned_only:
-            left = ", ".join(f"{group} ({value:.0%})" for group, value in plan.not_learned.items())
-            common.add_row(
-                "  learned only:", escape(f"not learned, left out: {left}" if left else "every group learned")
-            )
+        if plan.stage.runs_for is not None:
+            left = ", ".join(f"{group} {gate_text(value)}" for group, value in plan.left_out.items())
+            every = "every group learned" if plan.stage.runs_for == "learned" else "no group learned"
+            common.add_row(f"  {plan.stage.runs_for} only:", escape(f"left out: {left}" if left else every))
         console.print(common, highlight=False)
         with_parent = plan.stage.action == "extend"
         with_pick = plan.stage.after is not None
@@ -227,8 +228,8 @@ def _print_plan(
             why = (
                 f"its parent runs await the pick of stage {plan.awaiting}"
                 if plan.awaiting
-                else "no group passed the competence gate"
-                if plan.not_learned
+                else f"every group {'failed' if plan.stage.runs_for == 'learned' else 'passed'} the competence gate"
+                if plan.left_out
                 else f"no parent run matches '{plan.stage.parent}'"
             )
             table.add_row("(none)", why, *([""] if with_parent else []), *([""] if with_pick else []))

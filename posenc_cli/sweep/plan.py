@@ -19,7 +19,8 @@ jobs are planned without it (`StagePlan.awaiting`, validated but without a direc
 with its group's picked overrides, in `<sweep dir>/<stage>/<picked key=value,...>/<swept key=value,...>/`. The pick
 is thus part of a later job's directory and identity: a changed pick plans new jobs (run beside the old ones), never
 reuses results of another setting. With `learned_only: true` (a select stage picking by competence), a group whose
-pick scored below the competence gate gets no jobs (`StagePlan.not_learned`): seeds only for the rows that learned.
+pick scored below the competence gate gets no jobs (`StagePlan.left_out`): seeds only for the rows that learned;
+`not_learned_only: true` the reverse: more steps only for the rows still below the gate.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class StagePlan:
     awaiting: str | None = None
     picked_keys: list[str] = field(default_factory=list)  # an `after` stage's: the keys its select stage picks
     group_by: tuple[str, ...] = ()  # an `after` stage's: its select stage's group keys
-    not_learned: dict[str, float] = field(default_factory=dict)  # a `learned_only` stage's groups left out: competence
+    left_out: dict[str, float] = field(default_factory=dict)  # a `runs_for` stage's groups left out: their competence
 
     @property
     def chosen(self) -> list[str]:
@@ -172,9 +173,9 @@ def plan_sweep(spec: SweepSpec, user_overrides: list[str], picks: Mapping[str, P
                 if select is not None:
                     _with_pick(job, select, picks.get(select.stage.name))
                 jobs.append(job)
-        not_learned: dict[str, float] = {}
-        if select is not None and st.learned_only and st.after in picks:
-            jobs, not_learned = _learned_jobs(jobs, picks[st.after])
+        left_out: dict[str, float] = {}
+        if select is not None and st.runs_for is not None and st.after in picks:
+            jobs, left_out = _gated_jobs(jobs, picks[st.after], learned=st.runs_for == "learned")
         chosen = select.chosen if select is not None else []
         group_by = select.stage.select.group_by if select is not None and select.stage.select is not None else ()
         plans.append(
@@ -186,24 +187,35 @@ def plan_sweep(spec: SweepSpec, user_overrides: list[str], picks: Mapping[str, P
                 awaiting=awaiting,
                 picked_keys=chosen,
                 group_by=group_by,
-                not_learned=not_learned,
+                left_out=left_out,
             )
         )
     return plans
 
 
-def _learned_jobs(jobs: list[Job], pick: Pick) -> tuple[list[Job], dict[str, float]]:
-    """The jobs of a `learned_only` stage whose group's pick passed the competence gate (`report.gate`, >=), and
-    each group left out with its pick's competence."""
+def _gated_jobs(jobs: list[Job], pick: Pick, *, learned: bool) -> tuple[list[Job], dict[str, float]]:
+    """The jobs of a `runs_for` stage whose group's pick passed the competence gate (`report.gate`, >=) when
+    `learned`, else those whose pick did not (no value counts as not learned), and each group left out with its
+    pick's competence (NaN: none)."""
     kept, left_out = [], {}
     for job in jobs:
         group = group_of(job.overrides, pick.rule.group_by)
         value = pick.chosen_points[group].value
-        if value is not None and value >= DEFAULT_COMPETENCE:
+        if (value is not None and value >= DEFAULT_COMPETENCE) == learned:
             kept.append(job)
         else:
             left_out[group_text(pick.rule.group_by, group)] = math.nan if value is None else value
     return kept, left_out
+
+
+def gate_text(competence: float) -> str:
+    """How a group a `runs_for` stage left out is named: `not learned (60% < the gate)`, `learned (100% >= the
+    gate)`, `not learned (no score)`."""
+    if math.isnan(competence):
+        return "not learned (no score)"
+    if competence >= DEFAULT_COMPETENCE:
+        return f"learned ({competence:.0%} >= the gate)"
+    return f"not learned ({competence:.0%} < the gate)"
 
 
 def _parent_key(parent: Job) -> str:

@@ -35,6 +35,7 @@ from posenc_cli.sweep.plan import (
     Job,
     StagePlan,
     check_planned,
+    gate_text,
     plan_identities,
     plan_sweep,
     validate_plan,
@@ -117,8 +118,8 @@ def run_sweep(
                 write_planned(sweep_dir, {k: v for k, v in identities.items() if k in keys})
                 write_plan(spec, user_overrides, sweep_dir, plans, identities)
                 for p in newly:
-                    for group, value in p.not_learned.items():
-                        say("skip", f"stage {p.stage.name}: {group} not learned ({value:.0%} < the gate): no jobs")
+                    for group, value in p.left_out.items():
+                        say("skip", f"stage {p.stage.name}: {group} {gate_text(value)}: no jobs")
                 continue
             earlier = [job for p in plans[:index] for job in p.jobs]
             reuse_identical(plan.jobs, earlier, identities, sweep_dir, say)  # e.g. seed 0 of a select stage's pick

@@ -46,7 +46,8 @@ class StageSpec:
     label: str | None = None
     select: SelectSpec | None = None  # a select stage's rule
     after: str | None = None  # a train stage's select stage, whose picks its jobs run with
-    learned_only: bool = False  # an `after` stage's: run only the groups whose pick passed the competence gate
+    runs_for: Literal["learned", "not learned"] | None = None  # an `after` stage's: only the groups whose pick
+    # passed (`learned_only: true`) or failed (`not_learned_only: true`) the competence gate
 
 
 @dataclass(kw_only=True)
@@ -96,6 +97,7 @@ def load_sweep_spec(path: Path) -> SweepSpec:
             "select",
             "after",
             "learned_only",
+            "not_learned_only",
         ]
         bad = set(st) - set(valid)
         if bad:
@@ -112,7 +114,7 @@ def load_sweep_spec(path: Path) -> SweepSpec:
         params = {str(k): _param_str(v) for k, v in (st.get("params") or {}).items()}
         select = _select_spec(path, st, action)
         after = _after(path, st, action, stages)
-        learned_only = _learned_only(path, st, after, stages)
+        runs_for = _runs_for(path, st, after, stages)
         stages.append(
             StageSpec(
                 name=str(st["name"]),
@@ -123,7 +125,7 @@ def load_sweep_spec(path: Path) -> SweepSpec:
                 label=st.get("label"),
                 select=select,
                 after=after,
-                learned_only=learned_only,
+                runs_for=runs_for,
             )
         )
     names = [s.name for s in stages]
@@ -202,20 +204,27 @@ def _after(path: Path, st: dict[str, Any], action: str, earlier: list[StageSpec]
     return str(after)
 
 
-def _learned_only(path: Path, st: dict[str, Any], after: str | None, earlier: list[StageSpec]) -> bool:
-    """A stage's `learned_only:` (issue #44: seeds only for the rows that learned), which needs `after:` a select
-    stage that picks by competence: its groups whose pick scored below the gate get no jobs."""
-    value = st.get("learned_only", False)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{path}: stage '{st['name']}': learned_only must be true or false, got {value!r}")
-    if not value:
-        return False
-    select = next((s.select for s in earlier if s.name == after), None)
-    if select is None or select.metric != "competence":
-        raise ConfigError(
-            f"{path}: stage '{st['name']}': learned_only needs after: a select stage with select.metric competence"
-        )
-    return True
+def _runs_for(
+    path: Path, st: dict[str, Any], after: str | None, earlier: list[StageSpec]
+) -> Literal["learned", "not learned"] | None:
+    """A stage's `learned_only: true` (issue #44: seeds only for the rows that learned) or `not_learned_only: true`
+    (issue #38: twice the steps only for the rows still below the gate, the learning curve's last point), each of
+    which needs `after:` a select stage that picks by competence; at most one of the two."""
+    wanted: list[Literal["learned", "not learned"]] = []
+    for key, runs_for in (("learned_only", "learned"), ("not_learned_only", "not learned")):
+        value = st.get(key, False)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: stage '{st['name']}': {key} must be true or false, got {value!r}")
+        if value:
+            select = next((s.select for s in earlier if s.name == after), None)
+            if select is None or select.metric != "competence":
+                raise ConfigError(
+                    f"{path}: stage '{st['name']}': {key} needs after: a select stage with select.metric competence"
+                )
+            wanted.append(runs_for)
+    if len(wanted) > 1:
+        raise ConfigError(f"{path}: stage '{st['name']}': learned_only and not_learned_only exclude each other")
+    return wanted[0] if wanted else None
 
 
 def _param_str(value: Any) -> str:

@@ -34,12 +34,15 @@ def plans_of(name: str, picks: dict[str, Pick] | None = None) -> list[StagePlan]
     return plan_sweep(load_sweep_spec(path), [], picks)
 
 
-def pick_all(plan: StagePlan, lr: str) -> Pick:
-    """A pick of `lr` for every group of the select stage `plan` (what a finished grid would give)."""
+def pick_all(plan: StagePlan, lr: str, competence: float = 1.0) -> Pick:
+    """A pick of `lr` for every group of the select stage `plan`, each scoring `competence` (what a finished grid
+    would give)."""
     rule = plan.stage.select
     assert rule is not None
     groups = {group_of(job.overrides, rule.group_by) for job in plan.jobs}
-    chosen = {g: GridPoint(run="r", group=g, setting=(f"train.lr={lr}",), status="done", value=1.0) for g in groups}
+    chosen = {
+        g: GridPoint(run="r", group=g, setting=(f"train.lr={lr}",), status="done", value=competence) for g in groups
+    }
     return Pick(stage=plan.stage.name, rule=rule, chosen=("train.lr",), points=(), chosen_points=chosen)
 
 
@@ -64,7 +67,7 @@ def test_the_design_plans_its_stages_under_the_learn_then_measure_recipe(name: s
 
 def test_drope_drops_at_seven_eighths_of_each_stage_and_no_other_scheme_drops() -> None:
     plans = plans_of("data-dependent-niah")
-    picks = {p.stage.name: pick_all(p, "1e-3") for p in plans if p.stage.action == "select"}
+    picks = {p.stage.name: pick_all(p, "1e-3", competence=0.5) for p in plans if p.stage.action == "select"}
     configs = validate_plan(plans_of("data-dependent-niah", picks), None)
     assert len(configs) == 14 + 2 + 21 + 3 + 7 + 1
     for key, cfg in configs.items():
@@ -75,6 +78,19 @@ def test_drope_drops_at_seven_eighths_of_each_stage_and_no_other_scheme_drops() 
             assert cfg.train.drope_at == 0, key
         assert cfg.train.steps == (8000 if stage.startswith("long") else 4000), key
         assert list(cfg.data.tasks) == ["niah-multikey", "niah-multivalue", "niah-multiquery"]
+
+
+@pytest.mark.parametrize("name", sorted(DESIGNS))
+def test_twice_the_steps_only_for_the_picks_below_the_gate(name: str) -> None:
+    """Stage `long` is the learning curve's last point of a scheme that has not learned at the chosen steps
+    (`not_learned_only`): a pick that passed the gate trains no longer run; seeds are trained either way."""
+    plans = plans_of(name)
+    for competence, long_jobs in ((0.95, 0), (0.5, 7)):
+        picks = {p.stage.name: pick_all(p, "1e-3", competence) for p in plans if p.stage.action == "select"}
+        by_stage = {p.stage.name: p for p in plans_of(name, picks)}
+        assert len(by_stage["long"].jobs) == long_jobs
+        assert len(by_stage["long"].left_out) == 7 - long_jobs
+        assert len(by_stage["seeds"].jobs) == 21
 
 
 @pytest.mark.parametrize(("name", "grid_count"), [("data-dependent-niah", 2), ("hybrids-niah", 1)])

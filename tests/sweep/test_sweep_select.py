@@ -21,16 +21,25 @@ from posenc_cli.run.journal import commit_checkpoint
 from posenc_cli.sweep import runner as sweep_runner
 from posenc_cli.sweep.identity import read_planned
 from posenc_cli.sweep.markers import mark_done, record_failure
-from posenc_cli.sweep.plan import StagePlan, check_planned, plan_identities, plan_sweep, read_plan, validate_plan
+from posenc_cli.sweep.plan import (
+    StagePlan,
+    check_planned,
+    gate_text,
+    plan_identities,
+    plan_sweep,
+    read_plan,
+    validate_plan,
+)
 from posenc_cli.sweep.select import (
     PICK_FILE,
+    Pick,
     SelectionPending,
     make_pick,
     read_pick,
     read_val_loss,
     write_pick,
 )
-from posenc_cli.sweep.spec import SelectSpec, load_sweep_spec
+from posenc_cli.sweep.spec import SelectSpec, SweepSpec, load_sweep_spec
 
 GRID = """
 overrides: [model=tiny, train.steps=5, train.lr=0.01]
@@ -466,37 +475,69 @@ def test_competence_ties_go_to_the_lower_validation_loss(tmp_path: Path) -> None
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# learned_only: seeds only for the rows that learned (issue #44)
+# learned_only: seeds only for the rows that learned (issue #44); not_learned_only: twice the steps only for the rows
+# still below the gate (issue #38)
 
 LEARNED_ONLY = GRID.replace(
     "    params: {pos: ", "    select: {metric: competence, task: copy}\n    params: {pos: "
 ).replace("    after: grid\n", "    after: grid\n    learned_only: true\n")
+NOT_LEARNED_ONLY = LEARNED_ONLY.replace("learned_only: true", "not_learned_only: true")
+
+
+def _gated_pick(tmp_path: Path, spec: SweepSpec) -> Pick:
+    """rope's best 0.9 (the gate, >=), alibi's best 0.89."""
+    grid = plan_sweep(spec, [])[0]
+    run_grid(grid, tmp_path, grid_losses(rope=[1, 1, 1, 1], alibi=[1, 1, 1, 1]))
+    accuracy = {j.dir(tmp_path): a for j, a in zip(grid.jobs, [0.1, 0.9, 0.5, 0.5, 0.89, 0.2, 0.4, 0.3], strict=True)}
+    return make_pick("grid", grid.stage.select, grid.jobs, grid.chosen, tmp_path, read=accuracy.get)
 
 
 def test_a_learned_only_stage_runs_only_the_groups_whose_pick_passed_the_gate(tmp_path: Path) -> None:
     spec = load_sweep_spec(write(tmp_path, LEARNED_ONLY))
-    assert spec.stages[1].learned_only and not spec.stages[2].learned_only
-    grid, seeds, _ = plan_sweep(spec, [])
-    assert seeds.awaiting == "grid" and len(seeds.jobs) == 4 and seeds.not_learned == {}  # unknown until the pick
-    run_grid(grid, tmp_path, grid_losses(rope=[1, 1, 1, 1], alibi=[1, 1, 1, 1]))
-    # rope's best 0.9 (the gate, >=), alibi's best 0.89: alibi's seeds are left out, with its competence
-    accuracy = {j.dir(tmp_path): a for j, a in zip(grid.jobs, [0.1, 0.9, 0.5, 0.5, 0.89, 0.2, 0.4, 0.3], strict=True)}
-    pick = make_pick("grid", grid.stage.select, grid.jobs, grid.chosen, tmp_path, read=accuracy.get)
+    assert spec.stages[1].runs_for == "learned" and spec.stages[2].runs_for is None
+    seeds = plan_sweep(spec, [])[1]
+    assert seeds.awaiting == "grid" and len(seeds.jobs) == 4 and seeds.left_out == {}  # unknown until the pick
+    pick = _gated_pick(tmp_path, spec)
     _, seeds, yarn = plan_sweep(spec, [], {"grid": pick})
     assert sorted(j.name for j in seeds.jobs) == ["pos=rope,train.seed=0", "pos=rope,train.seed=1"]
-    assert seeds.not_learned == {"pos=alibi": pytest.approx(0.89)}
+    assert seeds.left_out == {"pos=alibi": pytest.approx(0.89)}
     assert len(yarn.jobs) == 2  # the rope seeds it derives from are still planned
     # Without learned_only the same pick plans every group.
     plain = load_sweep_spec(write(tmp_path, LEARNED_ONLY.replace("    learned_only: true\n", "")))
     assert len(plan_sweep(plain, [], {"grid": pick})[1].jobs) == 4
 
 
+def test_a_not_learned_only_stage_runs_only_the_groups_whose_pick_failed_the_gate(tmp_path: Path) -> None:
+    spec = load_sweep_spec(write(tmp_path, NOT_LEARNED_ONLY))
+    assert spec.stages[1].runs_for == "not learned"
+    pick = _gated_pick(tmp_path, spec)
+    _, seeds, yarn = plan_sweep(spec, [], {"grid": pick})
+    assert sorted(j.name for j in seeds.jobs) == ["pos=alibi,train.seed=0", "pos=alibi,train.seed=1"]
+    assert seeds.left_out == {"pos=rope": pytest.approx(0.9)}
+    assert yarn.jobs == []  # its parents are rope's seeds, not planned
+
+
+def test_a_gated_stage_names_each_group_it_leaves_out_by_the_gate() -> None:
+    assert gate_text(0.6) == "not learned (60% < the gate)"
+    assert gate_text(0.9) == "learned (90% >= the gate)"
+    assert gate_text(math.nan) == "not learned (no score)"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         (GRID.replace("    after: grid\n", "    after: grid\n    learned_only: true\n"), "select.metric competence"),
+        (
+            GRID.replace("    after: grid\n", "    after: grid\n    not_learned_only: true\n"),
+            "select.metric competence",
+        ),
         (LEARNED_ONLY.replace("learned_only: true", "learned_only: yes please"), "must be true or false"),
+        (NOT_LEARNED_ONLY.replace("not_learned_only: true", "not_learned_only: 1"), "must be true or false"),
         ("stages: [{name: a, learned_only: true}]", "needs after: a select stage"),
+        (
+            LEARNED_ONLY.replace("learned_only: true", "learned_only: true\n    not_learned_only: true"),
+            "exclude each other",
+        ),
     ],
 )
 def test_learned_only_needs_a_stage_after_a_competence_pick(tmp_path: Path, text: str, message: str) -> None:
@@ -543,6 +584,6 @@ def test_the_dry_run_lists_the_groups_a_learned_only_stage_leaves_out(tmp_path: 
         _print_plan("mine", plans, tmp_path, "basic", {})
     text = " ".join(captured.get().split())
     assert "stage seeds (train, after grid): 0 job(s)" in text
-    assert "learned only: not learned, left out: pos=alibi (60%)" in text
+    assert "learned only: left out: pos=alibi not learned (60% < the gate)" in text
     seeds = text.split("stage seeds", 1)[1].split("stage yarn", 1)[0]
-    assert "(none) no group passed the competence gate" in seeds and "no parent run" not in seeds
+    assert "(none) every group failed the competence gate" in seeds and "no parent run" not in seeds

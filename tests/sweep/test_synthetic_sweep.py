@@ -53,7 +53,7 @@ def test_seeds_follow_each_select_stage_for_the_rows_that_learned_with_its_task(
     by_name = {p.stage.name: p for p in plans}
     for plan in [p for p in plans if p.stage.name.endswith("-seeds")]:
         select = by_name[plan.stage.name.removesuffix("-seeds")]
-        assert plan.stage.after == select.stage.name and plan.stage.learned_only
+        assert plan.stage.after == select.stage.name and plan.stage.runs_for == "learned"
         assert plan.awaiting == select.stage.name and len(plan.jobs) == 3 * len(select.jobs) // 2
         assert {line_value(o, "train.seed") for o in lines(plan)} == {"0", "1", "2"}
         assert plan.stage.overrides == select.stage.overrides and plan.stage.label == select.stage.label
@@ -90,6 +90,6 @@ def test_mqar_gets_a_learning_curve_four_times_as_long_for_every_pick(plans: lis
     by_name = {p.stage.name: p for p in plans}
     for name in ("mqar", "mqar-layout"):
         long, select = by_name[f"{name}-long"], by_name[name]
-        assert long.stage.after == name and not long.stage.learned_only
+        assert long.stage.after == name and long.stage.runs_for is None
         assert len(long.jobs) == len(select.jobs) // 2 and long.stage.overrides == select.stage.overrides
         assert {line_value(o, "train.steps") for o in lines(long)} == {"6000"}
