@@ -208,7 +208,9 @@ def _print_plan(
         if plan.stage.runs_for is not None:
             left = ", ".join(f"{group} {gate_text(value)}" for group, value in plan.left_out.items())
             every = "every group learned" if plan.stage.runs_for == "learned" else "no group learned"
-            common.add_row(f"  {plan.stage.runs_for} only:", escape(f"left out: {left}" if left else every))
+            known = f"left out: {left}" if left else every
+            unknown = f"the groups whose pick {'passed' if plan.stage.runs_for == 'learned' else 'failed'} the gate"
+            common.add_row(f"  {plan.stage.runs_for} only:", escape(unknown if plan.awaiting else known))
         console.print(common, highlight=False)
         with_parent = plan.stage.action == "extend"
         with_pick = plan.stage.after is not None

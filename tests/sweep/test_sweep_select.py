@@ -570,20 +570,36 @@ def test_the_sweep_runs_a_learned_only_stage_for_the_learned_schemes_and_says_wh
     assert {job["stage"] for job in read_plan(sweep_dir)["jobs"] if "pos=alibi" in job["dir"]} == {"grid"}
 
 
-def test_the_dry_run_lists_the_groups_a_learned_only_stage_leaves_out(tmp_path: Path) -> None:
+def _dry_run(plans: list[StagePlan], out: Path) -> str:
     from posenc_cli.cli.app import console
     from posenc_cli.cli.sweep import _print_plan
 
-    spec = load_sweep_spec(write(tmp_path, LEARNED_ONLY.replace('"rope,alibi"', "alibi")))
+    with console.capture() as captured:
+        _print_plan("mine", plans, out, "basic", {})
+    return " ".join(captured.get().split())
+
+
+@pytest.mark.parametrize(
+    ("text", "runs_for", "left_out", "none"),
+    [
+        (LEARNED_ONLY, "learned", "pos=alibi not learned (60% < the gate)", "every group failed"),
+        (NOT_LEARNED_ONLY, "not learned", "pos=alibi learned (95% >= the gate)", "every group passed"),
+    ],
+)
+def test_the_dry_run_lists_the_groups_a_gated_stage_leaves_out(
+    tmp_path: Path, text: str, runs_for: str, left_out: str, none: str
+) -> None:
+    spec = load_sweep_spec(write(tmp_path, text.replace('"rope,alibi"', "alibi")))
+    before = _dry_run(plan_sweep(spec, []), tmp_path)  # the grid has not run: which groups is not known yet
+    passed = "passed" if runs_for == "learned" else "failed"
+    assert f"{runs_for} only: the groups whose pick {passed} the gate" in before and "left out" not in before
     grid = plan_sweep(spec, [])[0]
     run_grid(grid, tmp_path, dict.fromkeys((j.name for j in grid.jobs), 1.0))
-    accuracy = dict(zip((j.dir(tmp_path) for j in grid.jobs), [0.5, 0.6, 0.2, 0.3], strict=True))
+    best = 0.6 if runs_for == "learned" else 0.95
+    accuracy = dict(zip((j.dir(tmp_path) for j in grid.jobs), [0.5, best, 0.2, 0.3], strict=True))
     pick = make_pick("grid", grid.stage.select, grid.jobs, grid.chosen, tmp_path, read=accuracy.get)
-    plans = plan_sweep(spec, [], {"grid": pick})
-    with console.capture() as captured:
-        _print_plan("mine", plans, tmp_path, "basic", {})
-    text = " ".join(captured.get().split())
-    assert "stage seeds (train, after grid): 0 job(s)" in text
-    assert "learned only: left out: pos=alibi not learned (60% < the gate)" in text
-    seeds = text.split("stage seeds", 1)[1].split("stage yarn", 1)[0]
-    assert "(none) every group failed the competence gate" in seeds and "no parent run" not in seeds
+    after = _dry_run(plan_sweep(spec, [], {"grid": pick}), tmp_path)
+    assert "stage seeds (train, after grid): 0 job(s)" in after
+    assert f"{runs_for} only: left out: {left_out}" in after
+    seeds = after.split("stage seeds", 1)[1].split("stage yarn", 1)[0]
+    assert f"(none) {none} the competence gate" in seeds and "no parent run" not in seeds
