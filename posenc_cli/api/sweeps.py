@@ -54,6 +54,7 @@ class SweepPlan:
     launcher_given: dict[str, Any]
     user_dir: Path | None
     pending: dict[str, str] = field(default_factory=dict)  # select stage -> why its pick is not made (dry run)
+    competence: float = DEFAULT_COMPETENCE  # the gate of its learned_only / not_learned_only stages
 
     @property
     def jobs(self) -> int:
@@ -84,12 +85,14 @@ def plan_sweep(
     *,
     config_dir: PathLike | None = None,
     check: bool = False,
+    competence: float = DEFAULT_COMPETENCE,
 ) -> SweepPlan:
     """Plan sweep file `name` (configs/sweep/NAME.yaml, or in `config_dir`) with `overrides` (`hydra...` ones go to
     the launcher, checked here as the launch checks them). `check`: also compose and validate every job, and refuse
     a job in `out` planned with another config, as running it would (the dry run); a select stage whose grid in
     `out` is finished has its pick applied to the stages after it (as the sweep would pick; nothing is written),
-    else `SweepPlan.pending` says why not. Runs nothing."""
+    else `SweepPlan.pending` says why not. `competence`: the gate a `learned_only` / `not_learned_only` stage compares
+    each pick with (the task tables' gate). Runs nothing."""
     # deferred: Hydra
     from posenc_cli.config import config_dir as packaged_config_dir
     from posenc_cli.sweep.hydra_bridge import launcher_settings
@@ -104,11 +107,12 @@ def plan_sweep(
     roots = [p for p in (user_dir, packaged_config_dir()) if p is not None]
     spec = load_sweep_spec(find_sweep_file(name, roots))
     launcher_name, launcher_given = launcher_settings(launcher, user_dir)  # as the launch itself would check
-    plans = plan_stages(spec, task)
+    check_threshold(competence)
+    plans = plan_stages(spec, task, gate=competence)
     pending: dict[str, str] = {}
     if check:
         if out is not None and Path(out).is_dir():  # the picks the sweep would make from what is finished there
-            plans, pending = _with_picks(spec, task, plans, Path(out).resolve())
+            plans, pending = _with_picks(spec, task, plans, Path(out).resolve(), competence)
         else:
             pending = {p.stage.name: "its grid has not run" for p in plans if p.stage.select is not None}
         configs = validate_plan(plans, user_dir)
@@ -116,12 +120,22 @@ def plan_sweep(
             check_planned(Path(out).resolve(), plans, plan_identities(plans, configs))
     sweep_dir = Path(out) if out is not None else default_sweep_dir(spec.name)
     return SweepPlan(
-        name, spec, task, launcher, plans, sweep_dir, launcher_name, launcher_given, user_dir, pending=pending
+        name,
+        spec,
+        task,
+        launcher,
+        plans,
+        sweep_dir,
+        launcher_name,
+        launcher_given,
+        user_dir,
+        pending=pending,
+        competence=competence,
     )
 
 
 def _with_picks(
-    spec: SweepSpec, overrides: list[str], plans: list[StagePlan], sweep_dir: Path
+    spec: SweepSpec, overrides: list[str], plans: list[StagePlan], sweep_dir: Path, gate: float
 ) -> tuple[list[StagePlan], dict[str, str]]:
     """`plans` with the pick of every select stage whose grid in `sweep_dir` is finished (read, not recorded), and
     why each other select stage has none."""
@@ -137,7 +151,7 @@ def _with_picks(
             picks[plan.stage.name] = make_pick(plan.stage.name, plan.stage.select, plan.jobs, plan.chosen, sweep_dir)
         except SelectionPending as e:
             pending[plan.stage.name] = str(e)
-    return (plan_stages(spec, overrides, picks) if picks else plans), pending
+    return (plan_stages(spec, overrides, picks, gate=gate) if picks else plans), pending
 
 
 def default_sweep_dir(name: str) -> Path:
@@ -171,6 +185,7 @@ def run_planned_sweep(plan: SweepPlan, *, on_event: Callable[[str, str], None] |
         user_config_dir=plan.user_dir,
         on_event=clock,
         plans=plan.plans,  # planned once, by plan_sweep above
+        gate=plan.competence,
     )
     clock.finish()
     return SweepRun(plan, clock, time.perf_counter() - start)
@@ -251,7 +266,9 @@ def sweep(
     resume): `plan_sweep`, `run_planned_sweep`, `sweep_report` (`competence`: the task tables' gate)."""
     check_threshold(competence)
     return sweep_report(
-        run_planned_sweep(plan_sweep(name, overrides, out, config_dir=config_dir), on_event=on_event),
+        run_planned_sweep(
+            plan_sweep(name, overrides, out, config_dir=config_dir, competence=competence), on_event=on_event
+        ),
         viz=viz,
         profile=profile,
         competence=competence,

@@ -59,7 +59,7 @@ def sweep_command(
         typer.Option(
             "--competence",
             help="Competence gate of the task tables and results.csv: a run whose in-distribution accuracy on a task "
-            "is below this is marked 'not learned'.",
+            "is below this is marked 'not learned'. Also the gate of learned_only / not_learned_only stages.",
         ),
     ] = DEFAULT_COMPETENCE,
 ) -> None:
@@ -87,9 +87,11 @@ def sweep_command(
         raise UserError(f"one sweep name expected, got {', '.join(names)} (overrides need '=')")
     name = names[0] if names else "extrapolation"
     check_competence(competence)  # before anything is planned or run
-    plan = api.plan_sweep(name, overrides, out, config_dir=config_dir, check=dry_run)
+    plan = api.plan_sweep(name, overrides, out, config_dir=config_dir, check=dry_run, competence=competence)
     if dry_run:
-        _print_plan(plan.spec.name, plan.plans, out, plan.launcher_name, plan.launcher_given, plan.pending)
+        _print_plan(
+            plan.spec.name, plan.plans, out, plan.launcher_name, plan.launcher_given, plan.pending, gate=competence
+        )
         return
     if busy := plan.busy_warning():
         err_console.print(f"[yellow]warning:[/] {escape(busy)}", highlight=False)
@@ -97,6 +99,7 @@ def sweep_command(
     console.print(f"[bold]sweep[/] {plan.spec.name} → {sweep_dir}", highlight=False)
     again = ["posenc", "sweep", name, *overrides, "--out", str(sweep_dir)]
     again += ["--config-dir", str(config_dir)] if config_dir else []
+    again += ["--competence", str(competence)] if competence != DEFAULT_COMPETENCE else []
     try:
         with interrupts_raise():  # between jobs too (jobs in this process handle their own)
             ran = api.run_planned_sweep(
@@ -177,6 +180,8 @@ def _print_plan(
     launcher_name: str,
     launcher_given: dict,
     pending: dict[str, str] | None = None,
+    *,
+    gate: float = DEFAULT_COMPETENCE,
 ) -> None:
     """The jobs of each stage, readable at 80 columns and piped: the overrides every job of a stage shares once,
     then one row per job with the overrides that tell it apart (its directory name), folded rather than cut. A
@@ -206,7 +211,7 @@ def _print_plan(
             why = pending.get(plan.awaiting, "its grid has not run")
             common.add_row("  awaits:", escape(f"the pick of stage {plan.awaiting} ({why})"))
         if plan.stage.runs_for is not None:
-            left = ", ".join(f"{group} {gate_text(value)}" for group, value in plan.left_out.items())
+            left = ", ".join(f"{group} {gate_text(value, gate)}" for group, value in plan.left_out.items())
             every = "every group learned" if plan.stage.runs_for == "learned" else "no group learned"
             known = f"left out: {left}" if left else every
             unknown = f"the groups whose pick {'passed' if plan.stage.runs_for == 'learned' else 'failed'} the gate"

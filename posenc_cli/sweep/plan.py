@@ -122,7 +122,13 @@ class StagePlan:
         return [] if rule is None else [k for k in self.swept if k not in rule.group_by]
 
 
-def plan_sweep(spec: SweepSpec, user_overrides: list[str], picks: Mapping[str, Pick] | None = None) -> list[StagePlan]:
+def plan_sweep(
+    spec: SweepSpec,
+    user_overrides: list[str],
+    picks: Mapping[str, Pick] | None = None,
+    *,
+    gate: float = DEFAULT_COMPETENCE,
+) -> list[StagePlan]:
     """Expand every stage into its jobs: the cartesian product of swept values, as Hydra's basic sweeper does.
 
     Precedence: sweep-file globals < stage overrides < stage params < the user's command-line overrides. A user's
@@ -130,7 +136,7 @@ def plan_sweep(spec: SweepSpec, user_overrides: list[str], picks: Mapping[str, P
     stage sweeps narrows that sweep to it (`pos=rope`: job `train/pos=rope`, as in the full grid, not `default`). A
     stage `after` a select stage runs once per group of it (the group keys the stage does not set itself are the
     select stage's), each job with its group's pick from `picks` (by select stage name); without one, the stage
-    `awaiting` it.
+    `awaiting` it. `gate`: the competence a `learned_only` / `not_learned_only` stage compares each pick with (>=).
     """
     picks = picks or {}
     user = parse_overrides(user_overrides)
@@ -175,7 +181,7 @@ def plan_sweep(spec: SweepSpec, user_overrides: list[str], picks: Mapping[str, P
                 jobs.append(job)
         left_out: dict[str, float] = {}
         if select is not None and st.runs_for is not None and st.after in picks:
-            jobs, left_out = _gated_jobs(jobs, picks[st.after], learned=st.runs_for == "learned")
+            jobs, left_out = _gated_jobs(jobs, picks[st.after], gate, learned=st.runs_for == "learned")
         chosen = select.chosen if select is not None else []
         group_by = select.stage.select.group_by if select is not None and select.stage.select is not None else ()
         plans.append(
@@ -193,29 +199,29 @@ def plan_sweep(spec: SweepSpec, user_overrides: list[str], picks: Mapping[str, P
     return plans
 
 
-def _gated_jobs(jobs: list[Job], pick: Pick, *, learned: bool) -> tuple[list[Job], dict[str, float]]:
-    """The jobs of a `runs_for` stage whose group's pick passed the competence gate (`report.gate`, >=) when
+def _gated_jobs(jobs: list[Job], pick: Pick, gate: float, *, learned: bool) -> tuple[list[Job], dict[str, float]]:
+    """The jobs of a `runs_for` stage whose group's pick passed the competence gate (>= `gate`) when
     `learned`, else those whose pick did not (no value counts as not learned), and each group left out with its
     pick's competence (NaN: none)."""
     kept, left_out = [], {}
     for job in jobs:
         group = group_of(job.overrides, pick.rule.group_by)
         value = pick.chosen_points[group].value
-        if (value is not None and value >= DEFAULT_COMPETENCE) == learned:
+        if (value is not None and value >= gate) == learned:
             kept.append(job)
         else:
             left_out[group_text(pick.rule.group_by, group)] = math.nan if value is None else value
     return kept, left_out
 
 
-def gate_text(competence: float) -> str:
-    """How a group a `runs_for` stage left out is named: `not learned (60% < the gate)`, `learned (100% >= the
-    gate)`, `not learned (no score)`."""
+def gate_text(competence: float, gate: float = DEFAULT_COMPETENCE) -> str:
+    """How a group a `runs_for` stage left out is named: `not learned (60% < the gate, 90%)`, `learned (100% >= the
+    gate, 90%)`, `not learned (no score)`."""
     if math.isnan(competence):
         return "not learned (no score)"
-    if competence >= DEFAULT_COMPETENCE:
-        return f"learned ({competence:.0%} >= the gate)"
-    return f"not learned ({competence:.0%} < the gate)"
+    if competence >= gate:
+        return f"learned ({competence:.0%} >= the gate, {gate:.0%})"
+    return f"not learned ({competence:.0%} < the gate, {gate:.0%})"
 
 
 def _parent_key(parent: Job) -> str:

@@ -26,6 +26,7 @@ from pathlib import Path
 from posenc_cli import cpu_load
 from posenc_cli.errors import UserError
 from posenc_cli.fsutil import exclusive_or_fail
+from posenc_cli.report.gate import DEFAULT_COMPETENCE
 from posenc_cli.sweep.hydra_bridge import launch_multirun, launcher_settings, quote_value
 from posenc_cli.sweep.identity import write_planned
 from posenc_cli.sweep.job import INTERNAL_KEY, STOPPED, run_job
@@ -78,6 +79,7 @@ def run_sweep(
     on_event: Callable[[str, str], None] | None = None,
     plans: list[StagePlan] | None = None,
     read_metric: Reader | None = None,
+    gate: float = DEFAULT_COMPETENCE,
 ) -> list[StagePlan]:
     """Validate every job, then run each stage (one Hydra multirun per parent group); returns the plan (`plans`,
     when the caller planned already: `plan_sweep(spec, user_overrides)`'s result), with every pick applied.
@@ -88,10 +90,11 @@ def run_sweep(
     planned with it; a pick that cannot be made raises `SelectionPending` before a stage that needs it starts. The
     sweep directory is locked for the whole run: a second sweep into it fails at once (`UserError`) and changes
     nothing. A job stopped by a signal ends the sweep with `SweepInterrupted` before any later job or stage starts.
+    `gate`: the competence a `learned_only` / `not_learned_only` stage compares each pick with.
     """
     launcher_overrides = launcher_overrides or []
     launcher_settings(launcher_overrides, user_config_dir)  # as the dry run checks them
-    plans = plans if plans is not None else plan_sweep(spec, user_overrides)
+    plans = plans if plans is not None else plan_sweep(spec, user_overrides, gate=gate)
     configs = validate_plan(plans, user_config_dir)
     identities = plan_identities(plans, configs)
     sweep_dir = Path(sweep_dir).resolve()
@@ -107,7 +110,7 @@ def run_sweep(
             plan = plans[index]
             if plan.awaiting is not None:  # its select stage ran and picked (else `_pick` raised): plan with it
                 waiting = {p.stage.name for p in plans if p.awaiting is not None}
-                plans = plan_sweep(spec, user_overrides, picks)
+                plans = plan_sweep(spec, user_overrides, picks, gate=gate)
                 if plans[index].awaiting is not None:
                     raise RuntimeError(f"stage {plan.stage.name} still awaits the pick of {plan.awaiting}")
                 newly = [p for p in plans if p.stage.name in waiting and p.awaiting is None]
@@ -119,7 +122,7 @@ def run_sweep(
                 write_plan(spec, user_overrides, sweep_dir, plans, identities)
                 for p in newly:
                     for group, value in p.left_out.items():
-                        say("skip", f"stage {p.stage.name}: {group} {gate_text(value)}: no jobs")
+                        say("skip", f"stage {p.stage.name}: {group} {gate_text(value, gate)}: no jobs")
                 continue
             earlier = [job for p in plans[:index] for job in p.jobs]
             reuse_identical(plan.jobs, earlier, identities, sweep_dir, say)  # e.g. seed 0 of a select stage's pick

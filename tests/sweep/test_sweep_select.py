@@ -518,9 +518,20 @@ def test_a_not_learned_only_stage_runs_only_the_groups_whose_pick_failed_the_gat
 
 
 def test_a_gated_stage_names_each_group_it_leaves_out_by_the_gate() -> None:
-    assert gate_text(0.6) == "not learned (60% < the gate)"
-    assert gate_text(0.9) == "learned (90% >= the gate)"
+    assert gate_text(0.6) == "not learned (60% < the gate, 90%)"
+    assert gate_text(0.9) == "learned (90% >= the gate, 90%)"
+    assert gate_text(0.6, 0.5) == "learned (60% >= the gate, 50%)"
     assert gate_text(math.nan) == "not learned (no score)"
+
+
+def test_a_gated_stage_compares_each_pick_with_the_sweeps_competence_gate(tmp_path: Path) -> None:
+    """`posenc sweep --competence` gates the stages as it gates the tables: at 0.85 alibi's 0.89 passed."""
+    spec = load_sweep_spec(write(tmp_path, LEARNED_ONLY))
+    pick = _gated_pick(tmp_path, spec)
+    seeds = plan_sweep(spec, [], {"grid": pick}, gate=0.85)[1]
+    assert len(seeds.jobs) == 4 and seeds.left_out == {}
+    seeds = plan_sweep(spec, [], {"grid": pick}, gate=0.95)[1]
+    assert seeds.jobs == [] and set(seeds.left_out) == {"pos=rope", "pos=alibi"}
 
 
 @pytest.mark.parametrize(
@@ -566,7 +577,7 @@ def test_the_sweep_runs_a_learned_only_stage_for_the_learned_schemes_and_says_wh
         "seeds/train.lr=0.003/pos=rope,train.seed=0",
         "seeds/train.lr=0.003/pos=rope,train.seed=1",
     ]
-    assert "skip stage seeds: pos=alibi not learned (60% < the gate): no jobs" in events
+    assert "skip stage seeds: pos=alibi not learned (60% < the gate, 90%): no jobs" in events
     assert {job["stage"] for job in read_plan(sweep_dir)["jobs"] if "pos=alibi" in job["dir"]} == {"grid"}
 
 
@@ -582,8 +593,8 @@ def _dry_run(plans: list[StagePlan], out: Path) -> str:
 @pytest.mark.parametrize(
     ("text", "runs_for", "left_out", "none"),
     [
-        (LEARNED_ONLY, "learned", "pos=alibi not learned (60% < the gate)", "every group failed"),
-        (NOT_LEARNED_ONLY, "not learned", "pos=alibi learned (95% >= the gate)", "every group passed"),
+        (LEARNED_ONLY, "learned", "pos=alibi not learned (60% < the gate, 90%)", "every group failed"),
+        (NOT_LEARNED_ONLY, "not learned", "pos=alibi learned (95% >= the gate, 90%)", "every group passed"),
     ],
 )
 def test_the_dry_run_lists_the_groups_a_gated_stage_leaves_out(
@@ -603,3 +614,20 @@ def test_the_dry_run_lists_the_groups_a_gated_stage_leaves_out(
     assert f"{runs_for} only: left out: {left_out}" in after
     seeds = after.split("stage seeds", 1)[1].split("stage yarn", 1)[0]
     assert f"(none) {none} the competence gate" in seeds and "no parent run" not in seeds
+
+
+def test_the_sweep_command_gates_its_stages_and_its_tables_with_one_competence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--competence` reaches the plan (the gated stages), the resume hint and the report alike."""
+    from posenc_cli import api
+
+    seen: dict[str, float] = {}
+
+    def plan(*args: object, **kwargs: object) -> None:
+        seen["plan"] = float(kwargs["competence"])  # type: ignore[arg-type]
+        raise ConfigError("planned")
+
+    monkeypatch.setattr(api, "plan_sweep", plan)
+    result = CliRunner().invoke(app, ["sweep", "select", "--competence", "0.8", "--dry-run"])
+    assert result.exit_code == 2 and "planned" in result.output and seen == {"plan": 0.8}
