@@ -7,8 +7,8 @@ with the record's label, its "path" and training length (`stored_results`: those
 `task_summaries`: what each task's `summarise` makes of them, printed after a sweep's or `compare`'s table);
 `task_rows` flattens them into one row per run × task × scoring × length (the mean over depths) with the run's
 in-distribution accuracy and gate state beside every row, for results.csv; `task_frame` is one row per run × task ×
-scoring, for the API. The numbers of a flagged run stay: only its `competence` column says "not learned" or "not
-trained on this task".
+scoring, for the API. The numbers of a flagged run stay: only its `competence` column says "not learned", "not
+trained on this task" or "longer than its training examples".
 """
 
 from __future__ import annotations

@@ -125,8 +125,8 @@ def task_scores(
     """The task cells the runs below `runs` stored (eval-tasks, eval-passkey, eval-algorithmic) as a DataFrame, one
     row per run × task × scoring (`analysis.task_results.task_frame`): in_distribution (the accuracy at the lengths
     the run trained on), competence (the gate's state at threshold `competence`: "learned", "not learned", "not
-    trained on this task", "cannot measure", "not measured"), learned (bool) and beyond (the mean beyond the training
-    length). A flagged row keeps its numbers."""
+    trained on this task", "longer than its training examples", "cannot measure", "not measured"), learned (bool) and
+    beyond (the mean beyond the training length). A flagged row keeps its numbers."""
     check_threshold(competence)
     return Comparison(gather([Path(p) for p in runs], all_lengths=all_lengths), competence=competence).task_frame()
 

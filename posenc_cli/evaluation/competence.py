@@ -14,7 +14,12 @@ trained on this task" instead (that label takes precedence). In distribution mea
   (`evaluation.algorithmic.split_mean`, exact match);
 - RULER-style retrieval tasks (`eval/tasks.json`) and passkey (`eval/passkey.json`): the mean score (RULER's, or the
   exact-match accuracy) over the cells (length × depth) at lengths ≤ the training length, i.e. multiples ≤ 1×.
-  "tasks", all RULER-style tasks together: the mean of the run's tasks' scores, learned only when each is.
+  "tasks", all RULER-style tasks together: the mean of the run's tasks' scores, learned only when each is. A run
+  trained one example per row (`train.packing` none or document) saw no sequence longer than its longest example
+  (meta.json's `data.longest_example`, tokens), which may be shorter than the row: a cell whose prompt (its length
+  less the generation budget) is longer is not in distribution, and a run with no other ≤L cell is "longer than its
+  training examples" (its 1× is already a length it never saw: failing there is a failure to extrapolate, not
+  proof that it did not learn).
 
 n/a cells (the scheme cannot read the length) are left out of the mean; with none measured the state is "cannot
 measure" (every in-distribution cell n/a) or "not measured" (none stored). The gate compares with `>=`.
@@ -47,6 +52,7 @@ from posenc_cli.evaluation.results import (
     read_results_file,
 )
 from posenc_cli.report.gate import (
+    BEYOND_TRAINING,
     CANNOT_MEASURE,
     DEFAULT_COMPETENCE,
     LEARNED,
@@ -73,11 +79,13 @@ __all__ = [
     "competence",
     "gate_status",
     "in_distribution",
+    "prompt_tokens",
     "result_competence",
     "result_data_config",
     "retrieval_competence",
     "retrieval_mean_competence",
     "run_data_config",
+    "run_longest_example",
     "task_family",
     "trained_on",
 ]
@@ -199,6 +207,12 @@ def _least_length(entry: dict[str, Any], data: Any) -> int:
     return 1
 
 
+def prompt_tokens(entry: dict[str, Any]) -> int:
+    """The prompt of a retrieval or passkey cell: its length less the tokens generated after it (RULER's budget
+    under "contains" scoring; none stored: the whole length)."""
+    return int(entry["length"]) - int(entry.get("generate") or 0)
+
+
 def retrieval_competence(
     entries: Sequence[dict[str, Any]],
     task: str,
@@ -206,17 +220,26 @@ def retrieval_competence(
     train_length: int | None,
     threshold: float = DEFAULT_COMPETENCE,
     metric: str = "score",
+    longest_example: int | None = None,
 ) -> Competence:
     """A RULER-style task's (`metric` "score") or passkey's ("accuracy") mean over the cells at lengths <=
-    `train_length` (None: the cells at multiples <= 1×), every depth. Pass the cells of one scoring."""
+    `train_length` (None: the cells at multiples <= 1×), every depth. Pass the cells of one scoring. With
+    `longest_example` (the run's longest training example, tokens), a cell whose prompt is longer is left out; when
+    that leaves none, the status is `BEYOND_TRAINING` and the accuracy the mean of the cells left out."""
     mine = [e for e in entries if str(e.get("task", PASSKEY)) == task]
     if train_length is None:
         inside = [e for e in mine if float(e["multiple"]) <= 1.0 + 1e-9]
         high = max((int(e["length"]) for e in inside), default=0)
     else:
         inside, high = [e for e in mine if int(e["length"]) <= train_length], int(train_length)
+    seen = [e for e in inside if longest_example is None or prompt_tokens(e) <= longest_example]
+    beyond = bool(inside) and not seen
+    if not beyond and len(seen) < len(inside):  # the cells left in distribution end at a shorter length
+        inside, high = seen, max(int(e["length"]) for e in seen)
     accuracy, cells = in_distribution(inside, 0, high, metric)
     status = gate_status(accuracy, trained=trained_on(data, task), cells=cells, threshold=threshold)
+    if beyond and status != NOT_TRAINED:
+        status = BEYOND_TRAINING
     low = min((int(e["length"]) for e in inside), default=None)
     return Competence(task, status, accuracy, threshold, None if low is None else (low, high))
 
@@ -226,6 +249,7 @@ def retrieval_mean_competence(
     data: Any,
     train_length: int | None,
     threshold: float = DEFAULT_COMPETENCE,
+    longest_example: int | None = None,
 ) -> Competence:
     """The RULER-style tasks' gate taken together (`task` "tasks"): the mean of each task's in-distribution score
     (`retrieval_competence`, each task weighs the same) over the tasks the run trained on (`data.tasks` of a
@@ -233,13 +257,17 @@ def retrieval_mean_competence(
     the RULER-style mixture selects each scheme's setting by."""
     tasks = list(data.tasks) if isinstance(data, TasksDataConfig) else []
     tasks = tasks or list(dict.fromkeys(str(e["task"]) for e in entries))
-    parts = [retrieval_competence(entries, t, data, train_length, threshold) for t in tasks]
+    parts = [
+        retrieval_competence(entries, t, data, train_length, threshold, longest_example=longest_example) for t in tasks
+    ]
     measured = [p.accuracy for p in parts if p.accuracy is not None]
     accuracy = sum(measured) / len(measured) if len(measured) == len(parts) and parts else None
     cells = 0 if any(p.status == NOT_MEASURED for p in parts) else len(parts)  # one task unmeasured: no mean
     status = gate_status(accuracy, trained=trained_on(data, RETRIEVAL), cells=cells, threshold=threshold)
     if status == LEARNED and any(not p.learned for p in parts):
         status = NOT_LEARNED
+    if status != NOT_TRAINED and any(p.status == BEYOND_TRAINING for p in parts):
+        status = BEYOND_TRAINING
     spans = [p.lengths for p in parts if p.lengths is not None]
     lengths = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
     return Competence(RETRIEVAL, status, accuracy, threshold, lengths)
@@ -268,6 +296,21 @@ def run_data_config(run_dir: Path | str) -> Any:
         return read_config(run_dir, read_meta(run_dir)).data
     except UserError:
         return None
+
+
+def run_longest_example(run_dir: Path | str) -> int | None:
+    """The longest example (tokens) the run trained on one per row (meta.json's `data.longest_example`); None for a
+    run trained on windows of its token stream (every length to its row), a transformers directory, a run recorded
+    before the key, or meta that cannot be read."""
+    run_dir = Path(run_dir)
+    if is_hf_dir(run_dir):
+        return None
+    try:
+        data = read_run_meta(run_dir).record.get("data")
+    except UserError:
+        return None
+    value = data.get("longest_example") if isinstance(data, dict) else None
+    return int(value) if isinstance(value, int) else None
 
 
 def _current_cells(run_dir: Path, doc: dict[str, Any], generator: int | None) -> list[dict[str, Any]]:
@@ -307,15 +350,17 @@ def assess_run(
         doc = read_results_file(run_dir / PASSKEY_FILE, "eval-passkey")
         entries = _current_cells(run_dir, doc, None) if doc else []
         train_length = doc.get("train_length") if doc else None
-        return retrieval_competence(entries, PASSKEY, data, train_length, threshold, metric="accuracy")
+        longest = run_longest_example(run_dir)
+        return retrieval_competence(entries, PASSKEY, data, train_length, threshold, "accuracy", longest)
     doc = read_results_file(run_dir / TASKS_FILE, TASKS_COMMAND)
     entries = _current_cells(run_dir, doc, RULER_GENERATOR) if doc else []
     entries = [e for e in entries if str(e.get("scoring", "exact")) == scoring]
     latest = {(e["task"], int(e["length"]), e.get("depth")): e for e in entries}  # the file's order: last wins
     train_length = doc.get("train_length") if doc else None
+    longest = run_longest_example(run_dir)
     if task == RETRIEVAL:
-        return retrieval_mean_competence(list(latest.values()), data, train_length, threshold)
-    return retrieval_competence(list(latest.values()), task, data, train_length, threshold)
+        return retrieval_mean_competence(list(latest.values()), data, train_length, threshold, longest)
+    return retrieval_competence(list(latest.values()), task, data, train_length, threshold, longest_example=longest)
 
 
 def competence(run_dir: Path | str, task: str, scoring: str = "contains") -> float | None:
@@ -340,7 +385,9 @@ def result_competence(
     entries = result["entries"]
     if family == ALGORITHMIC:
         return algorithmic_competence(entries, task, data, threshold)
+    path = result.get("path") or result.get("run_dir")
+    longest = run_longest_example(path) if path else None
     if family == PASSKEY:
-        return retrieval_competence(entries, PASSKEY, data, result.get("train_length"), threshold, "accuracy")
+        return retrieval_competence(entries, PASSKEY, data, result.get("train_length"), threshold, "accuracy", longest)
     mine = [e for e in entries if scoring is None or str(e.get("scoring", "exact")) == scoring]
-    return retrieval_competence(mine, task, data, result.get("train_length"), threshold)
+    return retrieval_competence(mine, task, data, result.get("train_length"), threshold, longest_example=longest)

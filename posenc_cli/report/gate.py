@@ -16,6 +16,7 @@ from typing import Any, Literal
 from rich.text import Text
 
 __all__ = [
+    "BEYOND_TRAINING",
     "CANNOT_MEASURE",
     "DEFAULT_COMPETENCE",
     "GATE_LEGEND",
@@ -37,10 +38,18 @@ __all__ = [
 
 DEFAULT_COMPETENCE = 0.9  # issue #38: a run below 90% in distribution has not learned the task
 
-GateStatus = Literal["learned", "not learned", "not trained on this task", "cannot measure", "not measured"]
+GateStatus = Literal[
+    "learned",
+    "not learned",
+    "not trained on this task",
+    "longer than its training examples",
+    "cannot measure",
+    "not measured",
+]
 LEARNED: GateStatus = "learned"
 NOT_LEARNED: GateStatus = "not learned"
 NOT_TRAINED: GateStatus = "not trained on this task"
+BEYOND_TRAINING: GateStatus = "longer than its training examples"  # every ≤L cell's prompt is longer than them
 CANNOT_MEASURE: GateStatus = "cannot measure"  # every in-distribution cell is n/a (the scheme cannot read it)
 NOT_MEASURED: GateStatus = "not measured"  # no in-distribution cell stored
 
@@ -49,6 +58,7 @@ GATE_STYLE: dict[str, str] = {
     LEARNED: "green",
     NOT_LEARNED: "bold yellow",
     NOT_TRAINED: "italic magenta",
+    BEYOND_TRAINING: "italic yellow",
     CANNOT_MEASURE: "dim",
     NOT_MEASURED: "dim italic",
 }
@@ -57,13 +67,16 @@ GATE_MARK: dict[str, str] = {
     LEARNED: "",
     NOT_LEARNED: "✗ not learned",
     NOT_TRAINED: "⊘ not trained on this task",
+    BEYOND_TRAINING: "⇥ longer than its training examples",
     CANNOT_MEASURE: "n/a (cannot measure)",
     NOT_MEASURED: "– (not measured)",
 }
 GATE_LEGEND = (
     "≤L: accuracy in distribution (the lengths the run trained on); ✗ not learned: below the competence threshold "
     "there, so its beyond-L numbers measure a task never learned, not extrapolation; ⊘ not trained on this task: "
-    "its training data never held the task; n/a: the scheme cannot read those lengths; –: not measured"
+    "its training data never held the task; ⇥ longer than its training examples: the 1× prompts are longer than "
+    "any example it trained on, so no cell is in distribution; n/a: the scheme cannot read those lengths; –: not "
+    "measured"
 )
 
 
@@ -74,9 +87,10 @@ def is_flagged(status: str) -> bool:
 
 def gate_text(status: str, accuracy: float | None) -> str:
     """The in-distribution cell as text: '97%' for a learned run, '43% ✗ not learned', '⊘ not trained on this task'
-    (its accuracy, when measured, too), 'n/a (cannot measure)', '– (not measured)'."""
-    if status == NOT_TRAINED:
-        return GATE_MARK[NOT_TRAINED] if accuracy is None else f"{accuracy:.0%} {GATE_MARK[NOT_TRAINED]}"
+    and '⇥ longer than its training examples' (the accuracy, when measured, too), 'n/a (cannot measure)', '– (not
+    measured)'."""
+    if status in (NOT_TRAINED, BEYOND_TRAINING):
+        return GATE_MARK[status] if accuracy is None else f"{accuracy:.0%} {GATE_MARK[status]}"
     if accuracy is None:
         return GATE_MARK.get(status, status)
     mark = GATE_MARK.get(status, "")
@@ -105,7 +119,8 @@ def effective_cell(label: str, status: str) -> Text | str:
     return Text(f"{GATE_MARK[status]} ({label})", style=GATE_STYLE[status])
 
 
-GATE_HATCH = {NOT_LEARNED: "//", NOT_TRAINED: "xx"}  # a heatmap panel of a flagged run is hatched over
+# a heatmap panel of a flagged run is hatched over
+GATE_HATCH = {NOT_LEARNED: "//", NOT_TRAINED: "xx", BEYOND_TRAINING: ".."}
 
 
 def mark_panel(ax: Any, status: str) -> None:
@@ -137,8 +152,12 @@ def gate_legend(fig: Any, statuses: Iterable[str], threshold: float) -> None:
     # deferred: keeps matplotlib off posenc --help start-up
     from matplotlib.patches import Patch
 
-    shown = [s for s in (NOT_LEARNED, NOT_TRAINED) if s in set(statuses)]
-    words = {NOT_LEARNED: f"{GATE_MARK[NOT_LEARNED]} (≤L below {threshold:.0%})", NOT_TRAINED: GATE_MARK[NOT_TRAINED]}
+    shown = [s for s in (NOT_LEARNED, NOT_TRAINED, BEYOND_TRAINING) if s in set(statuses)]
+    words = {
+        NOT_LEARNED: f"{GATE_MARK[NOT_LEARNED]} (≤L below {threshold:.0%})",
+        NOT_TRAINED: GATE_MARK[NOT_TRAINED],
+        BEYOND_TRAINING: GATE_MARK[BEYOND_TRAINING],
+    }
     handles = [Patch(facecolor="white", edgecolor="0.35", hatch=GATE_HATCH[s], label=words[s]) for s in shown]
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)

@@ -372,6 +372,8 @@ class _Trainer:
         if tc.packing != "stream":  # refused in one line before training when an example does not fit a row
             self.examples = find_examples(self.corpus.train, self.tokenizer.eod_id)
             check_examples_fit(self.examples, tc.seq_len, tc.packing, "training")
+            # no sequence it trains on is longer: the competence gate's in-distribution lengths (issue #38)
+            self.data_info["longest_example"] = int(self.examples.lengths.max())
         vset = validation_set(
             self.corpus.val,
             self.corpus.val_scored,

@@ -168,3 +168,38 @@ def test_the_algorithmic_summary_marks_tasks_not_learned() -> None:
         a, b = next(x for x in lines if "│ a" in x), next(x for x in lines if "│ b" in x)
         assert ("75 / 12 ✗ not learned" in a) is marked and "75 / 12" in a
         assert "100 / 100" in b and "not learned" not in b
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run trained one episode per row whose 1× cells ask for prompts 10 tokens longer than its longest episode
+    (meta.json's data.longest_example): its 1× is itself a length it never trained on."""
+    path = tmp_path_factory.mktemp("gate") / "short-run"
+    args = ["train", *TINY, *TRAIN, "train.packing=none", "train.threads=1", "--out", str(path)]
+    trained = runner.invoke(app, args)
+    assert trained.exit_code == 0, trained.output
+    meta = read_run_meta(path)
+    generate = 256 - (meta.record["data"]["longest_example"] + 10)  # the prompt: the length less the budget
+    entries = [
+        {"task": "niah-single", "length": length, "multiple": multiple, "depth": depth, "trials": 10,
+         "scoring": "contains", "generate": generate, "generator": GENERATOR_VERSION,
+         "checkpoint": checkpoint_identity(meta), "status": "ok", "score": score}
+        for (task, length, multiple, depth), score in SCORES.items() if task == "niah-single"
+    ]  # fmt: skip
+    doc = {"schema_version": 1, "run": path.name, "scheme": "rope", "train_length": 256, "base_length": 256}
+    (path / "eval").mkdir(exist_ok=True)
+    (path / "eval" / "tasks.json").write_text(json.dumps({**doc, "entries": entries}))
+    return path
+
+
+def test_a_run_whose_1x_is_longer_than_its_examples_is_marked_so_everywhere(short_run: Path, tmp_path: Path) -> None:
+    shown = runner.invoke(app, ["compare", str(short_run), "--format", "markdown"], terminal_width=250)
+    assert shown.exit_code == 0, shown.output
+    assert "| short-run | niah-single (contains) | 60% ⇥ longer than its training examples | 5% |" in shown.output
+    assert "not learned" not in shown.output.split("Competence gate")[0]
+    api.comparison([short_run], out=tmp_path / "out")
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "out" / "results.csv").read_text())))
+    assert {r["competence"] for r in rows if r["task"]} == {"longer than its training examples"}
+    frame = api.task_scores([short_run]).set_index("task")
+    assert frame.loc["niah-single", "competence"] == "longer than its training examples"
+    assert not frame.loc["niah-single", "learned"]

@@ -159,7 +159,11 @@ def test_cli_trains_algorithmic_answers_one_example_per_row(tmp_path: Path) -> N
     assert result.exit_code == 0, result.output
     saved = (out / "config.yaml").read_text()
     assert "loss_on: answer" in saved and "packing: none" in saved
-    assert read_meta(out)["step"] == 3
+    meta = read_meta(out)
+    assert meta["step"] == 3
+    # the longest training example, the competence gate's in-distribution bound: [eod] + a copy of up to 3 symbols
+    longest = meta["data"]["longest_example"]
+    assert isinstance(longest, int) and 4 <= longest <= 32
 
 
 @pytest.mark.parametrize("scheme", ["rope", "alibi", "t5", "nope"])
