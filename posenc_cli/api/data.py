@@ -19,10 +19,16 @@ def prepare_data(
 ) -> dict[str, Any]:
     """Tokenize (or reuse) the corpus of the config composed from `overrides` (`data=text data.paths=[notes/]
     tokenizer=bpe`) into the token cache, as `posenc data` does, and return its summary (`Corpus.info`: source,
-    documents, bytes and tokens per split, fingerprints, cache path, seconds, whether the cache was reused).
+    documents, bytes and tokens per split, fingerprints, cache path, seconds, whether the cache was reused), with
+    the training split's `longest_example` (tokens: [eod] + the document, what one row must hold under
+    `train.packing=none`) and `longest_prompt` (the tokens read before an example's first scored token, [eod]
+    included; None when every token is scored): a task cell whose prompt is longer asks for a length no example held.
     `progress(stage, done, total)` follows the reading and tokenizing."""
     # deferred: torch
     from posenc_cli.data.cache import load_corpus
+    from posenc_cli.data.rows import longest_spans
 
     cfg = train_config(overrides, config_dir=config_dir)
-    return load_corpus(cfg.data, cfg.tokenizer, progress=progress).info
+    corpus = load_corpus(cfg.data, cfg.tokenizer, progress=progress)
+    longest, prompt = longest_spans(corpus.train, corpus.train_scored, corpus.tokenizer.eod_id)
+    return {**corpus.info, "longest_example": longest, "longest_prompt": prompt}

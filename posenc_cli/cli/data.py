@@ -83,6 +83,12 @@ def summary_table(info: dict[str, Any]) -> Table:
     table.add_row("documents", _splits(info["documents"]))
     table.add_row("bytes", _splits(info["bytes"]))
     table.add_row("tokens", _splits(info["tokens"]))
+    if info.get("longest_prompt") is not None:  # prompt/answer examples: what a task's 1× prompt must not exceed
+        table.add_row(
+            "longest example",
+            f"{info['longest_example']:,} tokens, its prompt up to {info['longest_prompt']:,} (train; a row of "
+            "train.packing=none holds one example, and a task's 1× prompt longer than these was never trained on)",
+        )
     table.add_row("split", info["split_method"])
     table.add_row("fingerprint", info["fingerprint"])
     table.add_row("tokenizer", f"{info['tokenizer']} (vocab {info['vocab_size']}, {info['tokenizer_fingerprint']})")

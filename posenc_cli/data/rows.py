@@ -26,7 +26,16 @@ from torch import Tensor
 from posenc_cli.data.cache import window_index
 from posenc_cli.errors import ConfigError
 
-__all__ = ["Examples", "Rows", "check_examples_fit", "example_rows", "find_examples", "packed_rows", "stream_rows"]
+__all__ = [
+    "Examples",
+    "Rows",
+    "check_examples_fit",
+    "example_rows",
+    "find_examples",
+    "longest_spans",
+    "packed_rows",
+    "stream_rows",
+]
 
 PAD_DOCUMENT = -1  # the document id of padding: a document of one token (attention lets a pad see only itself)
 
@@ -67,6 +76,26 @@ def find_examples(tokens: np.ndarray, eod_id: int) -> Examples:
     ends = np.flatnonzero(np.asarray(tokens) == eod_id).astype(np.int64)  # (D,)
     starts = np.concatenate([np.zeros(1, dtype=np.int64), ends[:-1] + 1])[: ends.size]  # (D,)
     return Examples(starts, ends)
+
+
+def longest_spans(tokens: np.ndarray, scored: np.ndarray | None, eod_id: int) -> tuple[int, int | None]:
+    """(the longest example's row length n: [eod] + its document, the longest prompt: the inputs an example's row
+    reads up to and including the one that predicts its first scored token, [eod] included; None without a scored
+    mask or a scored token). What a task's 1× prompt must not exceed to be in distribution (issue #38)."""
+    examples = find_examples(tokens, eod_id)
+    if examples.ends.size == 0:
+        return 0, None
+    longest = int(examples.lengths.max())
+    if scored is None:
+        return longest, None
+    marked = np.flatnonzero(np.asarray(scored))  # (S,) offsets of the scored tokens
+    if marked.size == 0:
+        return longest, None
+    at = np.searchsorted(marked, examples.starts)  # (D,) the first scored offset at or after each start
+    first = marked[np.minimum(at, marked.size - 1)]  # (D,)
+    has = (at < marked.size) & (first <= examples.ends)  # (D,) the example holds a scored token
+    prompts = first[has] - examples.starts[has] + 1  # (D',) its document tokens before it, and the opening [eod]
+    return longest, int(prompts.max()) if prompts.size else None
 
 
 def check_examples_fit(examples: Examples, seq_len: int, packing: str, split: str) -> None:

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 import posenc_cli.data.cache as data_mod
+from posenc_cli import api
 from posenc_cli.cli import app
 
 runner = CliRunner()
@@ -113,3 +114,19 @@ def test_a_full_disk_under_the_token_cache_is_one_line_naming_the_file(
     entries = list((tmp_path / "cache" / "tokens").glob("*"))
     assert all(sorted(p.name for p in e.iterdir()) == [] for e in entries)  # no half-written split or manifest
     assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_data_command_shows_the_longest_example_and_prompt_of_task_data(corpus_dir: Path) -> None:
+    """What a task's 1× prompt must not exceed to be in distribution (issue #38): shown for prompt/answer data,
+    not for plain text, where every token is scored."""
+    args = ["data", "data=tasks", "data.tasks=[niah-single]", "data.episodes=200", "data.max_len=96"]
+    shown = runner.invoke(app, args, terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    info = api.prepare_data(args[1:])
+    assert 0 < info["longest_prompt"] < info["longest_example"]
+    text = " ".join(shown.output.split())
+    assert "longest example" in text
+    assert f"{info['longest_example']} tokens, its prompt up to {info['longest_prompt']} (train;" in text
+    plain = runner.invoke(app, ["data", "data=text", f"data.paths=[{corpus_dir}]"], terminal_width=200)
+    assert plain.exit_code == 0 and "longest example" not in plain.output
+    assert api.prepare_data(["data=text", f"data.paths=[{corpus_dir}]"])["longest_prompt"] is None
