@@ -15,11 +15,12 @@ trained on this task" instead (that label takes precedence). In distribution mea
 - RULER-style retrieval tasks (`eval/tasks.json`) and passkey (`eval/passkey.json`): the mean score (RULER's, or the
   exact-match accuracy) over the cells (length × depth) at lengths ≤ the training length, i.e. multiples ≤ 1×.
   "tasks", all RULER-style tasks together: the mean of the run's tasks' scores, learned only when each is. A run
-  trained one example per row (`train.packing` none or document) saw no sequence longer than its longest example
-  (meta.json's `data.longest_example`, tokens), which may be shorter than the row: a cell whose prompt (its length
-  less the generation budget) is longer is not in distribution, and a run with no other ≤L cell is "longer than its
-  training examples" (its 1× is already a length it never saw: failing there is a failure to extrapolate, not
-  proof that it did not learn).
+  trained one example per row (`train.packing` none or document) read no prompt longer than its longest training
+  prompt (meta.json's `data.longest_prompt`: the tokens before an example's first answer token; else its
+  `data.longest_example`), which may be shorter than the row: a cell whose prompt (its length less the generation
+  budget) is longer is not in distribution, and a run with no other ≤L cell is "longer than its training examples"
+  (its 1× is already a length it never saw: failing there is a failure to extrapolate, not proof that it did not
+  learn).
 
 n/a cells (the scheme cannot read the length) are left out of the mean; with none measured the state is "cannot
 measure" (every in-distribution cell n/a) or "not measured" (none stored). The gate compares with `>=`.
@@ -85,7 +86,7 @@ __all__ = [
     "retrieval_competence",
     "retrieval_mean_competence",
     "run_data_config",
-    "run_longest_example",
+    "run_longest_prompt",
     "task_family",
     "trained_on",
 ]
@@ -220,11 +221,12 @@ def retrieval_competence(
     train_length: int | None,
     threshold: float = DEFAULT_COMPETENCE,
     metric: str = "score",
-    longest_example: int | None = None,
+    longest_prompt: int | None = None,
 ) -> Competence:
     """A RULER-style task's (`metric` "score") or passkey's ("accuracy") mean over the cells at lengths <=
     `train_length` (None: the cells at multiples <= 1×), every depth. Pass the cells of one scoring. With
-    `longest_example` (the run's longest training example, tokens), a cell whose prompt is longer is left out; when
+    `longest_prompt` (the run's longest training prompt, tokens: `run_longest_prompt`), a cell whose prompt is
+    longer is left out; when
     that leaves none, the status is `BEYOND_TRAINING` and the accuracy the mean of the cells left out."""
     mine = [e for e in entries if str(e.get("task", PASSKEY)) == task]
     if train_length is None:
@@ -232,7 +234,7 @@ def retrieval_competence(
         high = max((int(e["length"]) for e in inside), default=0)
     else:
         inside, high = [e for e in mine if int(e["length"]) <= train_length], int(train_length)
-    seen = [e for e in inside if longest_example is None or prompt_tokens(e) <= longest_example]
+    seen = [e for e in inside if longest_prompt is None or prompt_tokens(e) <= longest_prompt]
     beyond = bool(inside) and not seen
     if not beyond and len(seen) < len(inside):  # the cells left in distribution end at a shorter length
         inside, high = seen, max(int(e["length"]) for e in seen)
@@ -249,7 +251,7 @@ def retrieval_mean_competence(
     data: Any,
     train_length: int | None,
     threshold: float = DEFAULT_COMPETENCE,
-    longest_example: int | None = None,
+    longest_prompt: int | None = None,
 ) -> Competence:
     """The RULER-style tasks' gate taken together (`task` "tasks"): the mean of each task's in-distribution score
     (`retrieval_competence`, each task weighs the same) over the tasks the run trained on (`data.tasks` of a
@@ -258,7 +260,7 @@ def retrieval_mean_competence(
     tasks = list(data.tasks) if isinstance(data, TasksDataConfig) else []
     tasks = tasks or list(dict.fromkeys(str(e["task"]) for e in entries))
     parts = [
-        retrieval_competence(entries, t, data, train_length, threshold, longest_example=longest_example) for t in tasks
+        retrieval_competence(entries, t, data, train_length, threshold, longest_prompt=longest_prompt) for t in tasks
     ]
     measured = [p.accuracy for p in parts if p.accuracy is not None]
     accuracy = sum(measured) / len(measured) if len(measured) == len(parts) and parts else None
@@ -298,10 +300,11 @@ def run_data_config(run_dir: Path | str) -> Any:
         return None
 
 
-def run_longest_example(run_dir: Path | str) -> int | None:
-    """The longest example (tokens) the run trained on one per row (meta.json's `data.longest_example`); None for a
-    run trained on windows of its token stream (every length to its row), a transformers directory, a run recorded
-    before the key, or meta that cannot be read."""
+def run_longest_prompt(run_dir: Path | str) -> int | None:
+    """The longest prompt (tokens) of the examples the run trained on one per row (meta.json's
+    `data.longest_prompt`, else its `data.longest_example`: data without answers); None for a run trained on windows
+    of its token stream (every length to its row), a transformers directory, a run recorded before the keys, or meta
+    that cannot be read."""
     run_dir = Path(run_dir)
     if is_hf_dir(run_dir):
         return None
@@ -309,7 +312,10 @@ def run_longest_example(run_dir: Path | str) -> int | None:
         data = read_run_meta(run_dir).record.get("data")
     except UserError:
         return None
-    value = data.get("longest_example") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    value = data.get("longest_prompt")
+    value = value if isinstance(value, int) else data.get("longest_example")
     return int(value) if isinstance(value, int) else None
 
 
@@ -350,17 +356,17 @@ def assess_run(
         doc = read_results_file(run_dir / PASSKEY_FILE, "eval-passkey")
         entries = _current_cells(run_dir, doc, None) if doc else []
         train_length = doc.get("train_length") if doc else None
-        longest = run_longest_example(run_dir)
+        longest = run_longest_prompt(run_dir)
         return retrieval_competence(entries, PASSKEY, data, train_length, threshold, "accuracy", longest)
     doc = read_results_file(run_dir / TASKS_FILE, TASKS_COMMAND)
     entries = _current_cells(run_dir, doc, RULER_GENERATOR) if doc else []
     entries = [e for e in entries if str(e.get("scoring", "exact")) == scoring]
     latest = {(e["task"], int(e["length"]), e.get("depth")): e for e in entries}  # the file's order: last wins
     train_length = doc.get("train_length") if doc else None
-    longest = run_longest_example(run_dir)
+    longest = run_longest_prompt(run_dir)
     if task == RETRIEVAL:
         return retrieval_mean_competence(list(latest.values()), data, train_length, threshold, longest)
-    return retrieval_competence(list(latest.values()), task, data, train_length, threshold, longest_example=longest)
+    return retrieval_competence(list(latest.values()), task, data, train_length, threshold, longest_prompt=longest)
 
 
 def competence(run_dir: Path | str, task: str, scoring: str = "contains") -> float | None:
@@ -386,8 +392,8 @@ def result_competence(
     if family == ALGORITHMIC:
         return algorithmic_competence(entries, task, data, threshold)
     path = result.get("path") or result.get("run_dir")
-    longest = run_longest_example(path) if path else None
+    longest = run_longest_prompt(path) if path else None
     if family == PASSKEY:
         return retrieval_competence(entries, PASSKEY, data, result.get("train_length"), threshold, "accuracy", longest)
     mine = [e for e in entries if scoring is None or str(e.get("scoring", "exact")) == scoring]
-    return retrieval_competence(mine, task, data, result.get("train_length"), threshold, longest_example=longest)
+    return retrieval_competence(mine, task, data, result.get("train_length"), threshold, longest_prompt=longest)

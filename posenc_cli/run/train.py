@@ -48,6 +48,7 @@ from posenc_cli.data.rows import (
     draw_examples,
     example_rows,
     find_examples,
+    longest_spans,
     packed_rows,
     stream_rows,
 )
@@ -372,8 +373,9 @@ class _Trainer:
         if tc.packing != "stream":  # refused in one line before training when an example does not fit a row
             self.examples = find_examples(self.corpus.train, self.tokenizer.eod_id)
             check_examples_fit(self.examples, tc.seq_len, tc.packing, "training")
-            # no sequence it trains on is longer: the competence gate's in-distribution lengths (issue #38)
-            self.data_info["longest_example"] = int(self.examples.lengths.max())
+            # no example it trains on is longer, no answer further in: the gate's in-distribution bound (issue #38)
+            longest, prompt = longest_spans(self.corpus.train, self.corpus.train_scored, self.tokenizer.eod_id)
+            self.data_info.update(longest_example=longest, longest_prompt=prompt)
         vset = validation_set(
             self.corpus.val,
             self.corpus.val_scored,

@@ -172,14 +172,14 @@ def test_the_algorithmic_summary_marks_tasks_not_learned() -> None:
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run trained one episode per row whose 1× cells ask for prompts 10 tokens longer than its longest episode
-    (meta.json's data.longest_example): its 1× is itself a length it never trained on."""
+    """A run trained one episode per row whose 1× cells ask for prompts 10 tokens longer than its longest training
+    prompt (meta.json's data.longest_prompt): its 1× is itself a length it never trained on."""
     path = tmp_path_factory.mktemp("gate") / "short-run"
     args = ["train", *TINY, *TRAIN, "train.packing=none", "train.threads=1", "--out", str(path)]
     trained = runner.invoke(app, args)
     assert trained.exit_code == 0, trained.output
     meta = read_run_meta(path)
-    generate = 256 - (meta.record["data"]["longest_example"] + 10)  # the prompt: the length less the budget
+    generate = 256 - (meta.record["data"]["longest_prompt"] + 10)  # the prompt: the length less the budget
     entries = [
         {"task": "niah-single", "length": length, "multiple": multiple, "depth": depth, "trials": 10,
          "scoring": "contains", "generate": generate, "generator": GENERATOR_VERSION,

@@ -22,7 +22,7 @@ from posenc_cli.evaluation.competence import (
     competence,
     retrieval_competence,
     retrieval_mean_competence,
-    run_longest_example,
+    run_longest_prompt,
     task_family,
     trained_on,
 )
@@ -165,37 +165,41 @@ def test_a_1x_prompt_longer_than_every_training_example_is_not_in_distribution()
     less the generation budget) is longer measure length generalisation, so the gate says so instead of a verdict."""
     data = TasksDataConfig(tasks=["niah-single"])
     generated = [{**cell(128, 1.0, s, d), "generate": 32} for s, d in ((0.0, 0.0), (1.0, 0.5), (1.0, 1.0))]
-    beyond = retrieval_competence(generated, "niah-single", data, 128, longest_example=81)  # prompts of 96 tokens
+    beyond = retrieval_competence(generated, "niah-single", data, 128, longest_prompt=81)  # prompts of 96 tokens
     assert beyond.status == "longer than its training examples" and not beyond.learned
     assert beyond.accuracy == pytest.approx(2 / 3)  # shown, flagged
     assert beyond.text == "67% ⇥ longer than its training examples"
-    seen = retrieval_competence(generated, "niah-single", data, 128, longest_example=96)  # 96 <= 96: in distribution
+    seen = retrieval_competence(generated, "niah-single", data, 128, longest_prompt=96)  # 96 <= 96: in distribution
     assert seen.status == "not learned" and seen.accuracy == pytest.approx(2 / 3)
     assert retrieval_competence(generated, "niah-single", data, 128).status == "not learned"  # nothing recorded
     # the shorter cells that fit still count, the longer ones are left out
     short = [{**cell(64, 0.5, 1.0), "generate": 32}, *generated]
-    fits = retrieval_competence(short, "niah-single", data, 128, longest_example=81)
+    fits = retrieval_competence(short, "niah-single", data, 128, longest_prompt=81)
     assert fits.accuracy == 1.0 and fits.learned and fits.lengths == (64, 64)
     # together: one task beyond its examples flags the mean; a task never trained on still says so first
     both = TasksDataConfig(tasks=["niah-single", "variable-tracking"])
     tracking = [{**cell(128, 1.0, 1.0), "task": "variable-tracking", "generate": 16}]  # prompt 112
-    mean = retrieval_mean_competence(generated + tracking, both, 128, longest_example=120)
+    mean = retrieval_mean_competence(generated + tracking, both, 128, longest_prompt=120)
     assert mean.status == "not learned"
-    mean = retrieval_mean_competence(generated + tracking, both, 128, longest_example=100)
+    mean = retrieval_mean_competence(generated + tracking, both, 128, longest_prompt=100)
     assert mean.status == "longer than its training examples"
-    never = retrieval_competence(generated, "niah-single", TasksDataConfig(tasks=["vt"]), 128, longest_example=81)
+    never = retrieval_competence(generated, "niah-single", TasksDataConfig(tasks=["vt"]), 128, longest_prompt=81)
     assert never.status == "not trained on this task"
 
 
-def test_a_run_records_the_longest_example_the_gate_reads(tmp_path: Path) -> None:
+def test_a_run_records_the_longest_prompt_the_gate_reads(tmp_path: Path) -> None:
     run = tmp_path / "run"
     tiny = ["model=tiny", "model.d_model=16", "model.n_layer=1", "model.n_head=2", "train.seq_len=32"]
     data = ["data=algorithmic", "data.tasks=[copy]", "data.examples=200", "data.max_length=2"]
     args = ["train", *tiny, *data, "train.steps=1", "train.batch_size=2", "train.threads=1"]
     assert runner.invoke(app, [*args, "train.packing=none", "--out", str(run)]).exit_code == 0
-    longest = run_longest_example(run)
-    assert longest is not None and longest == read_run_meta(run).record["data"]["longest_example"]
+    data = read_run_meta(run).record["data"]
+    assert run_longest_prompt(run) == data["longest_prompt"] < data["longest_example"]
+    meta = json.loads((run / "meta.json").read_text())  # a run recorded with the example's length only
+    del meta["data"]["longest_prompt"]
+    (run / "meta.json").write_text(json.dumps(meta))
+    assert run_longest_prompt(run) == data["longest_example"]
     stream = tmp_path / "stream"
     assert runner.invoke(app, [*args, "--out", str(stream)]).exit_code == 0
-    assert run_longest_example(stream) is None  # windows of the stream: every length up to the row
-    assert run_longest_example(tmp_path / "missing") is None
+    assert run_longest_prompt(stream) is None  # windows of the stream: every length up to the row
+    assert run_longest_prompt(tmp_path / "missing") is None

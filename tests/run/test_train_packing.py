@@ -161,9 +161,9 @@ def test_cli_trains_algorithmic_answers_one_example_per_row(tmp_path: Path) -> N
     assert "loss_on: answer" in saved and "packing: none" in saved
     meta = read_meta(out)
     assert meta["step"] == 3
-    # the longest training example, the competence gate's in-distribution bound: [eod] + a copy of up to 3 symbols
-    longest = meta["data"]["longest_example"]
-    assert isinstance(longest, int) and 4 <= longest <= 32
+    # the longest training example and prompt, the competence gate's in-distribution bound (issue #38)
+    longest, prompt = meta["data"]["longest_example"], meta["data"]["longest_prompt"]
+    assert isinstance(prompt, int) and 1 < prompt < longest <= 32
 
 
 @pytest.mark.parametrize("scheme", ["rope", "alibi", "t5", "nope"])
