@@ -23,6 +23,7 @@ def prepare_data(
     the training split's `longest_example` (tokens: [eod] + the document, what one row must hold under
     `train.packing=none`) and `longest_prompt` (the tokens read before an example's first scored token, [eod]
     included; None when every token is scored): a task cell whose prompt is longer asks for a length no example held.
+    A mixture of tasks adds `longest_prompt_by_task` ({task: tokens}), the bound of each task's cells.
     `progress(stage, done, total)` follows the reading and tokenizing."""
     # deferred: torch
     from posenc_cli.data.cache import load_corpus

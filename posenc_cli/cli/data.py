@@ -89,6 +89,9 @@ def summary_table(info: dict[str, Any]) -> Table:
             f"{info['longest_example']:,} tokens, its prompt up to {info['longest_prompt']:,} (train; a row of "
             "train.packing=none holds one example, and a task's 1× prompt longer than these was never trained on)",
         )
+    if info.get("longest_prompt_by_task"):  # a mixture: each task's own bound
+        by_task = ", ".join(f"{task} {n:,}" for task, n in info["longest_prompt_by_task"].items())
+        table.add_row("longest prompt by task", f"{by_task} tokens (train)")
     table.add_row("split", info["split_method"])
     table.add_row("fingerprint", info["fingerprint"])
     table.add_row("tokenizer", f"{info['tokenizer']} (vocab {info['vocab_size']}, {info['tokenizer_fingerprint']})")

@@ -6,8 +6,10 @@ Each split is tokenized once into a flat array of ids, stored as raw `uint16`/`i
 `<cache>/tokens/<key>/` with key = hash(source fingerprint, tokenizer fingerprint, `LAYOUT`), and memory-mapped
 afterwards. Beside the ids of a split whose documents have unscored parts (`data.sources.base.Marked`: the prompts of
 prompt/answer examples) lies its scored mask, one `uint8` per id (1: a target `train.loss_on=answer` trains on);
-a split without one is scored everywhere. Arrays are written atomically and the manifest last: an entry without a
-matching manifest is never trusted.
+a split without one is scored everywhere. The manifest records, for a mixture whose documents tell their task
+(`Marked.kind`), each task's longest training prompt (`Corpus.info["longest_prompt_by_task"]`: the competence gate's
+bound, task by task). Arrays are written atomically and the manifest last: an entry without a matching manifest is
+never trusted.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 
 from posenc_cli.config import DataConfig, TokenizerConfig
+from posenc_cli.data.examples import NO_PROMPT, example_prompts, find_examples
 from posenc_cli.data.sources import open_source
 from posenc_cli.data.sources.base import (
     BATCH_BYTES,
@@ -65,7 +68,7 @@ MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 BPE_TRAIN_BYTES = 4_000_000  # BPE is trained on an evenly strided sample of about this much training text
 BATCH_TOKENS = 1 << 22  # ones written at a time when a mask starts after unmasked documents
-LAYOUT = 2  # bump when an entry's files change (2: the scored mask beside the ids); part of the key
+LAYOUT = 3  # bump when an entry's files change (2: the scored mask beside the ids; 3: each task's longest prompt)
 
 
 @dataclass
@@ -144,6 +147,28 @@ def tokenize(tokenizer: Tokenizer, docs: Sequence[str]) -> tuple[np.ndarray, np.
     return tokenizer.encode_scored(docs)
 
 
+def longest_prompts_by_kind(docs: Sequence[str], ids: np.ndarray, scored: np.ndarray, eod_id: int) -> dict[str, int]:
+    """{kind: its longest prompt} over the documents of one tokenized batch that tell their task (`Marked.kind`);
+    `ids`, `scored` the batch's tokens (each document followed by end-of-document: `tokenize`). A prompt as
+    `data.examples.example_prompts` counts it; empty when no document tells its task."""
+    kinds = [getattr(doc, "kind", None) for doc in docs]
+    if not any(kinds):
+        return {}
+    examples = find_examples(ids, eod_id)
+    if examples.ends.size != len(docs):  # an end-of-document id inside a document: the spans are not the documents
+        return {}
+    out: dict[str, int] = {}
+    for kind, prompt in zip(kinds, example_prompts(examples, scored).tolist(), strict=True):
+        if kind is not None and prompt != NO_PROMPT:
+            out[kind] = max(out.get(kind, 0), int(prompt))
+    return out
+
+
+def merge_longest(into: dict[str, int], more: dict[str, int]) -> None:
+    for kind, n in more.items():
+        into[kind] = max(into.get(kind, 0), n)
+
+
 def write_ids(f: Any, ids: np.ndarray) -> None:
     """Append `ids` to the open split file `f`: every byte, or an `OSError` with errno (`fsutil.write_all`; numpy's
     `tofile` reports a short write on a full disk without errno, which read as a bug instead of a full disk)."""
@@ -184,6 +209,7 @@ def _build_entry(
     splits: dict[str, Any] = {}
     for i, (name, docs) in enumerate((("train", train), ("val", val))):
         n_tokens = n_bytes = n_scored = 0
+        prompts: dict[str, int] = {}  # each task's longest prompt (a mixture whose documents tell their task)
         mask_path = entry / f"{name}.scored.bin"
         mask_path.unlink(missing_ok=True)
         with contextlib.ExitStack() as files:
@@ -201,6 +227,7 @@ def _build_entry(
                 n_tokens += int(ids.size)
                 n_bytes += check_token_bytes(tokenizer, batch, ids)  # the text's bytes, which its tokens add up to
                 n_scored += int(scored.sum())
+                merge_longest(prompts, longest_prompts_by_kind(batch, ids, scored, tokenizer.eod_id))
                 done += len(batch)
                 report_progress(progress, "tokenizing", done, total)
         masked = n_scored < n_tokens  # a split scored everywhere keeps no mask
@@ -211,6 +238,7 @@ def _build_entry(
             "bytes": n_bytes,
             "scored_file": mask_path.name if masked else None,
             "scored_tokens": n_scored,
+            "longest_prompt_by_task": dict(sorted(prompts.items())) or None,
         }
         report_progress(progress, "writing", i + 1, 3)
     manifest = {
@@ -388,6 +416,8 @@ def load_corpus(
         "cache_path": str(entry),
         "reused": reused,
     }
+    if splits["train"].get("longest_prompt_by_task"):  # a mixture of tasks: what each task's 1× prompt may reach
+        info["longest_prompt_by_task"] = splits["train"]["longest_prompt_by_task"]
     if "content_sha256" in manifest:  # a streamed corpus: what was read, as tokens
         info["content_sha256"] = manifest["content_sha256"]
     info.setdefault("python_version", platform.python_version())

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from posenc_cli.data.cache import window_index
+from posenc_cli.data.examples import NO_PROMPT, Examples, example_prompts, find_examples
 from posenc_cli.errors import ConfigError
 
 __all__ = [
@@ -58,26 +59,6 @@ class Rows:
         return int(self.weights.sum()) if self.weights is not None else self.tokens[:, 1:].numel()
 
 
-@dataclass(frozen=True)
-class Examples:
-    """The examples of a split: `starts` (D,) offset of each document's first token, `ends` (D,) of its
-    end-of-document token (int64); `lengths` = ends - starts + 1, the inputs (and targets) of each in a row."""
-
-    starts: np.ndarray
-    ends: np.ndarray
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return self.ends - self.starts + 1
-
-
-def find_examples(tokens: np.ndarray, eod_id: int) -> Examples:
-    """Every document of a split: the spans between its end-of-document tokens (tokens after the last one: none)."""
-    ends = np.flatnonzero(np.asarray(tokens) == eod_id).astype(np.int64)  # (D,)
-    starts = np.concatenate([np.zeros(1, dtype=np.int64), ends[:-1] + 1])[: ends.size]  # (D,)
-    return Examples(starts, ends)
-
-
 def longest_spans(tokens: np.ndarray, scored: np.ndarray | None, eod_id: int) -> tuple[int, int | None]:
     """(the longest example's row length n: [eod] + its document, the longest prompt: the inputs an example's row
     reads up to and including the one that predicts its first scored token, [eod] included; None without a scored
@@ -88,14 +69,8 @@ def longest_spans(tokens: np.ndarray, scored: np.ndarray | None, eod_id: int) ->
     longest = int(examples.lengths.max())
     if scored is None:
         return longest, None
-    marked = np.flatnonzero(np.asarray(scored))  # (S,) offsets of the scored tokens
-    if marked.size == 0:
-        return longest, None
-    at = np.searchsorted(marked, examples.starts)  # (D,) the first scored offset at or after each start
-    first = marked[np.minimum(at, marked.size - 1)]  # (D,)
-    has = (at < marked.size) & (first <= examples.ends)  # (D,) the example holds a scored token
-    prompts = first[has] - examples.starts[has] + 1  # (D',) its document tokens before it, and the opening [eod]
-    return longest, int(prompts.max()) if prompts.size else None
+    prompts = example_prompts(examples, scored)  # (D,)
+    return longest, int(prompts.max()) if (prompts != NO_PROMPT).any() else None
 
 
 def check_examples_fit(examples: Examples, seq_len: int, packing: str, split: str) -> None:

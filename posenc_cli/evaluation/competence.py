@@ -17,7 +17,8 @@ trained on this task" instead (that label takes precedence). In distribution mea
   "tasks", all RULER-style tasks together: the mean of the run's tasks' scores, learned only when each is. A run
   trained one example per row (`train.packing` none or document) read no prompt longer than its longest training
   prompt (meta.json's `data.longest_prompt`: the tokens before an example's first answer token; else its
-  `data.longest_example`), which may be shorter than the row: a cell whose prompt (its length less the generation
+  `data.longest_example`; in a mixture, the task's own, `data.longest_prompt_by_task`, where the token cache could
+  tell each example's task), which may be shorter than the row: a cell whose prompt (its length less the generation
   budget) is longer is not in distribution, and a run with no other ≤L cell is "longer than its training examples"
   (its 1× is already a length it never saw: failing there is a failure to extrapolate, not proof that it did not
   learn).
@@ -33,7 +34,7 @@ commands and for a sweep's selection stage, which picks each scheme's setting by
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ __all__ = [
     "PASSKEY",
     "RETRIEVAL",
     "Competence",
+    "PromptBound",
     "algorithmic_competence",
     "assess_run",
     "check_threshold",
@@ -87,6 +89,7 @@ __all__ = [
     "retrieval_mean_competence",
     "run_data_config",
     "run_longest_prompt",
+    "run_prompt_bound",
     "task_family",
     "trained_on",
 ]
@@ -116,6 +119,23 @@ class Competence:
     def text(self) -> str:
         """'97%', '43% ✗ not learned', '⊘ not trained on this task', ... (`report.gate.gate_text`)."""
         return gate_text(self.status, self.accuracy)
+
+
+@dataclass(frozen=True)
+class PromptBound:
+    """How long a prompt a run trained on one example per row read: `longest` over all its examples, `by_task` each
+    task's of a mixture whose examples told their task (meta.json `data.longest_prompt_by_task`); a task not in it
+    is bounded by `longest`."""
+
+    longest: int | None
+    by_task: dict[str, int] = field(default_factory=dict)
+
+    def of(self, task: str) -> int | None:
+        return self.by_task.get(task, self.longest)
+
+
+def _bound(longest_prompt: int | PromptBound | None, task: str) -> int | None:
+    return longest_prompt.of(task) if isinstance(longest_prompt, PromptBound) else longest_prompt
 
 
 def check_threshold(threshold: float, flag: str = "--competence") -> None:
@@ -221,20 +241,21 @@ def retrieval_competence(
     train_length: int | None,
     threshold: float = DEFAULT_COMPETENCE,
     metric: str = "score",
-    longest_prompt: int | None = None,
+    longest_prompt: int | PromptBound | None = None,
 ) -> Competence:
     """A RULER-style task's (`metric` "score") or passkey's ("accuracy") mean over the cells at lengths <=
     `train_length` (None: the cells at multiples <= 1×), every depth. Pass the cells of one scoring. With
-    `longest_prompt` (the run's longest training prompt, tokens: `run_longest_prompt`), a cell whose prompt is
-    longer is left out; when
-    that leaves none, the status is `BEYOND_TRAINING` and the accuracy the mean of the cells left out."""
+    `longest_prompt` (the run's longest training prompt in tokens, or its `PromptBound`: `run_prompt_bound`, the
+    task's own where the run recorded one), a cell whose prompt is longer is left out; when that leaves none, the
+    status is `BEYOND_TRAINING` and the accuracy the mean of the cells left out."""
     mine = [e for e in entries if str(e.get("task", PASSKEY)) == task]
+    bound = _bound(longest_prompt, task)
     if train_length is None:
         inside = [e for e in mine if float(e["multiple"]) <= 1.0 + 1e-9]
         high = max((int(e["length"]) for e in inside), default=0)
     else:
         inside, high = [e for e in mine if int(e["length"]) <= train_length], int(train_length)
-    seen = [e for e in inside if longest_prompt is None or prompt_tokens(e) <= longest_prompt]
+    seen = [e for e in inside if bound is None or prompt_tokens(e) <= bound]
     beyond = bool(inside) and not seen
     if not beyond and len(seen) < len(inside):  # the cells left in distribution end at a shorter length
         inside, high = seen, max(int(e["length"]) for e in seen)
@@ -251,7 +272,7 @@ def retrieval_mean_competence(
     data: Any,
     train_length: int | None,
     threshold: float = DEFAULT_COMPETENCE,
-    longest_prompt: int | None = None,
+    longest_prompt: int | PromptBound | None = None,
 ) -> Competence:
     """The RULER-style tasks' gate taken together (`task` "tasks"): the mean of each task's in-distribution score
     (`retrieval_competence`, each task weighs the same) over the tasks the run trained on (`data.tasks` of a
@@ -305,6 +326,14 @@ def run_longest_prompt(run_dir: Path | str) -> int | None:
     `data.longest_prompt`, else its `data.longest_example`: data without answers); None for a run trained on windows
     of its token stream (every length to its row), a transformers directory, a run recorded before the keys, or meta
     that cannot be read."""
+    bound = run_prompt_bound(run_dir)
+    return None if bound is None else bound.longest
+
+
+def run_prompt_bound(run_dir: Path | str) -> PromptBound | None:
+    """The run's `PromptBound`: `run_longest_prompt` and, for a mixture whose examples told their task, each task's
+    longest prompt (meta.json `data.longest_prompt_by_task`, recorded by the token cache); None where
+    `run_longest_prompt` is (the whole bound unknown)."""
     run_dir = Path(run_dir)
     if is_hf_dir(run_dir):
         return None
@@ -316,7 +345,11 @@ def run_longest_prompt(run_dir: Path | str) -> int | None:
         return None
     value = data.get("longest_prompt")
     value = value if isinstance(value, int) else data.get("longest_example")
-    return int(value) if isinstance(value, int) else None
+    if not isinstance(value, int):
+        return None
+    by_task = data.get("longest_prompt_by_task")
+    by_task = by_task if isinstance(by_task, dict) else {}
+    return PromptBound(int(value), {str(k): int(v) for k, v in by_task.items() if isinstance(v, int)})
 
 
 def _current_cells(run_dir: Path, doc: dict[str, Any], generator: int | None) -> list[dict[str, Any]]:
@@ -356,14 +389,14 @@ def assess_run(
         doc = read_results_file(run_dir / PASSKEY_FILE, "eval-passkey")
         entries = _current_cells(run_dir, doc, None) if doc else []
         train_length = doc.get("train_length") if doc else None
-        longest = run_longest_prompt(run_dir)
+        longest = run_prompt_bound(run_dir)
         return retrieval_competence(entries, PASSKEY, data, train_length, threshold, "accuracy", longest)
     doc = read_results_file(run_dir / TASKS_FILE, TASKS_COMMAND)
     entries = _current_cells(run_dir, doc, RULER_GENERATOR) if doc else []
     entries = [e for e in entries if str(e.get("scoring", "exact")) == scoring]
     latest = {(e["task"], int(e["length"]), e.get("depth")): e for e in entries}  # the file's order: last wins
     train_length = doc.get("train_length") if doc else None
-    longest = run_longest_prompt(run_dir)
+    longest = run_prompt_bound(run_dir)
     if task == RETRIEVAL:
         return retrieval_mean_competence(list(latest.values()), data, train_length, threshold, longest)
     return retrieval_competence(list(latest.values()), task, data, train_length, threshold, longest_prompt=longest)
@@ -392,7 +425,7 @@ def result_competence(
     if family == ALGORITHMIC:
         return algorithmic_competence(entries, task, data, threshold)
     path = result.get("path") or result.get("run_dir")
-    longest = run_longest_prompt(path) if path else None
+    longest = run_prompt_bound(path) if path else None
     if family == PASSKEY:
         return retrieval_competence(entries, PASSKEY, data, result.get("train_length"), threshold, "accuracy", longest)
     mine = [e for e in entries if scoring is None or str(e.get("scoring", "exact")) == scoring]

@@ -51,6 +51,9 @@ def test_marked_is_its_text() -> None:
     assert doc.pieces == (("Copy: a b [SEP]", False), (" a b", True))
     assert type(doc[:4]) is str and "\n".join([doc, "x"]) == "Copy: a b [SEP] a b\nx"
     assert pickle.loads(pickle.dumps(doc)).pieces == doc.pieces
+    told = prompt_answer("Q?", " A", kind="niah-single")
+    assert told.kind == "niah-single" and doc.kind is None
+    assert pickle.loads(pickle.dumps(told)).kind == "niah-single"
 
 
 @pytest.mark.parametrize("source", ["algorithmic", "passkey", "tasks", "plain"])
@@ -148,3 +151,21 @@ def test_a_cache_without_the_mask_layout_is_rebuilt(_cache: Path) -> None:
     (entry / "train.scored.bin").unlink()
     again = load_corpus(data, TokenizerConfig())
     assert not again.info["reused"] and again.train_scored is not None
+
+
+def test_the_cache_records_each_task_s_longest_prompt(_cache: Path) -> None:
+    """A mixture's documents tell their task: the manifest keeps each task's longest training prompt (the inputs
+    before the first answer token, [eod] included), what the competence gate bounds that task's 1× prompt by."""
+    data = TasksDataConfig(tasks=["niah-single", "variable-tracking"], episodes=80, max_len=300)
+    corpus = load_corpus(data, TokenizerConfig())
+    docs = task_documents(data, corpus.info["documents"]["train"], 0)  # the training split, regenerated
+    ids, _ = BYTE.encode_scored(docs)
+    assert np.array_equal(np.asarray(corpus.train), ids)
+    want: dict[str, int] = {}
+    for doc in docs:  # bytes: the prompt's, and the opening end-of-document token
+        want[doc.kind] = max(want.get(doc.kind, 0), len(doc.pieces[0][0].encode("utf-8")) + 1)
+    assert corpus.info["longest_prompt_by_task"] == want and len(want) == 2
+    assert want["niah-single"] != want["variable-tracking"]  # one bound per task, not the mixture's
+    assert load_corpus(data, TokenizerConfig()).info["longest_prompt_by_task"] == want  # reused from the manifest
+    plain = load_corpus(AlgorithmicDataConfig(examples=60, max_length=6), TokenizerConfig())
+    assert "longest_prompt_by_task" not in plain.info  # documents that do not tell their task

@@ -16,6 +16,7 @@ from posenc_cli.data.sources.passkey import PasskeyDataConfig
 from posenc_cli.data.sources.tasks import TasksDataConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.evaluation.competence import (
+    PromptBound,
     algorithmic_competence,
     assess_run,
     check_threshold,
@@ -23,6 +24,7 @@ from posenc_cli.evaluation.competence import (
     retrieval_competence,
     retrieval_mean_competence,
     run_longest_prompt,
+    run_prompt_bound,
     task_family,
     trained_on,
 )
@@ -185,6 +187,37 @@ def test_a_1x_prompt_longer_than_every_training_example_is_not_in_distribution()
     assert mean.status == "longer than its training examples"
     never = retrieval_competence(generated, "niah-single", TasksDataConfig(tasks=["vt"]), 128, longest_prompt=81)
     assert never.status == "not trained on this task"
+
+
+def test_a_mixture_bounds_each_task_by_its_own_longest_prompt() -> None:
+    """In a mixture the longest prompt of one task says nothing of another's: a task whose own training prompts
+    stop short of its 1× prompt is beyond them though the mixture's longest prompt is not."""
+    both = TasksDataConfig(tasks=["niah-single", "variable-tracking"])
+    generated = [{**cell(128, 1.0, 1.0, d), "generate": 32} for d in (0.0, 0.5, 1.0)]  # prompts of 96 tokens
+    tracking = [{**cell(128, 1.0, 1.0), "task": "variable-tracking", "generate": 16}]  # prompt 112
+    mixture = PromptBound(120, {"niah-single": 81, "variable-tracking": 120})
+    assert retrieval_competence(generated, "niah-single", both, 128, longest_prompt=120).learned
+    single = retrieval_competence(generated, "niah-single", both, 128, longest_prompt=mixture)
+    assert single.status == "longer than its training examples" and single.accuracy == 1.0
+    assert retrieval_competence(tracking, "variable-tracking", both, 128, longest_prompt=mixture).learned
+    mean = retrieval_mean_competence(generated + tracking, both, 128, longest_prompt=mixture)
+    assert mean.status == "longer than its training examples"
+    assert PromptBound(120, {"niah-single": 81}).of("variable-tracking") == 120  # a task not told: the run's bound
+
+
+def test_a_mixture_run_records_each_task_s_longest_prompt(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    tiny = ["model=tiny", "model.d_model=16", "model.n_layer=1", "model.n_head=2", "train.seq_len=256"]
+    data = ["data=tasks", "data.tasks=[niah-single,variable-tracking]", "data.episodes=60", "data.max_len=160"]
+    args = ["train", *tiny, *data, "train.steps=1", "train.batch_size=2", "train.threads=1", "train.packing=none"]
+    result = runner.invoke(app, [*args, "--out", str(run)])
+    assert result.exit_code == 0, result.output
+    data = read_run_meta(run).record["data"]
+    by_task = data["longest_prompt_by_task"]
+    assert set(by_task) == {"niah-single", "variable-tracking"} and max(by_task.values()) == data["longest_prompt"]
+    bound = run_prompt_bound(run)
+    assert bound is not None and bound.by_task == by_task and bound.longest == data["longest_prompt"]
+    assert bound.of("niah-single") == by_task["niah-single"]
 
 
 def test_a_run_records_the_longest_prompt_the_gate_reads(tmp_path: Path) -> None:

@@ -46,24 +46,31 @@ def short_hash(*parts: Any) -> str:
 class Marked(str):
     """A document made of (text, scored) pieces. Its value is the whole text, so everything that reads documents as
     text (sizes, BPE training, splitting) is unchanged; the token cache reads `pieces` to store which tokens are scored
-    (`train.loss_on=answer`). Slicing or joining gives a plain `str` (every token scored)."""
+    (`train.loss_on=answer`), and `kind` (the task an example of a mixture belongs to, None: untold) to record each
+    task's longest prompt. Slicing or joining gives a plain `str` (every token scored)."""
 
     pieces: tuple[tuple[str, bool], ...]
+    kind: str | None
 
-    def __new__(cls, *pieces: tuple[str, bool]) -> Marked:
+    def __new__(cls, *pieces: tuple[str, bool], kind: str | None = None) -> Marked:
         doc = super().__new__(cls, "".join(text for text, _ in pieces))
         doc.pieces = tuple((str(text), bool(scored)) for text, scored in pieces)
+        doc.kind = kind
         return doc
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Marked, self.pieces)
+        return (_marked, (self.pieces, self.kind))
 
 
-def prompt_answer(prompt: str, answer: str) -> Marked:
-    """A prompt/answer example: only the answer (with its leading space, as the evaluations generate it) is scored,
-    and so is the end-of-document token after it (McGill-NLP/length-generalization 40f8a44, `src/data/
+def _marked(pieces: tuple[tuple[str, bool], ...], kind: str | None) -> Marked:
+    return Marked(*pieces, kind=kind)
+
+
+def prompt_answer(prompt: str, answer: str, kind: str | None = None) -> Marked:
+    """A prompt/answer example of task `kind`: only the answer (with its leading space, as the evaluations generate
+    it) is scored, and so is the end-of-document token after it (McGill-NLP/length-generalization 40f8a44, `src/data/
     s2s_dl_factory.py:343-370`: target = output + EOS, the prompt's labels -100 under `decoder_only_mask_inputs`)."""
-    return Marked((prompt, False), (answer, True))
+    return Marked((prompt, False), (answer, True), kind=kind)
 
 
 def hash_unit(key: bytes) -> float:

@@ -152,7 +152,7 @@ def make_documents(data: TasksDataConfig, n: int, seed_part: int, corpus: str | 
         n_hay = max(length - fixed_chars(episode), 0)
         hay = haystack_text(corpus if data.haystack == "corpus" else None, n_hay, rng)
         prompt, answer = episode_text(episode, hay)
-        docs.append(prompt_answer(prompt, answer))  # the text is prompt + answer; the answer is scored
+        docs.append(prompt_answer(prompt, answer, task.name))  # prompt + answer, the answer scored; its task told
     return docs
 
 
