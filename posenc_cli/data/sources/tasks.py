@@ -1,7 +1,9 @@
 """`data=tasks`: a seeded training mixture of RULER-style retrieval episodes (`posenc_cli.data.ruler`) and plain text.
 
 Each episode draws a task by weight, a length uniform in [data.min_len, data.max_len] characters (raised to what
-its needles, question and answer need) and a depth uniform in [0, 1]; its haystack is the repeated filler
+its needles, question and answer need; with `data.max_len_per_task`, redrawn up to the task's own: tasks take
+different numbers of tokens per character, and each task's training prompts should reach its 1× prompt) and a
+depth uniform in [0, 1]; its haystack is the repeated filler
 (`data.haystack=filler`) or a slice of the corpus (`corpus`, the `data.corpus` source with its default settings,
 the standard library by default). `data.corpus_share` of the documents are plain corpus text of the same lengths
 instead (0: episodes only). Episodes are tokenized by the ordinary token cache, as `data=passkey`'s are, so
@@ -52,7 +54,8 @@ ALL_TASKS = tuple(name for name, task in task_registry().items() if not issubcla
 @dataclass(kw_only=True)
 class TasksDataConfig(DataConfig):
     """`data=tasks`: the tasks and their weights (default equal), the share of plain corpus documents, the corpus and
-    haystack kind, the number of documents (both splits), their length range in characters, the episode sizes
+    haystack kind, the number of documents (both splits), their length range in characters (`max_len_per_task`:
+    each task's own upper end, one per task of `tasks`, as `weights`), the episode sizes
     (`ruler.base.Sizes`, RULER's by default: 4 keys, values, queries and hops, 7-digit values, VT 5-digit values and
     5-letter names), seed. `posenc eval-tasks` asks a run trained on this mixture episodes of the same sizes, and
     generates `tokens_to_generate` tokens per answer (None: RULER's budget per task, 128 NIAH / 30 VT; an evaluation
@@ -72,6 +75,7 @@ class TasksDataConfig(DataConfig):
     episodes: int = 8000
     min_len: int = 0
     max_len: int = 128
+    max_len_per_task: list[int] | None = None
     keys: int = RULER_SIZES.keys
     values: int = RULER_SIZES.values
     queries: int = RULER_SIZES.queries
@@ -105,6 +109,17 @@ class TasksDataConfig(DataConfig):
             raise ConfigError("data.corpus must name another data source (e.g. stdlib)")
         if self.max_len < self.min_len:
             raise ConfigError(f"data.max_len={self.max_len} is below data.min_len={self.min_len}")
+        per = self.max_len_per_task
+        if per is not None and (len(per) != len(self.tasks) or any(n < self.min_len for n in per)):
+            raise ConfigError(
+                f"data.max_len_per_task: one length >= data.min_len={self.min_len} per task in data.tasks "
+                f"({len(self.tasks)}), got {per}"
+            )
+
+    @property
+    def longest(self) -> int:
+        """The longest episode any task may draw, in characters."""
+        return max([self.max_len, *(self.max_len_per_task or [])])
 
     def sizes(self) -> Sizes:
         """The episode sizes of this mixture (and of eval-tasks on a run trained on it)."""
@@ -147,7 +162,10 @@ def make_documents(data: TasksDataConfig, n: int, seed_part: int, corpus: str | 
         if data.corpus_share > 0 and rng.random() < data.corpus_share:
             docs.append(haystack_text(corpus, max(length, 1), rng))
             continue
-        task = tasks[int(rng.choice(len(tasks), p=p))]
+        k = int(rng.choice(len(tasks), p=p))
+        task = tasks[k]
+        if data.max_len_per_task is not None:  # redrawn in the task's range; a mixture without one keeps its stream
+            length = int(rng.integers(data.min_len, data.max_len_per_task[k] + 1))
         episode = task.sample_chars(rng, float(rng.random()), length, sizes)  # a ContextTask fills the length
         n_hay = max(length - fixed_chars(episode), 0)
         hay = haystack_text(corpus if data.haystack == "corpus" else None, n_hay, rng)
@@ -161,6 +179,8 @@ def corpus_info(data: TasksDataConfig, corpus_fingerprint: str | None) -> dict[s
     info = {"source": "tasks", "generator_version": GENERATOR_VERSION, "task_names": list(task_registry())}
     skip = ("source", "cache_dir", "tokens_to_generate")  # not the documents' settings
     info.update({k: v for k, v in dataclasses.asdict(data).items() if k not in skip})
+    if info["max_len_per_task"] is None:  # unset: the fingerprints of mixtures made before the key, unchanged
+        del info["max_len_per_task"]
     info["corpus_fingerprint"] = corpus_fingerprint
     return info
 
@@ -186,7 +206,7 @@ class TasksSource(DataSource):
             train_text = val_text = None
             if inner is not None:
                 train_docs, val_docs, _ = inner.documents()
-                want = 4 * data.max_len * max(data.episodes, 1000)
+                want = 4 * data.longest * max(data.episodes, 1000)
                 train_text = corpus_text(train_docs, min(want, 1 << 24))
                 val_text = corpus_text(val_docs, min(want, 1 << 24)) or train_text
             train = make_documents(data, data.episodes - n_val, 0, train_text)
