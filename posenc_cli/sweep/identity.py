@@ -56,6 +56,7 @@ ADDED_KEYS = (
     "model.qk_norm",
     "model.qk_norm_layers",
     "model.canon",
+    "data.max_len_per_task",
 )
 _ABSENT = object()
 

@@ -28,6 +28,26 @@ FIXED = {
     "sinusoidal": "560c69664d80df29",
 }
 
+# The same for each data source at its defaults (with the default scheme): a key added to one source's config
+# changes only its own sources' identities, which the scheme hashes above cannot see.
+FIXED_SOURCES = {
+    "algorithmic": "bb2254b867e02d34",
+    "hf": "285c030f9da11774",
+    "passkey": "4ff78d3873b34fc5",
+    "stdlib": "64971ef89b6f6e85",
+    "tasks": "0becdd5a50783d1d",
+    "text": "11dfd4afd562a070",
+}
+
+
+@pytest.mark.parametrize("source", sorted(FIXED_SOURCES))
+def test_the_identity_of_each_source_s_defaults_is_what_it_was(source: str) -> None:
+    assert set(FIXED_SOURCES) == set(source_registry()), "a new data source: add its identity at its defaults"
+    identity = job_identity(Config(data=data_config_class(source)()))
+    assert identity_hash(identity) == FIXED_SOURCES[source], (
+        f"a new data.* key of {source} changed its sweep jobs' identities: list it in sweep/identity.py ADDED_KEYS"
+    )
+
 
 @pytest.mark.parametrize("scheme", sorted(FIXED))
 def test_the_identity_of_the_defaults_is_what_it_was(scheme: str) -> None:
