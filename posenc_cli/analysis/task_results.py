@@ -14,11 +14,13 @@ trained on this task" or "longer than its training examples".
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from posenc_cli.analysis.gather import current_checkpoint
+from posenc_cli.analysis.rows import run_identity
 from posenc_cli.evaluation.competence import (
     check_threshold,
     result_competence,
@@ -68,6 +70,7 @@ def _stored(
     out. `docs` caches the files read (several tasks share one)."""
     results = []
     docs = {} if docs is None else docs
+    shared = Counter(r.label for r in records if r.status != "failed")
     for record in records:
         if record.status == "failed":
             continue
@@ -89,7 +92,7 @@ def _stored(
         if cells:
             results.append(
                 {
-                    "run": record.label,
+                    "run": row_label(record, shared[record.label] > 1),
                     "scheme": record.scheme or str(doc.get("scheme", "")),
                     "path": str(record.run_dir),
                     "train_length": doc.get("train_length"),
@@ -98,6 +101,16 @@ def _stored(
                 }
             )
     return results
+
+
+def row_label(record: Any, shared: bool) -> str:
+    """A run's label in a task table, where each run is its own row: the seeds of one experiment share a label (a
+    perplexity table averages them), so a shared label names the run's seed (`rope · seed 1`). (A record without
+    perplexity, such as an answer-only run's, has not read its seed: it is read here.)"""
+    if not shared:
+        return record.label
+    seed = record.seed if record.seed is not None else run_identity(Path(record.run_dir))[1]
+    return record.label if seed is None else f"{record.label} · seed {seed}"
 
 
 def stored_results(

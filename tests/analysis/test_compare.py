@@ -483,3 +483,29 @@ def test_reference_nope_mrr_prints_the_ranking(sweep_dir: Path, monkeypatch: pyt
     assert cells == [["nope", "0.690", "1.000"], ["alibi", "0.500", "0.500"], ["rope", "0.330", "0.333"]]
     bad = runner.invoke(app, ["compare", str(sweep_dir), "--reference", "nope"])
     assert bad.exit_code == 2 and "available: alibi-table2, nope-mrr" in bad.stderr
+
+
+def test_a_task_table_names_the_seed_of_each_run_that_shares_its_label(tmp_path: Path) -> None:
+    """A task table shows each run on its own row: the seeds of one sweep job label ("rope") would be rows that
+    cannot be told apart, so they name their seed; a label no other run has stays as it is."""
+    from posenc_cli.analysis.task_results import stored_task_results
+    from posenc_cli.data.ruler.base import GENERATOR_VERSION
+    from posenc_cli.run.meta import read_run_meta
+
+    out = tmp_path / "sweep"
+    jobs = []
+    for name, scheme, seed in (("s0", "rope", 0), ("s1", "rope", 1), ("a0", "alibi", 0)):
+        fake_run(out / name, scheme, {16: 10.0}, [1.0], seed=seed)
+        cell = {"task": "niah-single", "length": 16, "multiple": 1.0, "depth": 0.0, "trials": 10, "generate": 4,
+                "scoring": "contains", "generator": GENERATOR_VERSION, "status": "ok", "score": 1.0,
+                "checkpoint": checkpoint_identity(read_run_meta(out / name))}  # fmt: skip
+        doc = {"schema_version": 1, "run": name, "scheme": scheme, "train_length": 16, "base_length": 16}
+        (out / name / "eval" / "tasks.json").write_text(json.dumps({**doc, "entries": [cell]}))
+        jobs.append({"stage": "seeds", "name": name, "dir": name, "label": scheme, "parent": None, "swept": {}})
+    (out / "sweep.json").write_text(json.dumps({"schema_version": 1, "sweep": "t", "jobs": jobs}))
+    records = gather([out])
+    assert [r.label for r in records] == ["rope", "rope", "alibi"]
+    assert [r["run"] for r in stored_task_results(records)] == ["rope · seed 0", "rope · seed 1", "alibi"]
+    shown = runner.invoke(app, ["compare", str(out)], terminal_width=250)
+    assert shown.exit_code == 0, shown.output
+    assert "rope · seed 1" in shown.output.split("niah-single")[1]
