@@ -130,3 +130,20 @@ def test_data_command_shows_the_longest_example_and_prompt_of_task_data(corpus_d
     plain = runner.invoke(app, ["data", "data=text", f"data.paths=[{corpus_dir}]"], terminal_width=200)
     assert plain.exit_code == 0 and "longest example" not in plain.output
     assert api.prepare_data(["data=text", f"data.paths=[{corpus_dir}]"])["longest_prompt"] is None
+
+
+def test_data_command_shows_each_task_s_longest_prompt_of_a_mixture() -> None:
+    """A mixture's tasks reach different prompt lengths at one data.max_len: `posenc data` and `api.prepare_data`
+    give each its own, the bound the competence gate holds that task's cells to."""
+    args = ["data", "data=tasks", "data.tasks=[niah-single,variable-tracking]", "data.episodes=200"]
+    shown = runner.invoke(app, [*args, "data.max_len=160"], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    info = api.prepare_data([*args[1:], "data.max_len=160"])
+    by_task = info["longest_prompt_by_task"]
+    assert set(by_task) == {"niah-single", "variable-tracking"} and max(by_task.values()) == info["longest_prompt"]
+    text = " ".join(shown.output.split())
+    assert f"niah-single {by_task['niah-single']}, variable-tracking {by_task['variable-tracking']} tokens" in text
+    own = api.prepare_data([*args[1:], "data.max_len=160", "data.max_len_per_task=[320,160]"])
+    assert own["longest_prompt_by_task"]["niah-single"] > by_task["niah-single"]  # its episodes drawn to 320 chars
+    single = api.prepare_data(["data=tasks", "data.tasks=[niah-single]", "data.episodes=200", "data.max_len=96"])
+    assert single["longest_prompt_by_task"] == {"niah-single": single["longest_prompt"]}
