@@ -27,9 +27,9 @@ def prepare_data(
     `progress(stage, done, total)` follows the reading and tokenizing."""
     # deferred: torch
     from posenc_cli.data.cache import load_corpus
-    from posenc_cli.data.rows import longest_spans
+    from posenc_cli.data.examples import find_examples, longest_spans
 
     cfg = train_config(overrides, config_dir=config_dir)
     corpus = load_corpus(cfg.data, cfg.tokenizer, progress=progress)
-    longest, prompt = longest_spans(corpus.train, corpus.train_scored, corpus.tokenizer.eod_id)
+    longest, prompt = longest_spans(find_examples(corpus.train, corpus.tokenizer.eod_id), corpus.train_scored)
     return {**corpus.info, "longest_example": longest, "longest_prompt": prompt}

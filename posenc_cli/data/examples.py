@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["NO_PROMPT", "Examples", "example_prompts", "find_examples"]
+__all__ = ["NO_PROMPT", "Examples", "example_prompts", "find_examples", "longest_spans"]
 
 NO_PROMPT = -1  # the prompt of an example with no scored token
 
@@ -52,3 +52,16 @@ def example_prompts(examples: Examples, scored: np.ndarray) -> np.ndarray:
     has = (at < marked.size) & (first <= examples.ends)  # (D,) the example holds a scored token
     prompts[has] = first[has] - examples.starts[has] + 1  # the document tokens before it, and the opening [eod]
     return prompts
+
+
+def longest_spans(examples: Examples, scored: np.ndarray | None) -> tuple[int, int | None]:
+    """(the longest example's row length n: [eod] + its document, its split's longest prompt, `example_prompts`;
+    None without a scored mask or a scored token; (0, None) without an example). What a task's 1× prompt must not
+    exceed to be in distribution (issue #38)."""
+    if examples.ends.size == 0:
+        return 0, None
+    longest = int(examples.lengths.max())
+    if scored is None:
+        return longest, None
+    prompts = example_prompts(examples, scored)  # (D,)
+    return longest, int(prompts.max()) if (prompts != NO_PROMPT).any() else None

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from posenc_cli.data.cache import window_index
-from posenc_cli.data.examples import NO_PROMPT, Examples, example_prompts, find_examples
+from posenc_cli.data.examples import Examples, find_examples
 from posenc_cli.errors import ConfigError
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "check_examples_fit",
     "example_rows",
     "find_examples",
-    "longest_spans",
     "packed_rows",
     "stream_rows",
 ]
@@ -57,20 +56,6 @@ class Rows:
     def scored(self) -> int:
         """Targets the loss counts."""
         return int(self.weights.sum()) if self.weights is not None else self.tokens[:, 1:].numel()
-
-
-def longest_spans(tokens: np.ndarray, scored: np.ndarray | None, eod_id: int) -> tuple[int, int | None]:
-    """(the longest example's row length n: [eod] + its document, the longest prompt: the inputs an example's row
-    reads up to and including the one that predicts its first scored token, [eod] included; None without a scored
-    mask or a scored token). What a task's 1× prompt must not exceed to be in distribution (issue #38)."""
-    examples = find_examples(tokens, eod_id)
-    if examples.ends.size == 0:
-        return 0, None
-    longest = int(examples.lengths.max())
-    if scored is None:
-        return longest, None
-    prompts = example_prompts(examples, scored)  # (D,)
-    return longest, int(prompts.max()) if (prompts != NO_PROMPT).any() else None
 
 
 def check_examples_fit(examples: Examples, seq_len: int, packing: str, split: str) -> None:

@@ -42,13 +42,13 @@ from torch import Tensor
 from posenc_cli import __version__
 from posenc_cli.config import Config, config_to_yaml
 from posenc_cli.data.cache import document_starts, load_corpus
+from posenc_cli.data.examples import longest_spans
 from posenc_cli.data.rows import (
     Rows,
     check_examples_fit,
     draw_examples,
     example_rows,
     find_examples,
-    longest_spans,
     packed_rows,
     stream_rows,
 )
@@ -374,7 +374,7 @@ class _Trainer:
             self.examples = find_examples(self.corpus.train, self.tokenizer.eod_id)
             check_examples_fit(self.examples, tc.seq_len, tc.packing, "training")
             # no example it trains on is longer, no answer further in: the gate's in-distribution bound (issue #38)
-            longest, prompt = longest_spans(self.corpus.train, self.corpus.train_scored, self.tokenizer.eod_id)
+            longest, prompt = longest_spans(self.examples, self.corpus.train_scored)
             self.data_info.update(longest_example=longest, longest_prompt=prompt)
         vset = validation_set(
             self.corpus.val,

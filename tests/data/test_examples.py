@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from posenc_cli.data.examples import NO_PROMPT, example_prompts, find_examples
+from posenc_cli.data.examples import NO_PROMPT, example_prompts, find_examples, longest_spans
+from posenc_cli.data.sources.base import prompt_answer
+from posenc_cli.data.tokenizer import ByteTokenizer
 
 EOD = 0
+BYTE = ByteTokenizer()
 
 
 def test_each_example_s_prompt_is_its_inputs_up_to_the_first_scored_target() -> None:
@@ -27,3 +30,18 @@ def test_a_stream_without_scored_tokens_or_examples_has_no_prompt() -> None:
     assert example_prompts(examples, np.zeros(5, dtype=np.uint8)).tolist() == [NO_PROMPT, NO_PROMPT]
     none = find_examples(np.array([1, 2, 3]), EOD)  # no end-of-document: no example
     assert example_prompts(none, np.ones(3, dtype=np.uint8)).size == 0
+
+
+def test_the_longest_example_and_prompt_are_what_a_row_reads() -> None:
+    eod = BYTE.eod_id
+    docs = [prompt_answer("ab", " c"), prompt_answer("defg", " hi"), "plain", prompt_answer("j", " k")]
+    ids, scored = BYTE.encode_scored(docs)
+    examples = find_examples(ids.astype(np.int64), eod)
+    # the longest: [eod] + "defg hi", 8 inputs; its prompt, [eod] + "defg", 5 (the 5th input predicts " ")
+    assert longest_spans(examples, scored) == (8, 5)
+    assert longest_spans(examples, None) == (8, None)  # every token scored: no prompt
+    assert longest_spans(examples, np.zeros_like(scored)) == (8, None)
+    # "plain" has no scored token: it sets the longest example, not the longest prompt
+    ids, scored = BYTE.encode_scored([prompt_answer("ab", " c"), "a longer plain document"])
+    assert longest_spans(find_examples(ids.astype(np.int64), eod), scored) == (24, 3)
+    assert longest_spans(find_examples(np.array([1, 2, 3]), eod), None) == (0, None)  # no end-of-document: no example

@@ -12,7 +12,6 @@ from posenc_cli.data.rows import (
     draw_examples,
     example_rows,
     find_examples,
-    longest_spans,
     packed_rows,
     stream_rows,
 )
@@ -37,18 +36,6 @@ def test_examples_are_the_documents_and_refused_when_too_long() -> None:
     check_examples_fit(ex, 8, "none", "training")
     with pytest.raises(ConfigError, match=r"longest training example is 9 tokens .* set train.seq_len=8 or more"):
         check_examples_fit(ex, 7, "none", "training")
-
-
-def test_the_longest_example_and_prompt_are_what_a_row_reads() -> None:
-    ids, scored = _split()
-    # the longest: [eod] + "defg hi", 8 inputs; its prompt, [eod] + "defg", 5 (the 5th input predicts " ")
-    assert longest_spans(ids, scored, EOD) == (8, 5)
-    assert longest_spans(ids, None, EOD) == (8, None)  # every token scored: no prompt
-    assert longest_spans(ids, np.zeros_like(scored), EOD) == (8, None)
-    # "plain" has no scored token: it sets the longest example, not the longest prompt
-    ids, scored = BYTE.encode_scored([prompt_answer("ab", " c"), "a longer plain document"])
-    assert longest_spans(ids.astype(np.int64), scored, EOD) == (24, 3)
-    assert longest_spans(np.array([1, 2, 3]), None, EOD) == (0, None)  # no end-of-document token: no example
 
 
 def test_one_example_per_row_from_position_0_pads_unscored() -> None:
