@@ -227,6 +227,7 @@ def _fill(record: RunRecord, keep: set[tuple[str, float]] | None = None) -> None
     """The run's stored entries of its current checkpoint (cells of an earlier one, or of none recorded, are not
     measured), within `keep`'s lengths."""
     doc = load_results(record.run_dir, missing_ok=True)
+    record.identity, record.seed, record.train_fingerprint = run_identity(record.run_dir)  # with cells or without
     if answer_only(record.run_dir):
         record.scheme = str(
             (doc or {}).get("scheme") or read_config(record.run_dir, read_meta(record.run_dir)).pos.name
@@ -242,7 +243,6 @@ def _fill(record: RunRecord, keep: set[tuple[str, float]] | None = None) -> None
         record.status = "missing"  # its weights are not the finished run's: cells stored on them are not shown
         record.error = f"incomplete ({why}); resume it with posenc train --resume {record.run_dir}"
         return
-    record.identity, record.seed, record.train_fingerprint = run_identity(record.run_dir)
     record.tokenizer, record.tokenizer_name = run_tokenizer(record.run_dir)
     record.train_length = doc.get("train_length")
     record.base_length = doc.get("base_length")

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from posenc_cli.analysis.gather import current_checkpoint
-from posenc_cli.analysis.rows import run_identity
 from posenc_cli.evaluation.competence import (
     check_threshold,
     result_competence,
@@ -105,12 +104,8 @@ def _stored(
 
 def row_label(record: Any, shared: bool) -> str:
     """A run's label in a task table, where each run is its own row: the seeds of one experiment share a label (a
-    perplexity table averages them), so a shared label names the run's seed (`rope · seed 1`). (A record without
-    perplexity, such as an answer-only run's, has not read its seed: it is read here.)"""
-    if not shared:
-        return record.label
-    seed = record.seed if record.seed is not None else run_identity(Path(record.run_dir))[1]
-    return record.label if seed is None else f"{record.label} · seed {seed}"
+    perplexity table averages them), so a shared label names the run's seed (`rope · seed 1`)."""
+    return f"{record.label} · seed {record.seed}" if shared and record.seed is not None else record.label
 
 
 def stored_results(

@@ -56,11 +56,12 @@ def fake_run(
     seed: int = 0,
     steps: int = 400,
     entries: list[dict[str, Any]] | None = None,
+    loss_on: str = "all",
 ) -> None:
     """A run directory with a config (eval.lengths = `lengths`, train.seed, train.steps) trained on corpus "x",
     and stored results (`entries`, else one per `ppls` length), without any weights."""
     cfg = Config(model=ModelConfig(), pos=config_class(scheme)(name=scheme), eval=EvalConfig(lengths=lengths))
-    cfg.train.seed, cfg.train.steps = seed, steps
+    cfg.train.seed, cfg.train.steps, cfg.train.loss_on = seed, steps, loss_on
     commit_checkpoint(
         run_dir,
         {"config.yaml": config_to_yaml(cfg).encode()},
@@ -494,8 +495,13 @@ def test_a_task_table_names_the_seed_of_each_run_that_shares_its_label(tmp_path:
 
     out = tmp_path / "sweep"
     jobs = []
-    for name, scheme, seed in (("s0", "rope", 0), ("s1", "rope", 1), ("a0", "alibi", 0)):
-        fake_run(out / name, scheme, {16: 10.0}, [1.0], seed=seed)
+    # the rope seeds trained on answers only (no perplexity: their records read no results file), alibi not
+    for name, scheme, seed, loss_on in (
+        ("s0", "rope", 0, "answer"),
+        ("s1", "rope", 1, "answer"),
+        ("a0", "alibi", 0, "all"),
+    ):
+        fake_run(out / name, scheme, {16: 10.0}, [1.0], seed=seed, loss_on=loss_on)
         cell = {"task": "niah-single", "length": 16, "multiple": 1.0, "depth": 0.0, "trials": 10, "generate": 4,
                 "scoring": "contains", "generator": GENERATOR_VERSION, "status": "ok", "score": 1.0,
                 "checkpoint": checkpoint_identity(read_run_meta(out / name))}  # fmt: skip
@@ -505,6 +511,11 @@ def test_a_task_table_names_the_seed_of_each_run_that_shares_its_label(tmp_path:
     (out / "sweep.json").write_text(json.dumps({"schema_version": 1, "sweep": "t", "jobs": jobs}))
     records = gather([out])
     assert [r.label for r in records] == ["rope", "rope", "alibi"]
+    assert [r.status for r in records] == ["answer-only", "answer-only", "ok"] and [r.seed for r in records] == [
+        0,
+        1,
+        0,
+    ]
     assert [r["run"] for r in stored_task_results(records)] == ["rope · seed 0", "rope · seed 1", "alibi"]
     shown = runner.invoke(app, ["compare", str(out)], terminal_width=250)
     assert shown.exit_code == 0, shown.output
