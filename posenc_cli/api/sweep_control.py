@@ -1,7 +1,7 @@
 """What a caller of `run_planned_sweep` needs around it: the ways a sweep stops short (`SweepInterrupted`: a job was
 interrupted; `SelectionPending`: a select stage could not pick yet; `Stopped`: SIGTERM inside `interrupts_raise`),
 the check of a competence threshold before anything is planned, the seconds this process had lived before the sweep
-(its profile's start-up), each select stage's pick as lines, and how a gated stage names a group it left out."""
+(its profile's start-up), and each select stage's pick as lines."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from typing import Any
 from posenc_cli.errors import Stopped, sigterm_raises
 from posenc_cli.evaluation.competence import check_threshold
 from posenc_cli.perf.profiling import process_age_s
-from posenc_cli.sweep.plan import gate_text
 from posenc_cli.sweep.runner import SweepInterrupted
 from posenc_cli.sweep.select import SelectionPending, pick_summary
 
@@ -21,7 +20,6 @@ __all__ = [
     "Stopped",
     "SweepInterrupted",
     "check_competence",
-    "gate_text",
     "interrupts_raise",
     "pick_lines",
     "startup_seconds",

@@ -138,8 +138,10 @@ def _with_picks(
     spec: SweepSpec, overrides: list[str], plans: list[StagePlan], sweep_dir: Path, gate: float
 ) -> tuple[list[StagePlan], dict[str, str]]:
     """`plans` with the pick of every select stage whose grid in `sweep_dir` is finished (read, not recorded), and
-    why each other select stage has none."""
+    why each other select stage has none; a gated stage (`learned_only` / `not_learned_only`) keeps the jobs the
+    gate's verdicts on the runs it follows say it would (a `gate_by` stage whose runs have not all run awaits them)."""
     # deferred: Hydra
+    from posenc_cli.sweep.gating import read_gates
     from posenc_cli.sweep.plan import plan_sweep as plan_stages
     from posenc_cli.sweep.select import SelectionPending, make_pick
 
@@ -151,7 +153,12 @@ def _with_picks(
             picks[plan.stage.name] = make_pick(plan.stage.name, plan.stage.select, plan.jobs, plan.chosen, sweep_dir)
         except SelectionPending as e:
             pending[plan.stage.name] = str(e)
-    return (plan_stages(spec, overrides, picks, gate=gate) if picks else plans), pending
+    if not picks:
+        return plans, pending
+    plans = plan_stages(spec, overrides, picks, gate=gate, gates=read_gates(plans, picks, sweep_dir, gate))
+    if any(plan.awaiting_runs for plan in plans):  # the runs a gate_by stage follows, now that their jobs are known
+        plans = plan_stages(spec, overrides, picks, gate=gate, gates=read_gates(plans, picks, sweep_dir, gate))
+    return plans, pending
 
 
 def default_sweep_dir(name: str) -> Path:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -186,8 +187,6 @@ def _print_plan(
     """The jobs of each stage, readable at 80 columns and piped: the overrides every job of a stage shares once,
     then one row per job with the overrides that tell it apart (its directory name), folded rather than cut. A
     select stage says how it picks; a stage after it, the pick each job runs with or that it awaits it."""
-    from posenc_cli.api.sweep_control import gate_text
-
     pending = pending or {}
     total = sum(len(p.jobs) for p in plans)
     console.print(f"[bold]{name}[/]: {total} job(s) in {len(plans)} stage(s); dry run, nothing was started")
@@ -210,12 +209,20 @@ def _print_plan(
         if plan.awaiting is not None:
             why = pending.get(plan.awaiting, "its grid has not run")
             common.add_row("  awaits:", escape(f"the pick of stage {plan.awaiting} ({why})"))
+        if plan.awaiting_runs is not None:
+            common.add_row("  awaits:", escape(f"the runs of stage {plan.awaiting_runs} (each job runs by its own)"))
         if plan.stage.runs_for is not None:
-            left = ", ".join(f"{group} {gate_text(value, gate)}" for group, value in plan.left_out.items())
-            every = "every group learned" if plan.stage.runs_for == "learned" else "no group learned"
+            left = _left_out_text(plan.left_out, gate)
+            unit = "run" if plan.stage.gate_by else "group"
+            every = f"every {unit} learned" if plan.stage.runs_for == "learned" else f"no {unit} learned"
             known = f"left out: {left}" if left else every
-            unknown = f"the groups whose pick {'passed' if plan.stage.runs_for == 'learned' else 'failed'} the gate"
-            common.add_row(f"  {plan.stage.runs_for} only:", escape(unknown if plan.awaiting else known))
+            passed = "passed" if plan.stage.runs_for == "learned" else "failed"
+            unknown = (
+                f"the jobs whose own run of stage {plan.stage.gate_by} {passed} the gate"
+                if plan.stage.gate_by
+                else f"the groups whose pick {passed} the gate"
+            )
+            common.add_row(f"  {plan.stage.runs_for} only:", escape(unknown if plan.waits else known))
         console.print(common, highlight=False)
         with_parent = plan.stage.action == "extend"
         with_pick = plan.stage.after is not None
@@ -235,9 +242,18 @@ def _print_plan(
             why = (
                 f"its parent runs await the pick of stage {plan.awaiting}"
                 if plan.awaiting
-                else f"every group {'failed' if plan.stage.runs_for == 'learned' else 'passed'} the competence gate"
+                else f"every {'run' if plan.stage.gate_by else 'group'} "
+                f"{'failed' if plan.stage.runs_for == 'learned' else 'passed'} the competence gate"
                 if plan.left_out
                 else f"no parent run matches '{plan.stage.parent}'"
             )
             table.add_row("(none)", why, *([""] if with_parent else []), *([""] if with_pick else []))
         console.print(table)
+
+
+def _left_out_text(left_out: dict[str, Any], gate: float, shown: int = 6) -> str:
+    """The groups (or runs) a gated stage left out, each with the gate's verdict; past `shown` of them, how many
+    more (a `gate_by` stage over three seeds of seven schemes leaves out most of its 21 runs)."""
+    parts = [f"{group} {verdict.text(gate)}" for group, verdict in itertools.islice(left_out.items(), shown)]
+    more = len(left_out) - len(parts)
+    return ", ".join(parts) + (f" and {more} more" if more > 0 else "")

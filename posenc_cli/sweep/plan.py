@@ -19,15 +19,17 @@ jobs are planned without it (`StagePlan.awaiting`, validated but without a direc
 with its group's picked overrides, in `<sweep dir>/<stage>/<picked key=value,...>/<swept key=value,...>/`. The pick
 is thus part of a later job's directory and identity: a changed pick plans new jobs (run beside the old ones), never
 reuses results of another setting. With `learned_only: true` (a select stage picking by competence), a group whose
-pick scored below the competence gate gets no jobs (`StagePlan.left_out`): seeds only for the rows that learned;
-`not_learned_only: true` the reverse: more steps only for the rows still below the gate.
+pick did not pass the competence gate gets no jobs (`StagePlan.left_out`): seeds only for the rows that learned;
+`not_learned_only: true` the reverse: more steps only for the rows still below the gate. With `gate_by: <stage>` as
+well, each job is gated by its own run of that earlier stage (the same group, and the values of the keys that stage
+sweeps), so the stage waits for that stage's runs (`StagePlan.awaiting_runs`); the verdicts come from
+`sweep.gating.read_gates`.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,7 @@ from posenc_cli.run.device import resolve_device
 from posenc_cli.run.drope import check_drope
 from posenc_cli.run.meta import is_run_dir
 from posenc_cli.run.train import check_budget
+from posenc_cli.sweep.gating import RunGate
 from posenc_cli.sweep.hydra_bridge import job_name, parse_overrides
 from posenc_cli.sweep.identity import (
     difference,
@@ -73,11 +76,13 @@ class Job:
     parent: str | None = None
     after: str | None = None  # the select stage whose pick this job runs with
     picked: list[str] | None = None  # that pick's override lines for the job's group (None: not made yet)
+    gated_by: str | None = None  # a `gate_by` stage's job before its gate's runs ran: whether it runs is not known
 
     @property
     def resolved(self) -> bool:
-        """False for a job that awaits its select stage's pick (it has no directory yet)."""
-        return self.after is None or self.picked is not None
+        """False for a job that awaits its select stage's pick (it has no directory yet), or the runs of the stage
+        that decide whether it runs (it is planned, validated and shown, but neither recorded nor run yet)."""
+        return (self.after is None or self.picked is not None) and self.gated_by is None
 
     def dir(self, sweep_dir: Path) -> Path:
         if self.after is not None:
@@ -111,9 +116,15 @@ class StagePlan:
     swept: dict[str, list[str]]
     jobs: list[Job]
     awaiting: str | None = None
+    awaiting_runs: str | None = None  # a `gate_by` stage's: the stage whose runs' verdicts it needs and lacks
     picked_keys: list[str] = field(default_factory=list)  # an `after` stage's: the keys its select stage picks
     group_by: tuple[str, ...] = ()  # an `after` stage's: its select stage's group keys
-    left_out: dict[str, float] = field(default_factory=dict)  # a `runs_for` stage's groups left out: their competence
+    left_out: dict[str, RunGate] = field(default_factory=dict)  # a `runs_for` stage's groups (or runs) left out
+
+    @property
+    def waits(self) -> bool:
+        """True while its jobs are not all known: a pick or (`gate_by`) an earlier stage's runs are not there yet."""
+        return self.awaiting is not None or self.awaiting_runs is not None
 
     @property
     def chosen(self) -> list[str]:
@@ -128,6 +139,7 @@ def plan_sweep(
     picks: Mapping[str, Pick] | None = None,
     *,
     gate: float = DEFAULT_COMPETENCE,
+    gates: Mapping[str, RunGate] | None = None,
 ) -> list[StagePlan]:
     """Expand every stage into its jobs: the cartesian product of swept values, as Hydra's basic sweeper does.
 
@@ -136,9 +148,12 @@ def plan_sweep(
     stage sweeps narrows that sweep to it (`pos=rope`: job `train/pos=rope`, as in the full grid, not `default`). A
     stage `after` a select stage runs once per group of it (the group keys the stage does not set itself are the
     select stage's), each job with its group's pick from `picks` (by select stage name); without one, the stage
-    `awaiting` it. `gate`: the competence a `learned_only` / `not_learned_only` stage compares each pick with (>=).
+    `awaiting` it. A `learned_only` / `not_learned_only` stage keeps the jobs whose pick (or, with `gate_by`, own run
+    of that stage) learned / did not: `gates` holds the verdicts by run (`sweep.gating.read_gates`); a pick without
+    one is judged by its value against `gate` (>=); a `gate_by` stage lacking one awaits that stage's runs.
     """
     picks = picks or {}
+    gates = gates or {}
     user = parse_overrides(user_overrides)
     stage_keys = [set(st.params) for st in spec.stages]
     plans: list[StagePlan] = []
@@ -179,9 +194,19 @@ def plan_sweep(
                 if select is not None:
                     _with_pick(job, select, picks.get(select.stage.name))
                 jobs.append(job)
-        left_out: dict[str, float] = {}
+        left_out: dict[str, RunGate] = {}
+        awaiting_runs = None
+        follows = _own_runs(st, jobs, plans) if st.gate_by is not None else {}
         if select is not None and st.runs_for is not None and st.after in picks:
-            jobs, left_out = _gated_jobs(jobs, picks[st.after], gate, learned=st.runs_for == "learned")
+            learned = st.runs_for == "learned"
+            if st.gate_by is None:
+                jobs, left_out = _gated_by_pick(jobs, picks[st.after], gates, gate, learned=learned)
+            elif all(follows[job.name].key in gates for job in jobs):
+                jobs, left_out = _gated_by_run(jobs, follows, gates, learned=learned)
+            else:
+                awaiting_runs = st.gate_by
+                for job in jobs:
+                    job.gated_by = st.gate_by
         chosen = select.chosen if select is not None else []
         group_by = select.stage.select.group_by if select is not None and select.stage.select is not None else ()
         plans.append(
@@ -191,6 +216,7 @@ def plan_sweep(
                 swept=swept,
                 jobs=jobs,
                 awaiting=awaiting,
+                awaiting_runs=awaiting_runs,
                 picked_keys=chosen,
                 group_by=group_by,
                 left_out=left_out,
@@ -199,29 +225,56 @@ def plan_sweep(
     return plans
 
 
-def _gated_jobs(jobs: list[Job], pick: Pick, gate: float, *, learned: bool) -> tuple[list[Job], dict[str, float]]:
-    """The jobs of a `runs_for` stage whose group's pick passed the competence gate (>= `gate`) when
-    `learned`, else those whose pick did not (no value counts as not learned), and each group left out with its
-    pick's competence (NaN: none)."""
+def _gated_by_pick(
+    jobs: list[Job], pick: Pick, gates: Mapping[str, RunGate], gate: float, *, learned: bool
+) -> tuple[list[Job], dict[str, RunGate]]:
+    """The jobs of a `runs_for` stage whose group's picked run learned (when `learned`; else did not), and each group
+    left out with the verdict on its pick (`gates`', else its value against `gate`)."""
     kept, left_out = [], {}
     for job in jobs:
         group = group_of(job.overrides, pick.rule.group_by)
-        value = pick.chosen_points[group].value
-        if (value is not None and value >= gate) == learned:
+        point = pick.chosen_points[group]
+        verdict = gates.get(point.run) or RunGate.of_value(point.value, gate)
+        if verdict.learned == learned:
             kept.append(job)
         else:
-            left_out[group_text(pick.rule.group_by, group)] = math.nan if value is None else value
+            left_out[group_text(pick.rule.group_by, group)] = verdict
     return kept, left_out
 
 
-def gate_text(competence: float, gate: float = DEFAULT_COMPETENCE) -> str:
-    """How a group a `runs_for` stage left out is named: `not learned (60% < the gate, 90%)`, `learned (100% >= the
-    gate, 90%)`, `not learned (no score)`."""
-    if math.isnan(competence):
-        return "not learned (no score)"
-    if competence >= gate:
-        return f"learned ({competence:.0%} >= the gate, {gate:.0%})"
-    return f"not learned ({competence:.0%} < the gate, {gate:.0%})"
+def _own_runs(st: StageSpec, jobs: list[Job], plans: list[StagePlan]) -> dict[str, Job]:
+    """Each job of `gate_by` stage `st` by name -> its own run of that stage: the same group and the same value of
+    every key that stage sweeps besides; a job with none is refused, in one line."""
+    source = next(plan for plan in plans if plan.stage.name == st.gate_by)
+    keys = [k for k in source.swept if k not in source.group_by]
+    runs = {(group_of(j.overrides, source.group_by), group_of(j.overrides, keys)): j for j in source.jobs}
+    out = {}
+    for job in jobs:
+        found = runs.get((group_of(job.overrides, source.group_by), group_of(job.overrides, keys)))
+        if found is None:
+            given = " ".join(f"{k}={','.join(v)}" for k, v in source.swept.items() if k not in source.group_by)
+            raise ConfigError(
+                f"stage '{st.name}': job {job.name} has no run of stage {source.stage.name} to be gated by (that "
+                f"stage sweeps {given or 'nothing but its groups'}; give each job one of those values)"
+            )
+        out[job.name] = found
+    return out
+
+
+def _gated_by_run(
+    jobs: list[Job], follows: dict[str, Job], gates: Mapping[str, RunGate], *, learned: bool
+) -> tuple[list[Job], dict[str, RunGate]]:
+    """The jobs of a `gate_by` stage whose own run learned (when `learned`; else did not), and each run left out
+    (its group and swept values, 'pos=rope train.seed=1') with its verdict."""
+    kept, left_out = [], {}
+    for job in jobs:
+        run = follows[job.name]
+        verdict = gates[run.key]
+        if verdict.learned == learned:
+            kept.append(job)
+        else:
+            left_out[" ".join(run.swept)] = verdict
+    return kept, left_out
 
 
 def _parent_key(parent: Job) -> str:
@@ -319,9 +372,9 @@ def _parents(st: StageSpec, spec: SweepSpec, plans: list[StagePlan]) -> tuple[li
         hint = suggest(stage_name, list(earlier))
         raise ConfigError(f"stage '{st.name}': parent stage '{stage_name}' is not an earlier stage{hint}")
     wanted = {p.strip() for p in match.split(",") if p.strip()}
-    waits = next(plan.awaiting for plan in plans if plan.stage.name == stage_name)
-    if waits is not None:  # the parent runs' directories depend on a pick not made yet
-        return [], waits
+    source = next(plan for plan in plans if plan.stage.name == stage_name)
+    if source.waits:  # the parent runs' directories depend on a pick not made yet (or are not all known)
+        return [], source.awaiting or source.awaiting_runs
     return [job for job in earlier[stage_name] if wanted <= set(job.overrides)], None
 
 

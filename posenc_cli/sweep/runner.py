@@ -17,6 +17,7 @@ running the sweep again retries those points and picks.
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -27,6 +28,7 @@ from posenc_cli import cpu_load
 from posenc_cli.errors import UserError
 from posenc_cli.fsutil import exclusive_or_fail
 from posenc_cli.report.gate import DEFAULT_COMPETENCE
+from posenc_cli.sweep.gating import read_gates
 from posenc_cli.sweep.hydra_bridge import launch_multirun, launcher_settings, quote_value
 from posenc_cli.sweep.identity import write_planned
 from posenc_cli.sweep.job import INTERNAL_KEY, STOPPED, run_job
@@ -36,7 +38,6 @@ from posenc_cli.sweep.plan import (
     Job,
     StagePlan,
     check_planned,
-    gate_text,
     plan_identities,
     plan_sweep,
     validate_plan,
@@ -50,6 +51,7 @@ from posenc_cli.sweep.select import (
     SelectionPending,
     group_of,
     group_text,
+    line_value,
     make_pick,
     write_pick,
 )
@@ -108,12 +110,13 @@ def run_sweep(
         index = 0
         while index < len(plans):
             plan = plans[index]
-            if plan.awaiting is not None:  # its select stage ran and picked (else `_pick` raised): plan with it
-                waiting = {p.stage.name for p in plans if p.awaiting is not None}
-                plans = plan_sweep(spec, user_overrides, picks, gate=gate)
-                if plans[index].awaiting is not None:
-                    raise RuntimeError(f"stage {plan.stage.name} still awaits the pick of {plan.awaiting}")
-                newly = [p for p in plans if p.stage.name in waiting and p.awaiting is None]
+            if plan.waits:  # what it awaits ran (its select stage picked, else `_pick` raised): plan with it
+                waiting = {p.stage.name for p in plans if p.waits}
+                gates = read_gates(plans, picks, sweep_dir, gate, read_metric)
+                plans = plan_sweep(spec, user_overrides, picks, gate=gate, gates=gates)
+                if plans[index].waits:
+                    raise RuntimeError(f"stage {plan.stage.name} still awaits {plan.awaiting or plan.awaiting_runs}")
+                newly = [p for p in plans if p.stage.name in waiting and not p.waits]
                 configs.update(validate_plan(newly, user_config_dir))
                 identities = plan_identities(plans, configs)
                 check_planned(sweep_dir, newly, identities)
@@ -121,8 +124,8 @@ def run_sweep(
                 write_planned(sweep_dir, {k: v for k, v in identities.items() if k in keys})
                 write_plan(spec, user_overrides, sweep_dir, plans, identities)
                 for p in newly:
-                    for group, value in p.left_out.items():
-                        say("skip", f"stage {p.stage.name}: {group} {gate_text(value, gate)}: no jobs")
+                    for group, verdict in p.left_out.items():
+                        say("skip", f"stage {p.stage.name}: {group} {verdict.text(gate)}: no jobs")
                 continue
             earlier = [job for p in plans[:index] for job in p.jobs]
             reuse_identical(plan.jobs, earlier, identities, sweep_dir, say)  # e.g. seed 0 of a select stage's pick
@@ -206,26 +209,41 @@ def _launches(plan: StagePlan) -> list[_Launch]:
     for job in plan.jobs:
         by_group.setdefault(group_of(job.overrides, plan.group_by), []).append(job)
     launches = []
-    for groups in _merged_groups(by_group, plan.group_by):
-        jobs = [job for group in groups for job in by_group[group]]
-        values: dict[str, list[str]] = {}
-        for group in groups:
-            for k, v in zip(plan.group_by, group, strict=True):
-                if v is not None and v not in values.setdefault(k, []):
-                    values[k].append(v)
-        picked = jobs[0].picked or []
-        shown = ", ".join(group_text(plan.group_by, group) for group in groups)
-        launches.append(
-            _Launch(
-                title=f"stage {name} for {shown} ({' '.join(picked) or 'nothing picked'})",
-                jobs=jobs,
-                fixed=[*(line for key, line in plan.fixed.items() if key not in plan.picked_keys), *picked],
-                fixed_keys=[*plan.fixed, *plan.picked_keys],
-                swept={k: values.get(k, v) for k, v in plan.swept.items()},
-                parent=None,
+    for merged in _merged_groups(by_group, plan.group_by):
+        jobs = [job for group in merged for job in by_group[group]]
+        parts = [jobs] if _is_product(jobs, plan.swept) else [by_group[group] for group in merged]
+        for part in (
+            p for whole in parts for p in ([whole] if _is_product(whole, plan.swept) else [[j] for j in whole])
+        ):
+            groups = list(dict.fromkeys(group_of(job.overrides, plan.group_by) for job in part))
+            picked = part[0].picked or []
+            shown = ", ".join(group_text(plan.group_by, group) for group in groups)
+            launches.append(
+                _Launch(
+                    title=f"stage {name} for {shown} ({' '.join(picked) or 'nothing picked'})",
+                    jobs=part,
+                    fixed=[*(line for key, line in plan.fixed.items() if key not in plan.picked_keys), *picked],
+                    fixed_keys=[*plan.fixed, *plan.picked_keys],
+                    swept=_swept_values(part, plan.swept),
+                    parent=None,
+                )
             )
-        )
     return launches
+
+
+def _swept_values(jobs: Sequence[Job], swept: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The values each swept key takes in `jobs`, in the stage's order (a gated stage may have left some out)."""
+    return {
+        key: [v for v in values if any(line_value(job.swept, key) == v for job in jobs)]
+        for key, values in swept.items()
+    }
+
+
+def _is_product(jobs: Sequence[Job], swept: dict[str, list[str]]) -> bool:
+    """Whether one multirun of `jobs`' swept values runs exactly `jobs` (Hydra sweeps their product): not when a
+    gated stage kept seed 1 of one scheme and seeds 1 and 2 of another."""
+    size = math.prod(len(values) for values in _swept_values(jobs, swept).values())
+    return size == len({job.name for job in jobs})
 
 
 def _merged_groups(by_group: dict[GroupKey, list[Job]], group_by: Sequence[str]) -> list[list[GroupKey]]:

@@ -48,6 +48,8 @@ class StageSpec:
     after: str | None = None  # a train stage's select stage, whose picks its jobs run with
     runs_for: Literal["learned", "not learned"] | None = None  # an `after` stage's: only the groups whose pick
     # passed (`learned_only: true`) or failed (`not_learned_only: true`) the competence gate
+    gate_by: str | None = None  # a `runs_for` stage's: the earlier train stage whose runs, one by one, it is gated
+    # by (each job by its own run there: the same group and values of the keys both stages sweep), not the pick
 
 
 @dataclass(kw_only=True)
@@ -98,6 +100,7 @@ def load_sweep_spec(path: Path) -> SweepSpec:
             "after",
             "learned_only",
             "not_learned_only",
+            "gate_by",
         ]
         bad = set(st) - set(valid)
         if bad:
@@ -115,6 +118,7 @@ def load_sweep_spec(path: Path) -> SweepSpec:
         select = _select_spec(path, st, action)
         after = _after(path, st, action, stages)
         runs_for = _runs_for(path, st, after, stages)
+        gate_by = _gate_by(path, st, after, runs_for, stages)
         stages.append(
             StageSpec(
                 name=str(st["name"]),
@@ -126,6 +130,7 @@ def load_sweep_spec(path: Path) -> SweepSpec:
                 select=select,
                 after=after,
                 runs_for=runs_for,
+                gate_by=gate_by,
             )
         )
     names = [s.name for s in stages]
@@ -225,6 +230,27 @@ def _runs_for(
     if len(wanted) > 1:
         raise ConfigError(f"{path}: stage '{st['name']}': learned_only and not_learned_only exclude each other")
     return wanted[0] if wanted else None
+
+
+def _gate_by(
+    path: Path, st: dict[str, Any], after: str | None, runs_for: str | None, earlier: list[StageSpec]
+) -> str | None:
+    """A gated stage's `gate_by: <stage>`: gate each job by its own run of that earlier train stage (a seed's longer
+    run by that seed's run, say), not by the pick; the stage must run after the same select stage."""
+    gate_by = st.get("gate_by")
+    if gate_by is None:
+        return None
+    name = f"{path}: stage '{st['name']}'"
+    if runs_for is None:
+        raise ConfigError(f"{name}: gate_by needs learned_only: true or not_learned_only: true")
+    candidates = [s.name for s in earlier if s.action == "train" and s.after == after]
+    if gate_by not in candidates:
+        hint = suggest(str(gate_by), candidates)
+        raise ConfigError(
+            f"{name}: gate_by: '{gate_by}'{hint} is not an earlier train stage with after: {after} "
+            f"(those: {', '.join(candidates) or 'none'})"
+        )
+    return str(gate_by)
 
 
 def _param_str(value: Any) -> str:

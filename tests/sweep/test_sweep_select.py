@@ -19,12 +19,12 @@ from posenc_cli.cli import app
 from posenc_cli.errors import ConfigError
 from posenc_cli.run.journal import commit_checkpoint
 from posenc_cli.sweep import runner as sweep_runner
+from posenc_cli.sweep.gating import RunGate
 from posenc_cli.sweep.identity import read_planned
 from posenc_cli.sweep.markers import mark_done, record_failure
 from posenc_cli.sweep.plan import (
     StagePlan,
     check_planned,
-    gate_text,
     plan_identities,
     plan_sweep,
     read_plan,
@@ -500,7 +500,7 @@ def test_a_learned_only_stage_runs_only_the_groups_whose_pick_passed_the_gate(tm
     pick = _gated_pick(tmp_path, spec)
     _, seeds, yarn = plan_sweep(spec, [], {"grid": pick})
     assert sorted(j.name for j in seeds.jobs) == ["pos=rope,train.seed=0", "pos=rope,train.seed=1"]
-    assert seeds.left_out == {"pos=alibi": pytest.approx(0.89)}
+    assert {group: v.accuracy for group, v in seeds.left_out.items()} == {"pos=alibi": pytest.approx(0.89)}
     assert len(yarn.jobs) == 2  # the rope seeds it derives from are still planned
     # Without learned_only the same pick plans every group.
     plain = load_sweep_spec(write(tmp_path, LEARNED_ONLY.replace("    learned_only: true\n", "")))
@@ -513,15 +513,18 @@ def test_a_not_learned_only_stage_runs_only_the_groups_whose_pick_failed_the_gat
     pick = _gated_pick(tmp_path, spec)
     _, seeds, yarn = plan_sweep(spec, [], {"grid": pick})
     assert sorted(j.name for j in seeds.jobs) == ["pos=alibi,train.seed=0", "pos=alibi,train.seed=1"]
-    assert seeds.left_out == {"pos=rope": pytest.approx(0.9)}
+    assert {group: v.accuracy for group, v in seeds.left_out.items()} == {"pos=rope": pytest.approx(0.9)}
     assert yarn.jobs == []  # its parents are rope's seeds, not planned
 
 
 def test_a_gated_stage_names_each_group_it_leaves_out_by_the_gate() -> None:
-    assert gate_text(0.6) == "not learned (60% < the gate, 90%)"
-    assert gate_text(0.9) == "learned (90% >= the gate, 90%)"
-    assert gate_text(0.6, 0.5) == "learned (60% >= the gate, 50%)"
-    assert gate_text(math.nan) == "not learned (no score)"
+    assert RunGate.of_value(0.6, 0.9).text(0.9) == "not learned (60% < the gate, 90%)"
+    assert RunGate.of_value(0.9, 0.9).text(0.9) == "learned (90% >= the gate, 90%)"
+    assert RunGate.of_value(0.6, 0.5).text(0.5) == "learned (60% >= the gate, 50%)"
+    assert RunGate.of_value(math.nan, 0.9).text(0.9) == "not learned (no score)"
+    # the gate's own verdict: a mixture's mean above the gate with one task below it did not learn
+    assert RunGate(0.93, False).text(0.9) == "not learned (93% on average, a task below the gate, 90%)"
+    assert RunGate(None, False, "not measured").text(0.9) == "not learned (not measured)"
 
 
 def test_a_gated_stage_compares_each_pick_with_the_sweeps_competence_gate(tmp_path: Path) -> None:
