@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from posenc_cli.config import config_dir
+from posenc_cli.sweep.gating import RunGate
 from posenc_cli.sweep.identity import identity_hash
 from posenc_cli.sweep.plan import StagePlan, plan_identities, plan_sweep, validate_plan
 from posenc_cli.sweep.select import GridJob, GridPoint, Pick, group_of, line_value
@@ -23,15 +24,24 @@ DESIGNS = {  # name: (stage, action, jobs planned, the select stage it awaits) i
         ("long", "train", 7, "grid"),
         ("long-drope", "train", 1, "grid-drope"),
     ],
-    "hybrids-niah": [("grid", "select", 14, None), ("seeds", "train", 21, "grid"), ("long", "train", 7, "grid")],
+    "hybrids-niah": [("grid", "select", 14, None), ("seeds", "train", 21, "grid"), ("long", "train", 21, "grid")],
 }
 TEXT_ONLY = [("text", "train", 7, None), ("text-drope", "train", 1, None)]  # data-dependent: the niah stages moved out
 
 
-def plans_of(name: str, picks: dict[str, Pick] | None = None) -> list[StagePlan]:
+def plans_of(
+    name: str, picks: dict[str, Pick] | None = None, gates: dict[str, RunGate] | None = None
+) -> list[StagePlan]:
     path = find_sweep_file(name, [config_dir()])
     assert path.read_text().startswith(f"# posenc sweep {name} ")
-    return plan_sweep(load_sweep_spec(path), [], picks)
+    return plan_sweep(load_sweep_spec(path), [], picks, gates=gates)
+
+
+def seed_gates(plans: list[StagePlan], competence: float, below: tuple[str, ...] = ()) -> dict[str, RunGate]:
+    """The verdict on every run of stage `seeds` (what its finished runs would give): `competence` for all, 0.5 for
+    the job names in `below`."""
+    seeds = next(p for p in plans if p.stage.name == "seeds")
+    return {j.key: RunGate.of_value(0.5 if j.name in below else competence, 0.9) for j in seeds.jobs}
 
 
 def pick_all(plan: StagePlan, lr: str, competence: float = 1.0) -> Pick:
@@ -80,17 +90,34 @@ def test_drope_drops_at_seven_eighths_of_each_stage_and_no_other_scheme_drops() 
         assert list(cfg.data.tasks) == ["niah-multikey", "niah-multivalue", "niah-multiquery"]
 
 
-@pytest.mark.parametrize("name", sorted(DESIGNS))
-def test_twice_the_steps_only_for_the_picks_below_the_gate(name: str) -> None:
-    """Stage `long` is the learning curve's last point of a scheme that has not learned at the chosen steps
-    (`not_learned_only`): a pick that passed the gate trains no longer run; seeds are trained either way."""
-    plans = plans_of(name)
+def test_twice_the_steps_only_for_the_picks_below_the_gate() -> None:
+    """data-dependent-niah's stage `long` is the learning curve's last point of a scheme whose pick has not learned
+    at the chosen steps (`not_learned_only`): a pick that passed the gate trains no longer run; seeds are trained
+    either way."""
+    plans = plans_of("data-dependent-niah")
     for competence, long_jobs in ((0.95, 0), (0.5, 7)):
         picks = {p.stage.name: pick_all(p, "1e-3", competence) for p in plans if p.stage.action == "select"}
-        by_stage = {p.stage.name: p for p in plans_of(name, picks)}
+        by_stage = {p.stage.name: p for p in plans_of("data-dependent-niah", picks)}
         assert len(by_stage["long"].jobs) == long_jobs
         assert len(by_stage["long"].left_out) == 7 - long_jobs
         assert len(by_stage["seeds"].jobs) == 21
+
+
+def test_twice_the_steps_for_each_seed_below_the_gate() -> None:
+    """hybrids-niah's stage `long` follows each run of `seeds` (`gate_by`): iRoPE's seeds 1 and 2 stayed below the
+    gate where its seed 0, the pick, learned, and they get the longer runs."""
+    plans = plans_of("hybrids-niah")
+    picks = {"grid": pick_all(plans[0], "1e-3", 0.95)}
+    assert plans_of("hybrids-niah", picks)[2].awaiting_runs == "seeds"  # until the seeds ran
+    for competence, below, long_jobs in ((0.95, (), 0), (0.5, (), 21), (0.95, ("pos=irope,train.seed=1",), 1)):
+        gates = seed_gates(plans_of("hybrids-niah", picks), competence, below)
+        long = plans_of("hybrids-niah", picks, gates)[2]
+        assert len(long.jobs) == long_jobs and len(long.left_out) == 21 - long_jobs
+    irope = ("pos=irope,train.seed=1", "pos=irope,train.seed=2")
+    long = plans_of("hybrids-niah", picks, seed_gates(plans_of("hybrids-niah", picks), 0.95, irope))[2]
+    assert [j.key for j in long.jobs] == [f"long/train.lr=1e-3/{name}" for name in irope]
+    (steps,) = {c.train.steps for c in validate_plan([long], None).values()}
+    assert steps == 4000
 
 
 @pytest.mark.parametrize(("name", "grid_count"), [("data-dependent-niah", 2), ("hybrids-niah", 1)])
@@ -100,6 +127,7 @@ def test_seed_zero_of_each_pick_is_the_grid_run(name: str, grid_count: int) -> N
     plans = plans_of(name)
     picks = {p.stage.name: pick_all(p, "3e-4") for p in plans if p.stage.action == "select"}
     resolved = plans_of(name, picks)
+    resolved = plans_of(name, picks, seed_gates(resolved, 0.5))  # hybrids-niah's long: every seed below the gate
     identities = plan_identities(resolved, validate_plan(resolved, None))
     grids = {p.stage.name: p for p in resolved if p.stage.action == "select"}
     grid_ids = {identity_hash(identities[j.key]): j.key for p in grids.values() for j in p.jobs}
