@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from posenc_cli.analysis.curves import curve_frame, curve_table
 from posenc_cli.analysis.longppl_keys import keyed_records
 from posenc_cli.analysis.rows import ANSWER_ONLY, RunRecord, labelled_series, positions_text, same_budget
 from posenc_cli.analysis.task_results import task_frame, task_markdown, task_rows
@@ -505,11 +506,25 @@ class Comparison:
 
     def to_markdown(self) -> str:
         """The bold title, the markdown table, then the legend and caption lines (two spaces: markdown breaks); then,
-        when the runs stored task cells, their table with the competence gate's marks (`task_results.task_markdown`)."""
+        when the runs stored task cells, their table with the competence gate's marks (`task_results.task_markdown`),
+        and the learning curves among the runs (`curves.curve_table`)."""
         columns, rows, title = self.table
         notes = "".join(f"\n{line}  " for line in [table_legend(columns, rows, self.legend), *self.caption] if line)
         tasks = task_markdown(self.records, self.competence)  # the stored task cells, gated, after the table
-        return f"**{title}**\n\n" + to_markdown(columns, rows) + notes + (f"\n\n**Tasks**\n\n{tasks}" if tasks else "")
+        text = f"**{title}**\n\n" + to_markdown(columns, rows) + notes + (f"\n\n**Tasks**\n\n{tasks}" if tasks else "")
+        curves = self.curve_frame()
+        if not curves.empty:
+            headers, cells, caption = curve_table(curves)
+            lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+            lines += ["| " + " | ".join(row) + " |" for row in cells]
+            text += "\n\n**Learning curves** (in-distribution accuracy against training steps)\n\n"
+            text += "\n".join(lines) + f"\n\n{caption}\n"
+        return text
+
+    def curve_frame(self) -> pd.DataFrame:
+        """The learning curves among the runs: each task's in-distribution accuracy and gate at every step count of
+        runs equal but for their steps (`analysis.curves.curve_frame`); empty when there are none."""
+        return curve_frame(self.records, self.competence)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per table row (index "run", the row label): column "n" (runs averaged), then the mean of each

@@ -44,6 +44,7 @@ __all__ = [
     "task_markdown",
     "task_rows",
     "task_summaries",
+    "task_units",
 ]
 
 # The columns results.csv gives a task row (besides the run's label, stage, job, scheme...).
@@ -192,7 +193,7 @@ def _length_rows(result: dict[str, Any], task: str, family: str, scoring: str | 
     return rows
 
 
-def _units(records: Sequence[Any]) -> list[tuple[dict[str, Any], str, str, str | None]]:
+def task_units(records: Sequence[Any]) -> list[tuple[dict[str, Any], str, str, str | None]]:
     """(result doc, task, family, scoring) for every run × task × scoring the records' runs stored."""
     units: list[tuple[dict[str, Any], str, str, str | None]] = []
     for r in stored_task_results(records):
@@ -211,7 +212,7 @@ def task_rows(records: Sequence[Any], threshold: float = DEFAULT_COMPETENCE) -> 
     competence state on that task (`report.gate`)."""
     check_threshold(threshold)
     rows = []
-    for result, task, family, scoring in _units(records):
+    for result, task, family, scoring in task_units(records):
         gate = result_competence(result, task, family, threshold, scoring)
         for cell in _length_rows(result, task, family, scoring):
             rows.append(
@@ -240,7 +241,7 @@ def task_frame(records: Sequence[Any], threshold: float = DEFAULT_COMPETENCE) ->
 
     check_threshold(threshold)
     rows = []
-    for result, task, family, scoring in _units(records):
+    for result, task, family, scoring in task_units(records):
         gate = result_competence(result, task, family, threshold, scoring)
         cells = _length_rows(result, task, family, scoring)
         if family == "algorithmic":

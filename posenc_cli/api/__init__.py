@@ -12,6 +12,7 @@ kind), and take the commands' defaults::
     api.evaluate([run.run_dir, child.out_dir], lengths=[1, 2, 4])
     api.compare([run.run_dir, child.out_dir])  # a pandas DataFrame: one row per run, one column per length
     api.task_scores(["sweeps/tasks"])  # task cells per run × task, with the competence gate's verdict
+    api.learning_curves(["sweeps/tasks"])  # in-distribution accuracy against steps, runs equal but for them
     report = api.sweep("extrapolation", ["train.steps=200"], out="sweeps/main")  # report.comparison.to_frame()
 
 Layout follows litgpt's `api.py` beside its `__main__.py` (commands as plain typed functions): the command decides
@@ -27,7 +28,15 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time `__getattr_
     from posenc_cli.analysis.compare import Comparison
     from posenc_cli.api.benchmarking import bench, cost_curve
     from posenc_cli.api.calibration import calibrate
-    from posenc_cli.api.comparing import REFERENCES, CompareReport, TextTable, compare, comparison, task_scores
+    from posenc_cli.api.comparing import (
+        REFERENCES,
+        CompareReport,
+        TextTable,
+        compare,
+        comparison,
+        learning_curves,
+        task_scores,
+    )
     from posenc_cli.api.data import prepare_data
     from posenc_cli.api.evaluation import (
         Evaluation,
@@ -79,6 +88,7 @@ _HOME = {
     "compare": "posenc_cli.api.comparing",
     "comparison": "posenc_cli.api.comparing",
     "task_scores": "posenc_cli.api.comparing",
+    "learning_curves": "posenc_cli.api.comparing",
     "prepare_data": "posenc_cli.api.data",
     "Evaluation": "posenc_cli.api.evaluation",
     "TaskEvaluation": "posenc_cli.api.evaluation",
@@ -157,6 +167,7 @@ __all__ = [
     "export",
     "extend",
     "is_main_process",
+    "learning_curves",
     "load_model",
     "one_method",
     "plan_sweep",

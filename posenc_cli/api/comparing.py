@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from posenc_cli.analysis.compare import METRICS, Comparison, to_results, write_outputs
+from posenc_cli.analysis.curves import curve_table
 from posenc_cli.analysis.gather import gather
 from posenc_cli.analysis.longppl_keys import keyed_records
 from posenc_cli.errors import ConfigError, UserError
@@ -22,7 +23,17 @@ if TYPE_CHECKING:
     from posenc_cli.perf.costs import RunCost
     from posenc_cli.report.reference_tables import ReferenceTable
 
-__all__ = ["REFERENCES", "CompareReport", "TextTable", "compare", "comparison", "reference_view", "task_scores"]
+__all__ = [
+    "REFERENCES",
+    "CompareReport",
+    "TextTable",
+    "compare",
+    "comparison",
+    "curve_view",
+    "learning_curves",
+    "reference_view",
+    "task_scores",
+]
 
 PathLike = str | Path
 
@@ -40,12 +51,14 @@ class TextTable:
 @dataclass
 class CompareReport:
     """What `posenc compare` shows: the comparison itself, and the extras asked for: a paper's table beside it
-    (`reference`), the NoPE paper's MRR ranking (`mrr`: `analysis.mrr.nope_mrr`), each run's costs (`costs`)."""
+    (`reference`), the NoPE paper's MRR ranking (`mrr`: `analysis.mrr.nope_mrr`), each run's costs (`costs`); and the
+    learning curves among the runs, when some differ only in their steps (`curves`)."""
 
     comparison: Comparison
     reference: TextTable | None = None
     mrr: pd.DataFrame | None = None
     costs: list[RunCost] | None = None
+    curves: TextTable | None = None  # the learning curves among the runs (`curve_view`), None when there are none
 
 
 REFERENCES = ("nope-mrr",)  # besides `report.reference_tables.REFERENCE_TABLES`
@@ -90,6 +103,7 @@ def comparison(
     if metric == "longppl":
         records = keyed_records(records, longppl_evaluator)
     report = CompareReport(Comparison(records, metric=metric, baseline=baseline, competence=competence))
+    report.curves = curve_view(report.comparison.curve_frame())
     if reference is not None and reference not in REFERENCES:
         if reference not in REFERENCE_TABLES:
             known = ", ".join([*REFERENCE_TABLES, *REFERENCES])
@@ -117,6 +131,26 @@ def reference_view(table: ReferenceTable, records: list[RunRecord]) -> TextTable
     headers, rows = side_by_side(table, results)
     caption = "\n".join([table.citation, *length_notes(table, results)])
     return TextTable(f"ppl(L') / ppl(L): posenc / paper ({table.name})", headers, rows, caption)
+
+
+def curve_view(frame: pd.DataFrame) -> TextTable | None:
+    """The learning curves of `curve_frame` as a table (`analysis.curves.curve_table`), None for no curve."""
+    if frame.empty:
+        return None
+    headers, rows, caption = curve_table(frame)
+    return TextTable("Learning curves: in-distribution accuracy against training steps", headers, rows, caption)
+
+
+def learning_curves(
+    runs: Sequence[PathLike], *, competence: float = DEFAULT_COMPETENCE, all_lengths: bool = False
+) -> pd.DataFrame:
+    """The learning curves among the runs below `runs` as a DataFrame (`analysis.curves.curve_frame`): for runs whose
+    saved configs are equal but for their training steps (a grid run and its pick's run at twice the steps, one seed),
+    one row per curve × task × scoring × steps: in_distribution (the accuracy at the lengths the run trained on),
+    competence (the gate's state at threshold `competence`), learned, run_dir. Empty when no two runs differ only in
+    their steps (issue #38: a row below the gate at twice the chosen steps reads "not learned" with its curve)."""
+    check_threshold(competence)
+    return Comparison(gather([Path(p) for p in runs], all_lengths=all_lengths), competence=competence).curve_frame()
 
 
 def task_scores(

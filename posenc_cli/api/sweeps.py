@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from posenc_cli.analysis.compare import Comparison, write_outputs
 from posenc_cli.analysis.gather import gather
+from posenc_cli.api.comparing import TextTable, curve_view
 from posenc_cli.evaluation.competence import check_threshold
 from posenc_cli.report.gate import DEFAULT_COMPETENCE
 from posenc_cli.run.config_compose import check_override_list
@@ -211,6 +212,7 @@ class SweepReport:
     profile: dict[str, Any]
     attention: Path | None = None
     picks: dict[str, dict[str, Any]] = field(default_factory=dict)  # select stage -> its pick.json
+    curves: TextTable | None = None  # the learning curves among its runs (a grid's and a longer stage's), if any
 
 
 def sweep_report(
@@ -246,7 +248,8 @@ def sweep_report(
     unfinished = [r for r in records if r.status != "ok" and Path(r.run_dir).resolve() in planned]
     failed = sum(r.status == "failed" for r in records)
     picks = _sweep_picks(sweep_dir, ran.plan.plans)
-    return SweepReport(sweep_dir, comp, failed, unfinished, doc, attention, picks)
+    curves = curve_view(comp.curve_frame())
+    return SweepReport(sweep_dir, comp, failed, unfinished, doc, attention, picks, curves)
 
 
 def _sweep_picks(sweep_dir: PathLike, plans: Sequence[StagePlan]) -> dict[str, dict[str, Any]]:

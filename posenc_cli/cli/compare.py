@@ -203,6 +203,8 @@ def compare_command(
         from posenc_cli.cli.tasks import print_task_summary
 
         print_task_summary(report.comparison.records, console, competence=competence)
+        if report.curves is not None:
+            console.print(text_table(report.curves))
     if report.reference is not None:
         console.print(text_table(report.reference))
     if report.mrr is not None:

@@ -78,7 +78,7 @@ def sweep_command(
         interrupts_raise,
         startup_seconds,
     )
-    from posenc_cli.cli.compare import print_comparison
+    from posenc_cli.cli.compare import print_comparison, text_table
     from posenc_cli.cli.profile import print_profile
     from posenc_cli.cli.tasks import print_task_summary
 
@@ -119,6 +119,8 @@ def sweep_command(
     report = api.sweep_report(ran, viz=viz, profile=profile, startup_s=startup_s, competence=competence)
     print_comparison(report.comparison)
     print_task_summary(report.comparison.records, console, competence=competence)  # task scores, gated
+    if report.curves is not None:
+        console.print(text_table(report.curves))
     print_picks(report.picks)
     if report.attention is not None:
         console.print(f"wrote {report.attention}")
