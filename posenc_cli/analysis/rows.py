@@ -324,7 +324,7 @@ def _cluster_tails(clusters: list[list[RunRecord]]) -> dict[int, str]:
     out: dict[int, str] = {}
     for clashing in by_label.values():
         if len(clashing) > 1:
-            for cluster, tail in zip(clashing, _distinct_tails([c[0].run_dir for c in clashing]), strict=True):
+            for cluster, tail in zip(clashing, distinct_tails([c[0].run_dir for c in clashing]), strict=True):
                 out.update((id(r), tail) for r in cluster)
     return out
 
@@ -341,7 +341,7 @@ def _with_setting(label: str, setting: Setting, vary: list[str], corpus_names: d
     return " · ".join([label, *[p or "positions 0..L-1" for p in parts]])
 
 
-def _distinct_tails(paths: list[Path]) -> list[str]:
+def distinct_tails(paths: list[Path]) -> list[str]:
     """The shortest path endings that tell the directories apart ('runs/rope', 'exported/rope')."""
     parts = [Path(p).resolve().parts for p in paths]
     for k in range(1, max(map(len, parts)) + 1):

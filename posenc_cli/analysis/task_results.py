@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from posenc_cli.analysis.gather import current_checkpoint
+from posenc_cli.analysis.rows import distinct_tails
 from posenc_cli.evaluation.competence import (
     check_threshold,
     result_competence,
@@ -70,7 +71,7 @@ def _stored(
     out. `docs` caches the files read (several tasks share one)."""
     results = []
     docs = {} if docs is None else docs
-    shared = Counter(r.label for r in records if r.status != "failed")
+    labels = row_labels(records)
     for record in records:
         if record.status == "failed":
             continue
@@ -92,7 +93,7 @@ def _stored(
         if cells:
             results.append(
                 {
-                    "run": row_label(record, shared[record.label] > 1),
+                    "run": labels[id(record)],
                     "scheme": record.scheme or str(doc.get("scheme", "")),
                     "path": str(record.run_dir),
                     "train_length": doc.get("train_length"),
@@ -107,6 +108,36 @@ def row_label(record: Any, shared: bool) -> str:
     """A run's label in a task table, where each run is its own row: the seeds of one experiment share a label (a
     perplexity table averages them), so a shared label names the run's seed (`rope · seed 1`)."""
     return f"{record.label} · seed {record.seed}" if shared and record.seed is not None else record.label
+
+
+def row_labels(records: Sequence[Any]) -> dict[int, str]:
+    """id(record) -> its row label in a task table (`row_label`; failed records left out). Runs that still share a
+    label (one seed's run at the chosen steps and at twice them, a sweep's `seeds` and `long` stages) are told apart
+    by their stage where the stages differ, else by the shortest ends of their directories."""
+    shown = [r for r in records if r.status != "failed"]
+    shared = Counter(r.label for r in shown)
+    labels = {id(r): row_label(r, shared[r.label] > 1) for r in shown}
+    clashing: dict[str, list[Any]] = {}
+    for r in shown:
+        clashing.setdefault(labels[id(r)], []).append(r)
+    for label, group in clashing.items():
+        if len(group) < 2:
+            continue
+        stages = [str(r.stage) for r in group]
+        unique = all(stages) and len(set(stages)) == len(stages)
+        names = stages if unique else _first_difference([Path(r.run_dir) for r in group])
+        labels.update((id(r), f"{label} · {name}") for r, name in zip(group, names, strict=True))
+    return labels
+
+
+def _first_difference(paths: Sequence[Path]) -> list[str]:
+    """The first directory name in which the paths differ, where it tells each apart ('seeds' and 'long' for
+    <sweep>/seeds/... and <sweep>/long/...); else the shortest ends that do (`rows.distinct_tails`)."""
+    parts = [p.resolve().parts for p in paths]
+    for names in zip(*parts, strict=False):
+        if len(set(names)) > 1:
+            return list(names) if len(set(names)) == len(names) else distinct_tails(list(paths))
+    return distinct_tails(list(paths))
 
 
 def stored_results(

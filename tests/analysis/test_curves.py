@@ -93,3 +93,17 @@ def test_the_points_of_a_curve_are_runs_equal_but_for_their_steps() -> None:
     assert drope is not None and drope_long is not None and drope[0] == drope_long[0] != short[0]
     assert experiment_key(identity(**{"train.steps": 4000, "train.lr": 0.003}))[0] != short[0]  # type: ignore[index]
     assert experiment_key(None) is None
+
+
+def test_runs_of_one_label_and_seed_are_told_apart_in_the_task_tables(tmp_path: Path) -> None:
+    """A seed's run at the chosen steps and at twice them (a sweep's `seeds` and `long` stages) share label and seed:
+    their task rows name where they differ, as they did not (two identical `rope` rows)."""
+    for stage, steps, score in (("seeds", 1, 0.4), ("long", 2, 0.95)):
+        run = tmp_path / stage / "rope"
+        trained = runner.invoke(app, ["train", *TINY, *TRAIN, f"train.steps={steps}", "--out", str(run)])
+        assert trained.exit_code == 0, trained.output
+        cells(run, score)
+    frame = api.task_scores([tmp_path / "seeds", tmp_path / "long"]).set_index("run")
+    assert frame.loc["rope · seed 0 · seeds", "in_distribution"] == pytest.approx(0.4)
+    assert frame.loc["rope · seed 0 · long", "in_distribution"] == pytest.approx(0.95)
+    assert list(api.learning_curves([tmp_path])["steps"]) == [1, 2]
