@@ -98,7 +98,7 @@ def curve_table(frame: pd.DataFrame) -> tuple[list[str], list[list[str]], str]:
     """(headers, rows, caption) of `curve_frame`'s points: one row per curve × task, one column per step count, each
     cell the in-distribution accuracy with the gate's mark ('13% ✗ not learned', '–' where the curve has no run)."""
     steps = sorted({int(s) for s in frame["steps"]})
-    headers = ["curve", "task", *(f"{s:,} steps" for s in steps)]
+    headers = ["curve", "task", *(f"{s:,} step{'' if s == 1 else 's'}" for s in steps)]
     rows = []
     for (curve, task, scoring), part in frame.groupby(["curve", "task", "scoring"], sort=False):
         cells = {int(p.steps): p for p in part.itertuples()}

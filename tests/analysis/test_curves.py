@@ -66,7 +66,7 @@ def test_compare_prints_the_curve_after_the_task_tables(runs: Path) -> None:
     shown = runner.invoke(app, ["compare", str(runs)], terminal_width=200)
     assert shown.exit_code == 0, shown.output
     curves = shown.output[shown.output.index("Learning curves") :]
-    assert "1 steps" in curves and "2 steps" in curves
+    assert "1 step " in curves and "2 steps" in curves
     row = next(line for line in curves.splitlines() if "short · seed 0" in line)
     assert "40% ✗ not learned" in row and "95%" in row
     assert "seed 1" not in curves and "other-lr" not in curves
@@ -77,7 +77,7 @@ def test_compare_prints_the_curve_after_the_task_tables(runs: Path) -> None:
 def test_compare_markdown_has_the_curve_table(runs: Path) -> None:
     shown = runner.invoke(app, ["compare", str(runs), "--format", "markdown"], terminal_width=200)
     assert shown.exit_code == 0, shown.output
-    assert "| curve | task | 1 steps | 2 steps |" in shown.output
+    assert "| curve | task | 1 step | 2 steps |" in shown.output
     assert "| short · seed 0 | niah-single (contains) | 40% ✗ not learned | 95% |" in shown.output
 
 
