@@ -210,11 +210,7 @@ def _launches(plan: StagePlan) -> list[_Launch]:
         by_group.setdefault(group_of(job.overrides, plan.group_by), []).append(job)
     launches = []
     for merged in _merged_groups(by_group, plan.group_by):
-        jobs = [job for group in merged for job in by_group[group]]
-        parts = [jobs] if _is_product(jobs, plan.swept) else [by_group[group] for group in merged]
-        for part in (
-            p for whole in parts for p in ([whole] if _is_product(whole, plan.swept) else [[j] for j in whole])
-        ):
+        for part in _product_parts([by_group[group] for group in merged], plan.swept):
             groups = list(dict.fromkeys(group_of(job.overrides, plan.group_by) for job in part))
             picked = part[0].picked or []
             shown = ", ".join(group_text(plan.group_by, group) for group in groups)
@@ -229,6 +225,15 @@ def _launches(plan: StagePlan) -> list[_Launch]:
                 )
             )
     return launches
+
+
+def _product_parts(groups: list[list[Job]], swept: dict[str, list[str]]) -> list[list[Job]]:
+    """The jobs of `groups` split into multiruns, each running exactly its jobs (Hydra sweeps the product of the
+    values): all together where they are such a product, else each group where it is, else each job alone."""
+    jobs = [job for group in groups for job in group]
+    if _is_product(jobs, swept):
+        return [jobs]
+    return [part for group in groups for part in ([group] if _is_product(group, swept) else [[j] for j in group])]
 
 
 def _swept_values(jobs: Sequence[Job], swept: dict[str, list[str]]) -> dict[str, list[str]]:
