@@ -212,7 +212,8 @@ def _print_plan(
             why = pending.get(plan.awaiting, "its grid has not run")
             common.add_row("  awaits:", escape(f"the pick of stage {plan.awaiting} ({why})"))
         if plan.awaiting_runs is not None:
-            common.add_row("  awaits:", escape(f"the runs of stage {plan.awaiting_runs} (each job runs by its own)"))
+            how = "which decide its parent runs" if plan.stage.action == "extend" else "each job runs by its own"
+            common.add_row("  awaits:", escape(f"the runs of stage {plan.awaiting_runs} ({how})"))
         if plan.stage.runs_for is not None:
             left = _left_out_text(plan.left_out, gate)
             unit = "run" if plan.stage.gate_by else "group"
@@ -244,6 +245,8 @@ def _print_plan(
             why = (
                 f"its parent runs await the pick of stage {plan.awaiting}"
                 if plan.awaiting
+                else f"its parent runs await the runs of stage {plan.awaiting_runs}"
+                if plan.awaiting_runs and plan.stage.action == "extend"
                 else f"every {'run' if plan.stage.gate_by else 'group'} "
                 f"{'failed' if plan.stage.runs_for == 'learned' else 'passed'} the competence gate"
                 if plan.left_out

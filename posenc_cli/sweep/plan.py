@@ -176,7 +176,7 @@ def plan_sweep(
             swept = _after_select(st, fixed, swept, select)
         combos = list(itertools.product(*[[f"{k}={v}" for v in vals] for k, vals in swept.items()])) or [()]
         jobs = []
-        parents, awaiting = _parents(st, spec, plans)
+        parents, awaiting, parent_runs = _parents(st, spec, plans)
         if select is not None and st.after not in picks:
             awaiting = st.after
         for parent in parents:
@@ -195,7 +195,7 @@ def plan_sweep(
                     _with_pick(job, select, picks.get(select.stage.name))
                 jobs.append(job)
         left_out: dict[str, RunGate] = {}
-        awaiting_runs = None
+        awaiting_runs = parent_runs
         follows = _own_runs(st, jobs, plans) if st.gate_by is not None else {}
         if select is not None and st.runs_for is not None and st.after in picks:
             learned = st.runs_for == "learned"
@@ -359,10 +359,11 @@ def _assign(fixed: dict[str, str], swept: dict[str, list[str]], key: str, line: 
         swept[key] = values
 
 
-def _parents(st: StageSpec, spec: SweepSpec, plans: list[StagePlan]) -> tuple[list[Job | None], str | None]:
-    """The runs an extend stage derives from ([None] for other stages), and the pick they await (None if none)."""
+def _parents(st: StageSpec, spec: SweepSpec, plans: list[StagePlan]) -> tuple[list[Job | None], str | None, str | None]:
+    """The runs an extend stage derives from ([None] for other stages), and what they await (None if nothing): the
+    pick of a select stage, or the runs of the stage that gates theirs (`gate_by`)."""
     if st.action != "extend":
-        return [None], None
+        return [None], None, None
     assert st.parent is not None
     stage_name, _, match = st.parent.partition("/")
     if not match:  # "pos=rope" alone means: in the first stage
@@ -373,9 +374,9 @@ def _parents(st: StageSpec, spec: SweepSpec, plans: list[StagePlan]) -> tuple[li
         raise ConfigError(f"stage '{st.name}': parent stage '{stage_name}' is not an earlier stage{hint}")
     wanted = {p.strip() for p in match.split(",") if p.strip()}
     source = next(plan for plan in plans if plan.stage.name == stage_name)
-    if source.waits:  # the parent runs' directories depend on a pick not made yet (or are not all known)
-        return [], source.awaiting or source.awaiting_runs
-    return [job for job in earlier[stage_name] if wanted <= set(job.overrides)], None
+    if source.waits:  # the parent runs' directories depend on a pick not made yet, or are not all known
+        return [], source.awaiting, source.awaiting_runs
+    return [job for job in earlier[stage_name] if wanted <= set(job.overrides)], None, None
 
 
 def _label(st: StageSpec, lines: list[str], parent: Job | None, fixed: dict[str, str]) -> str:

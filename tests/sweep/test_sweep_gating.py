@@ -316,3 +316,19 @@ def test_the_apis_dry_run_reads_the_picks_and_the_gating_runs_from_the_sweep_dir
         finish(job.dir(out))
     plan = api.plan_sweep("mine", config_dir=tmp_path, out=out, check=True)
     assert [j.name for j in plan.plans[2].jobs] == ["pos=rope,train.seed=1", "pos=alibi,train.seed=1"]
+
+
+def test_an_extend_stage_from_a_gate_by_stage_awaits_its_runs_then_derives_from_the_runs_kept(tmp_path: Path) -> None:
+    text = (
+        GATED + "  - name: yarn\n    action: extend\n    parent: long/pos=rope\n    overrides: [extend.method=yarn]\n"
+    )
+    spec = load_sweep_spec(write(tmp_path, text))
+    pick = picked(tmp_path, spec)
+    plans = plan_sweep(spec, [], {"grid": pick})
+    yarn = plans[3]
+    assert yarn.jobs == [] and yarn.awaiting is None and yarn.awaiting_runs == "seeds" and yarn.waits
+    shown = _dry_run(plans, tmp_path).split("stage yarn", 1)[1]
+    assert "awaits: the runs of stage seeds (which decide its parent runs)" in shown
+    assert "its parent runs await the runs of stage seeds" in shown
+    yarn = plan_sweep(spec, [], {"grid": pick}, gates=verdicts(plans[1], SEED_ACCURACY))[3]
+    assert [j.parent for j in yarn.jobs] == ["long/train.lr=0.003/pos=rope,train.seed=1"] and not yarn.waits
