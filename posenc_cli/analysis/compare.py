@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from posenc_cli.analysis.curves import curve_frame, curve_table
+from posenc_cli.analysis.curves import curve_frame, curve_markdown
 from posenc_cli.analysis.longppl_keys import keyed_records
 from posenc_cli.analysis.rows import ANSWER_ONLY, RunRecord, labelled_series, positions_text, same_budget
 from posenc_cli.analysis.task_results import task_frame, task_markdown, task_rows
@@ -507,18 +507,14 @@ class Comparison:
     def to_markdown(self) -> str:
         """The bold title, the markdown table, then the legend and caption lines (two spaces: markdown breaks); then,
         when the runs stored task cells, their table with the competence gate's marks (`task_results.task_markdown`),
-        and the learning curves among the runs (`curves.curve_table`)."""
+        and the learning curves among the runs (`curves.curve_markdown`)."""
         columns, rows, title = self.table
         notes = "".join(f"\n{line}  " for line in [table_legend(columns, rows, self.legend), *self.caption] if line)
         tasks = task_markdown(self.records, self.competence)  # the stored task cells, gated, after the table
         text = f"**{title}**\n\n" + to_markdown(columns, rows) + notes + (f"\n\n**Tasks**\n\n{tasks}" if tasks else "")
-        curves = self.curve_frame()
-        if not curves.empty:
-            headers, cells, caption = curve_table(curves)
-            lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-            lines += ["| " + " | ".join(row) + " |" for row in cells]
-            text += "\n\n**Learning curves** (in-distribution accuracy against training steps)\n\n"
-            text += "\n".join(lines) + f"\n\n{caption}\n"
+        curves = curve_markdown(self.records, self.competence)  # runs equal but for their steps, after the tasks
+        if curves:
+            text += f"\n\n**Learning curves** (in-distribution accuracy against training steps)\n\n{curves}"
         return text
 
     def curve_frame(self) -> pd.DataFrame:

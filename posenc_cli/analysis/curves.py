@@ -25,7 +25,7 @@ from posenc_cli.report.gate import DEFAULT_COMPETENCE, gate_note, gate_text
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["CURVE_COLUMNS", "curve_frame", "curve_table", "experiment_key"]
+__all__ = ["CURVE_COLUMNS", "curve_frame", "curve_markdown", "curve_table", "experiment_key"]
 
 CURVE_COLUMNS = ["curve", "task", "scoring", "steps", "in_distribution", "competence", "learned", "run_dir"]
 STEP_KEYS = ("train.steps", "train.drope_at")  # what may differ between the points of one curve
@@ -50,38 +50,33 @@ def curve_frame(records: Sequence[Any], threshold: float = DEFAULT_COMPETENCE) -
     """Every point of every learning curve in `records` (`analysis.rows.RunRecord`s): one row per curve × task ×
     scoring × steps, columns `CURVE_COLUMNS` (curve: the label of the curve's first run, its seed named; in_distribution
     and competence: the gate's accuracy and state; NaN accuracy when none). Only experiments × seeds with points at
-    two step counts or more; of two runs of one config and seed (a copied grid run), the first."""
+    two step counts or more; of two runs of one config and seed (a copied grid run), the first. Only those runs'
+    results files are read."""
     # deferred: pandas costs seconds of start-up
     import pandas as pd
 
     check_threshold(threshold)
-    by_dir = {str(r.run_dir): r for r in records}
     points: dict[tuple[str, int | None], dict[int, Any]] = {}  # (experiment, seed) -> steps -> record
     for record in records:
         key = experiment_key(record.identity) if record.status != "failed" else None
         if key is not None:
             points.setdefault((key[0], record.seed), {}).setdefault(key[1], record)
-    curves = {group: steps for group, steps in points.items() if len(steps) > 1}
-    names = {}
-    for group, steps in curves.items():
+    named: dict[str, tuple[str, int]] = {}  # the run directory of each point -> (its curve's name, its steps)
+    for steps in (steps for steps in points.values() if len(steps) > 1):
         first = steps[min(steps)]
-        names[group] = first.label if first.seed is None else f"{first.label} · seed {first.seed}"
+        name = first.label if first.seed is None else f"{first.label} · seed {first.seed}"
+        named.update((str(record.run_dir), (name, n)) for n, record in steps.items())
     rows = []
-    for result, task, family, scoring in task_units(records):
-        record = by_dir.get(result["path"])
-        key = experiment_key(record.identity) if record is not None else None
-        if record is None or key is None or (key[0], record.seed) not in curves:
-            continue
-        group = (key[0], record.seed)
-        if curves[group].get(key[1]) is not record:
-            continue  # a second run of the same point
+    chosen = [r for r in records if str(r.run_dir) in named]  # no curve: no results file read
+    for result, task, family, scoring in task_units(chosen) if chosen else []:
+        name, steps = named[result["path"]]
         gate = result_competence(result, task, family, threshold, scoring)
         rows.append(
             {
-                "curve": names[group],
+                "curve": name,
                 "task": task,
                 "scoring": scoring or "",
-                "steps": key[1],
+                "steps": steps,
                 "in_distribution": float("nan") if gate.accuracy is None else gate.accuracy,
                 "competence": gate.status,
                 "learned": gate.learned,
@@ -106,6 +101,17 @@ def curve_table(frame: pd.DataFrame) -> tuple[list[str], list[list[str]], str]:
         rows.append([str(curve), f"{task} ({scoring})" if scoring else str(task), *shown])
     threshold = float(frame.attrs.get("competence", DEFAULT_COMPETENCE))
     return headers, rows, gate_note(threshold)
+
+
+def curve_markdown(records: Sequence[Any], threshold: float = DEFAULT_COMPETENCE) -> str:
+    """The learning curves among the records as a markdown table, then the gate's caption; "" without a curve."""
+    frame = curve_frame(records, threshold)
+    if frame.empty:
+        return ""
+    headers, rows, caption = curve_table(frame)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + f"\n\n{caption}\n"
 
 
 def _cell(point: Any) -> str:

@@ -200,13 +200,7 @@ def _after(path: Path, st: dict[str, Any], action: str, earlier: list[StageSpec]
     if action != "train":
         raise ConfigError(f"{path}: stage '{st['name']}': after: is for a train stage (an {action} stage has none)")
     selects = [s.name for s in earlier if s.action == "select"]
-    if after not in selects:
-        hint = suggest(str(after), selects)
-        raise ConfigError(
-            f"{path}: stage '{st['name']}': after: '{after}'{hint} is not an earlier select stage "
-            f"(earlier select stages: {', '.join(selects) or 'none'})"
-        )
-    return str(after)
+    return _one_of(f"{path}: stage '{st['name']}': after", after, selects, "an earlier select stage")
 
 
 def _runs_for(
@@ -244,13 +238,15 @@ def _gate_by(
     if runs_for is None:
         raise ConfigError(f"{name}: gate_by needs learned_only: true or not_learned_only: true")
     candidates = [s.name for s in earlier if s.action == "train" and s.after == after]
-    if gate_by not in candidates:
-        hint = suggest(str(gate_by), candidates)
-        raise ConfigError(
-            f"{name}: gate_by: '{gate_by}'{hint} is not an earlier train stage with after: {after} "
-            f"(those: {', '.join(candidates) or 'none'})"
-        )
-    return str(gate_by)
+    return _one_of(f"{name}: gate_by", gate_by, candidates, f"an earlier train stage with after: {after}")
+
+
+def _one_of(where: str, value: Any, names: list[str], what: str) -> str:
+    """`value` when it is one of the stage `names`, else a one-line `ConfigError` naming them, with a suggestion."""
+    if value not in names:
+        hint = suggest(str(value), names)
+        raise ConfigError(f"{where}: '{value}'{hint} is not {what} (those: {', '.join(names) or 'none'})")
+    return str(value)
 
 
 def _param_str(value: Any) -> str:
