@@ -21,9 +21,9 @@ from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.evaluation.results import checkpoint_identity, checkpoint_key, load_results
 from posenc_cli.evaluation.runs import find_runs
 from posenc_cli.report.tables import run_label
-from posenc_cli.run.hf_run import is_hf_dir, weights_identity
+from posenc_cli.run.hf_run import weights_identity
 from posenc_cli.run.load import read_config
-from posenc_cli.run.meta import RunMeta, incomplete_reason, read_meta, read_run_meta
+from posenc_cli.run.meta import RunMeta, incomplete_reason, is_hf_dir, read_meta, read_run_meta
 from posenc_cli.sweep.markers import job_status, read_failure
 from posenc_cli.sweep.plan import read_plan
 

@@ -43,9 +43,8 @@ from posenc_cli.errors import UserError
 from posenc_cli.evaluation.algorithmic import load_algorithmic_results
 from posenc_cli.evaluation.competence import DEFAULT_COMPETENCE, algorithmic_competence, check_threshold, gate_status
 from posenc_cli.evaluation.runs import find_runs
-from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.load import read_config
-from posenc_cli.run.meta import incomplete_reason, read_meta
+from posenc_cli.run.meta import incomplete_reason, is_hf_dir, read_meta
 
 __all__ = ["PAPER_MRR", "SCORES", "QueryScore", "mrr_table", "nope_mrr", "query_scores", "reciprocal_ranks"]
 

@@ -20,9 +20,9 @@ from posenc_cli.config import NOT_IDENTITY_KEYS, Config, config_to_dict, flatten
 from posenc_cli.errors import UserError
 from posenc_cli.evaluation.results import cell_group
 from posenc_cli.run.export import EXPORT_INFO_FILE
-from posenc_cli.run.hf_run import TOKENIZER_FILES, is_hf_dir
+from posenc_cli.run.hf_run import TOKENIZER_FILES
 from posenc_cli.run.load import read_config
-from posenc_cli.run.meta import RunMeta, read_meta
+from posenc_cli.run.meta import RunMeta, is_hf_dir, read_meta
 
 # A run trained on answer tokens only (`train.loss_on=answer`): its perplexity over every token of a text would
 # measure tokens it never trained to predict, so the perplexity table leaves it out, saying so; its task tables stay.

@@ -50,8 +50,9 @@ from posenc_cli.evaluation.perplexity.planning import resolve_dtype
 from posenc_cli.evaluation.positions import Positions, trained_positions
 from posenc_cli.run.device import resolve_device
 from posenc_cli.run.device import threads as use_threads
-from posenc_cli.run.hf_run import is_hf_dir, load_hf_run
+from posenc_cli.run.hf_run import load_hf_run
 from posenc_cli.run.load import load_run
+from posenc_cli.run.meta import is_hf_dir
 
 if TYPE_CHECKING:
     from lm_eval.api.instance import Instance

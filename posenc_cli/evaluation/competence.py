@@ -64,9 +64,8 @@ from posenc_cli.report.gate import (
     GateStatus,
     gate_text,
 )
-from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.load import read_config
-from posenc_cli.run.meta import read_meta, read_run_meta
+from posenc_cli.run.meta import is_hf_dir, read_meta, read_run_meta
 
 __all__ = [
     "ALGORITHMIC",

@@ -17,9 +17,8 @@ from posenc_cli.errors import ConfigError, UserError
 from posenc_cli.evaluation.runs import find_runs
 from posenc_cli.positional.layout import LayoutConfig
 from posenc_cli.run import memory
-from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.load import read_config
-from posenc_cli.run.meta import RunMeta, read_meta
+from posenc_cli.run.meta import RunMeta, is_hf_dir, read_meta
 
 __all__ = ["check_grid_fits", "grid_bytes", "position_limit"]
 

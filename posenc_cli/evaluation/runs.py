@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 from posenc_cli.errors import CheckpointError, UserError
 from posenc_cli.run.device import resolve_device
 from posenc_cli.run.device import threads as use_threads
-from posenc_cli.run.hf_run import inspect_hf_dir, is_hf_dir, load_hf_run
+from posenc_cli.run.hf_run import inspect_hf_dir, load_hf_run
 from posenc_cli.run.journal import committed_file
 from posenc_cli.run.load import load_run, read_config
-from posenc_cli.run.meta import NotARunError, read_meta
+from posenc_cli.run.meta import NotARunError, is_hf_dir, read_meta
 
 if TYPE_CHECKING:
     import torch

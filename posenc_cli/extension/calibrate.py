@@ -56,7 +56,6 @@ from posenc_cli.config import Config, config_to_yaml, replace
 from posenc_cli.data.cache import eval_windows, load_corpus
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.child_run import (
-    check_not_parent,
     check_same_keys,
     existing_child,
     is_complete,
@@ -64,13 +63,13 @@ from posenc_cli.extension.child_run import (
     write_scaled_copy,
     writer_lock,
 )
+from posenc_cli.extension.settings import check_not_parent
 from posenc_cli.model import GPT
 from posenc_cli.run.device import threads as use_threads
-from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.journal import commit_checkpoint
 from posenc_cli.run.layout import CONFIG_FILE, MODEL_FILE
 from posenc_cli.run.load import load_run, model_like
-from posenc_cli.run.meta import RunMeta
+from posenc_cli.run.meta import RunMeta, is_hf_dir
 from posenc_cli.run.run_dir import claim_run_dir
 from posenc_cli.run.verified import read_verified
 from posenc_cli.run.weights import model_file_bytes

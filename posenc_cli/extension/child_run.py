@@ -33,7 +33,6 @@ if typing.TYPE_CHECKING:
 __all__ = [
     "IDENTITY_KEYS",
     "LOCK_FILE",
-    "check_not_parent",
     "check_out_dir",
     "check_same_keys",
     "describe_scaling",
@@ -50,12 +49,6 @@ LOCK_FILE = ".extend.lock"  # held by the one `extend` writing an out directory 
 # included), L, the fine-tune (steps, length, lr, warm-up, PoSE), the parent's weights, log-n, the remapping, and
 # the LongRoPE search's settings and scored tokens (`longrope_search.search_identity`).
 IDENTITY_KEYS = ("method", "scaling", "finetune", "parent_weights_sha256", "logn", "remap", "search")
-
-
-def check_not_parent(parent_dir: Path, out_dir: Path) -> None:
-    """Refuse an output directory that is the parent run itself."""
-    if out_dir.exists() and out_dir.resolve() == parent_dir.resolve():
-        raise ConfigError(f"the output directory is the parent run {parent_dir}; extend never modifies its source")
 
 
 def describe_scaling(scaling: Any) -> str:

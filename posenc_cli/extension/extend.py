@@ -25,7 +25,6 @@ from posenc_cli import __version__
 from posenc_cli.config import Config, ExtendConfig, replace
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.child_run import (
-    check_not_parent,
     check_out_dir,
     describe_scaling,
     is_complete,
@@ -35,19 +34,18 @@ from posenc_cli.extension.child_run import (
 from posenc_cli.extension.hf_extend import extend_hf_dir
 from posenc_cli.extension.limits import frequency_numbers
 from posenc_cli.extension.rope_layers import (
-    LAYER_RULES,
     describe_entries,
     rope_entries,
     rope_settings,
     selected_settings,
     with_rope_options,
 )
+from posenc_cli.extension.settings import check_parent, finetune_length, validate_extend
 from posenc_cli.positional.fope import FopeConfig
 from posenc_cli.positional.rope import rotary_dim
-from posenc_cli.rope_scaling import RopeScalingConfig, method_names
+from posenc_cli.rope_scaling import RopeScalingConfig
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.drope import refuse_dropped
-from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.layout import MODEL_FILE
 from posenc_cli.run.load import load_run
 from posenc_cli.run.meta import RunMeta
@@ -57,31 +55,15 @@ from posenc_cli.run.train import train
 
 __all__ = [
     "child_config",
-    "default_out_dir",
     "extend_run",
     "extension_record",
-    "finetune_length",
     "parent_train_length",
     "require_rope",
     "resolve_scaling",
-    "validate_extend",
 ]
 
 # ----------------------------------------------------------------------------------------------------------------
 # Pure pieces.
-
-
-def validate_extend(ext: ExtendConfig) -> None:
-    """One-line `ConfigError` for an unknown method, factor <= 1 or a bad fine-tune setting."""
-    if ext.method not in method_names():  # the registry's (posenc_cli/rope_scaling/)
-        raise ConfigError(f"unknown scaling method '{ext.method}' (available: {', '.join(method_names())})")
-    ext.validate()
-    if ext.layers not in LAYER_RULES:
-        raise ConfigError(f"extend.layers must be one of {', '.join(LAYER_RULES)}, got {ext.layers!r}")
-    if ext.finetune_seq_len is not None and ext.finetune_seq_len < 2:
-        raise ConfigError(f"extend.finetune_seq_len must be >= 2, got {ext.finetune_seq_len}")
-    if ext.finetune_steps > 0 and not ext.finetune_lr > 0:
-        raise ConfigError(f"extend.finetune_lr must be > 0, got {ext.finetune_lr}")
 
 
 def require_rope(cfg: Config, run_dir: Path | str) -> None:
@@ -109,11 +91,6 @@ def resolve_scaling(ext: ExtendConfig, parent_cfg: Config, parent_meta: RunMeta)
         original_length=ext.original_length or parent_train_length(parent_cfg, parent_meta),
         params=ext.params,
     )
-
-
-def finetune_length(ext: ExtendConfig, original_length: int) -> int:
-    """L' = --finetune-seq-len, or round(factor · L)."""
-    return int(ext.finetune_seq_len) if ext.finetune_seq_len is not None else round(ext.factor * original_length)
 
 
 def child_config(
@@ -193,15 +170,6 @@ def extension_record(
     return record
 
 
-def default_out_dir(parent_dir: Path | str, ext: ExtendConfig) -> Path:
-    """`<parent>-<method>x<factor>` next to the parent (plus `-ft<N>` with a fine-tune)."""
-    parent = Path(parent_dir).resolve()
-    name = f"{parent.name}-{ext.method}x{ext.factor:g}"
-    if ext.finetune_steps > 0:
-        name += f"-ft{ext.finetune_steps}" + ("-pose" if ext.pose else "")
-    return parent.with_name(name + ("-logn" if ext.logn else ""))
-
-
 def _frequency_numbers(
     scaling: RopeScalingConfig, rotary: int, base: float
 ) -> tuple[float, dict[str, int], tuple[float, float]]:
@@ -240,13 +208,8 @@ def extend_run(
     """
     validate_extend(ext)
     parent_path, out = Path(parent_dir), Path(out_dir)
-    check_not_parent(parent_path, out)
-
     # a transformers directory: a new transformers directory (posenc_cli/extension/hf_extend.py)
-    if is_hf_dir(parent_path):
-        if ext.logn:
-            raise ConfigError("--logn applies to posenc runs only; transformers directories have no log-n option")
-
+    if check_parent(parent_path, out, logn=ext.logn):
         return extend_hf_dir(parent_path, out, ext)
     with use_threads(threads):
         parent = load_run(parent_path)

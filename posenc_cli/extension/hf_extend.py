@@ -41,7 +41,7 @@ from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.identity import differences
 from posenc_cli.extension.limits import frequency_numbers
-from posenc_cli.extension.rope_layers import LAYER_RULES  # the rules of posenc's own layouts
+from posenc_cli.extension.settings import LAYER_RULES  # the rules of posenc's own layouts
 from posenc_cli.rope_scaling import get_method, registry
 from posenc_cli.run.hf_layers import HFLayout, hf_layout
 from posenc_cli.run.hf_run import CONFIG_FILE, SIDE_FILES, inspect_hf_dir, load_hf_run
@@ -49,7 +49,6 @@ from posenc_cli.run.journal import fsync_dir
 from posenc_cli.run.outcome import ExtendResult
 
 __all__ = [
-    "LAYER_RULES",
     "RECORD_FILE",
     "HFExtendResult",
     "extend_hf_dir",

@@ -39,9 +39,10 @@ import torch.nn.functional as F
 from posenc_cli.config import ExtendConfig, replace
 from posenc_cli.data.cache import eval_windows, load_corpus
 from posenc_cli.errors import ConfigError
-from posenc_cli.extension.child_run import check_not_parent, check_same_keys, existing_child, recorded_extension
-from posenc_cli.extension.extend import parent_train_length, require_rope, validate_extend
+from posenc_cli.extension.child_run import check_same_keys, existing_child, recorded_extension
+from posenc_cli.extension.extend import parent_train_length, require_rope
 from posenc_cli.extension.limits import check_factor
+from posenc_cli.extension.settings import check_parent, check_search_settings, validate_extend
 from posenc_cli.fsutil import atomic_write_json
 from posenc_cli.model import build_model
 from posenc_cli.positional.rope import rotary_dim
@@ -50,7 +51,6 @@ from posenc_cli.rope_scaling.frequencies import scaled_inv_freq
 from posenc_cli.rope_scaling.longrope import LongRopeParams
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.drope import refuse_dropped
-from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.layout import MODEL_FILE
 from posenc_cli.run.load import load_run
 
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
 __all__ = [
     "FACTORS_FILE",
     "SearchResult",
-    "check_search_settings",
     "constrain",
     "crossover",
     "initial_candidates",
@@ -305,22 +304,14 @@ def search_identity(budget: int, seed: int, tokens: int, data: dict[str, Any]) -
     return {"budget": budget, "seed": seed, "tokens": tokens, "data": data}
 
 
-def check_search_settings(budget: int, tokens: int) -> None:
-    """One line for a search budget or a token count below 1."""
-    if budget < 1:
-        raise ConfigError(f"--search-budget must be >= 1, got {budget}")
-    if tokens < 1:
-        raise ConfigError(f"--search-tokens must be >= 1, got {tokens}")
-
-
-def _searchable_run(parent_dir: Path | str, ext: ExtendConfig, budget: int, tokens: int) -> LoadedRun:
-    """The loaded RoPE run to search on; one-line refusals for anything else (before any search)."""
+def _searchable_run(parent_dir: Path, out_dir: Path, ext: ExtendConfig, budget: int, tokens: int) -> LoadedRun:
+    """The loaded RoPE run to search on; one-line refusals for anything else (before any search), `out_dir` the
+    parent included."""
     if ext.method != "longrope":
         raise ConfigError(f"--search finds LongRoPE factors; use it with --longrope, not --method {ext.method}")
     validate_extend(ext)
     check_search_settings(budget, tokens)
-    if is_hf_dir(Path(parent_dir)):
-        raise ConfigError("--search needs a posenc run (it scores candidates on the run's own training data)")
+    check_parent(parent_dir, out_dir, search=True)
     run = load_run(parent_dir)
     refuse_dropped(parent_dir, run.positions_dropped_at, "there are no RoPE frequencies to search")
     require_rope(run.config, parent_dir)
@@ -371,9 +362,8 @@ def searched_factors(
     factors are the child's and the search returned is None. Writes nothing; refused with one line for a run that
     is not RoPE (or a transformers directory), a method other than longrope, and an `out_dir` that is the parent or
     holds something else, before any search."""
-    check_not_parent(Path(parent_dir), Path(out_dir))
     with use_threads(threads):
-        run = _searchable_run(parent_dir, ext, budget, tokens)
+        run = _searchable_run(Path(parent_dir), Path(out_dir), ext, budget, tokens)
         original_length = ext.original_length or parent_train_length(run.config, run.meta)
         check_factor(ext.method, ext.factor, original_length)
         _, data = search_windows(run, round(ext.factor * original_length), tokens)

@@ -15,7 +15,9 @@ an extension is are written once:
 
 Every refusal is a one-line `UserError` raised while planning (bad flag combinations, unknown method, LongRoPE
 without factors, remap settings missing) or by the steps `execute` runs (the parent, the output directory), before
-anything is written. Planning reads nothing but a `--factors` file.
+anything is written. Planning reads nothing but a `--factors` file; the checks of the request and of the parent
+that need no checkpoint (`extension.settings`) come before torch is imported, except that planning a remapping
+imports it (its settings are `positional.remap`'s).
 
 Python use (what `posenc extend RUN --yarn --factor 4 --finetune-steps 60` does):
 
@@ -33,20 +35,19 @@ from typing import TYPE_CHECKING, Any
 
 from posenc_cli.config import ExtendConfig, replace
 from posenc_cli.errors import ConfigError
-from posenc_cli.extension.extend import default_out_dir, extend_run, finetune_length, validate_extend
-from posenc_cli.extension.longrope_search import (
-    Progress,
-    SearchResult,
+from posenc_cli.extension.settings import (
+    check_parent,
     check_search_settings,
-    searched_factors,
-    write_factors,
+    default_out_dir,
+    finetune_length,
+    validate_extend,
 )
-from posenc_cli.extension.remap import remap_out_dir, remap_run
-from posenc_cli.positional.remap import REMAP_METHODS, RemapConfig
 from posenc_cli.rope_scaling import ScalingParams, get_method, make_params, method_names, param_fields
 
 if TYPE_CHECKING:
+    from posenc_cli.extension.longrope_search import Progress, SearchResult
     from posenc_cli.extension.remap import RemapResult
+    from posenc_cli.positional.remap import RemapConfig
     from posenc_cli.run.outcome import ExtendResult
 
 __all__ = [
@@ -100,6 +101,8 @@ class Remap:
     layers: str = _D.layers
 
     def __post_init__(self) -> None:
+        from posenc_cli.positional.remap import REMAP_METHODS  # deferred: torch (a remapping's plan loads it)
+
         if self.remap.method not in REMAP_METHODS:
             raise ConfigError(f"give a remapping method: {' or '.join(REMAP_METHODS)}")
         self.remap.validate()
@@ -199,7 +202,11 @@ def one_method(named: Sequence[str]) -> str | None:
     """The one method among those the command line named (`--method` and the `--<method>` shorthands); None when
     none was; one line when several differ."""
     if len(set(named)) > 1:
-        what = "method" if any(m in REMAP_METHODS for m in named) else "scaling method"
+        what = "scaling method"
+        if not set(named) <= set(method_names()):
+            from posenc_cli.positional.remap import REMAP_METHODS  # deferred: torch, as for planning a remapping
+
+            what = "method" if any(m in REMAP_METHODS for m in named) else what
         raise ConfigError(f"give one {what}, got {', '.join(named)}")
     return named[0] if named else None
 
@@ -210,9 +217,13 @@ def _flag(name: str) -> str:
 
 def plan_extension(req: ExtendRequest) -> Plan:
     """The plan for `req`, or a one-line `ConfigError` for flags that do not fit together (checked in the order
-    `posenc extend` has always checked them). Reads the `--factors` file, nothing else."""
-    if req.method in REMAP_METHODS:
-        return _plan_remap(req)
+    `posenc extend` has always checked them). Reads the `--factors` file, nothing else. Imports no torch unless
+    `req.method` is not a scaling method (a remapping's settings are `positional.remap`'s, which imports it)."""
+    if req.method is not None and req.method not in method_names():
+        from posenc_cli.positional.remap import REMAP_METHODS  # deferred: torch
+
+        if req.method in REMAP_METHODS:
+            return _plan_remap(req)
     if given := [flag for flag in ("window", "group", "leaky") if getattr(req, flag) is not None]:
         raise ConfigError(f"{_flag(given[0])} belongs to --method self-extend or rerope")
     method = req.method if req.method is not None else ("longrope" if req.factors or req.search else _D.method)
@@ -239,6 +250,9 @@ def plan_extension(req: ExtendRequest) -> Plan:
 
 def _plan_remap(req: ExtendRequest) -> Plan:
     """Self-Extend / ReRoPE: none of the scaling, fine-tune or LongRoPE options, and the remapping's own."""
+    from posenc_cli.extension.remap import remap_out_dir  # deferred: torch, as for every remapping
+    from posenc_cli.positional.remap import RemapConfig
+
     method, fields = str(req.method), param_fields()
     given = {
         "factor": req.factor != _D.factor,
@@ -316,6 +330,8 @@ def plan_from_config(ext: ExtendConfig, run: Path | str, out: Path | str, *, thr
     it."""
     remap = None
     if ext.remap != "none":
+        from posenc_cli.positional.remap import RemapConfig  # deferred: torch, for a remapping only
+
         remap = RemapConfig(method=ext.remap, window=ext.remap_window, group=ext.remap_group, leaky=ext.remap_leaky)
     search = None
     if ext.longrope_search:
@@ -368,7 +384,17 @@ def execute(
     """Carry out `plan`: write the child run into `plan.out` (idempotent: a complete child of the same extension is
     reported "already_complete", an interrupted fine-tune resumed). `callback` receives the fine-tune's `train()`
     events, `progress(done, budget, best_ppl)` the search's. `resume=True` requires `plan.out` to hold the extension
-    already (scalings only). Prints nothing."""
+    already (scalings only). Prints nothing.
+
+    The parent is checked first (`settings.check_parent`: it exists, is a transformers directory or a posenc run
+    that finished training, and is not `plan.out`), before the code that loads it (and torch) is imported."""
+    remap, logn = (plan.remap.method, False) if isinstance(plan, Remap) else (None, plan.ext.logn)
+    check_parent(plan.run, plan.out, remap=remap, search=isinstance(plan, SearchThenScale), logn=logn)
+    # deferred: torch, once the refusals that need none are made
+    from posenc_cli.extension.extend import extend_run
+    from posenc_cli.extension.longrope_search import searched_factors, write_factors
+    from posenc_cli.extension.remap import remap_run
+
     if isinstance(plan, Remap):
         outcome = remap_run(plan.run, plan.out, plan.remap, threads=plan.threads, logn=plan.logn, layers=plan.layers)
         return ExtendOutcome(plan, outcome)

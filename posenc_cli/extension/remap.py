@@ -13,7 +13,6 @@ from posenc_cli import __version__
 from posenc_cli.config import replace
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.child_run import (
-    check_not_parent,
     check_out_dir,
     describe_scaling,
     is_complete,
@@ -21,10 +20,10 @@ from posenc_cli.extension.child_run import (
     writer_lock,
 )
 from posenc_cli.extension.rope_layers import describe_entries, rope_entries, selected_settings, with_rope_options
+from posenc_cli.extension.settings import check_parent
 from posenc_cli.positional.remap import RemapConfig, remapped_distance
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.drope import refuse_dropped
-from posenc_cli.run.hf_run import is_hf_dir
 from posenc_cli.run.layout import MODEL_FILE
 from posenc_cli.run.load import load_run
 from posenc_cli.run.run_dir import claim_run_dir
@@ -93,9 +92,7 @@ def remap_run(
         raise ConfigError("give a remapping method: self-extend or rerope")
     remap.validate()
     parent_path, out = Path(parent_dir), Path(out_dir)
-    check_not_parent(parent_path, out)
-    if is_hf_dir(parent_path):
-        raise ConfigError(f"{remap.method} applies to posenc runs only; transformers directories have no remapping")
+    check_parent(parent_path, out, remap=remap.method)
     with use_threads(threads):
         parent = load_run(parent_path)
     refuse_dropped(parent_path, parent.positions_dropped_at, "there are no RoPE positions to remap")

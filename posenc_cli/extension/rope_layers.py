@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from posenc_cli.config import Config, PosConfig, replace
 from posenc_cli.errors import ConfigError
+from posenc_cli.extension.settings import LAYER_RULES
 from posenc_cli.positional.layout import LayoutConfig, parse_entry
 from posenc_cli.positional.rope import RopeConfig
-
-LayerRule = Literal["global", "all"]
-LAYER_RULES: tuple[LayerRule, ...] = ("global", "all")
 
 
 def rope_entries(cfg: Config, rule: str, run_dir: Path | str, what: str = "frequency scaling (extend)") -> list[int]:

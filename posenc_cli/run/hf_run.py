@@ -65,7 +65,7 @@ from posenc_cli.run.config_load import config_from_dict
 from posenc_cli.run.hf_layers import MASK_TYPES, HFLayout, attention_details, hf_layout, train_length, unread_layer_type
 from posenc_cli.run.load import LoadedRun
 from posenc_cli.run.memory import available_memory as cpu_available_memory
-from posenc_cli.run.meta import RunMeta
+from posenc_cli.run.meta import HF_CONFIG_FILE, RunMeta
 from posenc_cli.untrusted import load_json, loads_json
 
 __all__ = [
@@ -78,14 +78,13 @@ __all__ = [
     "config_parameters",
     "forward_bytes",
     "inspect_hf_dir",
-    "is_hf_dir",
     "load_hf_run",
     "stored_parameters",
     "stored_shapes",
     "train_length_override",
 ]
 
-CONFIG_FILE = "config.json"
+CONFIG_FILE = HF_CONFIG_FILE  # config.json (`run.meta.is_hf_dir`)
 KIND = "transformers"
 LEARNED = frozenset({"gpt2", "gpt_neo", "gpt_bigcode", "opt"})  # absolute position tables
 ALIBI = frozenset({"bloom", "mpt"})  # (falcon: ALiBi when its config says `alibi`, else RoPE)
@@ -110,12 +109,6 @@ class LengthBeyondMemory(UserError):
 
 # ----------------------------------------------------------------------------------------------------------------
 # What a directory is.
-
-
-def is_hf_dir(path: Path | str) -> bool:
-    """True when `path` is a directory with a `config.json` (a transformers model directory, maybe not loadable)."""
-    p = Path(path)
-    return p.is_dir() and (p / CONFIG_FILE).is_file() and not (p / "meta.json").is_file()
 
 
 @dataclass(frozen=True)

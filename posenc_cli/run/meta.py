@@ -1,5 +1,5 @@
-"""meta.json: the run metadata schema (`RunMeta`, `TrainingRecord`), reading and validating it, and whether a run
-finished training.
+"""meta.json: the run metadata schema (`RunMeta`, `TrainingRecord`), reading and validating it, whether a run
+finished training, and what a directory is (a posenc run: `is_run_dir`; a transformers model's: `is_hf_dir`).
 
 `RunMeta` is the one type of meta.json; `read_meta` is its one checked reader (the dict, for code that compares or
 rewrites it), `read_run_meta` the typed one; `run.journal.commit_checkpoint` its one writer.
@@ -19,6 +19,7 @@ from posenc_cli.run.layout import KIND, MAX_SMALL_FILE, META_FILE, PENDING, SCHE
 from posenc_cli.untrusted import load_json
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+HF_CONFIG_FILE = "config.json"  # what makes a directory a transformers model's (`is_hf_dir`, `run.hf_run`)
 
 
 # Keys of meta.json that identify the checkpoint (what rebuilds the model and names its lineage); every other key is
@@ -161,6 +162,13 @@ def is_run_dir(path: Path | str) -> bool:
     except (UserError, OSError):
         return False
     return True
+
+
+def is_hf_dir(path: Path | str) -> bool:
+    """True when `path` is a directory with a `config.json` and no meta.json (a transformers model directory, maybe
+    not loadable: `run.hf_run` reads it)."""
+    p = Path(path)
+    return p.is_dir() and (p / HF_CONFIG_FILE).is_file() and not (p / META_FILE).is_file()
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:

@@ -15,7 +15,8 @@ from train_utils import tiny_config, write_corpus
 from posenc_cli.attention import logn_factor
 from posenc_cli.config import Config, ExtendConfig, ModelConfig, TrainConfig, replace
 from posenc_cli.errors import ConfigError, NotExportable
-from posenc_cli.extension.extend import default_out_dir, extend_run
+from posenc_cli.extension.extend import extend_run
+from posenc_cli.extension.settings import default_out_dir
 from posenc_cli.model import GPT, build_model
 from posenc_cli.run.export import check_exportable
 from posenc_cli.run.load import load_run

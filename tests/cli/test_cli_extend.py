@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,6 +126,23 @@ def test_non_empty_out_dir_exits_2(runs: dict[str, Path], tmp_path: Path) -> Non
     assert result.exit_code == 2
     assert "not empty" in result.output
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize("args", [["--yarn"], ["--method", "linear", "--factor", "2"], ["--longrope", "--search"]])
+def test_a_missing_run_is_refused_in_one_line_before_torch(tmp_path: Path, args: list[str]) -> None:
+    """`posenc extend MISSING` exits 2 with one line, and imports no torch (seconds) to say so: `-X importtime`
+    lists every module imported on stderr, before the error line."""
+    missing = tmp_path / "missing"
+    cmd = [sys.executable, "-X", "importtime", "-m", "posenc_cli", "extend", str(missing), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    lines = done.stderr.splitlines()
+    imported = [line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")]
+    assert done.returncode == 2 and done.stdout == ""
+    assert [line for line in lines if not line.startswith("import time:")] == [
+        f"error: run directory {missing} does not exist"
+    ]
+    assert "posenc_cli.extension.plan" in imported
+    assert not [name for name in imported if name == "torch" or name.startswith("torch.")]
 
 
 def test_help_shows_an_example() -> None:

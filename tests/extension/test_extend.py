@@ -12,7 +12,7 @@ from train_utils import nan_loss_at, tiny_config, write_corpus
 
 from posenc_cli.config import ExtendConfig, replace
 from posenc_cli.errors import ConfigError, UserError
-from posenc_cli.extension.extend import default_out_dir, extend_run
+from posenc_cli.extension.extend import extend_run
 from posenc_cli.model import build_model
 from posenc_cli.rope_scaling.frequencies import frequency_regions, scaled_inv_freq
 from posenc_cli.rope_scaling.llama3 import Llama3Params
@@ -213,12 +213,6 @@ def test_resume_requires_an_existing_extension(runs: dict[str, Path], tmp_path: 
     with pytest.raises(UserError, match="no extension to resume"):
         extend_run(runs["rope"], tmp_path / "child", ExtendConfig(), resume=True)
     assert not (tmp_path / "child").exists()
-
-
-def test_default_out_dir_is_next_to_the_parent(tmp_path: Path) -> None:
-    assert default_out_dir(tmp_path / "rope", ExtendConfig(method="yarn", factor=4)) == tmp_path / "rope-yarnx4"
-    ft = ExtendConfig(method="linear", factor=1.5, finetune_steps=60)
-    assert default_out_dir(tmp_path / "rope", ft) == tmp_path / "rope-linearx1.5-ft60"
 
 
 # -- fine-tune --------------------------------------------------------------------------------------------------

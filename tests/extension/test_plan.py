@@ -4,6 +4,8 @@ validated once, and one `execute` that writes LongRoPE's factors file whoever as
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,46 @@ def test_a_sweep_search_writes_the_factors_file_as_the_command_does(rope_run: Pa
     assert json.loads(outcome.factors_file.read_text())["search"]["budget"] == 2
     again = execute(plan_from_config(ext, rope_run, tmp_path / "job"))  # recognised: no search, nothing rewritten
     assert again.result.status == "already_complete" and again.search is None and again.factors_file is None
+
+
+# Plans a request in a fresh interpreter, runs it, and prints the refusal and whether torch was imported.
+_REFUSED = """
+import sys
+from pathlib import Path
+from posenc_cli.config import ExtendConfig
+from posenc_cli.errors import UserError
+from posenc_cli.extension.plan import ExtendRequest, execute, plan_extension, plan_from_config
+run, kind = Path(sys.argv[1]), sys.argv[2]
+try:
+    if kind == "sweep":
+        execute(plan_from_config(ExtendConfig(method="linear", factor=2.0), run, run.with_name("job")))
+    else:
+        execute(plan_extension(ExtendRequest(run=run, search=kind == "search", factor=float(sys.argv[3]))))
+except UserError as e:
+    print(e)
+print("torch loaded:", "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    ("parent", "kind", "factor", "message"),
+    [
+        ("missing", "scale", "4", "run directory {run} does not exist"),
+        ("missing", "search", "4", "run directory {run} does not exist"),
+        ("missing", "sweep", "0", "run directory {run} does not exist"),
+        ("empty", "scale", "4", "{run} is not a posenc run directory (no meta.json)"),
+        ("missing", "scale", "1", "extend.factor must be > 1, got 1.0"),
+    ],
+)
+def test_a_refusal_that_needs_no_checkpoint_comes_before_torch(
+    tmp_path: Path, parent: str, kind: str, factor: str, message: str
+) -> None:
+    """A scaling or a search (from the command or a sweep) of a parent that is not there or not a run, or with a
+    bad setting, is refused in one line without importing torch (which takes seconds)."""
+    run = tmp_path / parent
+    if parent == "empty":
+        run.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", _REFUSED, str(run), kind, factor], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.splitlines() == [message.format(run=run), "torch loaded: False"], done.stderr

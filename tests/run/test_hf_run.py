@@ -16,11 +16,11 @@ from posenc_cli.errors import CheckpointError
 from posenc_cli.run.hf_run import (
     LengthBeyondMemory,
     forward_bytes,
-    is_hf_dir,
     load_hf_run,
     token_byte_counts,
     train_length_override,
 )
+from posenc_cli.run.meta import is_hf_dir
 
 ARCHS = ["llama", "gpt_neox", "gpt2", "qwen2"]
 

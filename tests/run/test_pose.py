@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from posenc_cli.cli import app
 from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import ConfigError
-from posenc_cli.extension.extend import default_out_dir, extend_run
+from posenc_cli.extension.extend import extend_run
+from posenc_cli.extension.settings import default_out_dir
 from posenc_cli.model import GPT
 from posenc_cli.run.load import load_run
 from posenc_cli.run.meta import read_meta
