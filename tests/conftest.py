@@ -21,7 +21,17 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ["COLUMNS"] = "200"
 
 
+def _shared_basenames(root: Path) -> list[str]:
+    """Test module basenames that more than one folder uses (pytest would import only the first of them)."""
+    seen: dict[str, list[Path]] = {}
+    for path in root.rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(path.relative_to(root))
+    return sorted(f"{name} ({', '.join(map(str, sorted(paths)))})" for name, paths in seen.items() if len(paths) > 1)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if shared := _shared_basenames(Path(__file__).parent):
+        raise pytest.UsageError(f"test module basenames must be unique (tests/conftest.py): {'; '.join(shared)}")
     # Parallel workers must share the cores, not fight for them: one intra-op thread per worker.
     import torch
 
