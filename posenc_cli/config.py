@@ -341,6 +341,50 @@ class EvalConfig:
             raise ConfigError("eval.longppl_evaluator: LongPPL is measured on window protocols, not streaming")
 
 
+# Inference-time position remapping of a RoPE run (`positional.remap` holds the maths, `extension.remap` makes the
+# child): its settings live here, with no torch, so `extend` plans a remapping and refuses bad ones before loading it.
+REMAP_METHODS: tuple[str, ...] = ("self-extend", "rerope")
+
+
+@dataclass(kw_only=True)
+class RemapConfig:
+    """`pos.remap`: method `none` (plain RoPE, the default), `self-extend` (window, group) or `rerope` (window,
+    leaky: 0 for ReRoPE, k > 1 for Leaky ReRoPE)."""
+
+    method: str = "none"
+    window: int = 0
+    group: int = 0
+    leaky: float = 0.0
+
+    def validate(self) -> None:
+        if self.method == "none":
+            return
+        if self.method not in REMAP_METHODS:
+            raise ConfigError(f"unknown pos.remap.method '{self.method}' (available: none, {', '.join(REMAP_METHODS)})")
+        if self.window < 1:
+            raise ConfigError(f"{self.method} needs a window >= 1 (pos.remap.window), got {self.window}")
+        if self.method == "self-extend" and self.group < 1:
+            raise ConfigError(f"self-extend needs a group size >= 1 (pos.remap.group), got {self.group}")
+        if self.method == "rerope" and self.leaky != 0 and not self.leaky > 1:
+            raise ConfigError(f"rerope's leaky k must be > 1 (0: not leaky), got {self.leaky}")
+        if self.method == "self-extend" and self.leaky != 0:
+            raise ConfigError("pos.remap.leaky belongs to rerope, not self-extend")
+        if self.method == "rerope" and self.group != 0:
+            raise ConfigError("pos.remap.group belongs to self-extend, not rerope")
+
+    @property
+    def active(self) -> bool:
+        return self.method != "none"
+
+    def describe(self) -> str:
+        """'self-extend W=64 G=4', 'rerope W=64', 'rerope W=64 k=16' or 'none'."""
+        if self.method == "self-extend":
+            return f"self-extend W={self.window} G={self.group}"
+        if self.method == "rerope":
+            return f"rerope W={self.window}" + (f" k={self.leaky:g}" if self.leaky else "")
+        return "none"
+
+
 @dataclass(kw_only=True)
 class ExtendConfig(ScalingSettings):
     """Defaults of `posenc extend` (flags mirror these fields): the scaling settings (`method`, `factor`,

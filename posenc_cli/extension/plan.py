@@ -15,9 +15,9 @@ an extension is are written once:
 
 Every refusal is a one-line `UserError` raised while planning (bad flag combinations, unknown method, LongRoPE
 without factors, remap settings missing) or by the steps `execute` runs (the parent, the output directory), before
-anything is written. Planning reads nothing but a `--factors` file; the checks of the request and of the parent
-that need no checkpoint (`extension.settings`) come before torch is imported, except that planning a remapping
-imports it (its settings are `positional.remap`'s).
+anything is written. Planning reads nothing but a `--factors` file and imports no torch (a remapping's settings are
+`config.RemapConfig`), and `execute` checks the parent (`extension.settings`) before it imports the code that loads
+a checkpoint: every refusal that needs no checkpoint comes before torch.
 
 Python use (what `posenc extend RUN --yarn --factor 4 --finetune-steps 60` does):
 
@@ -33,13 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from posenc_cli.config import ExtendConfig, replace
+from posenc_cli.config import REMAP_METHODS, ExtendConfig, RemapConfig, replace
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.settings import (
     check_parent,
     check_search_settings,
     default_out_dir,
     finetune_length,
+    remap_out_dir,
     validate_extend,
 )
 from posenc_cli.rope_scaling import ScalingParams, get_method, make_params, method_names, param_fields
@@ -47,7 +48,6 @@ from posenc_cli.rope_scaling import ScalingParams, get_method, make_params, meth
 if TYPE_CHECKING:
     from posenc_cli.extension.longrope_search import Progress, SearchResult
     from posenc_cli.extension.remap import RemapResult
-    from posenc_cli.positional.remap import RemapConfig
     from posenc_cli.run.outcome import ExtendResult
 
 __all__ = [
@@ -91,7 +91,7 @@ class Scale:
 @dataclass(frozen=True, kw_only=True)
 class Remap:
     """Remap run `run`'s positions as `remap` says into `out`; `logn`: log-n query scaling (None: as the method's
-    reference, `extend.remap_logn_default`)."""
+    reference, `settings.remap_logn_default`)."""
 
     run: Path
     out: Path
@@ -101,8 +101,6 @@ class Remap:
     layers: str = _D.layers
 
     def __post_init__(self) -> None:
-        from posenc_cli.positional.remap import REMAP_METHODS  # deferred: torch (a remapping's plan loads it)
-
         if self.remap.method not in REMAP_METHODS:
             raise ConfigError(f"give a remapping method: {' or '.join(REMAP_METHODS)}")
         self.remap.validate()
@@ -202,11 +200,7 @@ def one_method(named: Sequence[str]) -> str | None:
     """The one method among those the command line named (`--method` and the `--<method>` shorthands); None when
     none was; one line when several differ."""
     if len(set(named)) > 1:
-        what = "scaling method"
-        if not set(named) <= set(method_names()):
-            from posenc_cli.positional.remap import REMAP_METHODS  # deferred: torch, as for planning a remapping
-
-            what = "method" if any(m in REMAP_METHODS for m in named) else what
+        what = "method" if any(m in REMAP_METHODS for m in named) else "scaling method"
         raise ConfigError(f"give one {what}, got {', '.join(named)}")
     return named[0] if named else None
 
@@ -217,13 +211,9 @@ def _flag(name: str) -> str:
 
 def plan_extension(req: ExtendRequest) -> Plan:
     """The plan for `req`, or a one-line `ConfigError` for flags that do not fit together (checked in the order
-    `posenc extend` has always checked them). Reads the `--factors` file, nothing else. Imports no torch unless
-    `req.method` is not a scaling method (a remapping's settings are `positional.remap`'s, which imports it)."""
-    if req.method is not None and req.method not in method_names():
-        from posenc_cli.positional.remap import REMAP_METHODS  # deferred: torch
-
-        if req.method in REMAP_METHODS:
-            return _plan_remap(req)
+    `posenc extend` has always checked them). Reads the `--factors` file, nothing else; imports no torch."""
+    if req.method in REMAP_METHODS:
+        return _plan_remap(req)
     if given := [flag for flag in ("window", "group", "leaky") if getattr(req, flag) is not None]:
         raise ConfigError(f"{_flag(given[0])} belongs to --method self-extend or rerope")
     method = req.method if req.method is not None else ("longrope" if req.factors or req.search else _D.method)
@@ -250,9 +240,6 @@ def plan_extension(req: ExtendRequest) -> Plan:
 
 def _plan_remap(req: ExtendRequest) -> Plan:
     """Self-Extend / ReRoPE: none of the scaling, fine-tune or LongRoPE options, and the remapping's own."""
-    from posenc_cli.extension.remap import remap_out_dir  # deferred: torch, as for every remapping
-    from posenc_cli.positional.remap import RemapConfig
-
     method, fields = str(req.method), param_fields()
     given = {
         "factor": req.factor != _D.factor,
@@ -330,8 +317,6 @@ def plan_from_config(ext: ExtendConfig, run: Path | str, out: Path | str, *, thr
     it."""
     remap = None
     if ext.remap != "none":
-        from posenc_cli.positional.remap import RemapConfig  # deferred: torch, for a remapping only
-
         remap = RemapConfig(method=ext.remap, window=ext.remap_window, group=ext.remap_group, leaky=ext.remap_leaky)
     search = None
     if ext.longrope_search:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc_cli import __version__
-from posenc_cli.config import replace
+from posenc_cli.config import RemapConfig, replace
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.child_run import (
     check_out_dir,
@@ -20,15 +20,15 @@ from posenc_cli.extension.child_run import (
     writer_lock,
 )
 from posenc_cli.extension.rope_layers import describe_entries, rope_entries, selected_settings, with_rope_options
-from posenc_cli.extension.settings import check_parent
-from posenc_cli.positional.remap import RemapConfig, remapped_distance
+from posenc_cli.extension.settings import check_parent, remap_logn_default
+from posenc_cli.positional.remap import remapped_distance
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.drope import refuse_dropped
 from posenc_cli.run.layout import MODEL_FILE
 from posenc_cli.run.load import load_run
 from posenc_cli.run.run_dir import claim_run_dir
 
-__all__ = ["RemapResult", "remap_logn_default", "remap_out_dir", "remap_run"]
+__all__ = ["RemapResult", "remap_run"]
 
 
 @dataclasses.dataclass
@@ -44,33 +44,6 @@ class RemapResult:
     base_length: int
     largest_distance: dict[int, float]  # tokens -> the largest relative position the model sees at that length
     logn_length: int | None = None  # L of the log-n query scaling the child adds (None: none added)
-
-
-def remap_logn_default(method: str) -> bool:
-    """Whether a remapping scales queries by log-n unless told otherwise: as its reference does.
-
-    ReRoPE and Leaky ReRoPE: yes. bojone/rerope (acfe788) `rerope_patch.py:56` and `leaky_rerope_patch.py:61`
-    multiply every query, before either rotation (so both the windowed and the rectified score), by
-    max(1, log(position_id + 1) / log(training_length)): posenc's `model.attn_scale=logn` with `model.logn_length`
-    = the parent's training length, applied to q before the rotations as well (`CausalSelfAttention.qkv_heads`).
-    Self-Extend: no. datamllab/LongLM (cdbbb06) has the same log-n as an option that is off by default:
-    `SelfExtend.apply(..., scale_base=-1)` (SelfExtend.py:67; "base for the scale, equal to pretraining length"),
-    applied to the query before both the neighbour and the grouped rotation (`self_extend_patch/Llama_4_40.py:108`);
-    `--logn` is that option with scale_base = the parent's training length (recorded in the child's config, meta
-    and directory name).
-    """
-    return method == "rerope"
-
-
-def remap_out_dir(parent_dir: Path | str, remap: RemapConfig, logn: bool | None = None) -> Path:
-    """`<parent>-self-extend-w<W>g<G>`, `<parent>-rerope-w<W>` or `<parent>-rerope-w<W>k<k>` next to the parent,
-    plus `-logn` (Self-Extend with log-n) or `-nologn` (ReRoPE without) when log-n is not the method's default."""
-    parent = Path(parent_dir).resolve()
-    tail = f"g{remap.group}" if remap.method == "self-extend" else (f"k{remap.leaky:g}" if remap.leaky else "")
-    default = remap_logn_default(remap.method)
-    on = default if logn is None else logn
-    tail += "" if on == default else ("-logn" if on else "-nologn")
-    return parent.with_name(f"{parent.name}-{remap.method}-w{remap.window}{tail}")
 
 
 def remap_run(

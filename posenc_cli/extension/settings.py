@@ -3,9 +3,10 @@
 `extension.plan` checks a request with these while planning, and `plan.execute` checks the parent with
 `check_parent` before it imports the code that loads a checkpoint (and torch), so a user error is one line before
 anything costly: an unknown method, factor <= 1, a bad fine-tune, layer rule or search setting (`validate_extend`,
-`check_search_settings`), and a parent that does not exist, is neither a posenc run nor a transformers directory,
-did not finish training, or is the output directory. `extend_run`, `remap_run` and `searched_factors` start with the
-same checks, so called directly they refuse alike.
+`check_search_settings`; a remapping's settings are `config.RemapConfig`'s, as torch-free), and a parent that does
+not exist, is neither a posenc run nor a transformers directory, did not finish training, or is the output directory.
+`extend_run`, `remap_run` and `searched_factors` start with the same checks, so called directly they refuse alike.
+The default output directories are named here too (`default_out_dir`, `remap_out_dir`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from posenc_cli.config import ExtendConfig
+from posenc_cli.config import ExtendConfig, RemapConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.rope_scaling import method_names
 from posenc_cli.run.meta import is_hf_dir, read_meta, require_complete
@@ -26,6 +27,8 @@ __all__ = [
     "check_search_settings",
     "default_out_dir",
     "finetune_length",
+    "remap_logn_default",
+    "remap_out_dir",
     "validate_extend",
 ]
 
@@ -66,6 +69,33 @@ def default_out_dir(parent_dir: Path | str, ext: ExtendConfig) -> Path:
     if ext.finetune_steps > 0:
         name += f"-ft{ext.finetune_steps}" + ("-pose" if ext.pose else "")
     return parent.with_name(name + ("-logn" if ext.logn else ""))
+
+
+def remap_logn_default(method: str) -> bool:
+    """Whether a remapping scales queries by log-n unless told otherwise: as its reference does.
+
+    ReRoPE and Leaky ReRoPE: yes. bojone/rerope (acfe788) `rerope_patch.py:56` and `leaky_rerope_patch.py:61`
+    multiply every query, before either rotation (so both the windowed and the rectified score), by
+    max(1, log(position_id + 1) / log(training_length)): posenc's `model.attn_scale=logn` with `model.logn_length`
+    = the parent's training length, applied to q before the rotations as well (`CausalSelfAttention.qkv_heads`).
+    Self-Extend: no. datamllab/LongLM (cdbbb06) has the same log-n as an option that is off by default:
+    `SelfExtend.apply(..., scale_base=-1)` (SelfExtend.py:67; "base for the scale, equal to pretraining length"),
+    applied to the query before both the neighbour and the grouped rotation (`self_extend_patch/Llama_4_40.py:108`);
+    `--logn` is that option with scale_base = the parent's training length (recorded in the child's config, meta
+    and directory name).
+    """
+    return method == "rerope"
+
+
+def remap_out_dir(parent_dir: Path | str, remap: RemapConfig, logn: bool | None = None) -> Path:
+    """`<parent>-self-extend-w<W>g<G>`, `<parent>-rerope-w<W>` or `<parent>-rerope-w<W>k<k>` next to the parent,
+    plus `-logn` (Self-Extend with log-n) or `-nologn` (ReRoPE without) when log-n is not the method's default."""
+    parent = Path(parent_dir).resolve()
+    tail = f"g{remap.group}" if remap.method == "self-extend" else (f"k{remap.leaky:g}" if remap.leaky else "")
+    default = remap_logn_default(remap.method)
+    on = default if logn is None else logn
+    tail += "" if on == default else ("-logn" if on else "-nologn")
+    return parent.with_name(f"{parent.name}-{remap.method}-w{remap.window}{tail}")
 
 
 def check_not_parent(parent_dir: Path, out_dir: Path) -> None:

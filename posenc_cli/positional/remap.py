@@ -21,60 +21,16 @@ merged before the softmax by a mask on the distance i − j (i, j the position i
 
 RoPE encodes absolute angles, so the remapped score needs q and k rotated a second time (`remapped_positions`); the
 attention then computes both score matrices chunk by chunk (`posenc_cli.attention.attend_remapped`). Pairs with
-i − j < W always take the normal score, so a sequence whose ids span fewer than W positions is plain RoPE.
+i − j < W always take the normal score, so a sequence whose ids span fewer than W positions is plain RoPE. The
+settings (`RemapConfig`: method, window, group, leaky) are `config`'s, which imports no torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 from torch import Tensor
 
-from posenc_cli.errors import ConfigError
-
-RemapMethod = Literal["none", "self-extend", "rerope"]
-REMAP_METHODS: tuple[str, ...] = ("self-extend", "rerope")
-
-
-@dataclass(kw_only=True)
-class RemapConfig:
-    """`pos.remap`: method `none` (plain RoPE, the default), `self-extend` (window, group) or `rerope` (window,
-    leaky: 0 for ReRoPE, k > 1 for Leaky ReRoPE)."""
-
-    method: str = "none"
-    window: int = 0
-    group: int = 0
-    leaky: float = 0.0
-
-    def validate(self) -> None:
-        if self.method == "none":
-            return
-        if self.method not in REMAP_METHODS:
-            raise ConfigError(f"unknown pos.remap.method '{self.method}' (available: none, {', '.join(REMAP_METHODS)})")
-        if self.window < 1:
-            raise ConfigError(f"{self.method} needs a window >= 1 (pos.remap.window), got {self.window}")
-        if self.method == "self-extend" and self.group < 1:
-            raise ConfigError(f"self-extend needs a group size >= 1 (pos.remap.group), got {self.group}")
-        if self.method == "rerope" and self.leaky != 0 and not self.leaky > 1:
-            raise ConfigError(f"rerope's leaky k must be > 1 (0: not leaky), got {self.leaky}")
-        if self.method == "self-extend" and self.leaky != 0:
-            raise ConfigError("pos.remap.leaky belongs to rerope, not self-extend")
-        if self.method == "rerope" and self.group != 0:
-            raise ConfigError("pos.remap.group belongs to self-extend, not rerope")
-
-    @property
-    def active(self) -> bool:
-        return self.method != "none"
-
-    def describe(self) -> str:
-        """'self-extend W=64 G=4', 'rerope W=64', 'rerope W=64 k=16' or 'none'."""
-        if self.method == "self-extend":
-            return f"self-extend W={self.window} G={self.group}"
-        if self.method == "rerope":
-            return f"rerope W={self.window}" + (f" k={self.leaky:g}" if self.leaky else "")
-        return "none"
+from posenc_cli.config import RemapConfig
 
 
 def remapped_positions(cfg: RemapConfig, ids: Tensor) -> tuple[Tensor, Tensor]:

@@ -24,11 +24,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from posenc_cli.config import ModelConfig, PosConfig
+from posenc_cli.config import ModelConfig, PosConfig, RemapConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.positional import register
 from posenc_cli.positional.base import PositionalScheme, PositionContext, per_head
-from posenc_cli.positional.remap import RemapConfig, remapped_positions
+from posenc_cli.positional.remap import remapped_positions
 from posenc_cli.rope_scaling import RopeScalingConfig, get_method
 from posenc_cli.rope_scaling.frequencies import scaled_inv_freq
 

@@ -19,10 +19,9 @@ from posenc_cli.attention.kernels import (
     Rows,
     SharedMask,
 )
-from posenc_cli.config import ModelConfig, PosConfig
+from posenc_cli.config import ModelConfig, PosConfig, RemapConfig
 from posenc_cli.model import GPT
 from posenc_cli.positional import PositionalScheme, PositionContext, config_class
-from posenc_cli.positional.remap import RemapConfig
 from posenc_cli.positional.rope import RopeConfig
 
 F32, BF16, F64 = torch.float32, torch.bfloat16, torch.float64

@@ -23,12 +23,11 @@ from posenc_cli.attention.kernels import (
 )
 from posenc_cli.attention.scored import Scored
 from posenc_cli.attention.windowed import BlockCausal, Windowed
-from posenc_cli.config import ModelConfig, PosConfig
+from posenc_cli.config import ModelConfig, PosConfig, RemapConfig
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class
 from posenc_cli.positional.base import Documents
 from posenc_cli.positional.layout import LayoutConfig
-from posenc_cli.positional.remap import RemapConfig
 from posenc_cli.positional.rope import RopeConfig
 from posenc_cli.positional.span import Span
 

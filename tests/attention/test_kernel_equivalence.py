@@ -17,10 +17,9 @@ from legacy_attention import legacy_forward
 from scheme_utils import plain_schemes
 
 from posenc_cli.attention import CausalSelfAttention
-from posenc_cli.config import ModelConfig, PosConfig
+from posenc_cli.config import ModelConfig, PosConfig, RemapConfig
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry, scheme_class
-from posenc_cli.positional.remap import RemapConfig
 from posenc_cli.positional.rope import RopeConfig
 from posenc_cli.rope_scaling import RopeScalingConfig
 

@@ -16,10 +16,9 @@ from scheme_utils import lively, plain_schemes
 
 from posenc_cli.attention import AttentionState, attend, choose_kernel, describe, fold_causal_mask, merged_scores
 from posenc_cli.attention.windowed import BlockCausal, Windowed
-from posenc_cli.config import ModelConfig
+from posenc_cli.config import ModelConfig, RemapConfig
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class
-from posenc_cli.positional.remap import RemapConfig
 from posenc_cli.positional.rope import RopeConfig
 from posenc_cli.positional.span import FULL, Span
 

@@ -128,10 +128,28 @@ def test_non_empty_out_dir_exits_2(runs: dict[str, Path], tmp_path: Path) -> Non
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
 
 
-@pytest.mark.parametrize("args", [["--yarn"], ["--method", "linear", "--factor", "2"], ["--longrope", "--search"]])
-def test_a_missing_run_is_refused_in_one_line_before_torch(tmp_path: Path, args: list[str]) -> None:
-    """`posenc extend MISSING` exits 2 with one line, and imports no torch (seconds) to say so: `-X importtime`
-    lists every module imported on stderr, before the error line."""
+_MISSING = "run directory {missing} does not exist"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--yarn"], _MISSING),
+        (["--method", "linear", "--factor", "2"], _MISSING),
+        (["--longrope", "--search"], _MISSING),
+        (["--method", "rerope", "--window", "8"], _MISSING),
+        (["--method", "self-extend", "--window", "8", "--group", "2"], _MISSING),
+        (["--method", "rerope"], "--method rerope needs --window W"),
+        (["--method", "foo"], "unknown scaling method 'foo' (available: linear, ntk, dynamic, yarn, longrope, llama3)"),
+        (["--yarn", "--method", "rerope"], "give one method, got yarn, rerope"),
+    ],
+)
+def test_a_refusal_that_needs_no_checkpoint_is_one_line_before_torch(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    """`posenc extend MISSING` (a scaling, a search or a remapping), a remapping without its settings and an
+    unknown method exit 2 with one line, and import no torch (seconds) to say so: `-X importtime` lists every
+    module imported on stderr, before the error line."""
     missing = tmp_path / "missing"
     cmd = [sys.executable, "-X", "importtime", "-m", "posenc_cli", "extend", str(missing), *args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -139,7 +157,7 @@ def test_a_missing_run_is_refused_in_one_line_before_torch(tmp_path: Path, args:
     imported = [line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")]
     assert done.returncode == 2 and done.stdout == ""
     assert [line for line in lines if not line.startswith("import time:")] == [
-        f"error: run directory {missing} does not exist"
+        "error: " + message.format(missing=missing)
     ]
     assert "posenc_cli.extension.plan" in imported
     assert not [name for name in imported if name == "torch" or name.startswith("torch.")]

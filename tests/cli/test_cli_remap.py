@@ -13,7 +13,7 @@ from train_utils import tiny_config, write_corpus
 from typer.testing import CliRunner
 
 from posenc_cli.cli import app
-from posenc_cli.positional.remap import RemapConfig
+from posenc_cli.config import RemapConfig
 from posenc_cli.run.load import load_run
 from posenc_cli.run.train import train
 

@@ -24,6 +24,7 @@ from posenc_cli.extension.plan import (
     plan_extension,
     plan_from_config,
 )
+from posenc_cli.rope_scaling import method_names
 from posenc_cli.rope_scaling.longrope import read_factors_file
 from posenc_cli.run.train import train
 
@@ -123,9 +124,16 @@ from posenc_cli.config import ExtendConfig
 from posenc_cli.errors import UserError
 from posenc_cli.extension.plan import ExtendRequest, execute, plan_extension, plan_from_config
 run, kind = Path(sys.argv[1]), sys.argv[2]
+remap = {"rerope": {"method": "rerope", "window": 8}, "self-extend": {"method": "self-extend", "window": 8}}
 try:
     if kind == "sweep":
         execute(plan_from_config(ExtendConfig(method="linear", factor=2.0), run, run.with_name("job")))
+    elif kind == "sweep-remap":
+        execute(plan_from_config(ExtendConfig(remap="rerope", remap_window=8), run, run.with_name("job")))
+    elif kind in remap:
+        execute(plan_extension(ExtendRequest(run=run, **remap[kind])))
+    elif kind == "method":
+        execute(plan_extension(ExtendRequest(run=run, method=sys.argv[3])))
     else:
         execute(plan_extension(ExtendRequest(run=run, search=kind == "search", factor=float(sys.argv[3]))))
 except UserError as e:
@@ -142,17 +150,24 @@ print("torch loaded:", "torch" in sys.modules)
         ("missing", "sweep", "0", "run directory {run} does not exist"),
         ("empty", "scale", "4", "{run} is not a posenc run directory (no meta.json)"),
         ("missing", "scale", "1", "extend.factor must be > 1, got 1.0"),
+        ("missing", "rerope", "", "run directory {run} does not exist"),
+        ("missing", "sweep-remap", "", "run directory {run} does not exist"),
+        ("empty", "rerope", "", "{run} is not a posenc run directory (no meta.json)"),
+        ("missing", "self-extend", "", "--method self-extend needs --group G"),
+        ("missing", "method", "foo", "unknown scaling method 'foo' (available: {methods})"),
     ],
 )
 def test_a_refusal_that_needs_no_checkpoint_comes_before_torch(
     tmp_path: Path, parent: str, kind: str, factor: str, message: str
 ) -> None:
-    """A scaling or a search (from the command or a sweep) of a parent that is not there or not a run, or with a
-    bad setting, is refused in one line without importing torch (which takes seconds)."""
+    """A scaling, a search or a remapping (from the command or a sweep) of a parent that is not there or not a run,
+    or with a bad setting or an unknown method, is refused in one line without importing torch (which takes
+    seconds; a remapping's plan, and an unknown method's, imported it until its settings moved to `config`)."""
     run = tmp_path / parent
     if parent == "empty":
         run.mkdir()
     done = subprocess.run(
         [sys.executable, "-c", _REFUSED, str(run), kind, factor], capture_output=True, text=True, timeout=120
     )
-    assert done.stdout.splitlines() == [message.format(run=run), "torch loaded: False"], done.stderr
+    expected = message.format(run=run, methods=", ".join(method_names()))
+    assert done.stdout.splitlines() == [expected, "torch loaded: False"], done.stderr

@@ -10,12 +10,11 @@ import pytest
 import torch
 from train_utils import tiny_config, write_corpus
 
-from posenc_cli.config import ExtendConfig
+from posenc_cli.config import ExtendConfig, RemapConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.extend import extend_run
 from posenc_cli.extension.remap import remap_run
 from posenc_cli.positional.layout import parse_entry
-from posenc_cli.positional.remap import RemapConfig
 from posenc_cli.run.load import load_run
 
 L = 16

@@ -10,11 +10,10 @@ import pytest
 import torch
 from scheme_utils import lively
 
-from posenc_cli.config import ModelConfig
+from posenc_cli.config import ModelConfig, RemapConfig
 from posenc_cli.kv_cache import KVCache
 from posenc_cli.model import GPT
 from posenc_cli.positional import config_class, registry
-from posenc_cli.positional.remap import RemapConfig
 from posenc_cli.positional.rope import RopeConfig
 from posenc_cli.rope_scaling import RopeScalingConfig
 from posenc_cli.rope_scaling import registry as scaling_registry

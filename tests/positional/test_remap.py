@@ -11,11 +11,11 @@ import yaml
 from attention_utils import attention_weights, force_chunks, layer_qkv
 
 from posenc_cli.attention import CausalSelfAttention, attend
-from posenc_cli.config import Config, ModelConfig, config_to_dict, config_to_yaml
+from posenc_cli.config import Config, ModelConfig, RemapConfig, config_to_dict, config_to_yaml
 from posenc_cli.errors import ConfigError
 from posenc_cli.model import GPT
 from posenc_cli.positional import PositionContext
-from posenc_cli.positional.remap import RemapConfig, remapped_distance, remapped_positions
+from posenc_cli.positional.remap import remapped_distance, remapped_positions
 from posenc_cli.positional.rope import RoPE, RopeConfig
 from posenc_cli.run.config_load import config_from_dict
 
