@@ -28,6 +28,7 @@ from posenc_cli.analysis.curves import curve_frame, curve_markdown
 from posenc_cli.analysis.longppl_keys import keyed_records
 from posenc_cli.analysis.rows import ANSWER_ONLY, RunRecord, labelled_series, positions_text, same_budget
 from posenc_cli.analysis.task_results import task_frame, task_markdown, task_rows
+from posenc_cli.analysis.task_seeds import seed_frame, seed_rows
 from posenc_cli.errors import UserError
 from posenc_cli.report.gate import DEFAULT_COMPETENCE
 from posenc_cli.report.output_files import staged_files
@@ -48,6 +49,7 @@ from posenc_cli.report.tables import (
     reason_lines,
     table_legend,
 )
+from posenc_cli.report.task_seed_report import seed_markdown
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -110,13 +112,16 @@ def records_to_json(records: list[RunRecord]) -> list[dict[str, Any]]:
     return out
 
 
-def to_csv(rows_json: list[dict[str, Any]], task_rows: Sequence[dict[str, Any]] = ()) -> str:
+def to_csv(
+    rows_json: list[dict[str, Any]], task_rows: Sequence[dict[str, Any]] = (), task_extra: Sequence[str] = ()
+) -> str:
     """results.csv: the entry fields flattened, the corpus as `data` (its name) and `data_fingerprint`; then the
     stored task cells (`analysis.task_results.task_rows`: one row per run × task × scoring × length, its score, and
-    the run's in-distribution accuracy and competence-gate state on the task, "not learned" rows kept and flagged)."""
+    the run's in-distribution accuracy and competence-gate state on the task, "not learned" rows kept and flagged).
+    `task_extra`: further columns of the task rows (the seed counts of `Comparison.seed_mean`'s rows)."""
     columns = ["label", "stage", "job", "scheme", "job_status", "error", "train_length", "base_length", "row", "seed",
                "data", "data_fingerprint", "positions", *ENTRY_FIELDS, "task", "scoring", "score", "in_distribution",
-               "competence"]  # fmt: skip
+               "competence", *task_extra]  # fmt: skip
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
@@ -349,7 +354,8 @@ def to_markdown(columns: list[Any], rows: list[Any]) -> str:
 def write_outputs(records: list[RunRecord], out_dir: Path, competence: float = DEFAULT_COMPETENCE) -> list[Path]:
     """results.json, results.csv, extrapolation.png and per_position.png in `out_dir`, all moved into place together
     at the end (`output_files.staged_files`: a kill leaves none half-written and no temporary the next write keeps).
-    results.csv also holds the runs' stored task cells, each flagged by the competence gate at `competence`."""
+    results.csv also holds the runs' stored task cells, each flagged by the competence gate at `competence`: one row
+    per run, with or without `Comparison.seed_mean` (the mean over seeds is the CSV view's, `Comparison.to_csv`)."""
     # matplotlib (0.7 s of CPU to import, 2-core EPYC) only when plots are drawn: `import posenc_cli.api` stays light
     from posenc_cli.report.plots import per_position_figure, ppl_vs_length_figure, write_figure
 
@@ -471,13 +477,16 @@ class Comparison:
     """The runs gathered from disk (`gather`) and how they are compared: `metric` per length, every cell divided by
     `baseline`'s when given. The table is built on first use (`table`), so the JSON and CSV views work whatever
     `baseline` says. `written`: the files `write_outputs` wrote for it, if any. `competence`: the competence gate's
-    threshold for the runs' stored task cells (the CSV's task rows, `task_frame`); the perplexity table ignores it."""
+    threshold for the runs' stored task cells (the CSV's task rows, `task_frame`); the perplexity table ignores it.
+    `seed_mean`: the task rows of the CSV and markdown views are one per experiment, the mean ± sd over its seeds
+    (`analysis.task_seeds`), not one per run; results.csv (`write_outputs`) keeps one per run."""
 
     records: list[RunRecord]
     metric: str = "ppl"
     baseline: str | None = None
     written: list[Path] = field(default_factory=list)
     competence: float = DEFAULT_COMPETENCE
+    seed_mean: bool = False
 
     @functools.cached_property
     def table(self) -> tuple[list[Column], list[TableRow], str]:
@@ -497,20 +506,39 @@ class Comparison:
         return records_to_json(self.records)
 
     def to_csv(self) -> str:
-        return to_csv(self.to_json(), task_rows(self.records, self.competence))
+        """`to_csv` of the runs; with `seed_mean`, the task rows are the experiments' (`seed_rows`: score is the mean
+        over seeds, then the columns sd, n, measured and n_learned)."""
+        if not self.seed_mean:
+            return to_csv(self.to_json(), task_rows(self.records, self.competence))
+        rows = [{**row, "score": row["mean"]} for row in self.task_seed_rows]
+        return to_csv(self.to_json(), rows, task_extra=("sd", "n", "measured", "n_learned"))
 
     def task_frame(self) -> pd.DataFrame:
         """The runs' stored task cells, one row per run × task × scoring, with the competence gate's in-distribution
         accuracy and state (`analysis.task_results.task_frame`)."""
         return task_frame(self.records, self.competence)
 
+    @functools.cached_property
+    def task_seed_rows(self) -> list[dict[str, Any]]:
+        """The runs' stored task cells over seeds, one row per experiment × task × scoring × length: mean ± sd, the
+        seed counts and the row's gate state (`analysis.task_seeds.seed_rows`)."""
+        return seed_rows(self.records, self.competence)
+
+    def task_seed_frame(self) -> pd.DataFrame:
+        """`task_seed_rows` as a DataFrame (`analysis.task_seeds.seed_frame`)."""
+        return seed_frame(self.task_seed_rows, self.competence)
+
     def to_markdown(self) -> str:
         """The bold title, the markdown table, then the legend and caption lines (two spaces: markdown breaks); then,
-        when the runs stored task cells, their table with the competence gate's marks (`task_results.task_markdown`),
-        and the learning curves among the runs (`curves.curve_markdown`)."""
+        when the runs stored task cells, their table with the competence gate's marks (`task_results.task_markdown`;
+        with `seed_mean`, a table per task over seeds, `report.task_seed_report.seed_markdown`), and the learning
+        curves among the runs (`curves.curve_markdown`)."""
         columns, rows, title = self.table
         notes = "".join(f"\n{line}  " for line in [table_legend(columns, rows, self.legend), *self.caption] if line)
-        tasks = task_markdown(self.records, self.competence)  # the stored task cells, gated, after the table
+        if self.seed_mean:  # one row per experiment: the mean ± sd over its seeds
+            tasks = seed_markdown(self.task_seed_rows, self.competence)
+        else:  # the stored task cells, gated, after the table
+            tasks = task_markdown(self.records, self.competence)
         text = f"**{title}**\n\n" + to_markdown(columns, rows) + notes + (f"\n\n**Tasks**\n\n{tasks}" if tasks else "")
         curves = curve_markdown(self.records, self.competence)  # runs equal but for their steps, after the tasks
         if curves:

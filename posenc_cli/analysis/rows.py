@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -301,19 +302,36 @@ def _tell_apart_unshown_settings(series: list[Series]) -> None:
             s.label = f"{s.label} · variant {found.index(s.setting) + 1}"
 
 
-def seed_clusters(records: list[RunRecord]) -> list[list[RunRecord]]:
+def seed_clusters(records: list[RunRecord], statuses: Collection[str] = ("ok",)) -> list[list[RunRecord]]:
     """The measured records grouped as the seeds of one experiment: one label, one saved config but for the seed
     (`config_identity`), distinct seeds. A run without a readable config (a transformers directory) is alone, and
-    so is a run repeating a seed of its cluster. Failed or unmeasured jobs join no cluster."""
+    so is a run repeating a seed of its cluster. Records whose status is not in `statuses` join no cluster (by
+    default failed or unmeasured jobs; a task table also clusters runs without perplexity cells)."""
     clusters: dict[tuple[str, str], list[RunRecord]] = {}
     for r in records:
-        if r.status != "ok":
+        if r.status not in statuses:
             continue
         key = (r.label, r.identity or str(r.run_dir))
         if any(m.seed == r.seed for m in clusters.get(key, [])):  # the same seed twice is no spread over seeds
             key = (r.label, str(r.run_dir))
         clusters.setdefault(key, []).append(r)
     return list(clusters.values())
+
+
+def cluster_labels(clusters: list[list[RunRecord]]) -> list[str]:
+    """Each cluster's row label: its runs' label, and where another cluster shares the label, its sweep stage when
+    each such cluster is of one stage and the stages differ ('rope · seeds', 'rope · long'), else the end of its
+    first directory ('rope · lr=0.001/rope')."""
+    tails = _cluster_tails(clusters)
+    stages = [{r.stage for r in c} for c in clusters]
+    by_label: dict[str, list[int]] = {}
+    for i, c in enumerate(clusters):
+        by_label.setdefault(c[0].label, []).append(i)
+    for shared in (ix for ix in by_label.values() if len(ix) > 1):
+        names = [next(iter(stages[i])) if len(stages[i]) == 1 else "" for i in shared]
+        if all(names) and len(set(names)) == len(names):
+            tails.update((id(clusters[i][0]), name) for i, name in zip(shared, names, strict=True))
+    return [" · ".join([c[0].label, tails[id(c[0])]]) if id(c[0]) in tails else c[0].label for c in clusters]
 
 
 def _cluster_tails(clusters: list[list[RunRecord]]) -> dict[int, str]:

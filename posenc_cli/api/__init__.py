@@ -12,6 +12,7 @@ kind), and take the commands' defaults::
     api.evaluate([run.run_dir, child.out_dir], lengths=[1, 2, 4])
     api.compare([run.run_dir, child.out_dir])  # a pandas DataFrame: one row per run, one column per length
     api.task_scores(["sweeps/tasks"])  # task cells per run × task, with the competence gate's verdict
+    api.task_seed_scores(["sweeps/tasks"])  # per experiment × task × length: mean ± sd over seeds, seeds learned
     api.learning_curves(["sweeps/tasks"])  # in-distribution accuracy against steps, runs equal but for them
     report = api.sweep("extrapolation", ["train.steps=200"], out="sweeps/main")  # report.comparison.to_frame()
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # the names below, for type checkers; at run time `__getattr_
         comparison,
         learning_curves,
         task_scores,
+        task_seed_scores,
     )
     from posenc_cli.api.data import prepare_data
     from posenc_cli.api.evaluation import (
@@ -88,6 +90,7 @@ _HOME = {
     "compare": "posenc_cli.api.comparing",
     "comparison": "posenc_cli.api.comparing",
     "task_scores": "posenc_cli.api.comparing",
+    "task_seed_scores": "posenc_cli.api.comparing",
     "learning_curves": "posenc_cli.api.comparing",
     "prepare_data": "posenc_cli.api.data",
     "Evaluation": "posenc_cli.api.evaluation",
@@ -182,6 +185,7 @@ __all__ = [
     "sweep",
     "sweep_report",
     "task_scores",
+    "task_seed_scores",
     "task_summaries",
     "train",
     "train_config",

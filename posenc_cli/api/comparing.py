@@ -33,6 +33,7 @@ __all__ = [
     "learning_curves",
     "reference_view",
     "task_scores",
+    "task_seed_scores",
 ]
 
 PathLike = str | Path
@@ -52,13 +53,15 @@ class TextTable:
 class CompareReport:
     """What `posenc compare` shows: the comparison itself, and the extras asked for: a paper's table beside it
     (`reference`), the NoPE paper's MRR ranking (`mrr`: `analysis.mrr.nope_mrr`), each run's costs (`costs`); and the
-    learning curves among the runs, when some differ only in their steps (`curves`)."""
+    learning curves among the runs, when some differ only in their steps (`curves`); with `seed_mean`, the task cells
+    over seeds (`task_seeds`: `task_seed_scores`' DataFrame)."""
 
     comparison: Comparison
     reference: TextTable | None = None
     mrr: pd.DataFrame | None = None
     costs: list[RunCost] | None = None
     curves: TextTable | None = None  # the learning curves among the runs (`curve_view`), None when there are none
+    task_seeds: pd.DataFrame | None = None  # one row per experiment × task × scoring × length (`seed_mean`)
 
 
 REFERENCES = ("nope-mrr",)  # besides `report.reference_tables.REFERENCE_TABLES`
@@ -76,6 +79,7 @@ def comparison(
     competence: float = DEFAULT_COMPETENCE,
     include_unlearned: bool = False,
     longppl_evaluator: PathLike | None = None,
+    seed_mean: bool = False,
 ) -> CompareReport:
     """Gather the runs below `runs` (`analysis.gather.gather`) and compare them in `metric` (ppl, bpb, nll or
     longppl), divided by `baseline`'s row (a label or run directory); with `out`, write results.csv/json and the
@@ -83,7 +87,9 @@ def comparison(
     in-distribution accuracy on a task is below it is "not learned" in the task tables and left out of the NoPE-paper
     MRR unless `include_unlearned`; `evaluation.competence`). In LongPPL, only the cells scored on one evaluator's key
     tokens are shown: `longppl_evaluator`'s (a run directory), else the one the stored cells agree on
-    (`analysis.longppl_keys`). Every refusal comes before anything is written."""
+    (`analysis.longppl_keys`). `seed_mean`: the task tables over seeds, one row per experiment (`task_seed_scores`;
+    `Comparison.seed_mean` for its CSV and markdown views; results.csv of `out` keeps a row per run). Every refusal
+    comes before anything is written."""
     # deferred: perf and reference tables are only needed when asked for
     from posenc_cli.report.reference_tables import REFERENCE_TABLES, reference_table
 
@@ -102,7 +108,11 @@ def comparison(
     records = gather([Path(p) for p in runs], all_lengths=all_lengths)
     if metric == "longppl":
         records = keyed_records(records, longppl_evaluator)
-    report = CompareReport(Comparison(records, metric=metric, baseline=baseline, competence=competence))
+    report = CompareReport(
+        Comparison(records, metric=metric, baseline=baseline, competence=competence, seed_mean=seed_mean)
+    )
+    if seed_mean:
+        report.task_seeds = report.comparison.task_seed_frame()
     report.curves = curve_view(report.comparison.curve_frame())
     if reference is not None and reference not in REFERENCES:
         if reference not in REFERENCE_TABLES:
@@ -163,6 +173,20 @@ def task_scores(
     beyond (the mean beyond the training length). A flagged row keeps its numbers."""
     check_threshold(competence)
     return Comparison(gather([Path(p) for p in runs], all_lengths=all_lengths), competence=competence).task_frame()
+
+
+def task_seed_scores(
+    runs: Sequence[PathLike], *, competence: float = DEFAULT_COMPETENCE, all_lengths: bool = False
+) -> pd.DataFrame:
+    """The task cells the runs below `runs` stored, over seeds (`analysis.task_seeds.seed_frame`): one row per
+    experiment (runs of one label whose saved configs differ only in train.seed; a run alone is n = 1) × task ×
+    scoring × length, columns label, task, scoring, length, multiple, mean and sd (of the score over the seeds, as
+    fractions; sd NaN for n = 1), n (seeds), measured (seeds that scored the length: the mean is NaN unless all did),
+    n_learned (seeds past the gate at threshold `competence`), competence (the row's state: "learned" only when
+    every seed is; a seed not trained on the task, longer than its training examples, or not measured gives the row
+    that state, and where the seeds' states differ so there is no mean) and in_distribution (the seeds' mean)."""
+    check_threshold(competence)
+    return Comparison(gather([Path(p) for p in runs], all_lengths=all_lengths), competence=competence).task_seed_frame()
 
 
 def compare(

@@ -163,6 +163,15 @@ def compare_command(
         bool,
         typer.Option("--include-unlearned", help="nope-mrr: rank every run, also those that did not learn the task."),
     ] = False,
+    seed_mean: Annotated[
+        bool,
+        typer.Option(
+            "--seed-mean",
+            help="Task tables over seeds: one row per experiment (runs of one label whose saved configs differ only "
+            "in train.seed), the mean ± sd of each length's score, the seeds' mean ≤L and how many passed the "
+            "competence gate (table, markdown and csv; results.csv of --out keeps one row per run).",
+        ),
+    ] = False,
     costs: Annotated[
         bool,
         typer.Option(
@@ -177,6 +186,8 @@ def compare_command(
     One row per run and way of measuring: another corpus, precision, protocol or positions mode is another row.
 
     n=K rows average seeds (configs equal but for train.seed); other runs of one name show their directory.
+
+    Task tables: a row per seed; --seed-mean: a row per experiment, mean ± sd over its seeds, seeds learned.
 
     Example: [bold]posenc compare outputs/sweeps/*-extrapolation --metric bpb --format markdown[/]
     """
@@ -196,13 +207,19 @@ def compare_command(
         competence=competence,
         include_unlearned=include_unlearned,
         longppl_evaluator=longppl_evaluator,
+        seed_mean=seed_mean,
     )
     print_comparison(report.comparison, fmt)
     if fmt == "table":
         # deferred: keeps this command's modules off posenc --help start-up
         from posenc_cli.cli.tasks import print_task_summary
+        from posenc_cli.report.task_seed_report import seed_tables
 
-        print_task_summary(report.comparison.records, console, competence=competence)
+        if report.task_seeds is not None:
+            for table in seed_tables(report.task_seeds.to_dict("records"), competence):
+                console.print(table)
+        else:
+            print_task_summary(report.comparison.records, console, competence=competence)
         if report.curves is not None:
             console.print(text_table(report.curves))
     if report.reference is not None:
