@@ -539,7 +539,9 @@ class Comparison:
             tasks = seed_markdown(self.task_seed_rows, self.competence)
         else:  # the stored task cells, gated, after the table
             tasks = task_markdown(self.records, self.competence)
-        text = f"**{title}**\n\n" + to_markdown(columns, rows) + notes + (f"\n\n**Tasks**\n\n{tasks}" if tasks else "")
+        # no column (every run trained on answer tokens only): no table to draw, its caption says why
+        text = f"**{title}**\n\n" + to_markdown(columns, rows) + notes if columns else notes.lstrip("\n")
+        text += f"\n\n**Tasks**\n\n{tasks}" if tasks else ""
         curves = curve_markdown(self.records, self.competence)  # runs equal but for their steps, after the tasks
         if curves:
             text += f"\n\n**Learning curves** (in-distribution accuracy against training steps)\n\n{curves}"
