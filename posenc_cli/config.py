@@ -39,6 +39,10 @@ BOOKKEEPING_KEYS = ("train.eval_every", "train.eval_batches", "train.save_every"
 NOT_IDENTITY_KEYS = (*RUNTIME_KEYS, *SEED_KEYS, *BOOKKEEPING_KEYS)
 
 
+TemperatureForm = Literal["cell", "query"]  # DroPE's β: one per evaluation cell, or per query (`temperatures.drope`)
+TEMPERATURE_FORMS: tuple[TemperatureForm, ...] = ("cell", "query")
+
+
 @dataclass(kw_only=True)
 class ModelConfig:
     """Decoder-only transformer sizes (`model=tiny|small|base`)."""
@@ -62,7 +66,7 @@ class ModelConfig:
     temperature_c: float = 0.0  # DroPE's c (model.attn_scale=drope), any sign; fitted by `posenc calibrate`
     # DroPE's s: `cell` one β per evaluation cell (the reference's), `query` per query (a saved drope config without
     # the key: `legacy_model_defaults`)
-    temperature_form: Literal["cell", "query"] = "cell"
+    temperature_form: TemperatureForm = "cell"
     # Model options (one file each in `posenc_cli/options`, docs/commands/model-options.md); every default is off,
     # the model of posenc before they existed. attn_sinks: one learned logit per head in the softmax's normaliser
     # (GPT-OSS); attn_gate: a sigmoid gate on the attention output before the output projection, one per channel or

@@ -425,7 +425,8 @@ def test_a_bench_case_dies_with_its_parent(tmp_path: Path) -> None:
 def test_a_kill_inside_calibrates_fit_leaves_the_parent_and_no_half_child(corpus: Path, tmp_path: Path) -> None:
     """SIGKILL at the fit's first scored point; the parent is untouched, no child run is there, and the same command
     then writes the child a clean run writes."""
-    from posenc_cli.extension.calibrate import CalibrateSettings, calibrate_run
+    from posenc_cli.extension.calibrate import calibrate_run
+    from posenc_cli.extension.calibrate_settings import CalibrateSettings
     from posenc_cli.run.meta import is_run_dir
 
     parent = tmp_path / "nope"

@@ -51,10 +51,18 @@ import torch
 import torch.nn.functional as F
 
 from posenc_cli import __version__
-from posenc_cli.bounds import MAX_BATCH, MAX_LR, MAX_STEPS, MAX_TOKENS, check, check_memory, workload_bytes
+from posenc_cli.bounds import check_memory, workload_bytes
 from posenc_cli.config import Config, config_to_yaml, replace
 from posenc_cli.data.cache import eval_windows, load_corpus
 from posenc_cli.errors import ConfigError
+from posenc_cli.extension.calibrate_settings import (
+    CalibrateSettings,
+    c_grid,
+    check_calibrate,
+    check_no_temperature,
+    default_out_dir,
+    fit_lengths,
+)
 from posenc_cli.extension.child_run import (
     check_same_keys,
     existing_child,
@@ -63,115 +71,30 @@ from posenc_cli.extension.child_run import (
     write_scaled_copy,
     writer_lock,
 )
-from posenc_cli.extension.settings import check_not_parent
 from posenc_cli.model import GPT
 from posenc_cli.run.device import threads as use_threads
 from posenc_cli.run.journal import commit_checkpoint
 from posenc_cli.run.layout import CONFIG_FILE, MODEL_FILE
 from posenc_cli.run.load import load_run, model_like
-from posenc_cli.run.meta import RunMeta, is_hf_dir
+from posenc_cli.run.meta import RunMeta
 from posenc_cli.run.run_dir import claim_run_dir
 from posenc_cli.run.verified import read_verified
 from posenc_cli.run.weights import model_file_bytes
-from posenc_cli.temperatures.drope import FORMS
 
 if TYPE_CHECKING:
     from posenc_cli.run.load import LoadedRun
 
 __all__ = [
-    "FITTED",
     "CalibrateResult",
-    "CalibrateSettings",
     "calibrate_run",
-    "default_out_dir",
     "fit_drope_c",
     "fit_head_scale",
-    "fit_lengths",
     "fit_windows",
     "golden_section",
 ]
 
-FITTED = ("drope", "head-scale")  # the temperatures this command fits
-MAX_FIT_MULTIPLE = 1024  # a fit length at most 1024 training lengths (DroPE fits at 2-8x)
 IDENTITY_KEYS = ("method", "fit", "parent_weights_sha256")  # a re-run reuses the child when these match
 Progress = Callable[[int, int, float], None]  # (scores or steps done, planned, best or current loss)
-
-
-_SETTING_BOUNDS = (
-    ("step", 1e-6, 100.0, False),
-    ("c_min", -100.0, 100.0, False),
-    ("c_max", -100.0, 100.0, False),
-    ("refine", 0, 1000, True),
-    ("steps", 1, MAX_STEPS, True),
-    ("lr", 0.0, MAX_LR, False),
-    ("init", 0.0, 1e3, False),
-    ("batch_size", 1, MAX_BATCH, True),
-)
-
-
-@dataclass(frozen=True)
-class CalibrateSettings:
-    """What to fit and how. `lengths`: the fit lengths, in tokens or as '4x' (`fit_lengths`; each beyond the
-    training length L; head-scale: one).
-    `tokens`: tokens scored per length (windows from the start of `split`). drope: `step`, `c_min`, `c_max`,
-    `refine` and `form` (`cell` or `query`, `temperatures.drope`). head-scale: `steps`, `lr`, `init`, `batch_size`."""
-
-    temperature: Literal["drope", "head-scale"]
-    lengths: tuple[int | str, ...]
-    tokens: int = 8192
-    split: Literal["train", "val"] = "train"
-    step: float = 0.1
-    c_min: float = -0.5
-    c_max: float = 2.0
-    refine: int = 10
-    form: Literal["cell", "query"] = "cell"
-    steps: int = 200
-    lr: float = 0.05
-    init: float = 1.0
-    batch_size: int = 4
-
-    def validate(self, train_length: int) -> None:
-        if self.temperature not in FITTED:
-            raise ConfigError(f"--temperature {self.temperature}: calibrate fits {' or '.join(FITTED)}")
-        if self.split not in ("train", "val"):
-            raise ConfigError(f"--split {self.split}: the fit reads the run's train or val split")
-        if not self.lengths:
-            raise ConfigError("give a fit length: --length 4x (a multiple of the training length) or tokens")
-        for n in self.lengths:
-            if not isinstance(n, int) or n <= train_length:
-                raise ConfigError(f"--length {n}: the fit length must exceed the training length {train_length}")
-        check(self.tokens, "--tokens", 1, MAX_TOKENS, integer=True)
-        for name, low, high, integer in _SETTING_BOUNDS:  # the CLI's ranges (api/option_ranges.py), for API callers too
-            check(getattr(self, name), f"--{name.replace('_', '-')}", low, high, integer=integer)
-        if self.temperature == "drope":
-            if not (self.step > 0 and self.c_max - self.c_min >= self.step):
-                raise ConfigError(
-                    f"--step {self.step}, --c-min {self.c_min} and --c-max {self.c_max}: need 0 < step <= c-max - c-min"
-                )
-            if self.form not in FORMS:
-                raise ConfigError(f"--form {self.form}: DroPE's temperature is applied per cell or per query")
-            if self.refine < 0:
-                raise ConfigError(f"--refine must be >= 0, got {self.refine}")
-        else:
-            if len(self.lengths) != 1:
-                raise ConfigError("head-scale is trained at one length: give --length once")
-            if self.steps < 1 or self.batch_size < 1:
-                raise ConfigError("--steps and --batch-size must be >= 1")
-            if not (self.lr > 0 and self.init > 0):
-                raise ConfigError(f"--lr {self.lr} and --init {self.init} must be > 0")
-
-    def record(self) -> dict[str, Any]:
-        """The settings that decide the fit (the child's identity), without the other entry's."""
-        drope = ("step", "c_min", "c_max", "refine", "form")
-        keep = drope if self.temperature == "drope" else ("steps", "lr", "init", "batch_size")
-        own = {k: getattr(self, k) for k in keep}
-        return {
-            "temperature": self.temperature,
-            "lengths": list(self.lengths),
-            "tokens": self.tokens,
-            "split": self.split,
-            **own,
-        }
 
 
 @dataclass
@@ -203,31 +126,6 @@ class CalibrateResult:
         doc["loss_before"] = {str(k): v for k, v in self.loss_before.items()}
         doc["loss_after"] = {str(k): v for k, v in self.loss_after.items()}
         return doc
-
-
-def fit_lengths(values: Sequence[str | int | float], train_length: int) -> tuple[int, ...]:
-    """Fit lengths in tokens from '4x' (a multiple of the training length L, rounded) or a token count ('256')."""
-    out = []
-    for v in values:
-        text = str(v).strip().lower()
-        try:
-            n = round(float(text[:-1]) * train_length) if text.endswith("x") else int(text)
-        except (ValueError, OverflowError):  # OverflowError: 'infx'
-            raise ConfigError(f"--length {v}: give a multiple of the training length (4x) or tokens (256)") from None
-        longest = min(MAX_TOKENS, MAX_FIT_MULTIPLE * train_length)
-        if n > longest:  # before anything is sized from it (`validate` holds the lower end)
-            raise ConfigError(
-                f"--length {v}: at most {longest} tokens ({MAX_FIT_MULTIPLE}x the training length {train_length})"
-            )
-        out.append(n)
-    return tuple(dict.fromkeys(out))
-
-
-def default_out_dir(parent_dir: Path | str, temperature: str, lengths: Sequence[Any], train_length: int) -> Path:
-    """<RUN>-<temperature>x<s> beside the run, s the largest fit length over L ('nope-dropex4')."""
-    parent = Path(parent_dir)
-    s = max(lengths) / train_length
-    return parent.with_name(f"{parent.name}-{temperature}x{s:g}")
 
 
 def fit_windows(run: LoadedRun, length: int, tokens: int, split: str) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -266,14 +164,6 @@ def with_temperature(cfg: Config, temperature: str, train_length: int, c: float 
     return replace(cfg, model=model)
 
 
-def c_grid(step: float, c_min: float, c_max: float, longest: float) -> list[float]:
-    """The multiples of `step` in [c_min, c_max] (rounded to 4 decimals) at which β = 1 + c·ln s stays > 0 at the
-    longest fit length's s = `longest` (> 1)."""
-    floor = -1.0 / math.log(longest)  # β(s) = 0 there
-    low, high = math.ceil(c_min / step - 1e-9), math.floor(c_max / step + 1e-9)
-    return [c for k in range(low, high + 1) if (c := round(k * step, 4)) > floor]
-
-
 def golden_section(f: Callable[[float], float], low: float, high: float, n: int, digits: int = 4) -> None:
     """`n` more scores of f on [low, high] by golden-section search, each point rounded to `digits` (f records
     what it scores; a point already scored is looked up by f, not found here)."""
@@ -308,9 +198,7 @@ def fit_drope_c(
     state = run.model.state_dict()
     device = next(run.model.parameters()).device
     scored: dict[float, tuple[float, dict[int, float]]] = {}
-    grid = c_grid(settings.step, settings.c_min, settings.c_max, max(windows) / train_length)
-    if not grid:
-        raise ConfigError(f"--c-min {settings.c_min} .. --c-max {settings.c_max}: no c keeps β > 0 at the fit length")
+    grid = c_grid(settings.step, settings.c_min, settings.c_max, max(windows) / train_length)  # not empty: `validate`
     planned = len(grid) + settings.refine
 
     def score(c: float) -> float:
@@ -398,15 +286,14 @@ def calibrate_run(
     """Fit `settings.temperature` on posenc run `parent_dir` and write the child run holding it (module doc).
     Refused in one line before anything is written: a transformers directory, a parent that already has a
     temperature, bad settings, a fit length the scheme cannot serve, an `out_dir` that is the parent or holds
-    anything else (another extension, or this one with other settings)."""
+    anything else (another extension, or this one with other settings); what needs no checkpoint before the parent
+    is loaded (`calibrate_settings.check_calibrate`)."""
     parent_path = Path(parent_dir)
-    if is_hf_dir(parent_path):
-        raise ConfigError(f"{parent_path} is a transformers directory; calibrate fits posenc runs")
+    check_calibrate(parent_path, settings, out_dir)
     with use_threads(threads):
         parent = load_run(parent_path)
     cfg = parent.config
-    if cfg.model.attn_scale != "none":
-        raise ConfigError(f"{parent_path} already has a temperature (model.attn_scale={cfg.model.attn_scale})")
+    check_no_temperature(parent_path, cfg.model.attn_scale)  # the loaded config's, as load_run verified it
     train_length, base_length = parent.meta.lengths(cfg)
     settings = dataclasses.replace(settings, lengths=fit_lengths(settings.lengths, train_length))
     settings.validate(train_length)
@@ -417,8 +304,7 @@ def calibrate_run(
     check_memory(need, f"calibrate at {max(settings.lengths)} tokens")
     if out_dir is None:
         out_dir = default_out_dir(parent_path, settings.temperature, settings.lengths, train_length)
-    out = Path(out_dir)
-    check_not_parent(parent_path, out)
+    out = Path(out_dir)  # the parent itself refused by `check_calibrate`
     record: dict[str, Any] = {
         "method": "calibrate",
         "scaling": None,

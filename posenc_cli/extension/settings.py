@@ -6,7 +6,8 @@ anything costly: an unknown method, factor <= 1, a bad fine-tune, layer rule or 
 `check_search_settings`; a remapping's settings are `config.RemapConfig`'s, as torch-free), and a parent that does
 not exist, is neither a posenc run nor a transformers directory, did not finish training, or is the output directory.
 `extend_run`, `remap_run` and `searched_factors` start with the same checks, so called directly they refuse alike.
-The default output directories are named here too (`default_out_dir`, `remap_out_dir`).
+The default output directories are named here too (`default_out_dir`, `remap_out_dir`). `calibrate` checks its
+parent with `check_parent` as well (`extension.calibrate_settings`).
 """
 
 from __future__ import annotations
@@ -105,15 +106,16 @@ def check_not_parent(parent_dir: Path, out_dir: Path) -> None:
 
 
 def check_parent(
-    parent_dir: Path, out_dir: Path, *, logn: bool = False, remap: str | None = None, search: bool = False
+    parent_dir: Path, out_dir: Path | None, *, logn: bool = False, remap: str | None = None, search: bool = False
 ) -> bool:
     """True when `parent_dir` is a transformers directory, False when it is a posenc run that finished training.
 
-    One line, reading only meta.json, when `out_dir` is the parent (`check_not_parent`), the parent does not exist,
-    is neither (`run.meta.read_meta`), did not finish training (`run.meta.require_complete`, as `load_run` checks),
-    or is a transformers directory asked for what only a posenc run has: log-n (`logn`), a remapping (`remap`: its
-    method) or LongRoPE's search (`search`)."""
-    check_not_parent(parent_dir, out_dir)
+    One line, reading only meta.json, when `out_dir` is the parent (`check_not_parent`; None: a default directory
+    named beside the parent, which never is), the parent does not exist, is neither (`run.meta.read_meta`), did not
+    finish training (`run.meta.require_complete`, as `load_run` checks), or is a transformers directory asked for
+    what only a posenc run has: log-n (`logn`), a remapping (`remap`: its method) or LongRoPE's search (`search`)."""
+    if out_dir is not None:
+        check_not_parent(parent_dir, out_dir)
     if is_hf_dir(parent_dir):
         if remap is not None:
             raise ConfigError(f"{remap} applies to posenc runs only; transformers directories have no remapping")

@@ -20,17 +20,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
-from posenc_cli.config import ModelConfig
+from posenc_cli.config import ModelConfig, TemperatureForm
 from posenc_cli.temperatures import register
 from posenc_cli.temperatures.base import Temperature
-
-Form = Literal["cell", "query"]
-FORMS: tuple[Form, ...] = ("cell", "query")
 
 
 def beta_at(c: float, s: float) -> float:
@@ -54,7 +50,7 @@ class Drope(Temperature):
     paper = "DroPE (Gelberg et al. 2025, arXiv 2512.12167)"
     c: float
     length: int
-    form: Form = "cell"
+    form: TemperatureForm = "cell"
 
     @classmethod
     def from_model(cls, cfg: ModelConfig) -> Drope:

@@ -4,6 +4,9 @@ the fitted temperature; refusals exit 2 with one line and write nothing."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,3 +82,53 @@ def test_a_best_c_at_an_end_of_the_search_is_printed_as_that_edge(tmp_path: Path
     assert "neither sign of c lowers the loss" in "\n".join(summary_lines(result))
     result.c, result.form = -0.15, "query"
     assert "DroPE c = -0.15 per query: β(4×)=0.7921" in "\n".join(summary_lines(result))
+
+
+@pytest.fixture(scope="module")
+def refused(parent: Path) -> Path:
+    """Beside `parent`: a run trained with a temperature (logn), one stopped mid-way, a transformers directory and
+    an empty directory."""
+    root = parent.parent
+    train(tiny_config(root / "corpus.txt", pos="nope", steps=2, model={"attn_scale": "logn"}), root / "logn")
+    shutil.copytree(parent, root / "unfinished")
+    meta = json.loads((root / "unfinished" / "meta.json").read_text())
+    (root / "unfinished" / "meta.json").write_text(json.dumps({**meta, "status": "interrupted", "step": 2}))
+    (root / "hf").mkdir()
+    (root / "hf" / "config.json").write_text("{}")
+    (root / "empty").mkdir()
+    return root
+
+
+@pytest.mark.parametrize(
+    ("run", "args", "message"),
+    [
+        ("missing", [], "run directory {root}/missing does not exist"),
+        ("hf", [], "{root}/hf is a transformers directory; calibrate fits posenc runs"),
+        ("empty", [], "{root}/empty is not a posenc run directory (no meta.json)"),
+        ("unfinished", [], "{root}/unfinished is incomplete (training stopped at step 2 of 6); resume it with"),
+        ("logn", [], "{root}/logn already has a temperature (model.attn_scale=logn)"),
+        ("nope", ["--out", "{root}/nope"], "the output directory is the parent run {root}/nope; extend never"),
+        ("nope", ["--length", "1x"], "--length 16: the fit length must exceed the training length 16"),
+        ("nope", ["--length", "lots"], "--length lots: give a multiple of the training length (4x) or tokens"),
+        ("nope", ["--temperature", "ssmax"], "--temperature ssmax: calibrate fits drope or head-scale"),
+        ("nope", ["--form", "token"], "--form token: DroPE's temperature is applied per cell or per query"),
+        ("nope", ["--c-min", "-2", "--c-max", "-1"], "--c-min -2.0 .. --c-max -1.0: no c keeps β > 0 at the fit"),
+        ("nope", ["--temperature", "head-scale", "--length", "2x", "--length", "4x"], "head-scale is trained at one"),
+    ],
+)
+def test_a_refusal_that_needs_no_checkpoint_is_one_line_before_torch(
+    refused: Path, run: str, args: list[str], message: str
+) -> None:
+    """What the flags and the parent's meta.json and config.yaml decide exits 2 with one line, without importing
+    torch (seconds): `-X importtime` lists every module imported on stderr, before the error line."""
+    root = refused
+    flags = [arg.format(root=root) for arg in args]
+    cmd = [sys.executable, "-X", "importtime", "-m", "posenc_cli", "calibrate", str(root / run), *flags]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=root)
+    lines = done.stderr.splitlines()
+    imported = [line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")]
+    said = [line for line in lines if not line.startswith("import time:")]
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
+    assert len(said) == 1 and said[0].startswith("error: " + message.format(root=root)), said
+    assert "posenc_cli.extension.calibrate_settings" in imported  # the checks ran
+    assert not [name for name in imported if name == "torch" or name.startswith("torch.")]

@@ -12,15 +12,8 @@ import torch
 from train_utils import tiny_config, write_corpus
 
 from posenc_cli.errors import ConfigError
-from posenc_cli.extension.calibrate import (
-    CalibrateSettings,
-    c_grid,
-    calibrate_run,
-    fit_lengths,
-    fit_windows,
-    golden_section,
-    mean_loss,
-)
+from posenc_cli.extension.calibrate import calibrate_run, fit_windows, golden_section, mean_loss
+from posenc_cli.extension.calibrate_settings import CalibrateSettings, c_grid, fit_lengths
 from posenc_cli.run.load import load_run
 from posenc_cli.run.meta import read_meta
 from posenc_cli.run.train import train
