@@ -373,6 +373,11 @@ def write_outputs(records: list[RunRecord], out_dir: Path, competence: float = D
     return [out_dir / name for name in names]
 
 
+def label_list(labels: list[str]) -> str:
+    """Labels joined for a caption: by '; ' where one holds a comma (a sweep's 'path, lr=0.001'), else by ', '."""
+    return ("; " if any("," in label for label in labels) else ", ").join(labels)
+
+
 def caption_lines(records: list[RunRecord], baseline: str | None = None, metric: str = "ppl") -> list[str]:
     """Under the table: the corpus of the cells, where they were measured (precision, device), what n=K averages,
     why each n/a is n/a, failed jobs; with `metric="longppl"`, what its n/a and n/m mean and each cell's key
@@ -398,7 +403,7 @@ def caption_lines(records: list[RunRecord], baseline: str | None = None, metric:
     lines += [f"{r.label} [{r.status}]: {r.error}" for r in records if r.status not in ("ok", ANSWER_ONLY)]
     if answer := list(dict.fromkeys(r.label for r in records if r.status == ANSWER_ONLY)):
         lines.append(
-            f"No perplexity for {', '.join(answer)}: trained on answer tokens only (train.loss_on=answer), so a "
+            f"No perplexity for {label_list(answer)}: trained on answer tokens only (train.loss_on=answer), so a "
             "perplexity over every token would score tokens they never trained to predict; their task scores follow."
         )
     return lines

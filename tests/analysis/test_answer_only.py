@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from posenc_cli.analysis.compare import Comparison
+from posenc_cli.analysis.compare import Comparison, label_list
 from posenc_cli.analysis.gather import gather
 from posenc_cli.analysis.rows import ANSWER_ONLY
 from posenc_cli.cli import app
@@ -79,3 +79,8 @@ def test_compare_of_answer_only_runs_alone_prints_no_empty_table(runs: tuple[Pat
     shown = runner.invoke(app, ["compare", str(answer)], terminal_width=200)
     assert shown.exit_code == 0, shown.output
     assert "No perplexity for" in shown.output and "by evaluation length" not in shown.output
+
+
+def test_caption_keeps_labels_with_commas_apart() -> None:
+    assert label_list(["rope", "alibi"]) == "rope, alibi"
+    assert label_list(["path, lr=0.0003", "path, lr=0.001"]) == "path, lr=0.0003; path, lr=0.001"
