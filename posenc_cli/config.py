@@ -430,6 +430,8 @@ class ExtendConfig(ScalingSettings):
     def validate(self) -> None:
         _check_finite(self, "extend")
         if self.remap != "none":
+            if self.remap not in REMAP_METHODS:
+                raise ConfigError(f"unknown extend.remap '{self.remap}' (available: none, {', '.join(REMAP_METHODS)})")
             if self.finetune_steps or self.pose or self.logn:
                 raise ConfigError(
                     f"extend.remap={self.remap} takes no fine-tune, PoSE or extend.logn (its log-n: extend.remap_logn)"

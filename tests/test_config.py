@@ -32,6 +32,7 @@ def test_round_trip_through_yaml(tmp_path) -> None:
         (("train", "lr"), True, "train.lr: expected a number"),
         (("eval", "lengths"), [1, "x"], "eval.lengths[1]: expected a number"),
         (("extend", "factor"), 1.0, "extend.factor must be > 1"),
+        (("extend", "remap"), "self_extend", "unknown extend.remap 'self_extend' (available: none, self-extend"),
     ],
 )
 def test_bad_values_are_rejected(path: tuple[str, str], value: object, message: str) -> None:

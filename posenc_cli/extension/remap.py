@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc_cli import __version__
-from posenc_cli.config import RemapConfig, replace
+from posenc_cli.config import REMAP_METHODS, RemapConfig, replace
 from posenc_cli.errors import ConfigError
 from posenc_cli.extension.child_run import (
     check_out_dir,
@@ -62,7 +62,7 @@ def remap_run(
     transformers directory, a parent that is not RoPE or already remaps, `logn` asked of a parent that already
     scales its logits, an `out_dir` that is the parent or holds anything else."""
     if remap.method == "none":
-        raise ConfigError("give a remapping method: self-extend or rerope")
+        raise ConfigError(f"give a remapping method: {' or '.join(REMAP_METHODS)}")
     remap.validate()
     parent_path, out = Path(parent_dir), Path(out_dir)
     check_parent(parent_path, out, remap=remap.method)
