@@ -366,10 +366,14 @@ def layout_terminal(enc: LayoutEncoding, size: int = 8) -> list[Any]:
 
 
 def _run_title(report: AttentionReport) -> str:
-    """`rope-0 (rope)`; a sweep job named `pos=rope` already names its scheme."""
-    if report.run.endswith(f"={report.scheme}"):
-        return report.run
-    return run_label({"run": report.run, "scheme": report.scheme})
+    """`rope-0 (rope)`; a sweep job named `pos=rope` already names its scheme; a DroPE run says its model attends
+    without positions (`rope-0 (rope), positions dropped at 3500`)."""
+    title = (
+        report.run
+        if report.run.endswith(f"={report.scheme}")
+        else run_label({"run": report.run, "scheme": report.scheme})
+    )
+    return title if report.dropped_at is None else f"{title}, positions dropped at {report.dropped_at}"
 
 
 def _mult(m: float) -> str:

@@ -529,6 +529,7 @@ class AttentionReport:
     layers: list[int]
     heads: list[int]  # [-1] = mean over heads
     layer_notes: list[str] = field(default_factory=list)  # a layout: each layer's scheme, span, temperature
+    dropped_at: int | None = None  # DroPE: the step after which the model attends without positions (None: never)
 
 
 def panel_for_windows(
@@ -651,4 +652,5 @@ def attention_report(
         layers=layers,
         heads=heads,
         layer_notes=model.scheme.describe_layers() if is_layout(model.scheme) else [],
+        dropped_at=run.positions_dropped_at,
     )

@@ -173,3 +173,14 @@ def test_attention_of_a_layout_run_honours_each_layers_span(hybrid_run: Path, tm
         np.testing.assert_array_equal(~np.isnan(panel.maps[(0, 0)]), (j <= i) & (i // 4 == j // 4))
     titles = [ax.get_title() for ax in viz.attention_figure(report).axes]
     assert any("rope, chunked 4" in t for t in titles) and any("nope, floor-log" in t for t in titles)
+
+
+def test_a_drope_panel_says_its_positions_were_dropped(tmp_path: Path) -> None:
+    """A DroPE run's model attends without positions: its panel must not read as RoPE's."""
+    from posenc_cli.run.train import train
+
+    run = tmp_path / "drope-run"
+    train(tiny_config(write_corpus(tmp_path), pos="rope", steps=10, eval_every=10, save_every=10, drope_at=5), run)
+    report = viz_data.attention_report(load_run(run), maps=False, windows=1)
+    fig = viz.compare_figure([report])
+    assert "drope-run (rope), positions dropped at 5, trained at 16" in fig.axes[0].get_title()
