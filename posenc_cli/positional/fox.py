@@ -12,6 +12,7 @@ Linear(hidden, n_head, bias=True) per layer, weights N(0, initializer_range) and
 (`logsigmoid(fgate_logit.float())`); the KV cache keeps each token's log f beside its key and value
 (`FgateDynamicCache`), which is what the `content` hook's features are here. RoPE is off by default (`use_rope=False`);
 `pos.rope=true` adds posenc's RoPE (its defaults, base 10k; the reference's base is 500k) for "FoX with RoPE".
+`pos.decay_time_min/max` (off by default) start the gate's bias open (`gate_bias_init`), a posenc option.
 posenc's choices: the gate reads the layer's normed input, as every projection of posenc's attention does, and is
 computed in fp32 also under autocast; posenc's init std is `model.init_std` (0.02, the reference's default too).
 
@@ -24,6 +25,7 @@ does, so it is trivially `relative` (with `pos.rope=true` RoPE reads the ids as 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc_cli.config import ModelConfig, PosConfig
+from posenc_cli.errors import ConfigError
 from posenc_cli.positional import register
 from posenc_cli.positional.base import Hook, PositionalScheme, PositionContext
 from posenc_cli.positional.rope import RoPE, RopeConfig
@@ -40,6 +43,30 @@ from posenc_cli.positional.rope import RoPE, RopeConfig
 class FoxConfig(PosConfig):
     name: str = "fox"
     rope: bool = False  # FoX with RoPE (posenc's RoPE at its defaults) besides the forget gate
+    # Decay-time start of the gates' bias (0, 0: bias 0, every gate near 1/2, the reference's data-dependent gate):
+    # head h of n starts with log f = −1/T_h, T log-uniform over [min, max] (`gate_bias_init`).
+    decay_time_min: float = 0.0
+    decay_time_max: float = 0.0
+
+    def validate(self) -> None:
+        times = (self.decay_time_min, self.decay_time_max)
+        if times != (0.0, 0.0) and not 0 < self.decay_time_min <= self.decay_time_max:
+            raise ConfigError(
+                f"pos.decay_time_min={self.decay_time_min}, pos.decay_time_max={self.decay_time_max}: both 0 (the "
+                "reference's gates at 1/2), or 0 < min <= max (tokens)"
+            )
+
+
+def gate_bias_init(n_head: int, decay_time_min: float, decay_time_max: float) -> Tensor:
+    """(n_head,) forget-gate biases b_h = −log(exp(1/T_h) − 1), so that log σ(b_h) = −1/T_h, T_h log-uniform over
+    [min, max]: the reference's `fgate_bias_init` (zhixuan-lin/forgetting-transformer, `ForgettingAttentionLayer`,
+    decay_time_min/max), which it allows only for its data-independent gates ("bias_only", "fixed"); here it starts
+    the data-dependent gate's bias, a posenc option (off by default) to test whether FoX's local start decides what
+    it learns. Zeros when both are 0."""
+    if decay_time_min == decay_time_max == 0:
+        return torch.zeros(n_head)
+    steps = torch.linspace(math.log(decay_time_min), math.log(decay_time_max), n_head, dtype=torch.float64)
+    return (-torch.log(torch.expm1(1.0 / steps.exp()))).float()
 
 
 def log_forget_gates(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -70,7 +97,8 @@ class FoX(PositionalScheme):
     def __init__(self, cfg: FoxConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__(cfg, model, train_length)
         self.gate_weight = nn.Parameter(torch.randn(model.n_layer, model.n_head, model.d_model) * model.init_std)
-        self.gate_bias = nn.Parameter(torch.zeros(model.n_layer, model.n_head))  # (L, H)
+        bias = gate_bias_init(model.n_head, cfg.decay_time_min, cfg.decay_time_max)  # (H,)
+        self.gate_bias = nn.Parameter(bias.expand(model.n_layer, -1).clone())  # (L, H)
         self.rope = RoPE(RopeConfig(), model, train_length) if cfg.rope else None
         if self.rope is not None:
             self.hooks = ("rotate", "content", "bias")

@@ -57,6 +57,8 @@ ADDED_KEYS = (
     "model.qk_norm_layers",
     "model.canon",
     "data.max_len_per_task",
+    "pos.decay_time_min",
+    "pos.decay_time_max",
 )
 _ABSENT = object()
 

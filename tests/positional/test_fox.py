@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from posenc_cli.config import ModelConfig
 from posenc_cli.errors import ConfigError
 from posenc_cli.model import GPT
-from posenc_cli.positional.fox import FoxConfig, forget_bias, log_forget_gates
+from posenc_cli.positional.fox import FoxConfig, forget_bias, gate_bias_init, log_forget_gates
 from posenc_cli.run.config_load import config_from_dict
 
 
@@ -100,3 +102,27 @@ def test_config_from_the_command_line() -> None:
     assert not config_from_dict({"pos": {"name": "fox"}}).pos.rope  # off by default, as the reference's use_rope
     with pytest.raises(ConfigError, match="window"):  # a misspelt option is refused, not ignored
         config_from_dict({"pos": {"name": "fox", "window": 4}})
+
+
+def test_decay_time_start_gives_each_head_log_f_of_minus_one_over_t() -> None:
+    """The reference's fgate_bias_init formula: log σ(b_h) = −1/T_h, T log-uniform over [min, max] across heads."""
+    bias = gate_bias_init(4, 16.0, 128.0)
+    times = torch.logspace(math.log10(16.0), math.log10(128.0), 4, dtype=torch.float64)
+    torch.testing.assert_close(torch.nn.functional.logsigmoid(bias.double()), -1.0 / times, atol=1e-6, rtol=1e-5)
+    assert torch.equal(gate_bias_init(4, 0.0, 0.0), torch.zeros(4))  # the default: every gate at σ(0) = 1/2
+
+
+def test_the_model_starts_every_layer_with_the_decay_time_bias() -> None:
+    model = GPT(
+        ModelConfig(d_model=32, n_layer=2, n_head=4), FoxConfig(decay_time_min=8.0, decay_time_max=64.0), 11, 16
+    )
+    expected = gate_bias_init(4, 8.0, 64.0)
+    assert all(torch.equal(row, expected) for row in model.scheme.gate_bias.detach())
+    plain = GPT(ModelConfig(d_model=32, n_layer=2, n_head=4), FoxConfig(), 11, 16)
+    assert torch.count_nonzero(plain.scheme.gate_bias) == 0
+
+
+@pytest.mark.parametrize(("low", "high"), [(16.0, 8.0), (0.0, 8.0), (-1.0, 8.0), (8.0, 0.0)])
+def test_decay_times_are_both_zero_or_an_ordered_positive_range(low: float, high: float) -> None:
+    with pytest.raises(ConfigError, match="pos.decay_time_min"):
+        FoxConfig(decay_time_min=low, decay_time_max=high).validate()

@@ -12,6 +12,7 @@ from posenc_cli.config import RUNTIME_KEYS, Config, TrainConfig, config_to_dict,
 from posenc_cli.data.sources import config_class as data_config_class
 from posenc_cli.data.sources import registry as source_registry
 from posenc_cli.positional import config_class
+from posenc_cli.positional import registry as scheme_registry
 from posenc_cli.run.config_compose import compose_config
 from posenc_cli.run.meta import RunMeta
 from posenc_cli.sweep.identity import ADDED_KEYS, field_default, identity_hash, job_identity, numbers_keys
@@ -68,6 +69,10 @@ def _config_with(key: str) -> Config:
         for source in source_registry():
             if name in {f.name for f in dataclasses.fields(data_config_class(source))}:
                 return Config(data=data_config_class(source)())
+    if group == "pos":  # a scheme's own option (FoX's decay times): a config that chose the scheme holds it
+        for scheme in scheme_registry():
+            if name in {f.name for f in dataclasses.fields(config_class(scheme))}:
+                return Config(pos=config_class(scheme)())
     return Config()
 
 
