@@ -8,6 +8,7 @@ are summed first and keep their digits. The weights need not sum to 1: as in the
 1 − Σ_j A_ij goes to the query's own value (shawntan/stickbreaking-attention `tests/test_attn.py` `ref_fwd`:
 `o = o + rem[..., None] * v`, with `stickbreaking_attention/sb_ref.py` computing A and rem). The reference's
 `attend_current` (default False there) lets the query's own key take part in the breaking: `pos.attend_current`.
+`pos.logit_bias` (posenc's, 0 by default) adds a constant to every logit first.
 
 This is the scheme that owns the normaliser (`normalise` hook, run by `posenc_cli.attention.scored.Scored`): the
 logits are posenc's usual q·kᵀ/√d, the softmax is replaced. A layer's span (a layout's sliding window or chunks)
@@ -18,6 +19,7 @@ Position ids: ignored (the breaking follows token order, as causality does), so 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posenc_cli.config import PosConfig
+from posenc_cli.errors import ConfigError
 from posenc_cli.positional import register
 from posenc_cli.positional.base import PositionalScheme, PositionContext
 
@@ -33,6 +36,14 @@ from posenc_cli.positional.base import PositionalScheme, PositionContext
 class StickBreakingConfig(PosConfig):
     name: str = "stickbreaking"
     attend_current: bool = False  # the query's own key joins the breaking (the reference's `attend_current`)
+    # A constant added to every logit before the breaking, β_ij = σ(z_ij + b) (0: the reference). A negative b starts
+    # each key's share small, so the stick reaches further back: posenc's option, to test whether the local start
+    # (every β near 1/2 at initialisation) decides what the scheme learns.
+    logit_bias: float = 0.0
+
+    def validate(self) -> None:
+        if not math.isfinite(self.logit_bias):
+            raise ConfigError(f"pos.logit_bias must be a finite number, got {self.logit_bias}")
 
 
 def stick_breaking_weights(
@@ -61,4 +72,6 @@ class StickBreaking(PositionalScheme):
     def normalise(
         self, layer: int, logits: Tensor, q_pos: Tensor, k_pos: Tensor, visible: Tensor, ctx: PositionContext
     ) -> Tensor:
+        if self.cfg.logit_bias:
+            logits = logits + self.cfg.logit_bias
         return stick_breaking_weights(logits, q_pos, k_pos, visible, self.cfg.attend_current)

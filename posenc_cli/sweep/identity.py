@@ -59,6 +59,7 @@ ADDED_KEYS = (
     "data.max_len_per_task",
     "pos.decay_time_min",
     "pos.decay_time_max",
+    "pos.logit_bias",
 )
 _ABSENT = object()
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from posenc_cli.config import ModelConfig
+from posenc_cli.errors import ConfigError
 from posenc_cli.model import GPT
 from posenc_cli.positional.span import Span
 from posenc_cli.positional.stickbreaking import StickBreakingConfig, stick_breaking_weights
@@ -55,21 +57,24 @@ def test_a_hidden_key_neither_takes_nor_breaks() -> None:
     assert bool((got[~visible] == 0).all())
 
 
-def model_and_tokens(seed: int = 0) -> tuple[GPT, torch.Tensor]:
+def model_and_tokens(seed: int = 0, logit_bias: float = 0.0) -> tuple[GPT, torch.Tensor]:
     torch.manual_seed(seed)
     cfg = ModelConfig(d_model=16, n_layer=2, n_head=2, dropout=0.0)
-    return GPT(cfg, StickBreakingConfig(), vocab_size=11, train_length=8).eval(), torch.randint(0, 11, (2, 9))
+    scheme = StickBreakingConfig(logit_bias=logit_bias)
+    return GPT(cfg, scheme, vocab_size=11, train_length=8).eval(), torch.randint(0, 11, (2, 9))
 
 
-def test_model_output_equals_the_float64_reference_of_one_layer() -> None:
-    model, idx = model_and_tokens()
+@pytest.mark.parametrize("logit_bias", [0.0, -3.0])
+def test_model_output_equals_the_float64_reference_of_one_layer(logit_bias: float) -> None:
+    """pos.logit_bias b breaks the stick by σ(z + b): the reference's product of the shifted logits."""
+    model, idx = model_and_tokens(logit_bias=logit_bias)
     attn = model.blocks[0].attn
     x = model.blocks[0].norm1(model.wte(idx))  # (B, T, D)
     with torch.no_grad():
         q, k, v = attn.qkv_heads(x, model.scheme, model.context(idx))
         y = attn(x, model.scheme, model.context(idx))
         B, H, T, d = q.shape
-        z = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(d)
+        z = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(d) + logit_bias
         ref = torch.stack([torch.stack([naive_weights(z[b, h], False) for h in range(H)]) for b in range(B)])
         heads = (ref @ v.double()).transpose(1, 2).reshape(B, T, H * d)
         expected = attn.proj(heads.float())
@@ -91,3 +96,8 @@ def test_gradients_flow_to_queries_and_keys() -> None:
     model(idx).logsumexp(-1).mean().backward()
     grad = model.blocks[0].attn.qkv.weight.grad
     assert grad is not None and bool(torch.isfinite(grad).all()) and grad.abs().sum() > 0
+
+
+def test_a_logit_bias_must_be_finite() -> None:
+    with pytest.raises(ConfigError, match="pos.logit_bias"):
+        StickBreakingConfig(logit_bias=float("-inf")).validate()
