@@ -65,8 +65,8 @@ def gate_bias_init(n_head: int, decay_time_min: float, decay_time_max: float) ->
     it learns. Zeros when both are 0."""
     if decay_time_min == decay_time_max == 0:
         return torch.zeros(n_head)
-    steps = torch.linspace(math.log(decay_time_min), math.log(decay_time_max), n_head, dtype=torch.float64)
-    return (-torch.log(torch.expm1(1.0 / steps.exp()))).float()
+    times = torch.logspace(math.log10(decay_time_min), math.log10(decay_time_max), n_head, dtype=torch.float64)
+    return (-torch.log(torch.expm1(1.0 / times))).float()  # (H,)
 
 
 def log_forget_gates(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
