@@ -15,6 +15,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from posenc_cli.report.colours import accuracy_style
 from posenc_cli.report.gate import (
     DEFAULT_COMPETENCE,
     GATE_MARK,
@@ -24,7 +25,6 @@ from posenc_cli.report.gate import (
     is_flagged,
     state_cell,
 )
-from posenc_cli.report.passkey_report import _ink, accuracy_colour
 from posenc_cli.report.tables import LABEL_MAX_WIDTH, fit_to_content, run_label
 
 __all__ = ["percent_cell", "run_tables", "summary_table"]
@@ -36,7 +36,7 @@ def percent_cell(value: float | None) -> Text:
     """An accuracy as a coloured percentage (no sign), n/a dimmed."""
     if value is None or math.isnan(value):
         return Text("n/a", style="dim")
-    return Text(f"{value * 100:.0f}", style=f"bold {_ink(value)} on {accuracy_colour(value)}")
+    return Text(f"{value * 100:.0f}", style=accuracy_style(value))
 
 
 def run_tables(

@@ -16,6 +16,7 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
+from posenc_cli.report.colours import accuracy_style, ink_colour
 from posenc_cli.report.gate import DEFAULT_COMPETENCE, gate_cell, gate_legend, gate_note, mark_panel
 from posenc_cli.report.tables import LABEL_MAX_WIDTH, describe_lengths, fit_to_content, run_label
 
@@ -40,20 +41,6 @@ def accuracy_grid(
         else:
             reasons.setdefault(e.get("reason") or "not measured", {})[str(e["length"])] = None
     return rows, cols, grid, {r: ", ".join(lengths) for r, lengths in reasons.items()}
-
-
-def accuracy_colour(accuracy: float) -> str:
-    """Red (0) -> yellow (0.5) -> green (1), as a hex colour (ColorBrewer RdYlGn end points)."""
-    stops = np.array([[215, 48, 39], [254, 224, 139], [26, 152, 80]], dtype=float)
-    t = min(max(accuracy, 0.0), 1.0) * 2
-    k = min(int(t), 1)
-    rgb = stops[k] + (stops[k + 1] - stops[k]) * (t - k)
-    return "#" + "".join(f"{round(c):02x}" for c in rgb)
-
-
-def _ink(accuracy: float) -> str:
-    """Text colour readable on `accuracy_colour(accuracy)`: white on the dark ends, black in the middle."""
-    return "white" if accuracy < 0.2 or accuracy > 0.85 else "black"
 
 
 def _depth_label(depth: float) -> str:
@@ -99,7 +86,7 @@ def passkey_table(
                 if math.isnan(value):
                     cells.append(Text("n/a", style="dim"))
                 else:
-                    style = f"bold {_ink(value)} on {accuracy_colour(value)}"
+                    style = accuracy_style(value)
                     cells.append(Text(f" {value:.0%} ", style=style))
             for values in (grid[i], partial[i]):
                 full = values.size > 0 and not np.isnan(values).any()
@@ -146,7 +133,15 @@ def passkey_figure(
         ax.set_facecolor("0.85")
         for (i, j), value in np.ndenumerate(grid):
             text = "n/a" if math.isnan(value) else f"{value:.0%}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="0.3" if math.isnan(value) else _ink(value))
+            ax.text(
+                j,
+                i,
+                text,
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="0.3" if math.isnan(value) else ink_colour(value),
+            )
         ax.set_xticks(range(len(cols)), [_depth_label(d) for d in cols])
         ax.set_yticks(range(len(rows)), [_length_label(length, m) for length, m in rows])
         ax.set_xlabel("key depth")

@@ -16,6 +16,7 @@ import numpy as np
 from rich.table import Table
 from rich.text import Text
 
+from posenc_cli.report.colours import accuracy_style
 from posenc_cli.report.effective_length import RULER_THRESHOLD, effective_length
 from posenc_cli.report.gate import (
     DEFAULT_COMPETENCE,
@@ -25,7 +26,6 @@ from posenc_cli.report.gate import (
     gate_note,
     mark_panel,
 )
-from posenc_cli.report.passkey_report import _ink, accuracy_colour
 from posenc_cli.report.tables import LABEL_MAX_WIDTH, fit_to_content, run_label
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ def tasks_tables(
                     if math.isnan(value):
                         cells.append(Text("n/a", style="dim"))
                     else:
-                        cells.append(Text(f" {value:.0%} ", style=f"bold {_ink(value)} on {accuracy_colour(value)}"))
+                        cells.append(Text(f" {value:.0%} ", style=accuracy_style(value)))
                 full = grid[i].size > 0 and not np.isnan(grid[i]).any()
                 cells.append(f"{grid[i].mean():.0%}" if full else Text("n/a", style="dim"))
                 cells.append(gate_cell(gate.status, gate.accuracy) if i == 0 else "")
@@ -258,7 +258,7 @@ def task_summary_tables(
                     cells.append(Text("n/a", style="dim"))
                     continue
                 value = sum(scores) / len(scores)
-                cells.append(Text(f" {value:.0%} ", style=f"bold {_ink(value)} on {accuracy_colour(value)}"))
+                cells.append(Text(f" {value:.0%} ", style=accuracy_style(value)))
             gate = run_gates[(task, scoring)]
             cells.append(gate_cell(gate.status, gate.accuracy))
             cells.append(effective_cell(effective_length(length_scores(mine), threshold).label, gate.status))

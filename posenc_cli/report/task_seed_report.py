@@ -15,8 +15,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from posenc_cli.report.colours import accuracy_style
 from posenc_cli.report.gate import DEFAULT_COMPETENCE, GATE_MARK, GATE_STYLE, LEARNED, NOT_LEARNED
-from posenc_cli.report.passkey_report import _ink, accuracy_colour
 from posenc_cli.report.tables import LABEL_MAX_WIDTH, fit_to_content
 
 __all__ = ["seed_caption", "seed_gate_text", "seed_markdown", "seed_score_text", "seed_tables", "seed_title"]
@@ -113,7 +113,7 @@ def _score_cell(row: Row | None) -> Text:
     mean = _number(row["mean"])
     if mean is None:
         return Text(seed_score_text(row), style="dim")
-    return Text(f" {seed_score_text(row)} ", style=f"bold {_ink(mean)} on {accuracy_colour(mean)}")
+    return Text(f" {seed_score_text(row)} ", style=accuracy_style(mean))
 
 
 def seed_tables(rows: Sequence[Row], competence: float = DEFAULT_COMPETENCE) -> list[Table]:

@@ -1,4 +1,4 @@
-"""passkey_report: the accuracy grid behind the table and heatmap, the colour scale, and both renderings."""
+"""passkey_report: the accuracy grid behind the table and heatmap, and both renderings."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from rich.console import Console
 
 from posenc_cli.report import passkey_report as pr
@@ -53,12 +52,6 @@ def test_accuracy_grid_sorts_rows_and_columns_and_collects_reasons() -> None:
     assert np.isnan(grid[1]).all() and not np.isnan(grid[0]).any()
     assert reasons == {"beyond 128 positions": "256"}
     np.testing.assert_array_equal(pr.accuracy_grid(ROPE, "token_accuracy")[2], [[1.0, 1.0], [0.25, 0.75]])
-
-
-@pytest.mark.parametrize(("accuracy", "colour"), [(0.0, "#d73027"), (0.5, "#fee08b"), (1.0, "#1a9850")])
-def test_colour_scale_hits_the_colorbrewer_stops(accuracy: float, colour: str) -> None:
-    assert pr.accuracy_colour(accuracy) == colour
-    assert pr.accuracy_colour(-1.0) == "#d73027" and pr.accuracy_colour(2.0) == "#1a9850"  # clamped
 
 
 def test_table_shows_cells_means_and_why_cells_are_missing() -> None:
