@@ -12,8 +12,10 @@ import typer
 from posenc_cli import api
 from posenc_cli.cli.app import app, handles_errors
 from posenc_cli.cli.eval_shared import (
+    BatchTokensOption,
     DeviceOption,
     JsonOption,
+    RunDirsArgument,
     ThreadsOption,
     check_run_args,
     evaluate_timed,
@@ -62,12 +64,7 @@ def parse_lengths(text: str) -> list[int]:
 @app.command("eval-algorithmic", epilog=_EXAMPLES)
 @handles_errors
 def eval_algorithmic_command(
-    paths: Annotated[
-        list[str] | None,
-        typer.Argument(
-            help="Run or sweep directories (runs are found recursively).", metavar="RUN_DIR...", show_default=False
-        ),
-    ] = None,
+    paths: RunDirsArgument = None,
     tasks: Annotated[str | None, option("Comma-separated tasks (default: the run's data.tasks, else all).")] = None,
     lengths: Annotated[
         str | None, option("Instance lengths, e.g. 1-40 or 1,10,20 (default: 1..2L, L = the run's data.max_length).")
@@ -79,7 +76,7 @@ def eval_algorithmic_command(
         int | None, option("Examples per task × length (default: the run's data.eval_examples, else 100).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the test examples (the same seed gives the same prompts).")] = 0,
-    batch_tokens: Annotated[int, typer.Option(help="Prompt tokens per forward batch (memory bound).")] = 16384,
+    batch_tokens: BatchTokensOption = 16384,
     dtype: Annotated[str, typer.Option(help="auto, fp32 or bf16.")] = "auto",
     device: DeviceOption = "auto",
     threads: ThreadsOption = 0,

@@ -95,6 +95,17 @@ def force_option(results_file: str) -> Any:
     return typer.Option("--force", help=f"Recompute cells already stored in {results_file}.")
 
 
+RunDirsArgument = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Run or sweep directories (runs are found recursively).", metavar="RUN_DIR...", show_default=False
+    ),
+]
+LengthsOption = Annotated[
+    str | None, option("Prompt lengths as multiples of each run's base length (default 1,2,4,8).")
+]
+AbsLengthsOption = Annotated[str | None, option("Absolute prompt lengths in tokens instead, e.g. 128,512.")]
+BatchTokensOption = Annotated[int, typer.Option(help="Prompt tokens per forward batch (memory bound).")]
 DeviceOption = Annotated[str, typer.Option(help="auto, cpu, cuda or mps.")]
 ThreadsOption = Annotated[int, typer.Option(help="CPU threads (0 = torch's default).")]
 JsonOption = Annotated[

@@ -11,9 +11,13 @@ import typer
 from posenc_cli import api
 from posenc_cli.cli.app import app, handles_errors, split_args
 from posenc_cli.cli.eval_shared import (
+    AbsLengthsOption,
+    BatchTokensOption,
     DeviceOption,
     JsonOption,
+    LengthsOption,
     Results,
+    RunDirsArgument,
     ThreadsOption,
     build_eval_config,
     check_run_args,
@@ -228,23 +232,16 @@ _PASSKEY_EXAMPLES = """
 @app.command("eval-passkey", epilog=_PASSKEY_EXAMPLES)
 @handles_errors
 def eval_passkey_command(
-    paths: Annotated[
-        list[str] | None,
-        typer.Argument(
-            help="Run or sweep directories (runs are found recursively).", metavar="RUN_DIR...", show_default=False
-        ),
-    ] = None,
-    lengths: Annotated[
-        str | None, option("Prompt lengths as multiples of each run's base length (default 1,2,4,8).")
-    ] = None,
-    abs_lengths: Annotated[str | None, option("Absolute prompt lengths in tokens instead, e.g. 128,512.")] = None,
+    paths: RunDirsArgument = None,
+    lengths: LengthsOption = None,
+    abs_lengths: AbsLengthsOption = None,
     depths: Annotated[
         str | None, option("Key depths: share of the filler before the key (default 0,0.25,0.5,0.75,1).")
     ] = None,
     trials: Annotated[int, typer.Option(help="Prompts (fresh keys) per length × depth.")] = 10,
     digits: Annotated[int | None, option("Digits per key (default: the run's data.passkey_digits, 5).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the keys (the same seed gives the same prompts).")] = 0,
-    batch_tokens: Annotated[int, typer.Option(help="Prompt tokens per forward batch (memory bound).")] = 16384,
+    batch_tokens: BatchTokensOption = 16384,
     dtype: Annotated[
         str, typer.Option(help="auto (bf16 if the run trained in bf16 and it is fast here), fp32, bf16.")
     ] = "auto",

@@ -13,8 +13,12 @@ import typer
 from posenc_cli import api
 from posenc_cli.cli.app import app, handles_errors
 from posenc_cli.cli.eval_shared import (
+    AbsLengthsOption,
+    BatchTokensOption,
     DeviceOption,
     JsonOption,
+    LengthsOption,
+    RunDirsArgument,
     ThreadsOption,
     check_run_args,
     evaluate_timed,
@@ -61,17 +65,10 @@ def parse_sizes(text: str | None) -> dict[str, int] | None:
 @app.command("eval-tasks", epilog=_EXAMPLES)
 @handles_errors
 def eval_tasks_command(
-    paths: Annotated[
-        list[str] | None,
-        typer.Argument(
-            help="Run or sweep directories (runs are found recursively).", metavar="RUN_DIR...", show_default=False
-        ),
-    ] = None,
+    paths: RunDirsArgument = None,
     tasks: Annotated[str | None, option("Comma-separated tasks (default: all of them).")] = None,
-    lengths: Annotated[
-        str | None, option("Prompt lengths as multiples of each run's base length (default 1,2,4,8).")
-    ] = None,
-    abs_lengths: Annotated[str | None, option("Absolute prompt lengths in tokens instead, e.g. 128,512.")] = None,
+    lengths: LengthsOption = None,
+    abs_lengths: AbsLengthsOption = None,
     depths: Annotated[str | None, option("Depths of the first needle (default 0,0.5,1).")] = None,
     trials: Annotated[int, typer.Option(help="Episodes per task × length × depth.")] = 10,
     scoring: Annotated[
@@ -102,7 +99,7 @@ def eval_tasks_command(
     haystack: Annotated[str, typer.Option(help="filler (repeated sentences) or corpus (the run's real text).")] = (
         "filler"
     ),
-    batch_tokens: Annotated[int, typer.Option(help="Prompt tokens per forward batch (memory bound).")] = 16384,
+    batch_tokens: BatchTokensOption = 16384,
     dtype: Annotated[str, typer.Option(help="auto, fp32 or bf16.")] = "auto",
     device: DeviceOption = "auto",
     threads: ThreadsOption = 0,
