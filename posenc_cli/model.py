@@ -256,7 +256,8 @@ class GPT(nn.Module):
         cache: KVCache | None = None,
         cell_length: int | tuple[int, ...] | None = None,
     ) -> Tensor:
-        """idx (B, T) int64 -> logits (B, T, V). `causal=False` drops the mask (analysis/tests only).
+        """idx (B, T) int64 -> logits (B, T, V). `causal=False` drops the mask (analysis/tests only;
+        refused for a `causal_only` scheme).
 
         position_ids: (T,) or (B, T) position ids (default 0..T−1), what the scheme encodes; the causal mask keeps
         following token order whatever the ids (see `PositionContext`). (B, n_layer, T): each layer its own ids
@@ -279,6 +280,8 @@ class GPT(nn.Module):
         or a tuple of one per row; None: T, or with a cache the length the cache holds (`KVCache.cell`), so that
         full and cached forwards of one cell given the same length compute the same.
         """
+        if not causal and self.scheme.causal_only:
+            raise ValueError(f"{self.scheme.name} is defined for causal attention only: no non-causal forward")
         if cache is not None:
             return self._forward_cached(idx, cache, position_ids, cell_length, documents)
         per_layer = layer_ids(position_ids, len(self.blocks))  # (B, n_layer, T) or None

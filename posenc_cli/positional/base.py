@@ -162,6 +162,9 @@ class PositionalScheme(nn.Module):
     # True when the logits depend on the position ids only through differences id_i − id_j, so that shifting every
     # id by one constant changes nothing (up to rounding). Vacuously true for a scheme that ignores the ids.
     relative: ClassVar[bool] = False
+    # True when the scheme is defined for causal attention only (gates or sums over the keys up to the query): the
+    # model refuses a non-causal forward instead of returning logits the scheme does not define.
+    causal_only: ClassVar[bool] = False
 
     def __init__(self, cfg: PosConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__()

@@ -85,6 +85,7 @@ class CoPE(PositionalScheme):
     hooks = ("bias",)
     paper = "Golovneva et al. 2024, arXiv:2405.18719"
     relative = True  # ids are ignored (see the module docstring)
+    causal_only = True  # p_ij counts the gates of keys j..i
 
     def __init__(self, cfg: CopeConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__(cfg, model, train_length)

@@ -93,6 +93,7 @@ class FoX(PositionalScheme):
     hooks: tuple[Hook, ...] = ("content", "bias")
     paper = "Lin et al. 2025, arXiv:2503.02130"
     relative = True  # the gates follow token order; RoPE, when on, is relative too
+    causal_only = True  # a key's discount is the gates between it and the query
 
     def __init__(self, cfg: FoxConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__(cfg, model, train_length)

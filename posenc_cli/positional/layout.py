@@ -158,6 +158,7 @@ class Layout(PositionalScheme):
         )
         self.hooks = tuple(h for h in ("embed", "rotate", "bias") if any(h in s.hooks for s in self.schemes))
         self.relative = all(s.relative for s in self.schemes)
+        self.causal_only = any(s.causal_only for s in self.schemes)
         self.extrapolates = all(s.extrapolates for s in self.schemes)
 
     @property

@@ -244,6 +244,7 @@ class PaTH(PositionalScheme):
     hooks = ("content", "logits")
     paper = "Yang et al. 2025, arXiv:2505.16381"
     relative = True  # ids are ignored (see the module docstring)
+    causal_only = True  # no logit for a key after its query (the hook gives NaN there)
 
     def __init__(self, cfg: PathConfig, model: ModelConfig, train_length: int) -> None:
         super().__init__(cfg, model, train_length)

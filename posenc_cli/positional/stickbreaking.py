@@ -68,6 +68,7 @@ class StickBreaking(PositionalScheme):
     hooks = ("normalise",)
     paper = "Tan et al. 2025, arXiv:2410.17980"
     relative = True  # ignores the ids
+    causal_only = True  # a key's share is what the keys between it and the query left
 
     def normalise(
         self, layer: int, logits: Tensor, q_pos: Tensor, k_pos: Tensor, visible: Tensor, ctx: PositionContext

@@ -195,3 +195,15 @@ def test_config_round_trip_keeps_the_layout() -> None:
     with torch.no_grad():
         assert torch.equal(a(idx), b(idx))
     assert Config(model=ModelConfig(n_layer=4), pos=config_class("irope")(), train=TrainConfig(seq_len=8)).pos.layers
+
+
+def test_a_layout_is_causal_only_when_any_of_its_schemes_is() -> None:
+    """One FoX layer makes the whole model refuse a non-causal forward; RoPE and NoPE layers alone do not."""
+    idx = torch.randint(0, VOCAB, (1, 8))
+    mixed = GPT(TINY, LayoutConfig(layers=[{"name": "fox"}, {"name": "rope"}]), VOCAB, 16)
+    plain = GPT(TINY, LayoutConfig(layers=[{"name": "rope"}, {"name": "nope"}]), VOCAB, 16)
+    assert mixed.scheme.causal_only and not plain.scheme.causal_only
+    with torch.no_grad(), pytest.raises(ValueError, match="causal attention only"):
+        mixed(idx, causal=False)
+    with torch.no_grad():
+        assert torch.isfinite(plain(idx, causal=False)).all()

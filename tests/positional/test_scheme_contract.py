@@ -1,11 +1,12 @@
 """The contract every positional scheme keeps, parametrised over the registry: a new file in `posenc_cli/positional/`
 is tested here the moment it exists, with no list to extend.
 
-Shapes, causality, a finite loss with gradients for every scheme parameter, training on a fixed batch, bf16
-autocast, a save/load round trip through the saved config, inputs longer than training (or the scheme's refusal),
-chunked attention, and position ids: explicit `arange` ids give the default result, a common shift of the ids
-changes nothing for the schemes marked `relative` (and something for the others), (B, T) ids give each row what it
-would get alone, and causality follows token order whatever the ids.
+Shapes, causality (and the refusal of a non-causal forward by the `causal_only` schemes), a finite loss with
+gradients for every scheme parameter, training on a fixed batch, bf16 autocast, a save/load round trip through the
+saved config, inputs longer than training (or the scheme's refusal), chunked attention, and position ids: explicit
+`arange` ids give the default result, a common shift of the ids changes nothing for the schemes marked `relative`
+(and something for the others), (B, T) ids give each row what it would get alone, and causality follows token order
+whatever the ids.
 """
 
 from __future__ import annotations
@@ -71,6 +72,24 @@ def test_future_tokens_do_not_change_past_logits(name: str) -> None:
     a, b = logits(model, idx), logits(model, changed)
     torch.testing.assert_close(a[:, :cut], b[:, :cut])
     assert not torch.allclose(a[:, cut:], b[:, cut:])
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_a_non_causal_forward_is_refused_exactly_for_the_causal_only_schemes(name: str) -> None:
+    """A `causal_only` scheme defines no logit for a key after its query: the model refuses `causal=False`. Every
+    other scheme gives finite logits that see the future (the mask is gone)."""
+    model = lively(make(name))
+    idx = tokens(2, 12)
+    if model.scheme.causal_only:
+        with pytest.raises(ValueError, match="causal attention only"):
+            model(idx, causal=False)
+        return
+    changed = idx.clone()
+    changed[:, 8:] = (changed[:, 8:] + 1) % VOCAB
+    with torch.no_grad():
+        a, b = model(idx, causal=False), model(changed, causal=False)
+    assert torch.isfinite(a).all()
+    assert not torch.allclose(a[:, :8], b[:, :8])
 
 
 @pytest.mark.parametrize("name", SCHEMES)
