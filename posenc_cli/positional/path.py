@@ -40,9 +40,9 @@ work per layer, T/C Python steps; the measured cost against RoPE's is in docs/co
 The reference's Triton kernel (`fla.ops.path_attn`) is not used: it fuses the softmax and ·v, so it cannot serve a
 hook that returns logits, and it needs CUDA.
 
-Causal only: a key after its query has no PaTH logit. The hook returns NaN there (the causal mask replaces it, and
-no gradient flows through it), so a non-causal forward (`model(idx, causal=False)`) gives NaN instead of a number
-that looks right; a chunk whose keys reach past its last query is refused outright.
+Causal only (`causal_only`): a key after its query has no PaTH logit, and the model refuses a non-causal forward.
+The hook returns NaN there all the same (the causal mask replaces it, and no gradient flows through it), and refuses
+a chunk whose keys reach past its last query.
 
 Packed rows (`PositionContext.documents`): the short convolution reads only its own document's tokens
 (`document_taps`), as if the document began the row; the products between key and query cover only the tokens
