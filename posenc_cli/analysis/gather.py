@@ -12,6 +12,7 @@ the run's current checkpoint are kept, and none of an incomplete run.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,11 @@ def gather(paths: list[Path], *, all_lengths: bool = False) -> list[RunRecord]:
             if not runs:
                 raise UserError(f"{path} holds no posenc run or sweep directory")
             named = sorted(zip(run_names(runs), runs, strict=True), key=lambda pair: pair[0].order)
-            for name, run in named:
-                records.append(_run_record(run, name, None if all_lengths else _sweep_lengths_of(run)))
+            found = [
+                (_run_record(run, name, None if all_lengths else _sweep_lengths_of(run)), name) for name, run in named
+            ]
+            name_seeds_alike(found)
+            records.extend(record for record, _ in found)
             continue
         keep = None if all_lengths else sweep_lengths(path, plan)
         for job in plan["jobs"]:
@@ -71,10 +75,37 @@ def gather(paths: list[Path], *, all_lengths: bool = False) -> list[RunRecord]:
                 _fill(record, keep)
             records.append(record)
         planned = {(path / job["dir"]).resolve() for job in plan["jobs"]}
-        for run in _runs_below(path):
-            if run.resolve() not in planned:
-                records.append(_run_record(run, RunName(run.relative_to(path).as_posix(), False, ()), keep))
+        others = [run for run in _runs_below(path) if run.resolve() not in planned]
+        names = [RunName(run.relative_to(path).as_posix(), False, ()) for run in others]
+        found = [(_run_record(run, name, keep), name) for run, name in zip(others, names, strict=True)]
+        name_seeds_alike(found)
+        records.extend(record for record, _ in found)
     return records
+
+
+def without_seed(name: str, seed: int | None) -> str | None:
+    """`name` less a last part naming the run's own `seed` ('rope-s1', 'rope_seed1', 'pos=rope,train.seed=1' ->
+    'rope', 'rope', 'pos=rope'); None when it names no seed, or another one."""
+    if seed is None:
+        return None
+    found = re.fullmatch(rf"(.+?)[,_\-. ]+(?:train\.)?(?:seed|s)[=_\-]?{seed}", name)
+    return found.group(1) if found else None
+
+
+def name_seeds_alike(found: list[tuple[RunRecord, RunName]]) -> None:
+    """Give the seeds of one experiment found as directories named by their seed ('rope-s0', 'rope-s1') one label,
+    their name without the seed, so that tables average them (`rows.seed_clusters`: one label, one config but for
+    the seed). Only runs whose saved configs are equal but for distinct seeds are renamed, and only in twos or more;
+    a sweep job keeps its plan label."""
+    groups: dict[tuple[str, str], list[tuple[RunRecord, RunName]]] = {}
+    for record, name in found:
+        base = None if name.planned else without_seed(name.name, record.seed)
+        if base is not None and record.identity is not None and record.status != "failed":
+            groups.setdefault((base, record.identity), []).append((record, name))
+    for (base, _), members in groups.items():
+        if len(members) > 1 and len({r.seed for r, _ in members}) == len(members):
+            for record, name in members:
+                record.label = shown_label(RunName(base, name.planned, name.order), record.scheme)
 
 
 def enclosing_sweep(run: Path) -> tuple[Path, dict[str, Any]] | None:

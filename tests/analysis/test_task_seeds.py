@@ -154,6 +154,25 @@ def test_experiments_of_one_label_are_named_by_their_sweep_stage(tmp_path: Path)
     assert (frame.loc["rope · long", "n"], frame.loc["rope · long", "mean"]) == (1, pytest.approx(0.9))
 
 
+@pytest.mark.parametrize("pattern", ["rope-s{}", "rope_seed{}", "pos=rope,train.seed={}"])
+def test_seeds_named_by_their_directories_are_one_experiment(tmp_path: Path, pattern: str) -> None:
+    """Runs outside a sweep named by their seed ('rope-s0', 'rope-s1') average as one row named without it; a run
+    whose name holds another seed, or whose config differs by more than the seed, keeps its own name and row."""
+    for seed, score in ((0, 1.0), (1, 0.8)):
+        seed_run(tmp_path / pattern.format(seed), "rope", seed, {"niah-single": {N: score}})
+    seed_run(tmp_path / pattern.format(7), "rope", 2, {"niah-single": {N: 0.5}})  # named 7, trained with seed 2
+    seed_run(tmp_path / pattern.format(3), "rope", 3, {"niah-single": {N: 0.2}}, steps=800)  # another experiment
+    frame = api.task_seed_scores([tmp_path]).set_index("label")
+    base = pattern.format(0).removesuffix("-s0").removesuffix("_seed0").removesuffix(",train.seed=0")
+    assert (frame.loc[base, "n"], frame.loc[base, "mean"]) == (2, pytest.approx(0.9))
+    assert frame.loc[pattern.format(7), "n"] == 1 and frame.loc[pattern.format(3), "n"] == 1
+
+
+def test_a_lone_run_named_by_its_seed_keeps_its_name(tmp_path: Path) -> None:
+    seed_run(tmp_path / "rope-s1", "rope", 1, {"niah-single": {N: 1.0}})
+    assert list(api.task_seed_scores([tmp_path]).label.unique()) == ["rope-s1"]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The pure aggregation of one experiment's seeds.
 
