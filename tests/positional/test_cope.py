@@ -9,7 +9,6 @@ import torch
 
 from posenc_cli.config import ModelConfig
 from posenc_cli.errors import ConfigError
-from posenc_cli.model import GPT
 from posenc_cli.positional import PositionContext
 from posenc_cli.positional.cope import CoPE, CopeConfig, cope_bias, cope_gates, cope_positions, interpolate_logits
 from posenc_cli.run.config_load import config_from_dict
@@ -132,13 +131,3 @@ def test_config_validation() -> None:
     assert isinstance(cfg.pos, CopeConfig) and cfg.pos.max_pos == 16
     with pytest.raises(ConfigError, match="max_pos"):
         config_from_dict({"pos": {"name": "cope", "max_pos": 1}})
-
-
-def test_a_non_causal_forward_is_refused() -> None:
-    """cope's terms run over the keys up to the query only; with causal=False they would be numbers it never defined."""
-    gpt = GPT(ModelConfig(d_model=32, n_layer=2, n_head=2), CopeConfig(), 48, 16)
-    idx = torch.randint(0, 48, (1, 8))
-    with torch.no_grad():
-        assert torch.isfinite(gpt(idx)).all()
-        with pytest.raises(ValueError, match="causal attention only"):
-            gpt(idx, causal=False)

@@ -126,13 +126,3 @@ def test_the_model_starts_every_layer_with_the_decay_time_bias() -> None:
 def test_decay_times_are_both_zero_or_an_ordered_positive_range(low: float, high: float) -> None:
     with pytest.raises(ConfigError, match="pos.decay_time_min"):
         FoxConfig(decay_time_min=low, decay_time_max=high).validate()
-
-
-def test_a_non_causal_forward_is_refused() -> None:
-    """fox's terms run over the keys up to the query only; with causal=False they would be numbers it never defined."""
-    gpt = GPT(ModelConfig(d_model=32, n_layer=2, n_head=2), FoxConfig(), 48, 16)
-    idx = torch.randint(0, 48, (1, 8))
-    with torch.no_grad():
-        assert torch.isfinite(gpt(idx)).all()
-        with pytest.raises(ValueError, match="causal attention only"):
-            gpt(idx, causal=False)

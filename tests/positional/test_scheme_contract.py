@@ -74,6 +74,12 @@ def test_future_tokens_do_not_change_past_logits(name: str) -> None:
     assert not torch.allclose(a[:, cut:], b[:, cut:])
 
 
+def test_the_schemes_summing_over_the_keys_up_to_the_query_are_marked_causal_only() -> None:
+    """CoPE counts gates, FoX sums log-gates, stick-breaking breaks the stick and PaTH multiplies transforms over the
+    keys between key and query: none defines a logit for a later key."""
+    assert {n for n in SCHEMES if registry()[n].causal_only} == {"cope", "fox", "path", "stickbreaking"}
+
+
 @pytest.mark.parametrize("name", SCHEMES)
 def test_a_non_causal_forward_is_refused_exactly_for_the_causal_only_schemes(name: str) -> None:
     """A `causal_only` scheme defines no logit for a key after its query: the model refuses `causal=False`. Every

@@ -101,14 +101,3 @@ def test_gradients_flow_to_queries_and_keys() -> None:
 def test_a_logit_bias_must_be_finite() -> None:
     with pytest.raises(ConfigError, match="pos.logit_bias"):
         StickBreakingConfig(logit_bias=float("-inf")).validate()
-
-
-def test_a_non_causal_forward_is_refused() -> None:
-    """Stick-breaking's shares run over the keys up to the query only: causal=False would give numbers it never
-    defined."""
-    gpt = GPT(ModelConfig(d_model=32, n_layer=2, n_head=2), StickBreakingConfig(), 48, 16)
-    idx = torch.randint(0, 48, (1, 8))
-    with torch.no_grad():
-        assert torch.isfinite(gpt(idx)).all()
-        with pytest.raises(ValueError, match="causal attention only"):
-            gpt(idx, causal=False)
