@@ -55,12 +55,10 @@ def gather(paths: list[Path], *, all_lengths: bool = False) -> list[RunRecord]:
             runs = find_runs([path])
             if not runs:
                 raise UserError(f"{path} holds no posenc run or sweep directory")
-            named = sorted(zip(run_names(runs), runs, strict=True), key=lambda pair: pair[0].order)
-            found = [
-                (_run_record(run, name, None if all_lengths else _sweep_lengths_of(run)), name) for name, run in named
-            ]
-            name_seeds_alike(found)
-            records.extend(record for record, _ in found)
+            named = sorted(zip(runs, run_names(runs), strict=True), key=lambda pair: pair[1].order)
+            records += _named_records(
+                [(run, name, None if all_lengths else _sweep_lengths_of(run)) for run, name in named]
+            )
             continue
         keep = None if all_lengths else sweep_lengths(path, plan)
         for job in plan["jobs"]:
@@ -76,11 +74,16 @@ def gather(paths: list[Path], *, all_lengths: bool = False) -> list[RunRecord]:
             records.append(record)
         planned = {(path / job["dir"]).resolve() for job in plan["jobs"]}
         others = [run for run in _runs_below(path) if run.resolve() not in planned]
-        names = [RunName(run.relative_to(path).as_posix(), False, ()) for run in others]
-        found = [(_run_record(run, name, keep), name) for run, name in zip(others, names, strict=True)]
-        name_seeds_alike(found)
-        records.extend(record for record, _ in found)
+        records += _named_records([(run, RunName(run.relative_to(path).as_posix(), False, ()), keep) for run in others])
     return records
+
+
+def _named_records(runs: list[tuple[Path, RunName, set[tuple[str, float]] | None]]) -> list[RunRecord]:
+    """The records of runs found outside a sweep's plan, (run, its name, the lengths to keep), with the seeds named
+    by their directories labelled alike (`name_seeds_alike`)."""
+    found = [(_run_record(run, name, keep), name) for run, name, keep in runs]
+    name_seeds_alike(found)
+    return [record for record, _ in found]
 
 
 def without_seed(name: str, seed: int | None) -> str | None:
